@@ -1,0 +1,311 @@
+//! 2-D convolution by im2col + GEMM: forward, backward to the input, backward to the weight.
+//! Half inputs are computed in f32 and rounded once on store.
+
+use super::matmul::{gemm_into, GemmFloat, MatRef};
+use super::{CpuStorage, IntoStorage};
+use crate::backend::ops::Conv2dParams;
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use rayon::prelude::*;
+
+/// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
+/// output `[n, o, ho, wo]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConvDims {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub ho: usize,
+    pub wo: usize,
+    pub p: Conv2dParams,
+}
+
+impl ConvDims {
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    fn krows(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    fn plane(&self) -> usize {
+        self.ho * self.wo
+    }
+}
+
+/// Unfolds one group of an image (`x` starts at its first channel) into `col`, `[kr, ho*wo]`.
+fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F]) {
+    let (sh, sw) = (d.p.stride[0], d.p.stride[1]);
+    let (ph, pw) = (d.p.padding[0] as isize, d.p.padding[1] as isize);
+    let (dh, dw) = (d.p.dilation[0], d.p.dilation[1]);
+    let plane = d.plane();
+    for c in 0..d.cg() {
+        let xc = &x[c * d.h * d.w..(c + 1) * d.h * d.w];
+        for ky in 0..d.kh {
+            for kx in 0..d.kw {
+                let row = (c * d.kh + ky) * d.kw + kx;
+                let dst = &mut col[row * plane..(row + 1) * plane];
+                for oy in 0..d.ho {
+                    let iy = (oy * sh + ky * dh) as isize - ph;
+                    let drow = &mut dst[oy * d.wo..(oy + 1) * d.wo];
+                    if iy < 0 || iy >= d.h as isize {
+                        drow.fill(F::zero());
+                        continue;
+                    }
+                    let xr = &xc[iy as usize * d.w..(iy as usize + 1) * d.w];
+                    for (ox, v) in drow.iter_mut().enumerate() {
+                        let ix = (ox * sw + kx * dw) as isize - pw;
+                        *v = if ix >= 0 && ix < d.w as isize {
+                            xr[ix as usize]
+                        } else {
+                            F::zero()
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: adds each column entry back to its input cell.
+fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F]) {
+    let (sh, sw) = (d.p.stride[0], d.p.stride[1]);
+    let (ph, pw) = (d.p.padding[0] as isize, d.p.padding[1] as isize);
+    let (dh, dw) = (d.p.dilation[0], d.p.dilation[1]);
+    let plane = d.plane();
+    for c in 0..d.cg() {
+        let xc = &mut x[c * d.h * d.w..(c + 1) * d.h * d.w];
+        for ky in 0..d.kh {
+            for kx in 0..d.kw {
+                let row = (c * d.kh + ky) * d.kw + kx;
+                let src = &col[row * plane..(row + 1) * plane];
+                for oy in 0..d.ho {
+                    let iy = (oy * sh + ky * dh) as isize - ph;
+                    if iy < 0 || iy >= d.h as isize {
+                        continue;
+                    }
+                    let xr = &mut xc[iy as usize * d.w..(iy as usize + 1) * d.w];
+                    for (ox, &v) in src[oy * d.wo..(oy + 1) * d.wo].iter().enumerate() {
+                        let ix = (ox * sw + kx * dw) as isize - pw;
+                        if ix >= 0 && ix < d.w as isize {
+                            xr[ix as usize] += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
+    MatRef { data, off, rs, cs }
+}
+
+fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+    let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
+    let img_in = d.c * d.h * d.w;
+    let mut out = vec![F::zero(); d.n * d.o * plane];
+    let par_images = d.n > 1;
+    let job = |(n, dst): (usize, &mut [F])| {
+        let mut col = vec![F::zero(); kr * plane];
+        for g in 0..d.p.groups {
+            im2col(&x[n * img_in + g * cg * d.h * d.w..], d, &mut col);
+            let dst_g = &mut dst[g * og * plane..(g + 1) * og * plane];
+            let a = mat(w, g * og * kr, kr, 1);
+            gemm_into(
+                og,
+                plane,
+                kr,
+                dst_g,
+                false,
+                a,
+                mat(&col, 0, plane, 1),
+                !par_images,
+            );
+        }
+    };
+    if par_images {
+        out.par_chunks_mut(d.o * plane).enumerate().for_each(job);
+    } else {
+        out.chunks_mut(d.o * plane).enumerate().for_each(job);
+    }
+    out
+}
+
+fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+    let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
+    let img_in = d.c * d.h * d.w;
+    let mut gx = vec![F::zero(); d.n * img_in];
+    let par_images = d.n > 1;
+    let job = |(n, dst): (usize, &mut [F])| {
+        let mut col = vec![F::zero(); kr * plane];
+        for g in 0..d.p.groups {
+            // col (kr x plane) = W_g^T (kr x og) * gy_g (og x plane)
+            let wt = mat(w, g * og * kr, 1, kr);
+            let gyg = mat(gy, n * d.o * plane + g * og * plane, plane, 1);
+            gemm_into(kr, plane, og, &mut col, false, wt, gyg, !par_images);
+            col2im(&col, d, &mut dst[g * cg * d.h * d.w..]);
+        }
+    };
+    if par_images {
+        gx.par_chunks_mut(img_in).enumerate().for_each(job);
+    } else {
+        gx.chunks_mut(img_in).enumerate().for_each(job);
+    }
+    gx
+}
+
+fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
+    let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
+    let img_in = d.c * d.h * d.w;
+    let wlen = d.o * kr;
+    let threads = rayon::current_num_threads().max(1);
+    let per = d.n.div_ceil(threads).max(1);
+    let partial = |images: std::ops::Range<usize>, parallel: bool| -> Vec<F> {
+        let mut gw = vec![F::zero(); wlen];
+        let mut col = vec![F::zero(); kr * plane];
+        for n in images {
+            for g in 0..d.p.groups {
+                im2col(&x[n * img_in + g * cg * d.h * d.w..], d, &mut col);
+                // gW_g (og x kr) += gy_g (og x plane) * col^T (plane x kr)
+                let gyg = mat(gy, n * d.o * plane + g * og * plane, plane, 1);
+                let colt = mat(&col, 0, 1, plane);
+                let dst = &mut gw[g * og * kr..(g + 1) * og * kr];
+                gemm_into(og, kr, plane, dst, true, gyg, colt, parallel);
+            }
+        }
+        gw
+    };
+    if d.n <= 1 {
+        return partial(0..d.n, true);
+    }
+    let parts: Vec<Vec<F>> = (0..d.n.div_ceil(per))
+        .into_par_iter()
+        .map(|t| partial(t * per..((t + 1) * per).min(d.n), false))
+        .collect();
+    let mut gw = vec![F::zero(); wlen];
+    for p in parts {
+        for (a, b) in gw.iter_mut().zip(p) {
+            *a += b;
+        }
+    }
+    gw
+}
+
+/// The compute type of a storage: f32 for f32/f16/bf16, f64 for f64.
+enum Wide {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+fn widen(op: &'static str, s: &CpuStorage, l: &Layout) -> Result<Wide> {
+    Ok(match s.dtype() {
+        DType::F64 => match s.copy_strided(l) {
+            CpuStorage::F64(v) => Wide::F64(v),
+            _ => unreachable!(),
+        },
+        DType::F32 | DType::F16 | DType::BF16 => match s.to_dtype(l, DType::F32) {
+            CpuStorage::F32(v) => Wide::F32(v),
+            _ => unreachable!(),
+        },
+        dtype => {
+            return Err(Error::DType {
+                op,
+                dtype,
+                expected: "a float dtype",
+            })
+        }
+    })
+}
+
+fn narrow(v: Wide, dtype: DType) -> CpuStorage {
+    let s = match v {
+        Wide::F32(v) => v.into_storage(),
+        Wide::F64(v) => v.into_storage(),
+    };
+    if s.dtype() == dtype {
+        s
+    } else {
+        s.to_dtype(&Layout::contiguous(&[s.len()]), dtype)
+    }
+}
+
+/// Runs `f32_fn` or `f64_fn` on the widened operands and narrows the result back.
+fn run2(
+    op: &'static str,
+    a: (&CpuStorage, &Layout),
+    b: (&CpuStorage, &Layout),
+    f32_fn: impl FnOnce(&[f32], &[f32]) -> Vec<f32>,
+    f64_fn: impl FnOnce(&[f64], &[f64]) -> Vec<f64>,
+) -> Result<CpuStorage> {
+    if a.0.dtype() != b.0.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.0.dtype(),
+            rhs: b.0.dtype(),
+        });
+    }
+    let out = match (widen(op, a.0, a.1)?, widen(op, b.0, b.1)?) {
+        (Wide::F32(x), Wide::F32(y)) => Wide::F32(f32_fn(&x, &y)),
+        (Wide::F64(x), Wide::F64(y)) => Wide::F64(f64_fn(&x, &y)),
+        _ => unreachable!("same dtype widens alike"),
+    };
+    Ok(narrow(out, a.0.dtype()))
+}
+
+/// Forward convolution; output contiguous `[n, o, ho, wo]`.
+pub(crate) fn conv2d(
+    x: &CpuStorage,
+    lx: &Layout,
+    w: &CpuStorage,
+    lw: &Layout,
+    d: &ConvDims,
+) -> Result<CpuStorage> {
+    run2(
+        "conv2d",
+        (x, lx),
+        (w, lw),
+        |x, w| forward(x, w, d),
+        |x, w| forward(x, w, d),
+    )
+}
+
+/// Gradient with respect to the input, contiguous `[n, c, h, w]`.
+pub(crate) fn conv2d_backward_input(
+    gy: &CpuStorage,
+    lgy: &Layout,
+    w: &CpuStorage,
+    lw: &Layout,
+    d: &ConvDims,
+) -> Result<CpuStorage> {
+    run2(
+        "conv2d_backward_input",
+        (gy, lgy),
+        (w, lw),
+        |g, w| backward_input(g, w, d),
+        |g, w| backward_input(g, w, d),
+    )
+}
+
+/// Gradient with respect to the weight, contiguous `[o, c / groups, kh, kw]`.
+pub(crate) fn conv2d_backward_weight(
+    x: &CpuStorage,
+    lx: &Layout,
+    gy: &CpuStorage,
+    lgy: &Layout,
+    d: &ConvDims,
+) -> Result<CpuStorage> {
+    run2(
+        "conv2d_backward_weight",
+        (x, lx),
+        (gy, lgy),
+        |x, g| backward_weight(x, g, d),
+        |x, g| backward_weight(x, g, d),
+    )
+}

@@ -1,0 +1,232 @@
+//! The CPU backend: one `Vec` per dtype, generic kernels, rayon for threads.
+//!
+//! Dtype dispatch is written once, in the `map_*` macros below: a kernel is a generic function
+//! over [`CpuElem`], and the macro expands its call for every storage variant it accepts.
+
+mod conv;
+mod elementwise;
+pub(crate) mod index;
+mod matmul;
+mod nn;
+mod reduce;
+
+pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight, ConvDims};
+pub(crate) use nn::{
+    adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
+    log_softmax, max_pool2d, max_pool2d_backward, softmax, PoolDims,
+};
+
+use crate::dtype::WithDType;
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use half::{bf16, f16};
+
+/// Below this many elements a kernel runs on the calling thread.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+/// Elements per parallel work item.
+pub(crate) const CHUNK: usize = 1 << 13;
+
+/// Host storage of a tensor.
+#[derive(Debug, Clone)]
+pub enum CpuStorage {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+}
+
+/// An element type the CPU backend stores.
+pub trait CpuElem: WithDType {
+    fn wrap(v: Vec<Self>) -> CpuStorage;
+    fn slice(s: &CpuStorage) -> Option<&[Self]>;
+    fn slice_mut(s: &mut CpuStorage) -> Option<&mut Vec<Self>>;
+}
+
+macro_rules! cpu_elem {
+    ($t:ty, $v:ident) => {
+        impl CpuElem for $t {
+            fn wrap(v: Vec<Self>) -> CpuStorage {
+                CpuStorage::$v(v)
+            }
+            fn slice(s: &CpuStorage) -> Option<&[Self]> {
+                match s {
+                    CpuStorage::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(s: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+                match s {
+                    CpuStorage::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+cpu_elem!(f32, F32);
+cpu_elem!(f16, F16);
+cpu_elem!(bf16, BF16);
+cpu_elem!(f64, F64);
+cpu_elem!(i64, I64);
+cpu_elem!(u8, U8);
+
+/// Expands `$body` for every dtype, with `$v` bound to the typed vector.
+macro_rules! map_all {
+    ($s:expr, $v:ident => $body:expr) => {
+        match $s {
+            CpuStorage::F32($v) => $body,
+            CpuStorage::F16($v) => $body,
+            CpuStorage::BF16($v) => $body,
+            CpuStorage::F64($v) => $body,
+            CpuStorage::I64($v) => $body,
+            CpuStorage::U8($v) => $body,
+        }
+    };
+}
+
+/// Expands `$body` for the float dtypes; other dtypes give an error naming `$op`.
+macro_rules! map_float {
+    ($op:expr, $s:expr, $v:ident => $body:expr) => {
+        match $s {
+            CpuStorage::F32($v) => $body,
+            CpuStorage::F16($v) => $body,
+            CpuStorage::BF16($v) => $body,
+            CpuStorage::F64($v) => $body,
+            other => {
+                return Err($crate::Error::DType {
+                    op: $op,
+                    dtype: other.dtype(),
+                    expected: "a float dtype",
+                })
+            }
+        }
+    };
+}
+
+/// Expands `$body` for pairs of same-dtype storages (`$a`, `$b` typed alike).
+macro_rules! map_pair {
+    ($op:expr, $x:expr, $y:expr, $a:ident, $b:ident => $body:expr) => {
+        match ($x, $y) {
+            (CpuStorage::F32($a), CpuStorage::F32($b)) => $body,
+            (CpuStorage::F16($a), CpuStorage::F16($b)) => $body,
+            (CpuStorage::BF16($a), CpuStorage::BF16($b)) => $body,
+            (CpuStorage::F64($a), CpuStorage::F64($b)) => $body,
+            (CpuStorage::I64($a), CpuStorage::I64($b)) => $body,
+            (CpuStorage::U8($a), CpuStorage::U8($b)) => $body,
+            (x, y) => {
+                return Err($crate::Error::DTypeMismatch {
+                    op: $op,
+                    lhs: x.dtype(),
+                    rhs: y.dtype(),
+                })
+            }
+        }
+    };
+}
+pub(crate) use {map_all, map_float, map_pair};
+
+impl CpuStorage {
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F16(_) => DType::F16,
+            CpuStorage::BF16(_) => DType::BF16,
+            CpuStorage::F64(_) => DType::F64,
+            CpuStorage::I64(_) => DType::I64,
+            CpuStorage::U8(_) => DType::U8,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        map_all!(self, v => v.len())
+    }
+
+    /// `n` copies of `value` (rounded to `dtype`).
+    pub fn full(value: f64, n: usize, dtype: DType) -> CpuStorage {
+        fn go<T: CpuElem>(value: f64, n: usize) -> CpuStorage {
+            T::wrap(vec![T::from_f64(value); n])
+        }
+        match dtype {
+            DType::F32 => go::<f32>(value, n),
+            DType::F16 => go::<f16>(value, n),
+            DType::BF16 => go::<bf16>(value, n),
+            DType::F64 => go::<f64>(value, n),
+            DType::I64 => go::<i64>(value, n),
+            DType::U8 => go::<u8>(value, n),
+        }
+    }
+
+    /// Builds storage of `dtype` from f64 values (rounding on store).
+    pub fn from_f64s(values: impl Iterator<Item = f64>, dtype: DType) -> CpuStorage {
+        fn go<T: CpuElem>(values: impl Iterator<Item = f64>) -> CpuStorage {
+            T::wrap(values.map(T::from_f64).collect())
+        }
+        match dtype {
+            DType::F32 => go::<f32>(values),
+            DType::F16 => go::<f16>(values),
+            DType::BF16 => go::<bf16>(values),
+            DType::F64 => go::<f64>(values),
+            DType::I64 => go::<i64>(values),
+            DType::U8 => go::<u8>(values),
+        }
+    }
+
+    /// A contiguous copy of the elements `layout` selects.
+    pub fn copy_strided(&self, layout: &Layout) -> CpuStorage {
+        map_all!(self, v => elementwise::map1(v, layout, |x| x).into_storage())
+    }
+
+    /// A contiguous copy converted to `dtype`.
+    pub fn to_dtype(&self, layout: &Layout, dtype: DType) -> CpuStorage {
+        fn go<S: CpuElem>(v: &[S], l: &Layout, dtype: DType) -> CpuStorage {
+            match dtype {
+                DType::F32 => elementwise::cast::<S, f32>(v, l),
+                DType::F16 => elementwise::cast::<S, f16>(v, l),
+                DType::BF16 => elementwise::cast::<S, bf16>(v, l),
+                DType::F64 => elementwise::cast::<S, f64>(v, l),
+                DType::I64 => elementwise::cast::<S, i64>(v, l),
+                DType::U8 => elementwise::cast::<S, u8>(v, l),
+            }
+        }
+        map_all!(self, v => go(v, layout, dtype))
+    }
+
+    /// Copies the elements of `src` (under `src_l`) into the places `dst_l` selects in `self`.
+    pub fn copy_into(&mut self, dst_l: &Layout, src: &CpuStorage, src_l: &Layout) -> Result<()> {
+        if dst_l.shape() != src_l.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "copy",
+                lhs: dst_l.shape().to_vec(),
+                rhs: src_l.shape().to_vec(),
+            });
+        }
+        map_pair!("copy", self, src, d, s => {
+            for (od, os) in dst_l.offsets().zip(src_l.offsets()) {
+                d[od] = s[os];
+            }
+        });
+        Ok(())
+    }
+
+    /// Every element as f64, in the row-major order of `layout`.
+    pub fn to_f64_vec(&self, layout: &Layout) -> Vec<f64> {
+        map_all!(self, v => layout.offsets().map(|o| v[o].to_f64()).collect())
+    }
+}
+
+pub(crate) use elementwise::{binary, cmp, unary, unary_grad, where_cond};
+pub(crate) use index::{gather, index_add, index_select, scatter_add};
+pub(crate) use matmul::matmul;
+pub(crate) use reduce::reduce;
+
+/// Helper to turn a typed vector into storage.
+pub(crate) trait IntoStorage {
+    fn into_storage(self) -> CpuStorage;
+}
+impl<T: CpuElem> IntoStorage for Vec<T> {
+    fn into_storage(self) -> CpuStorage {
+        T::wrap(self)
+    }
+}

@@ -1,0 +1,337 @@
+//! Softmax and pooling kernels. Math runs in the accumulation type (f32 for half storage).
+
+use super::{map_float, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
+use crate::backend::ops::Pool2dParams;
+use crate::layout::Layout;
+use crate::Result;
+use num_traits::{Float, Zero};
+use rayon::prelude::*;
+
+/// Splits a shape around `dim` into (outer, size of dim, inner).
+fn around(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+    let outer = shape[..dim].iter().product();
+    let inner = shape[dim + 1..].iter().product();
+    (outer, shape[dim], inner)
+}
+
+fn softmax_impl<T: CpuElem>(v: &[T], l: &Layout, dim: usize, log: bool) -> Vec<T> {
+    let x: Vec<T> = super::elementwise::map1(v, l, |x| x);
+    let (outer, d, inner) = around(l.shape(), dim);
+    let mut out = vec![T::zero(); x.len()];
+    let block = d * inner;
+    let job = |(o, dst): (usize, &mut [T])| {
+        let src = &x[o * block..(o + 1) * block];
+        for i in 0..inner {
+            let at = |k: usize| src[k * inner + i].to_acc();
+            let mut m = T::Acc::neg_infinity();
+            for k in 0..d {
+                m = m.max(at(k));
+            }
+            let mut sum = T::Acc::zero();
+            for k in 0..d {
+                sum += (at(k) - m).exp();
+            }
+            let lse = m + sum.ln();
+            for k in 0..d {
+                let y = if log {
+                    at(k) - lse
+                } else {
+                    (at(k) - m).exp() / sum
+                };
+                dst[k * inner + i] = T::from_acc(y);
+            }
+        }
+    };
+    if block == 0 {
+        return out;
+    }
+    if x.len() >= PAR_MIN && outer > 1 {
+        out.par_chunks_mut(block).enumerate().for_each(job);
+    } else {
+        out.chunks_mut(block).enumerate().for_each(job);
+    }
+    out
+}
+
+/// Softmax along `dim`; output contiguous.
+pub(crate) fn softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuStorage> {
+    Ok(map_float!("softmax", s, v => softmax_impl(v, l, dim, false).into_storage()))
+}
+
+/// Log-softmax along `dim`; output contiguous.
+pub(crate) fn log_softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuStorage> {
+    Ok(map_float!("log_softmax", s, v => softmax_impl(v, l, dim, true).into_storage()))
+}
+
+/// Input and output plane sizes of a pooling op over `[n, c, h, w]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolDims {
+    pub planes: usize,
+    pub h: usize,
+    pub w: usize,
+    pub ho: usize,
+    pub wo: usize,
+}
+
+/// Runs `f(in_plane, out_plane)` over every (n, c) plane, in parallel when large.
+fn per_plane<T: Copy + Send + Sync, U: Copy + Send + Sync + Default>(
+    x: &[T],
+    d: &PoolDims,
+    out_plane: usize,
+    f: impl Fn(&[T], &mut [U]) + Sync,
+) -> Vec<U> {
+    let mut out = vec![U::default(); d.planes * out_plane];
+    if out_plane == 0 {
+        return out;
+    }
+    let in_plane = d.h * d.w;
+    let job = |(p, dst): (usize, &mut [U])| f(&x[p * in_plane..(p + 1) * in_plane], dst);
+    if x.len() >= PAR_MIN {
+        out.par_chunks_mut(out_plane).enumerate().for_each(job);
+    } else {
+        out.chunks_mut(out_plane).enumerate().for_each(job);
+    }
+    out
+}
+
+fn contiguous<T: CpuElem>(v: &[T], l: &Layout) -> Vec<T> {
+    super::elementwise::map1(v, l, |x| x)
+}
+
+/// Max pooling: values and the flat in-plane index of each maximum (I64).
+pub(crate) fn max_pool2d(
+    s: &CpuStorage,
+    l: &Layout,
+    d: &PoolDims,
+    p: &Pool2dParams,
+) -> Result<(CpuStorage, CpuStorage)> {
+    fn go<T: CpuElem>(
+        v: &[T],
+        l: &Layout,
+        d: &PoolDims,
+        p: &Pool2dParams,
+    ) -> (CpuStorage, CpuStorage) {
+        let x = contiguous(v, l);
+        let both = per_plane(&x, d, d.ho * d.wo, |src, dst: &mut [(f64, i64)]| {
+            for oy in 0..d.ho {
+                for ox in 0..d.wo {
+                    let mut best = (T::Acc::neg_infinity(), -1i64);
+                    for ky in 0..p.kernel[0] {
+                        let iy = (oy * p.stride[0] + ky * p.dilation[0]) as isize
+                            - p.padding[0] as isize;
+                        if iy < 0 || iy >= d.h as isize {
+                            continue;
+                        }
+                        for kx in 0..p.kernel[1] {
+                            let ix = (ox * p.stride[1] + kx * p.dilation[1]) as isize
+                                - p.padding[1] as isize;
+                            if ix < 0 || ix >= d.w as isize {
+                                continue;
+                            }
+                            let k = iy as usize * d.w + ix as usize;
+                            let val = src[k].to_acc();
+                            if best.1 < 0 || val > best.0 || val.is_nan() && !best.0.is_nan() {
+                                best = (val, k as i64);
+                            }
+                        }
+                    }
+                    dst[oy * d.wo + ox] = (best.0.to_f64_(), best.1);
+                }
+            }
+        });
+        let vals: Vec<T> = both.iter().map(|&(v, _)| T::from_f64(v)).collect();
+        let idx: Vec<i64> = both.iter().map(|&(_, i)| i).collect();
+        (vals.into_storage(), idx.into_storage())
+    }
+    Ok(map_float!("max_pool2d", s, v => go(v, l, d, p)))
+}
+
+use crate::dtype::Float as _;
+
+/// Backward of max pooling: each output gradient goes to the input cell its index names.
+pub(crate) fn max_pool2d_backward(
+    g: &CpuStorage,
+    lg: &Layout,
+    idx: &[i64],
+    d: &PoolDims,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(g: &[T], lg: &Layout, idx: &[i64], d: &PoolDims) -> CpuStorage {
+        let g = contiguous(g, lg);
+        let out_plane = d.ho * d.wo;
+        let mut gx = vec![T::zero(); d.planes * d.h * d.w];
+        let in_plane = d.h * d.w;
+        let job = |(p, dst): (usize, &mut [T])| {
+            let mut acc = vec![T::Acc::zero(); in_plane];
+            for k in 0..out_plane {
+                let i = idx[p * out_plane + k];
+                if i >= 0 {
+                    acc[i as usize] += g[p * out_plane + k].to_acc();
+                }
+            }
+            for (o, a) in dst.iter_mut().zip(acc) {
+                *o = T::from_acc(a);
+            }
+        };
+        if in_plane > 0 {
+            gx.par_chunks_mut(in_plane).enumerate().for_each(job);
+        }
+        gx.into_storage()
+    }
+    Ok(map_float!("max_pool2d_backward", g, v => go(v, lg, idx, d)))
+}
+
+/// The window of output cell `o` along one axis: (start, end) clipped to the input, and the
+/// divisor contribution before clipping.
+fn avg_window(o: usize, k: usize, s: usize, pad: usize, len: usize) -> (usize, usize, usize) {
+    let start = (o * s) as isize - pad as isize;
+    let end = (start + k as isize).min((len + pad) as isize);
+    let full = (end - start) as usize;
+    let (a, b) = (start.max(0) as usize, end.min(len as isize).max(0) as usize);
+    (a, b.max(a), full)
+}
+
+fn avg_divisor(p: &Pool2dParams, wy: (usize, usize, usize), wx: (usize, usize, usize)) -> f64 {
+    if p.count_include_pad {
+        (wy.2 * wx.2) as f64
+    } else {
+        ((wy.1 - wy.0) * (wx.1 - wx.0)).max(1) as f64
+    }
+}
+
+/// Average pooling.
+pub(crate) fn avg_pool2d(
+    s: &CpuStorage,
+    l: &Layout,
+    d: &PoolDims,
+    p: &Pool2dParams,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(v: &[T], l: &Layout, d: &PoolDims, p: &Pool2dParams) -> CpuStorage {
+        let x = contiguous(v, l);
+        per_plane(&x, d, d.ho * d.wo, |src, dst: &mut [T]| {
+            for oy in 0..d.ho {
+                let wy = avg_window(oy, p.kernel[0], p.stride[0], p.padding[0], d.h);
+                for ox in 0..d.wo {
+                    let wx = avg_window(ox, p.kernel[1], p.stride[1], p.padding[1], d.w);
+                    let mut sum = T::Acc::zero();
+                    for iy in wy.0..wy.1 {
+                        for ix in wx.0..wx.1 {
+                            sum += src[iy * d.w + ix].to_acc();
+                        }
+                    }
+                    let div = <T::Acc as crate::dtype::Float>::from_f64_(avg_divisor(p, wy, wx));
+                    dst[oy * d.wo + ox] = T::from_acc(sum / div);
+                }
+            }
+        })
+        .into_storage()
+    }
+    Ok(map_float!("avg_pool2d", s, v => go(v, l, d, p)))
+}
+
+/// Backward of average pooling.
+pub(crate) fn avg_pool2d_backward(
+    g: &CpuStorage,
+    lg: &Layout,
+    d: &PoolDims,
+    p: &Pool2dParams,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(g: &[T], lg: &Layout, d: &PoolDims, p: &Pool2dParams) -> CpuStorage {
+        let g = contiguous(g, lg);
+        let out_plane = d.ho * d.wo;
+        let mut gx = vec![T::zero(); d.planes * d.h * d.w];
+        let in_plane = d.h * d.w;
+        let job = |(pl, dst): (usize, &mut [T])| {
+            let mut acc = vec![T::Acc::zero(); in_plane];
+            for oy in 0..d.ho {
+                let wy = avg_window(oy, p.kernel[0], p.stride[0], p.padding[0], d.h);
+                for ox in 0..d.wo {
+                    let wx = avg_window(ox, p.kernel[1], p.stride[1], p.padding[1], d.w);
+                    let div = <T::Acc as crate::dtype::Float>::from_f64_(avg_divisor(p, wy, wx));
+                    let gv = g[pl * out_plane + oy * d.wo + ox].to_acc() / div;
+                    for iy in wy.0..wy.1 {
+                        for ix in wx.0..wx.1 {
+                            acc[iy * d.w + ix] += gv;
+                        }
+                    }
+                }
+            }
+            for (o, a) in dst.iter_mut().zip(acc) {
+                *o = T::from_acc(a);
+            }
+        };
+        if in_plane > 0 {
+            gx.par_chunks_mut(in_plane).enumerate().for_each(job);
+        }
+        gx.into_storage()
+    }
+    Ok(map_float!("avg_pool2d_backward", g, v => go(v, lg, d, p)))
+}
+
+fn adaptive_window(o: usize, out: usize, len: usize) -> (usize, usize) {
+    ((o * len) / out, ((o + 1) * len).div_ceil(out))
+}
+
+/// Adaptive average pooling to `[ho, wo]`.
+pub(crate) fn adaptive_avg_pool2d(s: &CpuStorage, l: &Layout, d: &PoolDims) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(v: &[T], l: &Layout, d: &PoolDims) -> CpuStorage {
+        let x = contiguous(v, l);
+        per_plane(&x, d, d.ho * d.wo, |src, dst: &mut [T]| {
+            for oy in 0..d.ho {
+                let (y0, y1) = adaptive_window(oy, d.ho, d.h);
+                for ox in 0..d.wo {
+                    let (x0, x1) = adaptive_window(ox, d.wo, d.w);
+                    let mut sum = T::Acc::zero();
+                    for iy in y0..y1 {
+                        for ix in x0..x1 {
+                            sum += src[iy * d.w + ix].to_acc();
+                        }
+                    }
+                    let n =
+                        <T::Acc as crate::dtype::Float>::from_f64_(((y1 - y0) * (x1 - x0)) as f64);
+                    dst[oy * d.wo + ox] = T::from_acc(sum / n);
+                }
+            }
+        })
+        .into_storage()
+    }
+    Ok(map_float!("adaptive_avg_pool2d", s, v => go(v, l, d)))
+}
+
+/// Backward of adaptive average pooling.
+pub(crate) fn adaptive_avg_pool2d_backward(
+    g: &CpuStorage,
+    lg: &Layout,
+    d: &PoolDims,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(g: &[T], lg: &Layout, d: &PoolDims) -> CpuStorage {
+        let g = contiguous(g, lg);
+        let in_plane = d.h * d.w;
+        let out_plane = d.ho * d.wo;
+        let mut gx = vec![T::zero(); d.planes * in_plane];
+        let job = |(pl, dst): (usize, &mut [T])| {
+            let mut acc = vec![T::Acc::zero(); in_plane];
+            for oy in 0..d.ho {
+                let (y0, y1) = adaptive_window(oy, d.ho, d.h);
+                for ox in 0..d.wo {
+                    let (x0, x1) = adaptive_window(ox, d.wo, d.w);
+                    let n =
+                        <T::Acc as crate::dtype::Float>::from_f64_(((y1 - y0) * (x1 - x0)) as f64);
+                    let gv = g[pl * out_plane + oy * d.wo + ox].to_acc() / n;
+                    for iy in y0..y1 {
+                        for ix in x0..x1 {
+                            acc[iy * d.w + ix] += gv;
+                        }
+                    }
+                }
+            }
+            for (o, a) in dst.iter_mut().zip(acc) {
+                *o = T::from_acc(a);
+            }
+        };
+        if in_plane > 0 {
+            gx.par_chunks_mut(in_plane).enumerate().for_each(job);
+        }
+        gx.into_storage()
+    }
+    Ok(map_float!("adaptive_avg_pool2d_backward", g, v => go(v, lg, d)))
+}

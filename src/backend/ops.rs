@@ -1,0 +1,339 @@
+//! The primitive ops a backend implements, with their scalar math written once in the
+//! arithmetic type (f32 or f64). The CPU kernels call these; the CUDA kernels mirror them.
+
+use crate::dtype::Float;
+
+/// Elementwise functions of one input (some carry a scalar parameter).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Log1p,
+    Sqrt,
+    Rsqrt,
+    Recip,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// `x` for x > 0, `slope * x` otherwise.
+    LeakyRelu(f64),
+    /// `0.5 x (1 + erf(x / sqrt 2))`.
+    GeluErf,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
+    Silu,
+    /// `mul * x + add`.
+    Affine {
+        mul: f64,
+        add: f64,
+    },
+    /// `x ^ p`.
+    PowScalar(f64),
+    /// `s ^ x`.
+    ScalarPow(f64),
+    MaxScalar(f64),
+    MinScalar(f64),
+}
+
+#[inline(always)]
+fn c<A: Float>(v: f64) -> A {
+    A::from_f64_(v)
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_C: f64 = 0.044715;
+
+impl UnaryOp {
+    /// The function value.
+    #[inline(always)]
+    pub fn f<A: Float>(self, x: A) -> A {
+        let one = A::one();
+        let half: A = c(0.5);
+        match self {
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Log1p => x.ln_1p(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Rsqrt => one / x.sqrt(),
+            UnaryOp::Recip => one / x,
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Sigmoid => one / (one + (-x).exp()),
+            UnaryOp::Relu => x.max(A::zero()),
+            UnaryOp::LeakyRelu(s) => {
+                if x > A::zero() {
+                    x
+                } else {
+                    x * c(s)
+                }
+            }
+            UnaryOp::GeluErf => half * x * (one + (x * c(std::f64::consts::FRAC_1_SQRT_2)).erf()),
+            UnaryOp::GeluTanh => {
+                half * x
+                    * (one + (c::<A>(SQRT_2_OVER_PI) * (x + c::<A>(GELU_C) * x * x * x)).tanh())
+            }
+            UnaryOp::Silu => x / (one + (-x).exp()),
+            UnaryOp::Affine { mul, add } => x * c(mul) + c(add),
+            UnaryOp::PowScalar(p) => {
+                if p == 2.0 {
+                    x * x
+                } else {
+                    x.powf(c(p))
+                }
+            }
+            UnaryOp::ScalarPow(s) => c::<A>(s).powf(x),
+            UnaryOp::MaxScalar(s) => x.max(c(s)),
+            UnaryOp::MinScalar(s) => x.min(c(s)),
+        }
+    }
+
+    /// The derivative d f / d x at `x`.
+    #[inline(always)]
+    pub fn df<A: Float>(self, x: A) -> A {
+        let one = A::one();
+        let zero = A::zero();
+        let half: A = c(0.5);
+        match self {
+            UnaryOp::Neg => -one,
+            UnaryOp::Abs => {
+                if x > zero {
+                    one
+                } else if x < zero {
+                    -one
+                } else {
+                    zero
+                }
+            }
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => one / x,
+            UnaryOp::Log1p => one / (one + x),
+            UnaryOp::Sqrt => half / x.sqrt(),
+            UnaryOp::Rsqrt => -half / (x * x.sqrt()),
+            UnaryOp::Recip => -one / (x * x),
+            UnaryOp::Sin => x.cos(),
+            UnaryOp::Cos => -x.sin(),
+            UnaryOp::Tanh => {
+                let t = x.tanh();
+                one - t * t
+            }
+            UnaryOp::Sigmoid => {
+                let s = one / (one + (-x).exp());
+                s * (one - s)
+            }
+            UnaryOp::Relu => {
+                if x > zero {
+                    one
+                } else {
+                    zero
+                }
+            }
+            UnaryOp::LeakyRelu(s) => {
+                if x > zero {
+                    one
+                } else {
+                    c(s)
+                }
+            }
+            UnaryOp::GeluErf => {
+                let cdf = half * (one + (x * c(std::f64::consts::FRAC_1_SQRT_2)).erf());
+                let pdf = (-(x * x) * half).exp() * c(0.398_942_280_401_432_7);
+                cdf + x * pdf
+            }
+            UnaryOp::GeluTanh => {
+                let k: A = c(SQRT_2_OVER_PI);
+                let inner = k * (x + c::<A>(GELU_C) * x * x * x);
+                let t = inner.tanh();
+                let dinner = k * (one + c::<A>(3.0 * GELU_C) * x * x);
+                half * (one + t) + half * x * (one - t * t) * dinner
+            }
+            UnaryOp::Silu => {
+                let s = one / (one + (-x).exp());
+                s * (one + x * (one - s))
+            }
+            UnaryOp::Affine { mul, .. } => c(mul),
+            UnaryOp::PowScalar(p) => {
+                if p == 0.0 {
+                    zero
+                } else {
+                    c::<A>(p) * x.powf(c(p - 1.0))
+                }
+            }
+            UnaryOp::ScalarPow(s) => c::<A>(s).powf(x) * c::<A>(s).ln(),
+            UnaryOp::MaxScalar(s) => {
+                if x > c(s) {
+                    one
+                } else {
+                    zero
+                }
+            }
+            UnaryOp::MinScalar(s) => {
+                if x < c(s) {
+                    one
+                } else {
+                    zero
+                }
+            }
+        }
+    }
+}
+
+/// Elementwise functions of two inputs of the same (broadcast) shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+}
+
+impl BinaryOp {
+    #[inline(always)]
+    pub fn f<A: Float>(self, a: A, b: A) -> A {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Pow => a.powf(b),
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+        }
+    }
+}
+
+/// Comparisons; they give a `U8` mask of 0 and 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    #[inline(always)]
+    pub fn f<A: PartialOrd>(self, a: A, b: A) -> bool {
+        match self {
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+        }
+    }
+}
+
+/// Reductions over a set of dims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// Sum divided by the count, in the accumulation type (no overflow for half storage).
+    Mean,
+    Max,
+    Min,
+    /// Index (i64) of the first maximum.
+    ArgMax,
+    /// Index (i64) of the first minimum.
+    ArgMin,
+}
+
+/// Geometry of a 2-D convolution (also used by conv_transpose2d).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dParams {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+/// Geometry of a 2-D pooling window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool2dParams {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+    /// Average pooling only: count padded cells in the divisor.
+    pub count_include_pad: bool,
+}
+
+/// Output length of a convolution or pooling window along one axis, `None` if not positive.
+pub fn window_out(
+    len: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dil: usize,
+    ceil: bool,
+) -> Option<usize> {
+    let eff = dil * (kernel - 1) + 1;
+    let padded = len + 2 * pad;
+    if padded < eff || stride == 0 {
+        return None;
+    }
+    let span = padded - eff;
+    let mut out = if ceil {
+        span.div_ceil(stride)
+    } else {
+        span / stride
+    } + 1;
+    // PyTorch: the last window must start inside the input or the left padding.
+    if ceil && (out - 1) * stride >= len + pad {
+        out -= 1;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derivatives_match_finite_differences() {
+        let ops = [
+            UnaryOp::Exp,
+            UnaryOp::Log,
+            UnaryOp::Log1p,
+            UnaryOp::Sqrt,
+            UnaryOp::Rsqrt,
+            UnaryOp::Recip,
+            UnaryOp::Sin,
+            UnaryOp::Cos,
+            UnaryOp::Tanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::GeluErf,
+            UnaryOp::GeluTanh,
+            UnaryOp::Silu,
+            UnaryOp::PowScalar(1.7),
+            UnaryOp::ScalarPow(2.5),
+        ];
+        for op in ops {
+            for &x in &[0.3f64, 0.9, 1.7] {
+                let h = 1e-6;
+                let fd = (op.f(x + h) - op.f(x - h)) / (2.0 * h);
+                assert!((fd - op.df(x)).abs() < 1e-6, "{op:?} at {x}");
+            }
+        }
+    }
+
+    #[test]
+    fn conv_output_sizes() {
+        assert_eq!(window_out(28, 3, 1, 0, 1, false), Some(26));
+        assert_eq!(window_out(5, 2, 2, 0, 1, true), Some(3));
+        assert_eq!(window_out(2, 5, 1, 0, 1, false), None);
+    }
+}

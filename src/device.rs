@@ -1,0 +1,67 @@
+//! Devices a tensor can live on.
+
+use crate::{Error, Result};
+
+/// Where a tensor's storage lives.
+///
+/// `Cuda(n)` names the n-th GPU. The CUDA backend lands in a later release; until then every
+/// attempt to place data there returns [`Error::CudaUnavailable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    /// The n-th CUDA device, or an error saying why it cannot be used.
+    ///
+    /// ```
+    /// use mantissa::Device;
+    /// assert!(Device::cuda(0).is_err()); // no CUDA backend in this build yet
+    /// ```
+    pub fn cuda(n: usize) -> Result<Device> {
+        Device::Cuda(n).check_available()
+    }
+
+    /// The best device available: a GPU when there is one, otherwise the CPU.
+    pub fn best() -> Device {
+        Device::cuda(0).unwrap_or(Device::Cpu)
+    }
+
+    /// Returns `self` when the device can hold tensors, an error otherwise.
+    pub fn check_available(self) -> Result<Device> {
+        match self {
+            Device::Cpu => Ok(self),
+            Device::Cuda(_) => Err(Error::CudaUnavailable {
+                device: self,
+                reason: "this build has no CUDA backend yet; use Device::Cpu".into(),
+            }),
+        }
+    }
+
+    /// Parses `cpu`, `cuda`, `cuda:N` (as PyTorch writes devices).
+    pub fn parse(s: &str) -> Result<Device> {
+        let s = s.trim();
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => Err(Error::invalid(
+                    "Device::parse",
+                    format!("unknown device {s:?}; expected cpu, cuda or cuda:N"),
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The one error type of the crate.
+
+use crate::{DType, Device};
+
+/// Everything that can go wrong in a tensor operation.
+///
+/// Every variant names the operation (`op`) and the shapes, dtypes or devices involved, so a
+/// message read in a log is enough to find the faulty call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two shapes that must agree do not.
+    #[error("{op}: shape mismatch, {lhs:?} vs {rhs:?}")]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    /// Two shapes cannot be broadcast together.
+    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast together")]
+    Broadcast {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    /// An op got a dtype it does not accept.
+    #[error("{op}: unsupported dtype {dtype:?}{}", if .expected.is_empty() { String::new() } else { format!(" (expected {})", .expected) })]
+    DType {
+        op: &'static str,
+        dtype: DType,
+        expected: &'static str,
+    },
+    /// Two tensors that must share a dtype do not.
+    #[error("{op}: dtype mismatch, {lhs:?} vs {rhs:?}")]
+    DTypeMismatch {
+        op: &'static str,
+        lhs: DType,
+        rhs: DType,
+    },
+    /// Two tensors live on different devices.
+    #[error("{op}: device mismatch, {lhs} vs {rhs}")]
+    DeviceMismatch {
+        op: &'static str,
+        lhs: Device,
+        rhs: Device,
+    },
+    /// The CUDA backend is not available in this build or on this machine.
+    #[error("CUDA backend not available ({device}): {reason}")]
+    CudaUnavailable { device: Device, reason: String },
+    /// A dimension index is outside `-rank..rank`.
+    #[error("{op}: dimension {dim} out of range for a tensor of rank {rank} (shape {shape:?})")]
+    DimOutOfRange {
+        op: &'static str,
+        dim: isize,
+        rank: usize,
+        shape: Vec<usize>,
+    },
+    /// An index value is outside `0..size`.
+    #[error("{op}: index {index} out of range for dimension {dim} of size {size}")]
+    IndexOutOfRange {
+        op: &'static str,
+        index: i64,
+        dim: usize,
+        size: usize,
+    },
+    /// The op cannot work on a tensor with no elements.
+    #[error("{op}: empty tensor of shape {shape:?}")]
+    Empty { op: &'static str, shape: Vec<usize> },
+    /// A reshape to a shape with another element count.
+    #[error("{op}: cannot reshape {from:?} ({from_numel} elements) into {to:?}")]
+    Reshape {
+        op: &'static str,
+        from: Vec<usize>,
+        from_numel: usize,
+        to: Vec<usize>,
+    },
+    /// A bad argument value (a negative probability, a zero stride, ...).
+    #[error("{op}: {msg}")]
+    Invalid { op: &'static str, msg: String },
+    /// A data buffer whose length disagrees with the shape.
+    #[error("{op}: {len} values given for shape {shape:?} ({numel} elements)")]
+    DataLength {
+        op: &'static str,
+        len: usize,
+        shape: Vec<usize>,
+        numel: usize,
+    },
+    /// Autograd misuse: backward on a non-scalar, twice through a freed graph, ...
+    #[error("autograd: {0}")]
+    Autograd(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Invalid {
+            op,
+            msg: msg.into(),
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! Shapes, strides and offsets: how a tensor's elements sit in its storage, and the strided
+//! walk every CPU kernel uses to read views without copying them.
+
+use crate::{Error, Result};
+
+/// Shape, element strides and starting offset of a tensor view into its storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// Row-major strides of a contiguous tensor of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc *= d;
+    }
+    strides
+}
+
+/// The broadcast shape of two shapes (numpy rules), or an error naming `op`.
+pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::Broadcast {
+                    op,
+                    lhs: a.to_vec(),
+                    rhs: b.to_vec(),
+                })
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Normalises a possibly negative dimension index against `rank`.
+pub fn normalize_dim(op: &'static str, dim: isize, shape: &[usize]) -> Result<usize> {
+    let rank = shape.len() as isize;
+    let d = if dim < 0 { dim + rank } else { dim };
+    if d < 0 || d >= rank {
+        return Err(Error::DimOutOfRange {
+            op,
+            dim,
+            rank: shape.len(),
+            shape: shape.to_vec(),
+        });
+    }
+    Ok(d as usize)
+}
+
+/// Normalises a list of dims, rejecting duplicates. An empty list means every dim.
+pub fn normalize_dims(op: &'static str, dims: &[isize], shape: &[usize]) -> Result<Vec<usize>> {
+    if dims.is_empty() {
+        return Ok((0..shape.len()).collect());
+    }
+    let mut out = Vec::with_capacity(dims.len());
+    for &d in dims {
+        let d = normalize_dim(op, d, shape)?;
+        if out.contains(&d) {
+            return Err(Error::invalid(
+                op,
+                format!("dimension {d} repeated in {dims:?}"),
+            ));
+        }
+        out.push(d);
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+impl Layout {
+    /// A contiguous row-major layout starting at offset 0.
+    pub fn contiguous(shape: &[usize]) -> Layout {
+        Layout {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
+    }
+
+    pub(crate) fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Layout {
+        Layout {
+            shape,
+            strides,
+            offset,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the elements are laid out row-major without gaps (size-1 dims ignored).
+    pub fn is_contiguous(&self) -> bool {
+        let mut acc = 1;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d != 1 && s != acc {
+                return false;
+            }
+            acc *= d;
+        }
+        true
+    }
+
+    /// The range of storage this contiguous layout covers.
+    pub fn contiguous_range(&self) -> Option<std::ops::Range<usize>> {
+        self.is_contiguous()
+            .then(|| self.offset..self.offset + self.numel())
+    }
+
+    /// The layout broadcast to `shape` (new leading dims and size-1 dims get stride 0).
+    pub fn broadcast_as(&self, op: &'static str, shape: &[usize]) -> Result<Layout> {
+        let err = || Error::Broadcast {
+            op,
+            lhs: self.shape.clone(),
+            rhs: shape.to_vec(),
+        };
+        if shape.len() < self.rank() {
+            return Err(err());
+        }
+        let extra = shape.len() - self.rank();
+        let mut strides = vec![0; shape.len()];
+        for i in 0..self.rank() {
+            let (d, s) = (self.shape[i], self.strides[i]);
+            strides[extra + i] = if d == shape[extra + i] {
+                s
+            } else if d == 1 {
+                0
+            } else {
+                return Err(err());
+            };
+        }
+        Ok(Layout::new(shape.to_vec(), strides, self.offset))
+    }
+
+    /// Reorders the dims: output dim `i` is input dim `perm[i]`.
+    pub fn permute(&self, op: &'static str, perm: &[usize]) -> Result<Layout> {
+        let mut seen = vec![false; self.rank()];
+        if perm.len() != self.rank() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "permutation {perm:?} for a tensor of shape {:?}",
+                    self.shape
+                ),
+            ));
+        }
+        for &p in perm {
+            if p >= self.rank() || seen[p] {
+                return Err(Error::invalid(
+                    op,
+                    format!("{perm:?} is not a permutation of 0..{}", self.rank()),
+                ));
+            }
+            seen[p] = true;
+        }
+        Ok(Layout::new(
+            perm.iter().map(|&p| self.shape[p]).collect(),
+            perm.iter().map(|&p| self.strides[p]).collect(),
+            self.offset,
+        ))
+    }
+
+    /// Elements `start..start + len` of dimension `dim`.
+    pub fn narrow(&self, op: &'static str, dim: usize, start: usize, len: usize) -> Result<Layout> {
+        if start + len > self.shape[dim] {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "range {start}..{} out of bounds for dimension {dim} of shape {:?}",
+                    start + len,
+                    self.shape
+                ),
+            ));
+        }
+        let mut shape = self.shape.clone();
+        shape[dim] = len;
+        Ok(Layout::new(
+            shape,
+            self.strides.clone(),
+            self.offset + start * self.strides[dim],
+        ))
+    }
+
+    /// A view with a new shape over the same elements, when strides allow it without a copy.
+    pub fn reshape_view(&self, shape: &[usize]) -> Option<Layout> {
+        if self.is_contiguous() {
+            return Some(Layout::new(
+                shape.to_vec(),
+                contiguous_strides(shape),
+                self.offset,
+            ));
+        }
+        None
+    }
+
+    /// Inserts a size-1 dim at `dim`.
+    pub fn unsqueeze(&self, dim: usize) -> Layout {
+        let mut shape = self.shape.clone();
+        let mut strides = self.strides.clone();
+        let s = if dim < self.rank() {
+            self.strides[dim] * self.shape[dim]
+        } else {
+            1
+        };
+        shape.insert(dim, 1);
+        strides.insert(dim, s);
+        Layout::new(shape, strides, self.offset)
+    }
+
+    /// Removes dim `dim` (which must have size 1).
+    pub fn squeeze(&self, dim: usize) -> Layout {
+        let mut shape = self.shape.clone();
+        let mut strides = self.strides.clone();
+        shape.remove(dim);
+        strides.remove(dim);
+        Layout::new(shape, strides, self.offset)
+    }
+
+    /// Merges adjacent dims that are contiguous with each other and drops size-1 dims, giving
+    /// the shortest (shape, strides) that walks the same offsets.
+    fn coalesced(&self) -> (Vec<usize>, Vec<usize>) {
+        let mut shape: Vec<usize> = Vec::with_capacity(self.rank());
+        let mut strides: Vec<usize> = Vec::with_capacity(self.rank());
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            if d == 1 {
+                continue;
+            }
+            match (shape.last_mut(), strides.last_mut()) {
+                (Some(pd), Some(ps)) if *ps == s * d => {
+                    *pd *= d;
+                    *ps = s;
+                }
+                _ => {
+                    shape.push(d);
+                    strides.push(s);
+                }
+            }
+        }
+        (shape, strides)
+    }
+
+    /// Iterator over the storage offsets of the elements, in row-major order.
+    pub fn offsets(&self) -> StridedIter {
+        StridedIter::new(self, 0, self.numel())
+    }
+
+    /// Offsets of the row-major elements `start..start + len`.
+    pub fn offsets_range(&self, start: usize, len: usize) -> StridedIter {
+        StridedIter::new(self, start, len)
+    }
+}
+
+/// Walks the storage offsets of a strided layout in row-major order.
+pub struct StridedIter {
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    index: Vec<usize>,
+    next: usize,
+    remaining: usize,
+}
+
+impl StridedIter {
+    fn new(layout: &Layout, start: usize, len: usize) -> StridedIter {
+        let (shape, strides) = layout.coalesced();
+        let mut index = vec![0; shape.len()];
+        if len == 0 {
+            return StridedIter {
+                shape,
+                strides,
+                index,
+                next: 0,
+                remaining: 0,
+            };
+        }
+        let mut rest = start;
+        let mut next = layout.offset;
+        for i in (0..shape.len()).rev() {
+            index[i] = rest % shape[i];
+            rest /= shape[i];
+            next += index[i] * strides[i];
+        }
+        StridedIter {
+            shape,
+            strides,
+            index,
+            next,
+            remaining: len,
+        }
+    }
+}
+
+impl Iterator for StridedIter {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let cur = self.next;
+        for d in (0..self.shape.len()).rev() {
+            self.index[d] += 1;
+            self.next += self.strides[d];
+            if self.index[d] < self.shape[d] {
+                break;
+            }
+            self.next -= self.strides[d] * self.shape[d];
+            self.index[d] = 0;
+        }
+        Some(cur)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for StridedIter {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_walk_matches_index_arithmetic() {
+        let base = Layout::contiguous(&[2, 3, 4]);
+        let t = base.permute("t", &[2, 0, 1]).unwrap();
+        let got: Vec<usize> = t.offsets().collect();
+        let mut want = vec![];
+        for k in 0..4 {
+            for i in 0..2 {
+                for j in 0..3 {
+                    want.push(i * 12 + j * 4 + k);
+                }
+            }
+        }
+        assert_eq!(got, want);
+        let part: Vec<usize> = t.offsets_range(5, 7).collect();
+        assert_eq!(part, want[5..12]);
+    }
+
+    #[test]
+    fn broadcasting_rules() {
+        assert_eq!(broadcast_shapes("t", &[3, 1], &[4]).unwrap(), vec![3, 4]);
+        assert!(broadcast_shapes("t", &[3, 2], &[4]).is_err());
+        let l = Layout::contiguous(&[3, 1])
+            .broadcast_as("t", &[2, 3, 4])
+            .unwrap();
+        assert_eq!(l.strides(), &[0, 1, 0]);
+    }
+}

@@ -1,0 +1,264 @@
+//! conv2d and conv_transpose2d (NCHW), forward and backward.
+
+use super::{dispatch, expect_float, expect_rank, expect_same_dtype, Op};
+use crate::backend::ops::{window_out, Conv2dParams};
+use crate::backend::ConvDims;
+use crate::{Error, Result, Tensor};
+
+/// Options of [`Tensor::conv2d`] (PyTorch's defaults: stride 1, no padding, dilation 1, one
+/// group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dOptions {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Self {
+        Conv2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// Options of [`Tensor::conv_transpose2d`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvTranspose2dOptions {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    /// Extra rows/cols added to one side of the output (must be < stride or < dilation).
+    pub output_padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Default for ConvTranspose2dOptions {
+    fn default() -> Self {
+        ConvTranspose2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            output_padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+fn check_params(op: &'static str, p: &Conv2dParams) -> Result<()> {
+    if p.stride.contains(&0) || p.dilation.contains(&0) || p.groups == 0 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "stride {:?}, dilation {:?} and groups {} must be positive",
+                p.stride, p.dilation, p.groups
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Geometry of the convolution `x [n,c,h,w] * w [o, c/g, kh, kw]`, checked.
+fn conv_dims(op: &'static str, x: &[usize], w: &[usize], p: Conv2dParams) -> Result<ConvDims> {
+    check_params(op, &p)?;
+    let (n, c, h, wd) = (x[0], x[1], x[2], x[3]);
+    let (o, cg, kh, kw) = (w[0], w[1], w[2], w[3]);
+    if c % p.groups != 0 || o % p.groups != 0 || cg * p.groups != c || kh == 0 || kw == 0 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "input {x:?} and weight {w:?} do not fit groups={}",
+                p.groups
+            ),
+        ));
+    }
+    let ho = window_out(h, kh, p.stride[0], p.padding[0], p.dilation[0], false);
+    let wo = window_out(wd, kw, p.stride[1], p.padding[1], p.dilation[1], false);
+    match (ho, wo) {
+        (Some(ho), Some(wo)) => Ok(ConvDims {
+            n,
+            c,
+            h,
+            w: wd,
+            o,
+            kh,
+            kw,
+            ho,
+            wo,
+            p,
+        }),
+        _ => Err(Error::invalid(
+            op,
+            format!("kernel {:?} larger than the padded input {x:?}", [kh, kw]),
+        )),
+    }
+}
+
+/// Adds a per-channel bias `[o]` to `y [n, o, h, w]`.
+fn add_bias(op: &'static str, y: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let Some(b) = bias else { return Ok(y) };
+    if b.shape() != [y.shape()[1]] {
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: vec![y.shape()[1]],
+            rhs: b.shape().to_vec(),
+        });
+    }
+    y.add(&b.reshape(&[1, y.shape()[1], 1, 1])?)
+}
+
+/// `x` convolved with `weight` given the geometry: the forward of conv2d and the backward of
+/// conv_transpose2d.
+fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
+    let s = x
+        .storage()
+        .conv2d(x.layout(), &w.storage(), w.layout(), &d)?;
+    let (xs, ws) = (x.clone(), w.clone());
+    Ok(Tensor::from_storage(s, &[d.n, d.o, d.ho, d.wo]).attach(
+        "conv2d",
+        &[x, w],
+        move |g, needs| {
+            let gx = needs[0].then(|| conv_bwd_input(g, &ws, d)).transpose()?;
+            let gw = needs[1].then(|| conv_bwd_weight(&xs, g, d)).transpose()?;
+            Ok(vec![gx, gw])
+        },
+    ))
+}
+
+/// The adjoint of [`conv_fwd`] in `x`: the forward of conv_transpose2d.
+fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
+    let s = gy
+        .storage()
+        .conv2d_backward_input(gy.layout(), &w.storage(), w.layout(), &d)?;
+    let (gs, ws) = (gy.clone(), w.clone());
+    Ok(Tensor::from_storage(s, &[d.n, d.c, d.h, d.w]).attach(
+        "conv_transpose2d",
+        &[gy, w],
+        move |g, needs| {
+            let ggy = needs[0].then(|| conv_fwd(g, &ws, d)).transpose()?;
+            let gw = needs[1].then(|| conv_bwd_weight(g, &gs, d)).transpose()?;
+            Ok(vec![ggy, gw])
+        },
+    ))
+}
+
+fn conv_bwd_weight(x: &Tensor, gy: &Tensor, d: ConvDims) -> Result<Tensor> {
+    let s = x
+        .storage()
+        .conv2d_backward_weight(x.layout(), &gy.storage(), gy.layout(), &d)?;
+    Ok(Tensor::from_storage(
+        s,
+        &[d.o, d.c / d.p.groups, d.kh, d.kw],
+    ))
+}
+
+impl Tensor {
+    /// 2-D convolution of `self [n, c, h, w]` with `weight [o, c/groups, kh, kw]` plus an
+    /// optional `bias [o]` (PyTorch's `F.conv2d`).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device, Conv2dOptions};
+    /// let x = Tensor::ones(&[1, 1, 4, 4], DType::F32, Device::Cpu)?;
+    /// let w = Tensor::ones(&[2, 1, 3, 3], DType::F32, Device::Cpu)?;
+    /// let y = x.conv2d(&w, None, Conv2dOptions { padding: [1, 1], ..Default::default() })?;
+    /// assert_eq!(y.shape(), &[1, 2, 4, 4]);
+    /// assert_eq!(y.to_vec::<f32>()?[5], 9.0);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        o: Conv2dOptions,
+    ) -> Result<Tensor> {
+        let [x, w] = dispatch(Op::Conv2d, [self, weight])?;
+        expect_float(Op::Conv2d, &x)?;
+        expect_same_dtype(Op::Conv2d, &x, &w)?;
+        expect_rank(Op::Conv2d, &x, 4, "the input")?;
+        expect_rank(Op::Conv2d, &w, 4, "the weight")?;
+        let p = Conv2dParams {
+            stride: o.stride,
+            padding: o.padding,
+            dilation: o.dilation,
+            groups: o.groups,
+        };
+        let d = conv_dims("conv2d", x.shape(), w.shape(), p)?;
+        add_bias("conv2d", conv_fwd(&x, &w, d)?, bias)
+    }
+
+    /// Transposed 2-D convolution of `self [n, c, h, w]` with `weight [c, o/groups, kh, kw]`
+    /// (PyTorch's `F.conv_transpose2d`): the gradient of conv2d with respect to its input.
+    pub fn conv_transpose2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        o: ConvTranspose2dOptions,
+    ) -> Result<Tensor> {
+        let [x, w] = dispatch(Op::ConvTranspose2d, [self, weight])?;
+        expect_float(Op::ConvTranspose2d, &x)?;
+        expect_same_dtype(Op::ConvTranspose2d, &x, &w)?;
+        expect_rank(Op::ConvTranspose2d, &x, 4, "the input")?;
+        expect_rank(Op::ConvTranspose2d, &w, 4, "the weight")?;
+        let p = Conv2dParams {
+            stride: o.stride,
+            padding: o.padding,
+            dilation: o.dilation,
+            groups: o.groups,
+        };
+        check_params("conv_transpose2d", &p)?;
+        let (n, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+        let (wc, og, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
+        if wc != c || c % p.groups != 0 {
+            return Err(Error::ShapeMismatch {
+                op: "conv_transpose2d",
+                lhs: x.shape().to_vec(),
+                rhs: w.shape().to_vec(),
+            });
+        }
+        for i in 0..2 {
+            if o.output_padding[i] >= o.stride[i].max(o.dilation[i]) {
+                return Err(Error::invalid(
+                    "conv_transpose2d",
+                    format!(
+                        "output_padding {:?} must be smaller than stride or dilation",
+                        o.output_padding
+                    ),
+                ));
+            }
+        }
+        let size = |len: usize, i: usize, k: usize| -> Option<usize> {
+            ((len - 1) * p.stride[i] + p.dilation[i] * (k - 1) + o.output_padding[i] + 1)
+                .checked_sub(2 * p.padding[i])
+        };
+        let (Some(ho), Some(wo)) = (size(h, 0, kh), size(wd, 1, kw)) else {
+            return Err(Error::invalid(
+                "conv_transpose2d",
+                "padding larger than the output",
+            ));
+        };
+        if h == 0 || wd == 0 || ho == 0 || wo == 0 {
+            return Err(Error::Empty {
+                op: "conv_transpose2d",
+                shape: x.shape().to_vec(),
+            });
+        }
+        // The equivalent convolution maps the output [n, og*g, ho, wo] to the input [n, c, h, w].
+        let d = conv_dims(
+            "conv_transpose2d",
+            &[n, og * p.groups, ho, wo],
+            w.shape(),
+            p,
+        )?;
+        if d.ho != h || d.wo != wd {
+            return Err(Error::invalid(
+                "conv_transpose2d",
+                "inconsistent output size",
+            ));
+        }
+        add_bias("conv_transpose2d", conv_bwd_input(&x, &w, d)?, bias)
+    }
+}

@@ -1,0 +1,359 @@
+//! Elementwise ops with broadcasting, scalars, activations, comparisons and `where`.
+
+use super::{dispatch, expect_float, Op};
+use crate::backend::ops::{BinaryOp, CmpOp, UnaryOp};
+use crate::layout::broadcast_shapes;
+use crate::{DType, Error, Result, Tensor};
+
+/// The right-hand side of a binary op: a tensor or a scalar.
+///
+/// ```
+/// use mantissa::{Tensor, Device};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu)?;
+/// assert_eq!(x.add(1.0)?.to_vec::<f32>()?, vec![2.0, 3.0]);
+/// assert_eq!(x.add(&x)?.to_vec::<f32>()?, vec![2.0, 4.0]);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    Tensor(&'a Tensor),
+    Scalar(f64),
+}
+
+impl<'a> From<&'a Tensor> for Operand<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        Operand::Tensor(t)
+    }
+}
+impl From<f64> for Operand<'_> {
+    fn from(v: f64) -> Self {
+        Operand::Scalar(v)
+    }
+}
+impl From<f32> for Operand<'_> {
+    fn from(v: f32) -> Self {
+        Operand::Scalar(v as f64)
+    }
+}
+
+impl Tensor {
+    /// Applies a unary op and records its backward (`g * f'(x)`, one fused kernel).
+    pub(crate) fn unary_op(&self, op: UnaryOp, kind: Op) -> Result<Tensor> {
+        let [x] = dispatch(kind, [self])?;
+        expect_float(kind, &x)?;
+        let s = x.storage().unary(x.layout(), op)?;
+        let saved = x.clone();
+        Ok(
+            Tensor::from_storage(s, x.shape()).attach(kind.name(), &[&x], move |g, _| {
+                let s = saved
+                    .storage()
+                    .unary_grad(saved.layout(), &g.storage(), g.layout(), op)?;
+                Ok(vec![Some(Tensor::from_storage(s, saved.shape()))])
+            }),
+        )
+    }
+
+    fn binary_op(&self, rhs: &Tensor, op: BinaryOp, kind: Op) -> Result<Tensor> {
+        let [a, b] = dispatch(kind, [self, rhs])?;
+        super::expect_same_dtype(kind, &a, &b)?;
+        let name = kind.name();
+        let shape = broadcast_shapes(name, a.shape(), b.shape())?;
+        let la = a.layout().broadcast_as(name, &shape)?;
+        let lb = b.layout().broadcast_as(name, &shape)?;
+        let s = a.storage().binary(&la, &b.storage(), &lb, op)?;
+        let out = Tensor::from_storage(s, &shape);
+        if !a.dtype().is_float() {
+            return Ok(out);
+        }
+        let (sa, sb) = (a.clone(), b.clone());
+        Ok(out.attach(name, &[&a, &b], move |g, needs| {
+            let (ga, gb) = binary_grads(op, &sa, &sb, g, needs)?;
+            let ga = ga.map(|t| t.sum_to(sa.shape())).transpose()?;
+            let gb = gb.map(|t| t.sum_to(sb.shape())).transpose()?;
+            Ok(vec![ga, gb])
+        }))
+    }
+
+    fn binary_or_scalar(
+        &self,
+        rhs: Operand,
+        op: BinaryOp,
+        kind: Op,
+        scalar: impl Fn(f64) -> UnaryOp,
+    ) -> Result<Tensor> {
+        match rhs {
+            Operand::Tensor(t) => self.binary_op(t, op, kind),
+            Operand::Scalar(v) => self.unary_op(scalar(v), kind),
+        }
+    }
+
+    /// `self + rhs` with broadcasting.
+    pub fn add<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_or_scalar(rhs.into(), BinaryOp::Add, Op::Add, |v| UnaryOp::Affine {
+            mul: 1.0,
+            add: v,
+        })
+    }
+    /// `self - rhs` with broadcasting.
+    pub fn sub<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_or_scalar(rhs.into(), BinaryOp::Sub, Op::Sub, |v| UnaryOp::Affine {
+            mul: 1.0,
+            add: -v,
+        })
+    }
+    /// `self * rhs` with broadcasting.
+    pub fn mul<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_or_scalar(rhs.into(), BinaryOp::Mul, Op::Mul, |v| UnaryOp::Affine {
+            mul: v,
+            add: 0.0,
+        })
+    }
+    /// `self / rhs` with broadcasting.
+    pub fn div<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_or_scalar(rhs.into(), BinaryOp::Div, Op::Div, |v| UnaryOp::Affine {
+            mul: 1.0 / v,
+            add: 0.0,
+        })
+    }
+    /// `self ^ rhs` with broadcasting.
+    pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        match rhs.into() {
+            Operand::Tensor(t) => self.binary_op(t, BinaryOp::Pow, Op::Pow),
+            Operand::Scalar(v) => self.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),
+        }
+    }
+    /// Elementwise maximum (ties split the gradient evenly).
+    pub fn maximum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_or_scalar(rhs.into(), BinaryOp::Max, Op::Maximum, UnaryOp::MaxScalar)
+    }
+    /// Elementwise minimum (ties split the gradient evenly).
+    pub fn minimum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_or_scalar(rhs.into(), BinaryOp::Min, Op::Minimum, UnaryOp::MinScalar)
+    }
+    /// `scalar - self`.
+    pub fn rsub(&self, scalar: f64) -> Result<Tensor> {
+        self.unary_op(
+            UnaryOp::Affine {
+                mul: -1.0,
+                add: scalar,
+            },
+            Op::Sub,
+        )
+    }
+    /// `scalar ^ self`.
+    pub fn scalar_pow(&self, scalar: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::ScalarPow(scalar), Op::Pow)
+    }
+    /// Clamps into `[lo, hi]`.
+    pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
+        if lo > hi {
+            return Err(Error::invalid("clamp", format!("min {lo} > max {hi}")));
+        }
+        self.maximum(lo)?.minimum(hi)
+    }
+
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Neg, Op::Unary)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Abs, Op::Unary)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Exp, Op::Exp)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Log, Op::Log)
+    }
+    pub fn log1p(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Log1p, Op::Log1p)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sqrt, Op::Sqrt)
+    }
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Rsqrt, Op::Rsqrt)
+    }
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Recip, Op::Recip)
+    }
+    pub fn sqr(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::PowScalar(2.0), Op::Unary)
+    }
+    pub fn sin(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sin, Op::Unary)
+    }
+    pub fn cos(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Cos, Op::Unary)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Tanh, Op::Unary)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Sigmoid, Op::Unary)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Relu, Op::Unary)
+    }
+    /// `x` for positive x, `slope * x` otherwise.
+    pub fn leaky_relu(&self, slope: f64) -> Result<Tensor> {
+        self.unary_op(UnaryOp::LeakyRelu(slope), Op::Unary)
+    }
+    /// GELU, exact (erf) form, PyTorch's default.
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::GeluErf, Op::Unary)
+    }
+    /// GELU, tanh approximation (`approximate="tanh"`).
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::GeluTanh, Op::Unary)
+    }
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary_op(UnaryOp::Silu, Op::Unary)
+    }
+
+    fn compare<'a>(&self, rhs: impl Into<Operand<'a>>, op: CmpOp) -> Result<Tensor> {
+        let scalar;
+        let rhs = match rhs.into() {
+            Operand::Tensor(t) => t,
+            Operand::Scalar(v) => {
+                scalar = Tensor::scalar(v, self.dtype(), self.device())?;
+                &scalar
+            }
+        };
+        let [a, b] = dispatch(Op::Compare, [self, rhs])?;
+        let [a, b] = if a.dtype() == b.dtype() {
+            [a, b]
+        } else {
+            let d = a.dtype().promote(b.dtype());
+            [a.to_dtype(d)?, b.to_dtype(d)?]
+        };
+        let shape = broadcast_shapes("compare", a.shape(), b.shape())?;
+        let la = a.layout().broadcast_as("compare", &shape)?;
+        let lb = b.layout().broadcast_as("compare", &shape)?;
+        let s = a.storage().cmp(&la, &b.storage(), &lb, op)?;
+        Ok(Tensor::from_storage(s, &shape))
+    }
+
+    /// `self == rhs` as a U8 mask.
+    pub fn eq<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.compare(rhs, CmpOp::Eq)
+    }
+    pub fn ne<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.compare(rhs, CmpOp::Ne)
+    }
+    pub fn lt<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.compare(rhs, CmpOp::Lt)
+    }
+    pub fn le<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.compare(rhs, CmpOp::Le)
+    }
+    pub fn gt<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.compare(rhs, CmpOp::Gt)
+    }
+    pub fn ge<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.compare(rhs, CmpOp::Ge)
+    }
+
+    /// `cond ? a : b` elementwise with broadcasting; `cond` is a U8 mask (nonzero = true).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// let x = Tensor::from_vec(vec![-1.0f32, 2.0], &[2], Device::Cpu)?;
+    /// let y = Tensor::where_cond(&x.gt(0.0)?, &x, &x.neg()?)?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![1.0, 2.0]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if cond.dtype() != DType::U8 {
+            return Err(Error::DType {
+                op: "where",
+                dtype: cond.dtype(),
+                expected: "U8 (a mask from a comparison)",
+            });
+        }
+        let [c, a, b] = dispatch(Op::Where, [cond, a, b])?;
+        super::expect_same_dtype(Op::Where, &a, &b)?;
+        let s1 = broadcast_shapes("where", c.shape(), a.shape())?;
+        let shape = broadcast_shapes("where", &s1, b.shape())?;
+        let lc = c.layout().broadcast_as("where", &shape)?;
+        let la = a.layout().broadcast_as("where", &shape)?;
+        let lb = b.layout().broadcast_as("where", &shape)?;
+        let s = c
+            .storage()
+            .where_cond(&lc, &a.storage(), &la, &b.storage(), &lb)?;
+        let out = Tensor::from_storage(s, &shape);
+        if !a.dtype().is_float() {
+            return Ok(out);
+        }
+        let (sa, sb, sc) = (a.clone(), b.clone(), c.clone());
+        Ok(out.attach("where", &[&a, &b], move |g, needs| {
+            let zero = Tensor::zeros(&[], g.dtype(), g.device())?;
+            let ga = match needs[0] {
+                true => Some(Tensor::where_cond(&sc, g, &zero)?.sum_to(sa.shape())?),
+                false => None,
+            };
+            let gb = match needs[1] {
+                true => Some(Tensor::where_cond(&sc, &zero, g)?.sum_to(sb.shape())?),
+                false => None,
+            };
+            Ok(vec![ga, gb])
+        }))
+    }
+
+    /// Replaces the elements where `mask` is nonzero with `value`.
+    pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
+        let v = Tensor::scalar(value, self.dtype(), self.device())?;
+        let out = Tensor::where_cond(mask, &v, self)?;
+        if out.shape() != self.shape() {
+            return Err(Error::Broadcast {
+                op: "masked_fill",
+                lhs: self.shape().to_vec(),
+                rhs: mask.shape().to_vec(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Gradients of `a op b` before reduction to the input shapes.
+fn binary_grads(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    g: &Tensor,
+    needs: &[bool],
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let want = |i: usize, f: &dyn Fn() -> Result<Tensor>| -> Result<Option<Tensor>> {
+        if needs[i] {
+            f().map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let dt = g.dtype();
+    // Share of the gradient that goes to `a` for max/min: 1 where a wins, 1/2 on ties.
+    let share = |win: Tensor| -> Result<Tensor> {
+        win.to_dtype(dt)?.add(&a.eq(b)?.to_dtype(dt)?.mul(0.5)?)
+    };
+    Ok(match op {
+        BinaryOp::Add => (want(0, &|| Ok(g.clone()))?, want(1, &|| Ok(g.clone()))?),
+        BinaryOp::Sub => (want(0, &|| Ok(g.clone()))?, want(1, &|| g.neg())?),
+        BinaryOp::Mul => (want(0, &|| g.mul(b))?, want(1, &|| g.mul(a))?),
+        BinaryOp::Div => (
+            want(0, &|| g.div(b))?,
+            want(1, &|| g.mul(a)?.div(&b.sqr()?)?.neg())?,
+        ),
+        BinaryOp::Pow => (
+            want(0, &|| g.mul(b)?.mul(&a.pow(&b.sub(1.0)?)?))?,
+            want(1, &|| g.mul(&a.pow(b)?)?.mul(&a.log()?))?,
+        ),
+        BinaryOp::Max | BinaryOp::Min => {
+            let win = if op == BinaryOp::Max {
+                a.gt(b)?
+            } else {
+                a.lt(b)?
+            };
+            let s = share(win)?;
+            (want(0, &|| g.mul(&s))?, want(1, &|| g.mul(&s.rsub(1.0)?))?)
+        }
+    })
+}

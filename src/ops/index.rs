@@ -1,0 +1,220 @@
+//! cat, stack, index_select, gather, scatter_add, embedding.
+
+use super::{dispatch, Op};
+use crate::layout::normalize_dim;
+use crate::{DType, Error, Result, Tensor};
+
+fn expect_index(op: Op, idx: &Tensor) -> Result<()> {
+    if idx.dtype() == DType::I64 {
+        Ok(())
+    } else {
+        Err(Error::DType {
+            op: op.name(),
+            dtype: idx.dtype(),
+            expected: "I64 indices",
+        })
+    }
+}
+
+impl Tensor {
+    /// Concatenates along `dim`; every other dim must agree. Floating inputs of mixed dtypes
+    /// are promoted.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let a = Tensor::ones(&[2, 1], DType::F32, Device::Cpu)?;
+    /// let b = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu)?;
+    /// assert_eq!(Tensor::cat(&[&a, &b], 1)?.shape(), &[2, 4]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(Error::invalid("cat", "no tensors given"));
+        };
+        let d = normalize_dim("cat", dim, first.shape())?;
+        let dtype = tensors
+            .iter()
+            .map(|t| t.dtype())
+            .reduce(DType::promote)
+            .unwrap();
+        let mut inputs = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let [t, _] = dispatch(Op::Cat, [t, first])?;
+            let same_rest = t.rank() == first.rank()
+                && (0..t.rank()).all(|i| i == d || t.shape()[i] == first.shape()[i]);
+            if !same_rest {
+                return Err(Error::ShapeMismatch {
+                    op: "cat",
+                    lhs: first.shape().to_vec(),
+                    rhs: t.shape().to_vec(),
+                });
+            }
+            inputs.push(t.to_dtype(dtype)?);
+        }
+        let mut shape = first.shape().to_vec();
+        shape[d] = inputs.iter().map(|t| t.shape()[d]).sum();
+        let out = Tensor::zeros(&shape, dtype, first.device())?;
+        let mut start = 0;
+        let mut starts = Vec::with_capacity(inputs.len());
+        out.0.storage.write(|s| -> Result<()> {
+            for t in &inputs {
+                let dst = out.layout().narrow("cat", d, start, t.shape()[d])?;
+                s.copy_into(&dst, &t.storage(), t.layout())?;
+                starts.push((start, t.shape()[d]));
+                start += t.shape()[d];
+            }
+            Ok(())
+        })?;
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        Ok(out.attach("cat", &refs, move |g, needs| {
+            starts
+                .iter()
+                .zip(needs)
+                .map(|(&(s, n), &need)| need.then(|| g.narrow(d as isize, s, n)).transpose())
+                .collect()
+        }))
+    }
+
+    /// Stacks equal-shape tensors along a new dim.
+    pub fn stack(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        let parts: Vec<Tensor> = tensors
+            .iter()
+            .map(|t| t.unsqueeze(dim))
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        Tensor::cat(&refs, dim)
+    }
+
+    /// Picks entries `index` (1-D, I64) along `dim`.
+    pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let [x, idx] = dispatch(Op::IndexSelect, [self, index])?;
+        expect_index(Op::IndexSelect, &idx)?;
+        super::expect_rank(Op::IndexSelect, &idx, 1, "the index")?;
+        let d = normalize_dim("index_select", dim, x.shape())?;
+        let ids = idx
+            .storage()
+            .indices("index_select", idx.layout(), d, x.shape()[d])?;
+        let s = x.storage().index_select(x.layout(), d, &ids);
+        let mut shape = x.shape().to_vec();
+        shape[d] = ids.len();
+        let in_shape = x.shape().to_vec();
+        Ok(
+            Tensor::from_storage(s, &shape).attach("index_select", &[&x], move |g, _| {
+                let z = Tensor::zeros(&in_shape, g.dtype(), g.device())?;
+                let gs = g.storage();
+                z.0.storage
+                    .write(|s| s.index_add(&in_shape, d, &ids, &gs, g.layout()))?;
+                Ok(vec![Some(z)])
+            }),
+        )
+    }
+
+    /// `out[i][j] = self[index[i][j]][j]` for `dim = 0` (and so on): PyTorch's `gather`.
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let [x, idx] = dispatch(Op::Gather, [self, index])?;
+        expect_index(Op::Gather, &idx)?;
+        let d = normalize_dim("gather", dim, x.shape())?;
+        check_index_shape("gather", &idx, x.shape(), d, None)?;
+        let ids = idx
+            .storage()
+            .indices("gather", idx.layout(), d, x.shape()[d])?;
+        let s = x.storage().gather(x.layout(), d, &ids, idx.shape());
+        let (in_shape, saved) = (x.shape().to_vec(), idx.clone());
+        Ok(
+            Tensor::from_storage(s, idx.shape()).attach("gather", &[&x], move |g, _| {
+                let z = Tensor::zeros(&in_shape, g.dtype(), g.device())?;
+                Ok(vec![Some(z.scatter_add(d as isize, &saved, g)?)])
+            }),
+        )
+    }
+
+    /// A copy of `self` with `src` added at the positions `index` names along `dim`
+    /// (PyTorch's out-of-place `scatter_add`).
+    pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let [x, idx, src] = dispatch(Op::ScatterAdd, [self, index, src])?;
+        expect_index(Op::ScatterAdd, &idx)?;
+        super::expect_same_dtype(Op::ScatterAdd, &x, &src)?;
+        let d = normalize_dim("scatter_add", dim, x.shape())?;
+        check_index_shape("scatter_add", &idx, x.shape(), d, Some(src.shape()))?;
+        let ids = idx
+            .storage()
+            .indices("scatter_add", idx.layout(), d, x.shape()[d])?;
+        let mut s = x.storage().copy_strided(x.layout());
+        s.scatter_add(
+            x.shape(),
+            d,
+            &ids,
+            idx.shape(),
+            &src.storage(),
+            src.layout(),
+        )?;
+        let saved = idx.clone();
+        let src_shape = src.shape().to_vec();
+        Ok(Tensor::from_storage(s, x.shape()).attach(
+            "scatter_add",
+            &[&x, &src],
+            move |g, needs| {
+                let gs = match needs[1] {
+                    true => Some(g.gather(d as isize, &saved)?.pad_to(&src_shape)?),
+                    false => None,
+                };
+                Ok(vec![Some(g.clone()), gs])
+            },
+        ))
+    }
+
+    /// Zero-pads a tensor at the end of each dim up to `shape` (for an index smaller than src).
+    fn pad_to(&self, shape: &[usize]) -> Result<Tensor> {
+        let mut t = self.clone();
+        for (d, &n) in shape.iter().enumerate() {
+            if t.shape()[d] != n {
+                let mut s = t.shape().to_vec();
+                s[d] = n;
+                t = t.pad_into(&s, d, 0)?;
+            }
+        }
+        Ok(t)
+    }
+
+    /// Rows of `weight` (`[num, dim]`) for each index: output `index.shape + [dim]`.
+    pub fn embedding(index: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        let [w, idx] = dispatch(Op::Embedding, [weight, index])?;
+        expect_index(Op::Embedding, &idx)?;
+        super::expect_rank(Op::Embedding, &w, 2, "the weight")?;
+        let flat = idx.flatten(0, -1)?;
+        let rows = w.index_select(0, &flat)?;
+        let mut shape = idx.shape().to_vec();
+        shape.push(w.shape()[1]);
+        rows.reshape(&shape)
+    }
+}
+
+/// PyTorch's rule for gather/scatter indices: same rank, and no larger than the source (and
+/// than the destination outside `dim`).
+fn check_index_shape(
+    op: &'static str,
+    idx: &Tensor,
+    shape: &[usize],
+    dim: usize,
+    src: Option<&[usize]>,
+) -> Result<()> {
+    let bad = |other: &[usize]| Error::ShapeMismatch {
+        op,
+        lhs: other.to_vec(),
+        rhs: idx.shape().to_vec(),
+    };
+    if idx.rank() != shape.len() {
+        return Err(bad(shape));
+    }
+    for (i, &n) in idx.shape().iter().enumerate() {
+        if i != dim && n > shape[i] {
+            return Err(bad(shape));
+        }
+    }
+    if let Some(src) = src {
+        if src.len() != idx.rank() || idx.shape().iter().zip(src).any(|(a, b)| a > b) {
+            return Err(bad(src));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Losses: cross-entropy (class indices, label smoothing, ignore_index), NLL, MSE and BCE with
+//! logits. All reduce in f32 or wider.
+
+use super::{dispatch, expect_float, Op};
+use crate::{DType, Error, Result, Tensor};
+
+/// How per-element losses are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// Mean over the (non-ignored) elements.
+    #[default]
+    Mean,
+    Sum,
+    /// Per-element losses, unreduced.
+    None,
+}
+
+/// Options of [`Tensor::cross_entropy`], with PyTorch's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrossEntropyOptions {
+    pub reduction: Reduction,
+    /// Targets equal to this contribute nothing (and are not counted by the mean).
+    pub ignore_index: i64,
+    /// Mixes the one-hot target with the uniform distribution: `(1 - e) y + e / C`.
+    pub label_smoothing: f64,
+}
+
+impl Default for CrossEntropyOptions {
+    fn default() -> Self {
+        CrossEntropyOptions {
+            reduction: Reduction::Mean,
+            ignore_index: -100,
+            label_smoothing: 0.0,
+        }
+    }
+}
+
+/// Moves the class dim (1) last and flattens: `[N, C, d...]` to `[N * d..., C]`, and the
+/// target `[N, d...]` to `[N * d...]`.
+fn flatten_classes(op: Op, logits: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor)> {
+    if target.dtype() != DType::I64 {
+        return Err(Error::DType {
+            op: op.name(),
+            dtype: target.dtype(),
+            expected: "I64 class indices",
+        });
+    }
+    let r = logits.rank();
+    let mut want = logits.shape().to_vec();
+    if r >= 2 {
+        want.remove(1);
+    }
+    if r < 2 || target.shape() != want.as_slice() {
+        return Err(Error::ShapeMismatch {
+            op: op.name(),
+            lhs: logits.shape().to_vec(),
+            rhs: target.shape().to_vec(),
+        });
+    }
+    let c = logits.shape()[1];
+    let x = if r == 2 {
+        logits.clone()
+    } else {
+        let mut perm: Vec<usize> = (0..r).filter(|&d| d != 1).collect();
+        perm.push(1);
+        logits.permute(&perm)?.reshape(&[target.numel(), c])?
+    };
+    Ok((x, target.flatten(0, -1)?))
+}
+
+fn reduce(
+    op: Op,
+    per: Tensor,
+    weight_sum: Option<Tensor>,
+    reduction: Reduction,
+    shape: &[usize],
+) -> Result<Tensor> {
+    match reduction {
+        Reduction::None => per.reshape(shape),
+        Reduction::Sum => per.sum_all(),
+        Reduction::Mean => match weight_sum {
+            Some(n) => per.sum_all()?.div(&n),
+            None => {
+                super::expect_nonempty(op, &per)?;
+                per.mean_all()
+            }
+        },
+    }
+}
+
+/// Per-row NLL of flattened log-probabilities (ignored rows give 0) and the row weights
+/// (1 for counted rows, 0 for ignored ones).
+fn nll_rows(lp: &Tensor, t: &Tensor, ignore_index: i64) -> Result<(Tensor, Tensor)> {
+    let valid = t.ne(ignore_index as f64)?;
+    // Ignored rows read class 0 and are masked out; gather checks the other targets' range.
+    let zero = Tensor::scalar(0.0, DType::I64, t.device())?;
+    let safe = Tensor::where_cond(&valid, t, &zero)?;
+    let picked = lp.gather(1, &safe.unsqueeze(1)?)?.squeeze(1)?;
+    let w = valid.to_dtype(lp.dtype())?;
+    Ok((picked.neg()?.mul(&w)?, w))
+}
+
+impl Tensor {
+    /// Negative log-likelihood of log-probabilities `[N, C]` (or `[N, C, d...]`) and I64
+    /// targets `[N]` (or `[N, d...]`).
+    pub fn nll_loss(
+        &self,
+        target: &Tensor,
+        reduction: Reduction,
+        ignore_index: i64,
+    ) -> Result<Tensor> {
+        let [lp] = dispatch(Op::NllLoss, [self])?;
+        expect_float(Op::NllLoss, &lp)?;
+        let (lp, t) = flatten_classes(Op::NllLoss, &lp, target)?;
+        let (per, w) = nll_rows(&lp, &t, ignore_index)?;
+        reduce(
+            Op::NllLoss,
+            per,
+            Some(w.sum_all()?),
+            reduction,
+            target.shape(),
+        )
+    }
+
+    /// Cross-entropy of raw logits against class indices (PyTorch's `F.cross_entropy`).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device, CrossEntropyOptions};
+    /// let logits = Tensor::from_vec(vec![2.0f32, 0.0, 0.0, 2.0], &[2, 2], Device::Cpu)?;
+    /// let target = Tensor::from_vec(vec![0i64, 1], &[2], Device::Cpu)?;
+    /// let loss = logits.cross_entropy(&target, CrossEntropyOptions::default())?;
+    /// assert!((loss.item()? - (1.0 + (-2.0f64).exp()).ln()).abs() < 1e-6);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn cross_entropy(&self, target: &Tensor, opts: CrossEntropyOptions) -> Result<Tensor> {
+        let [x] = dispatch(Op::CrossEntropy, [self])?;
+        expect_float(Op::CrossEntropy, &x)?;
+        let e = opts.label_smoothing;
+        if !(0.0..=1.0).contains(&e) {
+            return Err(Error::invalid(
+                "cross_entropy",
+                format!("label_smoothing {e} not in [0, 1]"),
+            ));
+        }
+        let (x, t) = flatten_classes(Op::CrossEntropy, &x, target)?;
+        let lp = x.log_softmax(1)?;
+        let (mut per, w) = nll_rows(&lp, &t, opts.ignore_index)?;
+        if e > 0.0 {
+            let c = lp.shape()[1] as f64;
+            let smooth = lp.sum(&[1], false)?.neg()?.mul(&w)?.div(c)?;
+            per = per.mul(1.0 - e)?.add(&smooth.mul(e)?)?;
+        }
+        reduce(
+            Op::CrossEntropy,
+            per,
+            Some(w.sum_all()?),
+            opts.reduction,
+            target.shape(),
+        )
+    }
+
+    /// Mean squared error.
+    pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let [x, y] = dispatch(Op::MseLoss, [self, target])?;
+        expect_float(Op::MseLoss, &x)?;
+        if x.shape() != y.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "mse_loss",
+                lhs: x.shape().to_vec(),
+                rhs: y.shape().to_vec(),
+            });
+        }
+        let shape = x.shape().to_vec();
+        reduce(Op::MseLoss, x.sub(&y)?.sqr()?, None, reduction, &shape)
+    }
+
+    /// Binary cross-entropy of logits (stable form `max(x,0) - x y + log(1 + e^-|x|)`).
+    pub fn bce_with_logits(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let [x, y] = dispatch(Op::BceWithLogits, [self, target])?;
+        expect_float(Op::BceWithLogits, &x)?;
+        let y = y.to_dtype(x.dtype())?;
+        if x.shape() != y.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "binary_cross_entropy_with_logits",
+                lhs: x.shape().to_vec(),
+                rhs: y.shape().to_vec(),
+            });
+        }
+        let per = x
+            .relu()?
+            .sub(&x.mul(&y)?)?
+            .add(&x.abs()?.neg()?.exp()?.log1p()?)?;
+        let shape = x.shape().to_vec();
+        reduce(Op::BceWithLogits, per, None, reduction, &shape)
+    }
+}

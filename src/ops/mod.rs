@@ -1,0 +1,234 @@
+//! Op definitions: forward (through [`crate::backend::Storage`]), backward (recorded with
+//! `attach`), and each op's cast policy. Every op enters through [`dispatch`], the one place
+//! where inputs are checked for device agreement and brought to a common dtype; the autocast
+//! step of the mixed-precision work plugs in there, driven by [`Op::cast_policy`].
+
+mod conv;
+mod elementwise;
+mod index;
+mod loss;
+mod matmul;
+mod nn;
+mod norm;
+mod pool;
+mod reduce;
+
+pub use conv::{Conv2dOptions, ConvTranspose2dOptions};
+pub use elementwise::Operand;
+pub use loss::{CrossEntropyOptions, Reduction};
+pub use pool::{AvgPool2dOptions, MaxPool2dOptions};
+
+use crate::{DType, Error, Result, Tensor};
+
+/// How an op treats the dtypes of its floating inputs (PyTorch's autocast categories).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CastPolicy {
+    /// Runs in the low-precision dtype under autocast (GEMM-like ops).
+    LowerPrecision,
+    /// Runs in f32 under autocast (numerically sensitive ops).
+    Fp32,
+    /// Runs in the widest floating input dtype.
+    Promote,
+    /// Runs in its input's dtype.
+    Passthrough,
+}
+
+/// Every op that goes through [`dispatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    Compare,
+    Where,
+    Exp,
+    Log,
+    Log1p,
+    Sqrt,
+    Rsqrt,
+    Recip,
+    PowScalar,
+    Unary,
+    Sum,
+    Mean,
+    MaxMin,
+    Var,
+    Matmul,
+    Linear,
+    Conv2d,
+    ConvTranspose2d,
+    Cat,
+    IndexSelect,
+    Gather,
+    ScatterAdd,
+    Embedding,
+    Softmax,
+    LogSoftmax,
+    CrossEntropy,
+    NllLoss,
+    MseLoss,
+    BceWithLogits,
+    MaxPool2d,
+    AvgPool2d,
+    AdaptiveAvgPool2d,
+    BatchNorm,
+    LayerNorm,
+    Dropout,
+}
+
+impl Op {
+    /// The op's autocast category: the policy table, in one place.
+    pub fn cast_policy(self) -> CastPolicy {
+        use Op::*;
+        match self {
+            Matmul | Linear | Conv2d | ConvTranspose2d => CastPolicy::LowerPrecision,
+            Exp | Log | Log1p | Rsqrt | Recip | Pow | PowScalar | Sum | Softmax | LogSoftmax
+            | CrossEntropy | NllLoss | MseLoss | BceWithLogits | LayerNorm | Var => {
+                CastPolicy::Fp32
+            }
+            Add | Sub | Mul | Div | Maximum | Minimum | Compare | Where | Cat | ScatterAdd => {
+                CastPolicy::Promote
+            }
+            Sqrt | Unary | Mean | MaxMin | IndexSelect | Gather | Embedding | MaxPool2d
+            | AvgPool2d | AdaptiveAvgPool2d | BatchNorm | Dropout => CastPolicy::Passthrough,
+        }
+    }
+
+    /// The name used in error messages and graph nodes.
+    pub fn name(self) -> &'static str {
+        use Op::*;
+        match self {
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Compare => "compare",
+            Where => "where",
+            Exp => "exp",
+            Log => "log",
+            Log1p => "log1p",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Recip => "reciprocal",
+            PowScalar => "pow_scalar",
+            Unary => "unary",
+            Sum => "sum",
+            Mean => "mean",
+            MaxMin => "max/min",
+            Var => "var",
+            Matmul => "matmul",
+            Linear => "linear",
+            Conv2d => "conv2d",
+            ConvTranspose2d => "conv_transpose2d",
+            Cat => "cat",
+            IndexSelect => "index_select",
+            Gather => "gather",
+            ScatterAdd => "scatter_add",
+            Embedding => "embedding",
+            Softmax => "softmax",
+            LogSoftmax => "log_softmax",
+            CrossEntropy => "cross_entropy",
+            NllLoss => "nll_loss",
+            MseLoss => "mse_loss",
+            BceWithLogits => "binary_cross_entropy_with_logits",
+            MaxPool2d => "max_pool2d",
+            AvgPool2d => "avg_pool2d",
+            AdaptiveAvgPool2d => "adaptive_avg_pool2d",
+            BatchNorm => "batch_norm",
+            LayerNorm => "layer_norm",
+            Dropout => "dropout",
+        }
+    }
+}
+
+/// The entry of every op: checks that the inputs share a device, and gives the floating inputs
+/// of `Promote` ops a common dtype. Integer and mask inputs (indices, conditions) pass as they
+/// are. The autocast cast step is added here.
+pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[Tensor; N]> {
+    if let Some(first) = inputs.first() {
+        for t in &inputs[1..] {
+            if t.device() != first.device() {
+                return Err(Error::DeviceMismatch {
+                    op: op.name(),
+                    lhs: first.device(),
+                    rhs: t.device(),
+                });
+            }
+        }
+    }
+    let target = match op.cast_policy() {
+        CastPolicy::Promote => inputs
+            .iter()
+            .map(|t| t.dtype())
+            .filter(|d| d.is_float())
+            .reduce(DType::promote),
+        _ => None,
+    };
+    let mut out = inputs.map(|t| t.clone());
+    if let Some(target) = target {
+        for t in out.iter_mut() {
+            if t.dtype().is_float() && t.dtype() != target {
+                *t = t.to_dtype(target)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Errors unless `t` has a float dtype.
+pub(crate) fn expect_float(op: Op, t: &Tensor) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::DType {
+            op: op.name(),
+            dtype: t.dtype(),
+            expected: "a float dtype",
+        })
+    }
+}
+
+/// Errors unless `a` and `b` share a dtype.
+pub(crate) fn expect_same_dtype(op: Op, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.dtype() == b.dtype() {
+        Ok(())
+    } else {
+        Err(Error::DTypeMismatch {
+            op: op.name(),
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        })
+    }
+}
+
+/// Errors unless `t` has rank `rank`.
+pub(crate) fn expect_rank(op: Op, t: &Tensor, rank: usize, what: &str) -> Result<()> {
+    if t.rank() == rank {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            op.name(),
+            format!("{what} must have rank {rank}, got shape {:?}", t.shape()),
+        ))
+    }
+}
+
+/// Errors if `t` has no elements.
+pub(crate) fn expect_nonempty(op: Op, t: &Tensor) -> Result<()> {
+    if t.numel() == 0 {
+        Err(Error::Empty {
+            op: op.name(),
+            shape: t.shape().to_vec(),
+        })
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,65 @@
+//! Softmax, log-softmax and dropout.
+
+use super::{dispatch, expect_float, Op};
+use crate::layout::normalize_dim;
+use crate::random::{with_default_generator, Generator};
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
+        let kind = if log { Op::LogSoftmax } else { Op::Softmax };
+        let [x] = dispatch(kind, [self])?;
+        expect_float(kind, &x)?;
+        let d = normalize_dim(kind.name(), dim, x.shape())?;
+        let s = x.storage().softmax(x.layout(), d, log)?;
+        let out = Tensor::from_storage(s, x.shape());
+        // Saved output, detached so the graph holds no cycle.
+        let y = out.detach();
+        let di = d as isize;
+        Ok(out.attach(kind.name(), &[&x], move |g, _| {
+            let gx = if log {
+                g.sub(&y.exp()?.mul(&g.sum(&[di], true)?)?)?
+            } else {
+                y.mul(&g.sub(&g.mul(&y)?.sum(&[di], true)?)?)?
+            };
+            Ok(vec![Some(gx)])
+        }))
+    }
+
+    /// Softmax along `dim` (computed in f32 for half inputs, stable for large values).
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_impl(dim, false)
+    }
+
+    /// Log-softmax along `dim`.
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_impl(dim, true)
+    }
+
+    /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` when
+    /// `training`; identity otherwise. Draws from `gen`.
+    pub fn dropout_with(&self, p: f64, training: bool, gen: &mut Generator) -> Result<Tensor> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::invalid(
+                "dropout",
+                format!("probability {p} not in [0, 1]"),
+            ));
+        }
+        let [x] = dispatch(Op::Dropout, [self])?;
+        expect_float(Op::Dropout, &x)?;
+        if !training || p == 0.0 {
+            return Ok(x);
+        }
+        if p == 1.0 {
+            return x.mul(0.0);
+        }
+        let u = Tensor::rand_with(x.shape(), 0.0, 1.0, x.dtype(), x.device(), gen)?;
+        let mask = u.ge(p)?.to_dtype(x.dtype())?.mul(1.0 / (1.0 - p))?;
+        x.mul(&mask)
+    }
+
+    /// Dropout drawing from this thread's default generator.
+    pub fn dropout(&self, p: f64, training: bool) -> Result<Tensor> {
+        with_default_generator(|g| self.dropout_with(p, training, g))
+    }
+}

@@ -1,0 +1,187 @@
+//! max_pool2d, avg_pool2d and adaptive_avg_pool2d over `[n, c, h, w]`.
+
+use super::{dispatch, expect_float, expect_rank, Op};
+use crate::backend::ops::{window_out, Pool2dParams};
+use crate::backend::PoolDims;
+use crate::{Error, Result, Tensor};
+
+/// Options of [`Tensor::max_pool2d`]; `stride` `None` means the kernel size (PyTorch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxPool2dOptions {
+    pub kernel: [usize; 2],
+    pub stride: Option<[usize; 2]>,
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+}
+
+impl MaxPool2dOptions {
+    /// A square window of `k` with stride `k`.
+    pub fn new(k: usize) -> Self {
+        MaxPool2dOptions {
+            kernel: [k, k],
+            stride: None,
+            padding: [0, 0],
+            dilation: [1, 1],
+            ceil_mode: false,
+        }
+    }
+}
+
+/// Options of [`Tensor::avg_pool2d`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvgPool2dOptions {
+    pub kernel: [usize; 2],
+    pub stride: Option<[usize; 2]>,
+    pub padding: [usize; 2],
+    pub ceil_mode: bool,
+    pub count_include_pad: bool,
+}
+
+impl AvgPool2dOptions {
+    /// A square window of `k` with stride `k`, padding counted (PyTorch's defaults).
+    pub fn new(k: usize) -> Self {
+        AvgPool2dOptions {
+            kernel: [k, k],
+            stride: None,
+            padding: [0, 0],
+            ceil_mode: false,
+            count_include_pad: true,
+        }
+    }
+}
+
+fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
+    expect_float(op, x)?;
+    expect_rank(op, x, 4, "the input")?;
+    let s = x.shape();
+    if p.kernel.contains(&0) || p.stride.contains(&0) || p.dilation.contains(&0) {
+        return Err(Error::invalid(
+            op.name(),
+            format!("kernel, stride and dilation must be positive: {p:?}"),
+        ));
+    }
+    for i in 0..2 {
+        if 2 * p.padding[i] > p.kernel[i] {
+            return Err(Error::invalid(
+                op.name(),
+                format!(
+                    "padding {:?} must be at most half the kernel {:?}",
+                    p.padding, p.kernel
+                ),
+            ));
+        }
+    }
+    let ho = window_out(
+        s[2],
+        p.kernel[0],
+        p.stride[0],
+        p.padding[0],
+        p.dilation[0],
+        p.ceil_mode,
+    );
+    let wo = window_out(
+        s[3],
+        p.kernel[1],
+        p.stride[1],
+        p.padding[1],
+        p.dilation[1],
+        p.ceil_mode,
+    );
+    match (ho, wo) {
+        (Some(ho), Some(wo)) if s[2] > 0 && s[3] > 0 => Ok(PoolDims {
+            planes: s[0] * s[1],
+            h: s[2],
+            w: s[3],
+            ho,
+            wo,
+        }),
+        _ => Err(Error::invalid(
+            op.name(),
+            format!("window {:?} does not fit the input {s:?}", p.kernel),
+        )),
+    }
+}
+
+impl Tensor {
+    /// Max pooling (PyTorch's `F.max_pool2d`).
+    pub fn max_pool2d(&self, o: MaxPool2dOptions) -> Result<Tensor> {
+        let [x] = dispatch(Op::MaxPool2d, [self])?;
+        let p = Pool2dParams {
+            kernel: o.kernel,
+            stride: o.stride.unwrap_or(o.kernel),
+            padding: o.padding,
+            dilation: o.dilation,
+            ceil_mode: o.ceil_mode,
+            count_include_pad: false,
+        };
+        let d = pool_dims(Op::MaxPool2d, &x, &p)?;
+        let (v, idx) = x.storage().max_pool2d(x.layout(), &d, &p)?;
+        let s = x.shape();
+        let shape = [s[0], s[1], d.ho, d.wo];
+        let in_shape = s.to_vec();
+        Ok(
+            Tensor::from_storage(v, &shape).attach("max_pool2d", &[&x], move |g, _| {
+                let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d)?;
+                Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
+            }),
+        )
+    }
+
+    /// Average pooling (PyTorch's `F.avg_pool2d`).
+    pub fn avg_pool2d(&self, o: AvgPool2dOptions) -> Result<Tensor> {
+        let [x] = dispatch(Op::AvgPool2d, [self])?;
+        let p = Pool2dParams {
+            kernel: o.kernel,
+            stride: o.stride.unwrap_or(o.kernel),
+            padding: o.padding,
+            dilation: [1, 1],
+            ceil_mode: o.ceil_mode,
+            count_include_pad: o.count_include_pad,
+        };
+        let d = pool_dims(Op::AvgPool2d, &x, &p)?;
+        let v = x.storage().avg_pool2d(x.layout(), &d, &p)?;
+        let s = x.shape();
+        let in_shape = s.to_vec();
+        Ok(Tensor::from_storage(v, &[s[0], s[1], d.ho, d.wo]).attach(
+            "avg_pool2d",
+            &[&x],
+            move |g, _| {
+                let gx = g.storage().avg_pool2d_backward(g.layout(), &d, &p)?;
+                Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
+            },
+        ))
+    }
+
+    /// Adaptive average pooling to `[oh, ow]` (PyTorch's `F.adaptive_avg_pool2d`).
+    pub fn adaptive_avg_pool2d(&self, out: [usize; 2]) -> Result<Tensor> {
+        let [x] = dispatch(Op::AdaptiveAvgPool2d, [self])?;
+        expect_float(Op::AdaptiveAvgPool2d, &x)?;
+        expect_rank(Op::AdaptiveAvgPool2d, &x, 4, "the input")?;
+        let s = x.shape().to_vec();
+        if out.contains(&0) || s[2] == 0 || s[3] == 0 {
+            return Err(Error::invalid(
+                "adaptive_avg_pool2d",
+                format!("output size {out:?} for input {s:?}"),
+            ));
+        }
+        let d = PoolDims {
+            planes: s[0] * s[1],
+            h: s[2],
+            w: s[3],
+            ho: out[0],
+            wo: out[1],
+        };
+        let v = x.storage().adaptive_avg_pool2d(x.layout(), &d, false)?;
+        Ok(
+            Tensor::from_storage(v, &[s[0], s[1], out[0], out[1]]).attach(
+                "adaptive_avg_pool2d",
+                &[&x],
+                move |g, _| {
+                    let gx = g.storage().adaptive_avg_pool2d(g.layout(), &d, true)?;
+                    Ok(vec![Some(Tensor::from_storage(gx, &s))])
+                },
+            ),
+        )
+    }
+}

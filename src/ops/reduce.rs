@@ -1,0 +1,189 @@
+//! Reductions: sum, mean, max/min (with indices), argmax/argmin, var, and `sum_to`.
+
+use super::{dispatch, expect_float, expect_nonempty, Op};
+use crate::backend::ops::ReduceOp;
+use crate::layout::{normalize_dim, normalize_dims};
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    /// Runs a reduction kernel; the result has the reduced dims kept as size 1.
+    fn reduce_raw(&self, dims: &[usize], op: ReduceOp) -> Result<Tensor> {
+        let s = self.storage().reduce(self.layout(), dims, op)?;
+        let mut shape = self.shape().to_vec();
+        for &d in dims {
+            shape[d] = 1;
+        }
+        Ok(Tensor::from_storage(s, &shape))
+    }
+
+    /// Drops the reduced dims from a keepdim result unless `keepdim`.
+    fn finish(&self, t: Tensor, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        if keepdim {
+            return Ok(t);
+        }
+        let shape: Vec<usize> = (0..self.rank())
+            .filter(|d| !dims.contains(d))
+            .map(|d| self.shape()[d])
+            .collect();
+        t.reshape(&shape)
+    }
+
+    fn sum_like(&self, dims: &[isize], keepdim: bool, op: ReduceOp, kind: Op) -> Result<Tensor> {
+        let [x] = dispatch(kind, [self])?;
+        expect_float(kind, &x)?;
+        let d = normalize_dims(kind.name(), dims, x.shape())?;
+        let count: usize = d.iter().map(|&i| x.shape()[i]).product();
+        let r = x.reduce_raw(&d, op)?;
+        let shape = x.shape().to_vec();
+        let kshape = r.shape().to_vec();
+        let r = r.attach(kind.name(), &[&x], move |g, _| {
+            let g = g.reshape(&kshape)?.expand(&shape)?;
+            let g = if op == ReduceOp::Mean {
+                g.div(count as f64)?
+            } else {
+                g
+            };
+            Ok(vec![Some(g)])
+        });
+        x.finish(r, &d, keepdim)
+    }
+
+    /// Sum over `dims` (all dims when empty).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2], Device::Cpu)?;
+    /// assert_eq!(x.sum(&[1], false)?.to_vec::<f32>()?, vec![3.0, 7.0]);
+    /// assert_eq!(x.sum(&[0], true)?.shape(), &[1, 2]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.sum_like(dims, keepdim, ReduceOp::Sum, Op::Sum)
+    }
+
+    /// Sum of every element (a 0-d tensor).
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.sum(&[], false)
+    }
+
+    /// Mean over `dims` (all dims when empty); errors on an empty reduction.
+    pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        expect_nonempty(Op::Mean, self)?;
+        self.sum_like(dims, keepdim, ReduceOp::Mean, Op::Mean)
+    }
+
+    /// Mean of every element.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.mean(&[], false)
+    }
+
+    /// Variance over `dims` with `correction` (1 = unbiased, PyTorch's default; 0 = biased).
+    pub fn var(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
+        let [x] = dispatch(Op::Var, [self])?;
+        expect_nonempty(Op::Var, &x)?;
+        let d = normalize_dims("var", dims, x.shape())?;
+        let n: usize = d.iter().map(|&i| x.shape()[i]).product();
+        if n <= correction {
+            return Err(Error::invalid(
+                "var",
+                format!("{n} elements with correction {correction}"),
+            ));
+        }
+        let di: Vec<isize> = d.iter().map(|&i| i as isize).collect();
+        let centred = x.sub(&x.mean(&di, true)?)?;
+        centred
+            .sqr()?
+            .sum(&di, keepdim)?
+            .div((n - correction) as f64)
+    }
+
+    /// Standard deviation (see [`Tensor::var`]).
+    pub fn std(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
+        self.var(dims, correction, keepdim)?.sqrt()
+    }
+
+    fn extreme(&self, dim: isize, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
+        let [x] = dispatch(Op::MaxMin, [self])?;
+        expect_nonempty(Op::MaxMin, &x)?;
+        let d = normalize_dim("max/min", dim, x.shape())?;
+        let (vop, iop) = if max {
+            (ReduceOp::Max, ReduceOp::ArgMax)
+        } else {
+            (ReduceOp::Min, ReduceOp::ArgMin)
+        };
+        let idx = x.reduce_raw(&[d], iop)?;
+        let vals = x.reduce_raw(&[d], vop)?;
+        let vals = if x.dtype().is_float() {
+            let (shape, saved_idx) = (x.shape().to_vec(), idx.clone());
+            vals.attach(if max { "max" } else { "min" }, &[&x], move |g, _| {
+                let z = Tensor::zeros(&shape, g.dtype(), g.device())?;
+                Ok(vec![Some(z.scatter_add(d as isize, &saved_idx, g)?)])
+            })
+        } else {
+            vals
+        };
+        Ok((
+            x.finish(vals, &[d], keepdim)?,
+            x.finish(idx, &[d], keepdim)?,
+        ))
+    }
+
+    /// Maximum along `dim`: values and their (first) indices.
+    pub fn max(&self, dim: isize, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        self.extreme(dim, keepdim, true)
+    }
+
+    /// Minimum along `dim`: values and their (first) indices.
+    pub fn min(&self, dim: isize, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        self.extreme(dim, keepdim, false)
+    }
+
+    /// Maximum of every element (gradient to the first maximum).
+    pub fn max_all(&self) -> Result<Tensor> {
+        Ok(self.flatten(0, -1)?.max(0, false)?.0)
+    }
+
+    /// Minimum of every element (gradient to the first minimum).
+    pub fn min_all(&self) -> Result<Tensor> {
+        Ok(self.flatten(0, -1)?.min(0, false)?.0)
+    }
+
+    /// Index (I64) of the first maximum along `dim`.
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        Ok(self.max(dim, keepdim)?.1)
+    }
+
+    /// Index (I64) of the first minimum along `dim`.
+    pub fn argmin(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        Ok(self.min(dim, keepdim)?.1)
+    }
+
+    /// Sums a broadcast result back to `shape` (the adjoint of `expand`).
+    pub fn sum_to(&self, shape: &[usize]) -> Result<Tensor> {
+        if self.shape() == shape {
+            return Ok(self.clone());
+        }
+        let err = || Error::Broadcast {
+            op: "sum_to",
+            lhs: self.shape().to_vec(),
+            rhs: shape.to_vec(),
+        };
+        if shape.len() > self.rank() {
+            return Err(err());
+        }
+        let extra = self.rank() - shape.len();
+        let mut dims: Vec<isize> = (0..extra as isize).collect();
+        for (i, &s) in shape.iter().enumerate() {
+            let d = self.shape()[extra + i];
+            if s == 1 && d != 1 {
+                dims.push((extra + i) as isize);
+            } else if s != d {
+                return Err(err());
+            }
+        }
+        if dims.is_empty() {
+            return self.reshape(shape);
+        }
+        self.sum(&dims, true)?.reshape(shape)
+    }
+}

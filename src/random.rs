@@ -1,0 +1,137 @@
+//! A seedable counter-based generator (Philox 4x32-10), the same family cuRAND and PyTorch's
+//! CUDA generator use, so a later CUDA kernel can draw the same stream from (seed, offset).
+
+use std::cell::RefCell;
+
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+
+/// Philox 4x32-10 of counter `ctr` under key `key`.
+pub fn philox(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let (mut c, mut k) = (ctr, key);
+    for _ in 0..10 {
+        let p0 = (M0 as u64) * (c[0] as u64);
+        let p1 = (M1 as u64) * (c[2] as u64);
+        c = [
+            ((p1 >> 32) as u32) ^ c[1] ^ k[0],
+            p1 as u32,
+            ((p0 >> 32) as u32) ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
+        k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+    }
+    c
+}
+
+/// A random generator: a 64-bit seed and a position in its stream.
+///
+/// ```
+/// use mantissa::Generator;
+/// let mut a = Generator::new(7);
+/// let mut b = Generator::new(7);
+/// assert_eq!(a.uniform(4), b.uniform(4));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generator {
+    seed: u64,
+    /// Number of 128-bit blocks consumed.
+    offset: u64,
+}
+
+impl Generator {
+    pub fn new(seed: u64) -> Generator {
+        Generator { seed, offset: 0 }
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Blocks of four u32 consumed so far (the CUDA kernels start from here).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn block(&self, i: u64) -> [u32; 4] {
+        let ctr = [i as u32, (i >> 32) as u32, 0, 0];
+        philox(ctr, [self.seed as u32, (self.seed >> 32) as u32])
+    }
+
+    /// `n` u32 words, advancing the stream.
+    pub fn next_u32s(&mut self, n: usize) -> Vec<u32> {
+        let blocks = n.div_ceil(4) as u64;
+        let start = self.offset;
+        self.offset += blocks;
+        (0..blocks)
+            .flat_map(|b| self.block(start + b))
+            .take(n)
+            .collect()
+    }
+
+    /// `n` draws from U[0, 1) with 53 bits of resolution.
+    pub fn uniform(&mut self, n: usize) -> Vec<f64> {
+        let w = self.next_u32s(2 * n);
+        w.chunks_exact(2)
+            .map(|p| {
+                ((((p[0] as u64) << 21) ^ (p[1] as u64 >> 11)) & ((1 << 53) - 1)) as f64
+                    * 2f64.powi(-53)
+            })
+            .collect()
+    }
+
+    /// `n` draws from N(0, 1) (Box-Muller).
+    pub fn normal(&mut self, n: usize) -> Vec<f64> {
+        let u = self.uniform(n + n % 2);
+        let mut out = Vec::with_capacity(n + 1);
+        for p in u.chunks_exact(2) {
+            let r = (-2.0 * (1.0 - p[0]).ln()).sqrt();
+            let t = 2.0 * std::f64::consts::PI * p[1];
+            out.push(r * t.cos());
+            out.push(r * t.sin());
+        }
+        out.truncate(n);
+        out
+    }
+}
+
+thread_local! {
+    static DEFAULT: RefCell<Generator> = RefCell::new(Generator::new(0x5EED));
+}
+
+/// Seeds this thread's default generator (like `torch.manual_seed`).
+pub fn manual_seed(seed: u64) {
+    DEFAULT.with(|g| *g.borrow_mut() = Generator::new(seed));
+}
+
+/// Runs `f` with this thread's default generator.
+pub fn with_default_generator<R>(f: impl FnOnce(&mut Generator) -> R) -> R {
+    DEFAULT.with(|g| f(&mut g.borrow_mut()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn philox_known_answer() {
+        // Random123's published known-answer vector for philox4x32-10 with zero input.
+        assert_eq!(
+            philox([0, 0, 0, 0], [0, 0]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
+    }
+
+    #[test]
+    fn normal_moments() {
+        let mut g = Generator::new(3);
+        let x = g.normal(200_000);
+        let mean = x.iter().sum::<f64>() / x.len() as f64;
+        let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64;
+        assert!(mean.abs() < 0.01, "{mean}");
+        assert!((var - 1.0).abs() < 0.02, "{var}");
+        let u = g.uniform(100_000);
+        assert!(u.iter().all(|&v| (0.0..1.0).contains(&v)));
+    }
+}

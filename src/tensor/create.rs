@@ -1,0 +1,187 @@
+//! Creating tensors: constants, ranges, host data, random values; dtype and device moves.
+
+use super::Tensor;
+use crate::backend::cpu::CpuElem;
+use crate::backend::Storage;
+use crate::random::{with_default_generator, Generator};
+use crate::{DType, Device, Error, Result};
+
+impl Tensor {
+    /// A tensor filled with `value` (rounded to `dtype`).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let t = Tensor::full(&[2, 3], 1.5, DType::F16, Device::Cpu)?;
+    /// assert_eq!(t.to_vec_f64(), vec![1.5; 6]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        let n = shape.iter().product();
+        Ok(Tensor::from_storage(
+            Storage::full(device, value, n, dtype)?,
+            shape,
+        ))
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype, device)
+    }
+
+    pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+
+    /// Zeros with this tensor's shape, dtype and device.
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.shape(), self.dtype(), self.device())
+    }
+
+    /// Ones with this tensor's shape, dtype and device.
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.shape(), self.dtype(), self.device())
+    }
+
+    /// `value` with this tensor's shape, dtype and device.
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        Tensor::full(self.shape(), value, self.dtype(), self.device())
+    }
+
+    /// `start, start + step, ...` up to but excluding `end`.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let t = Tensor::arange(0.0, 5.0, 2.0, DType::I64, Device::Cpu)?;
+    /// assert_eq!(t.to_vec::<i64>()?, vec![0, 2, 4]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::invalid(
+                "arange",
+                format!("bad range start={start} end={end} step={step}"),
+            ));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let values = (0..n).map(|i| start + i as f64 * step);
+        Ok(Tensor::from_storage(
+            Storage::from_f64s(device, values, dtype)?,
+            &[n],
+        ))
+    }
+
+    /// A tensor of `shape` holding `data` (its element type gives the dtype).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// assert!(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], Device::Cpu).is_err());
+    /// ```
+    pub fn from_vec<T: CpuElem>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if data.len() != numel {
+            return Err(Error::DataLength {
+                op: "from_vec",
+                len: data.len(),
+                shape: shape.to_vec(),
+                numel,
+            });
+        }
+        let t = Tensor::from_storage(Storage::Cpu(T::wrap(data)), shape);
+        match device.check_available()? {
+            Device::Cpu => Ok(t),
+            d => t.to_device(d),
+        }
+    }
+
+    /// Like [`Tensor::from_vec`], copying from a slice.
+    pub fn from_slice<T: CpuElem>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape, device)
+    }
+
+    /// A zero-dimensional tensor holding `value`.
+    pub fn scalar(value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(&[], value, dtype, device)
+    }
+
+    /// Uniform values in `[lo, hi)` from `gen`.
+    pub fn rand_with(
+        shape: &[usize],
+        lo: f64,
+        hi: f64,
+        dtype: DType,
+        device: Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
+        if !(lo < hi) || !lo.is_finite() || !hi.is_finite() {
+            return Err(Error::invalid("rand", format!("bad interval [{lo}, {hi})")));
+        }
+        let n = shape.iter().product();
+        let values = gen.uniform(n).into_iter().map(|u| lo + (hi - lo) * u);
+        Ok(Tensor::from_storage(
+            Storage::from_f64s(device, values, dtype)?,
+            shape,
+        ))
+    }
+
+    /// Normal values with `mean` and `std` from `gen`.
+    pub fn randn_with(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
+        if !(std >= 0.0) || !mean.is_finite() || !std.is_finite() {
+            return Err(Error::invalid(
+                "randn",
+                format!("bad mean {mean} / std {std}"),
+            ));
+        }
+        let n = shape.iter().product();
+        let values = gen.normal(n).into_iter().map(|z| mean + std * z);
+        Ok(Tensor::from_storage(
+            Storage::from_f64s(device, values, dtype)?,
+            shape,
+        ))
+    }
+
+    /// U[0, 1) values from this thread's default generator (see [`crate::manual_seed`]).
+    pub fn rand(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        with_default_generator(|g| Tensor::rand_with(shape, 0.0, 1.0, dtype, device, g))
+    }
+
+    /// N(0, 1) values from this thread's default generator (see [`crate::manual_seed`]).
+    pub fn randn(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        with_default_generator(|g| Tensor::randn_with(shape, 0.0, 1.0, dtype, device, g))
+    }
+
+    /// This tensor converted to `dtype`. Differentiable between float dtypes: the gradient is
+    /// cast back.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let src = self.dtype();
+        let out = Tensor::from_storage(self.storage().to_dtype(self.layout(), dtype), self.shape());
+        if !dtype.is_float() {
+            return Ok(out);
+        }
+        Ok(out.attach("to_dtype", &[self], move |g, _| {
+            Ok(vec![Some(g.to_dtype(src)?)])
+        }))
+    }
+
+    /// This tensor on `device` (a copy; differentiable).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let src = self.device();
+        let s = self.storage().to_device(self.layout(), device)?;
+        Ok(
+            Tensor::from_storage(s, self.shape()).attach("to_device", &[self], move |g, _| {
+                Ok(vec![Some(g.to_device(src)?)])
+            }),
+        )
+    }
+}

@@ -1,0 +1,281 @@
+//! The [`Tensor`] type: a strided view into shared storage, plus its autograd links.
+
+mod create;
+mod view;
+
+use crate::autograd::{lock, Node};
+use crate::backend::Storage;
+use crate::dtype::WithDType;
+use crate::layout::Layout;
+use crate::{DType, Device, Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Storage shared by a tensor and its views, with a version counter bumped by every in-place
+/// write (so caches keyed on it never serve stale data).
+///
+/// Readers take a snapshot (`Arc<Storage>`) and hold no lock while a kernel runs, so an op may
+/// read the same storage twice (`x * x`) and a writer never deadlocks a reader; a write while a
+/// snapshot is alive copies the data first (copy-on-write).
+pub(crate) struct StorageCell {
+    data: RwLock<Arc<Storage>>,
+    version: AtomicU64,
+}
+
+impl StorageCell {
+    pub(crate) fn new(s: Storage) -> Arc<StorageCell> {
+        Arc::new(StorageCell {
+            data: RwLock::new(Arc::new(s)),
+            version: AtomicU64::new(0),
+        })
+    }
+    pub(crate) fn read(&self) -> Arc<Storage> {
+        self.data.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    /// Runs `f` on the storage for writing and bumps the version.
+    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut Storage) -> R) -> R {
+        let mut g = self.data.write().unwrap_or_else(|e| e.into_inner());
+        self.version.fetch_add(1, Ordering::Relaxed);
+        f(Arc::make_mut(&mut g))
+    }
+}
+
+pub(crate) struct Inner {
+    id: u64,
+    pub(crate) storage: Arc<StorageCell>,
+    pub(crate) layout: Layout,
+    dtype: DType,
+    device: Device,
+    requires_grad: AtomicBool,
+    pub(crate) node: Option<Arc<Node>>,
+    pub(crate) grad: Mutex<Option<Tensor>>,
+}
+
+/// An n-dimensional array on a device, with reverse-mode autograd.
+///
+/// Cloning a `Tensor` is cheap (a reference count); views (`reshape`, `permute`, `narrow`,
+/// `expand`, ...) share storage with their source. Every operation returns `Result`.
+///
+/// ```
+/// use mantissa::{Tensor, Device};
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2], Device::Cpu)?;
+/// let b = a.matmul(&a.t()?)?;
+/// assert_eq!(b.to_vec::<f32>()?, vec![5.0, 11.0, 11.0, 25.0]);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Tensor {
+    /// A tensor over `storage` seen through `layout`, not part of any graph.
+    pub(crate) fn from_parts(storage: Arc<StorageCell>, layout: Layout) -> Tensor {
+        let (dtype, device) = {
+            let s = storage.read();
+            (s.dtype(), s.device())
+        };
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            storage,
+            layout,
+            dtype,
+            device,
+            requires_grad: AtomicBool::new(false),
+            node: None,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// A contiguous tensor owning fresh storage.
+    pub(crate) fn from_storage(storage: Storage, shape: &[usize]) -> Tensor {
+        Tensor::from_parts(StorageCell::new(storage), Layout::contiguous(shape))
+    }
+
+    /// A new view of this tensor's storage (no graph link; callers attach one).
+    pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
+        Tensor::from_parts(self.0.storage.clone(), layout)
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    pub(crate) fn storage(&self) -> Arc<Storage> {
+        self.0.storage.read()
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.0.layout.shape()
+    }
+    pub fn strides(&self) -> &[usize] {
+        self.0.layout.strides()
+    }
+    pub fn rank(&self) -> usize {
+        self.0.layout.rank()
+    }
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+
+    /// Size of dimension `dim` (negative counts from the end).
+    pub fn dim(&self, dim: isize) -> Result<usize> {
+        Ok(self.shape()[crate::layout::normalize_dim("dim", dim, self.shape())?])
+    }
+
+    /// Version of the underlying storage: bumped by every in-place write.
+    pub fn version(&self) -> u64 {
+        self.0.storage.version.load(Ordering::Relaxed)
+    }
+
+    /// True when this and `other` share storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    /// Whether gradients flow to or through this tensor.
+    pub fn is_requires_grad(&self) -> bool {
+        self.0.node.is_some() || self.0.requires_grad.load(Ordering::Relaxed)
+    }
+
+    /// True for tensors not produced by a recorded op.
+    pub fn is_leaf(&self) -> bool {
+        self.0.node.is_none()
+    }
+
+    /// Marks a leaf as requiring grad (returns the same tensor, for chaining).
+    pub fn requires_grad(self, on: bool) -> Result<Tensor> {
+        if !self.is_leaf() {
+            return Err(Error::Autograd(
+                "requires_grad can only be set on a leaf; use detach() first".into(),
+            ));
+        }
+        if on && !self.dtype().is_float() {
+            return Err(Error::DType {
+                op: "requires_grad",
+                dtype: self.dtype(),
+                expected: "a float dtype (only floats have gradients)",
+            });
+        }
+        self.0.requires_grad.store(on, Ordering::Relaxed);
+        Ok(self)
+    }
+
+    /// The accumulated gradient of a leaf, if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        lock(&self.0.grad).clone()
+    }
+
+    /// Clears the accumulated gradient (frees its memory).
+    pub fn zero_grad(&self) {
+        *lock(&self.0.grad) = None;
+    }
+
+    /// Replaces the accumulated gradient.
+    pub fn set_grad(&self, g: Option<Tensor>) -> Result<()> {
+        if let Some(g) = &g {
+            if g.shape() != self.shape() {
+                return Err(Error::ShapeMismatch {
+                    op: "set_grad",
+                    lhs: self.shape().to_vec(),
+                    rhs: g.shape().to_vec(),
+                });
+            }
+        }
+        *lock(&self.0.grad) = g;
+        Ok(())
+    }
+
+    /// The same data, cut from the graph.
+    pub fn detach(&self) -> Tensor {
+        self.view_with(self.layout().clone())
+    }
+
+    /// Name of the op that produced this tensor (`None` for leaves).
+    pub fn op_name(&self) -> Option<&'static str> {
+        self.0.node.as_ref().map(|n| n.name)
+    }
+
+    /// Elements in row-major order as `T`, which must be this tensor's dtype.
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
+        }
+        Ok(self.to_vec_f64().into_iter().map(T::from_f64).collect())
+    }
+
+    /// Elements in row-major order converted to f64.
+    pub fn to_vec_f64(&self) -> Vec<f64> {
+        self.storage().to_f64_vec(self.layout())
+    }
+
+    /// The single value of a one-element tensor, as f64.
+    pub fn item(&self) -> Result<f64> {
+        if self.numel() != 1 {
+            return Err(Error::invalid(
+                "item",
+                format!("needs exactly one element, shape is {:?}", self.shape()),
+            ));
+        }
+        Ok(self.to_vec_f64()[0])
+    }
+
+    /// Copies `src` into this tensor's elements in place (no graph is recorded; shapes must
+    /// match, dtypes are converted). Meant for parameter and buffer updates.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "copy_",
+                lhs: self.shape().to_vec(),
+                rhs: src.shape().to_vec(),
+            });
+        }
+        if src.device() != self.device() {
+            return Err(Error::DeviceMismatch {
+                op: "copy_",
+                lhs: self.device(),
+                rhs: src.device(),
+            });
+        }
+        let src = src.to_dtype(self.dtype())?;
+        let s = src.storage();
+        self.0
+            .storage
+            .write(|d| d.copy_into(self.layout(), &s, src.layout()))
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.to_vec_f64();
+        let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
+        write!(
+            f,
+            "Tensor[{:?}, {:?}, {}]([{}{}])",
+            self.shape(),
+            self.dtype(),
+            self.device(),
+            shown.join(", "),
+            if v.len() > 8 { ", ..." } else { "" }
+        )?;
+        if let Some(op) = self.op_name() {
+            write!(f, " grad_fn={op}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,231 @@
+//! Views: new shapes and strides over the same storage. Each records its backward.
+
+use super::Tensor;
+use crate::layout::{normalize_dim, Layout};
+use crate::{Error, Result};
+
+impl Tensor {
+    /// A contiguous tensor with the same values (this tensor itself when already contiguous).
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let s = self.storage().copy_strided(self.layout());
+        Ok(Tensor::from_storage(s, self.shape())
+            .attach("contiguous", &[self], |g, _| Ok(vec![Some(g.clone())])))
+    }
+
+    /// The same elements in a new shape; a view when the layout allows, a copy otherwise.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let t = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu)?.reshape(&[2, 3])?;
+    /// assert_eq!(t.shape(), &[2, 3]);
+    /// assert!(t.reshape(&[4, 2]).is_err());
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if numel != self.numel() {
+            return Err(Error::Reshape {
+                op: "reshape",
+                from: self.shape().to_vec(),
+                from_numel: self.numel(),
+                to: shape.to_vec(),
+            });
+        }
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
+        let src = self.contiguous()?;
+        let layout = src.layout().reshape_view(shape).expect("contiguous");
+        let orig = self.shape().to_vec();
+        Ok(src
+            .view_with(layout)
+            .attach("reshape", &[&src], move |g, _| {
+                Ok(vec![Some(g.reshape(&orig)?)])
+            }))
+    }
+
+    /// Reshape where one entry may be `-1` (inferred from the element count).
+    pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
+        let holes = shape.iter().filter(|&&d| d < 0).count();
+        let bad = || {
+            Error::invalid(
+                "reshape",
+                format!("cannot infer {shape:?} for {:?}", self.shape()),
+            )
+        };
+        if holes > 1 || shape.iter().any(|&d| d < -1) {
+            return Err(bad());
+        }
+        let dims: Vec<usize> = shape
+            .iter()
+            .map(|&d| {
+                if d >= 0 {
+                    Ok(d as usize)
+                } else if known == 0 || self.numel() % known != 0 {
+                    Err(bad())
+                } else {
+                    Ok(self.numel() / known)
+                }
+            })
+            .collect::<Result<_>>()?;
+        self.reshape(&dims)
+    }
+
+    /// Flattens dims `start..=end` into one.
+    pub fn flatten(&self, start: isize, end: isize) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return self.reshape(&[1]);
+        }
+        let s = normalize_dim("flatten", start, self.shape())?;
+        let e = normalize_dim("flatten", end, self.shape())?;
+        if s > e {
+            return Err(Error::invalid(
+                "flatten",
+                format!("start {start} after end {end}"),
+            ));
+        }
+        let mut shape = self.shape()[..s].to_vec();
+        shape.push(self.shape()[s..=e].iter().product());
+        shape.extend_from_slice(&self.shape()[e + 1..]);
+        self.reshape(&shape)
+    }
+
+    /// Reorders dims: output dim `i` is input dim `perm[i]`.
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        let layout = self.layout().permute("permute", perm)?;
+        let mut inv = vec![0; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        Ok(self
+            .view_with(layout)
+            .attach("permute", &[self], move |g, _| {
+                Ok(vec![Some(g.permute(&inv)?)])
+            }))
+    }
+
+    /// Swaps two dims.
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let a = normalize_dim("transpose", d0, self.shape())?;
+        let b = normalize_dim("transpose", d1, self.shape())?;
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Transpose of the last two dims.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Err(Error::invalid(
+                "t",
+                format!("needs rank >= 2, shape is {:?}", self.shape()),
+            ));
+        }
+        self.transpose(-2, -1)
+    }
+
+    /// Elements `start..start + len` of `dim` (a view).
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        let d = normalize_dim("narrow", dim, self.shape())?;
+        let layout = self.layout().narrow("narrow", d, start, len)?;
+        let shape = self.shape().to_vec();
+        Ok(self
+            .view_with(layout)
+            .attach("narrow", &[self], move |g, _| {
+                Ok(vec![Some(g.pad_into(&shape, d, start)?)])
+            }))
+    }
+
+    /// A zero tensor of `shape` with this tensor written at `start` along `dim` (the adjoint
+    /// of `narrow`; differentiable).
+    pub(crate) fn pad_into(&self, shape: &[usize], dim: usize, start: usize) -> Result<Tensor> {
+        let out = Tensor::zeros(shape, self.dtype(), self.device())?;
+        let dst = out
+            .layout()
+            .narrow("narrow_backward", dim, start, self.shape()[dim])?;
+        let src = self.storage();
+        out.0
+            .storage
+            .write(|s| s.copy_into(&dst, &src, self.layout()))?;
+        let len = self.shape()[dim];
+        Ok(out.attach("pad", &[self], move |g, _| {
+            Ok(vec![Some(g.narrow(dim as isize, start, len)?)])
+        }))
+    }
+
+    /// Splits `dim` into chunks of `size` (the last may be shorter).
+    pub fn split(&self, size: usize, dim: isize) -> Result<Vec<Tensor>> {
+        let d = normalize_dim("split", dim, self.shape())?;
+        if size == 0 {
+            return Err(Error::invalid("split", "chunk size 0"));
+        }
+        (0..self.shape()[d])
+            .step_by(size)
+            .map(|s| self.narrow(dim, s, size.min(self.shape()[d] - s)))
+            .collect()
+    }
+
+    /// Broadcasts to `shape` (a view with stride 0 on repeated dims).
+    pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
+        let layout = self.layout().broadcast_as("expand", shape)?;
+        let orig = self.shape().to_vec();
+        Ok(self
+            .view_with(layout)
+            .attach("expand", &[self], move |g, _| {
+                Ok(vec![Some(g.sum_to(&orig)?)])
+            }))
+    }
+
+    /// Inserts a size-1 dim at `dim` (`-1` appends).
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        let r = self.rank() as isize + 1;
+        let d = if dim < 0 { dim + r } else { dim };
+        if d < 0 || d >= r {
+            return Err(Error::DimOutOfRange {
+                op: "unsqueeze",
+                dim,
+                rank: self.rank(),
+                shape: self.shape().to_vec(),
+            });
+        }
+        let layout = self.layout().unsqueeze(d as usize);
+        let orig = self.shape().to_vec();
+        Ok(self
+            .view_with(layout)
+            .attach("unsqueeze", &[self], move |g, _| {
+                Ok(vec![Some(g.reshape(&orig)?)])
+            }))
+    }
+
+    /// Removes dim `dim` if it has size 1 (otherwise returns the tensor unchanged, as PyTorch).
+    pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
+        let d = normalize_dim("squeeze", dim, self.shape())?;
+        if self.shape()[d] != 1 {
+            return Ok(self.clone());
+        }
+        let layout: Layout = self.layout().squeeze(d);
+        let orig = self.shape().to_vec();
+        Ok(self
+            .view_with(layout)
+            .attach("squeeze", &[self], move |g, _| {
+                Ok(vec![Some(g.reshape(&orig)?)])
+            }))
+    }
+
+    /// Removes every size-1 dim.
+    pub fn squeeze_all(&self) -> Result<Tensor> {
+        let shape: Vec<usize> = self.shape().iter().copied().filter(|&d| d != 1).collect();
+        self.reshape(&shape)
+    }
+}
