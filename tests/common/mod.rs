@@ -1,0 +1,88 @@
+//! Shared test helpers: seeded inputs, norm-wise comparison, finite-difference gradcheck.
+#![allow(dead_code)]
+
+use mantissa::{no_grad, DType, Device, Generator, Result, Tensor};
+
+/// A leaf f64 tensor of normal values, requiring grad.
+pub fn leaf(shape: &[usize], seed: u64) -> Tensor {
+    let mut g = Generator::new(seed);
+    Tensor::randn_with(shape, 0.0, 1.0, DType::F64, Device::Cpu, &mut g)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap()
+}
+
+/// Values of `t` as f64.
+pub fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_vec_f64()
+}
+
+/// `||a - b|| / max(||b||, 1e-12)`.
+pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    num / den.max(1e-12)
+}
+
+pub fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    let e = rel_err(a, b);
+    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}\n got  {a:?}\n want {b:?}");
+}
+
+/// Checks the gradients of `f` at `inputs` (f64 leaves) against central finite differences.
+/// The output is contracted with fixed random weights, so every output element is tested.
+pub fn gradcheck(inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    gradcheck_tol(inputs, 1e-6, f)
+}
+
+pub fn gradcheck_tol(inputs: &[Tensor], tol: f64, f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    for x in inputs {
+        x.zero_grad();
+    }
+    let out = f(inputs).expect("forward");
+    let mut gen = Generator::new(12345);
+    let w = Tensor::randn_with(out.shape(), 0.0, 1.0, DType::F64, Device::Cpu, &mut gen).unwrap();
+    let wv = vals(&w);
+    out.mul(&w).unwrap().sum_all().unwrap().backward().expect("backward");
+    let loss_at = |xs: &[Tensor]| -> f64 {
+        no_grad(|| {
+            let o = f(xs).expect("forward");
+            vals(&o).iter().zip(&wv).map(|(a, b)| a * b).sum()
+        })
+    };
+    let h = 1e-6;
+    for (i, x) in inputs.iter().enumerate() {
+        let base = vals(x);
+        let mut numeric = vec![0.0; base.len()];
+        for j in 0..base.len() {
+            let mut eval = |delta: f64| {
+                let mut v = base.clone();
+                v[j] += delta;
+                let xi = Tensor::from_vec(v, x.shape(), Device::Cpu).unwrap();
+                let mut xs: Vec<Tensor> = inputs.to_vec();
+                xs[i] = xi;
+                loss_at(&xs)
+            };
+            numeric[j] = (eval(h) - eval(-h)) / (2.0 * h);
+        }
+        let analytic = match x.grad() {
+            Some(g) => vals(&g),
+            None => vec![0.0; base.len()],
+        };
+        assert_close(&analytic, &numeric, tol, &format!("gradient of input {i} (shape {:?})", x.shape()));
+    }
+}
+
+/// A non-contiguous view with the given shape: a leaf of reversed shape, permuted back.
+/// Returns (leaf, view-maker).
+pub fn reversed_leaf(shape: &[usize], seed: u64) -> Tensor {
+    let rev: Vec<usize> = shape.iter().rev().copied().collect();
+    leaf(&rev, seed)
+}
+
+/// Permutes a reversed leaf back to the intended shape (a strided view).
+pub fn unreverse(t: &Tensor) -> Tensor {
+    let perm: Vec<usize> = (0..t.rank()).rev().collect();
+    t.permute(&perm).unwrap()
+}
