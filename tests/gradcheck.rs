@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 fn cfg() -> ProptestConfig {
     ProptestConfig {
-        cases: 10,
+        cases: 32,
         ..ProptestConfig::default()
     }
 }
@@ -263,7 +263,7 @@ proptest! {
     }
 
     #[test]
-    fn normalisation(n in 3usize..5, c in 2usize..4, hw in 1usize..3, seed in any::<u64>()) {
+    fn normalisation(n in 3usize..5, c in 3usize..5, hw in 2usize..4, seed in any::<u64>()) {
         // Normalised outputs of tiny groups are nearly flat in x, so the gradients are small
         // and the finite differences noisier: 1e-5 instead of 1e-6.
         let x = leaf(&[n, c, hw, hw + 1], seed);

@@ -99,6 +99,15 @@ impl Op {
         }
     }
 
+    /// True for ops whose integer inputs are indices or masks, never values to promote.
+    pub fn has_index_inputs(self) -> bool {
+        use Op::*;
+        matches!(
+            self,
+            Where | ScatterAdd | Gather | IndexSelect | Embedding | CrossEntropy | NllLoss
+        )
+    }
+
     /// The name used in error messages and graph nodes.
     pub fn name(self) -> &'static str {
         use Op::*;
@@ -164,18 +173,17 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
             }
         }
     }
-    let target = match op.cast_policy() {
-        CastPolicy::Promote => inputs
-            .iter()
-            .map(|t| t.dtype())
-            .filter(|d| d.is_float())
-            .reduce(DType::promote),
-        _ => None,
-    };
     let mut out = inputs.map(|t| t.clone());
+    if op.cast_policy() != CastPolicy::Promote {
+        return Ok(out);
+    }
+    // Ops with index or mask inputs promote only their floating inputs; the others promote
+    // every input (an i64 added to an f16 becomes f16, as in PyTorch).
+    let values = |d: &DType| d.is_float() || !op.has_index_inputs();
+    let target = out.iter().map(|t| t.dtype()).filter(values).reduce(DType::promote);
     if let Some(target) = target {
         for t in out.iter_mut() {
-            if t.dtype().is_float() && t.dtype() != target {
+            if values(&t.dtype()) && t.dtype() != target {
                 *t = t.to_dtype(target)?;
             }
         }

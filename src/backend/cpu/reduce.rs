@@ -5,7 +5,7 @@ use crate::backend::ops::ReduceOp;
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
 use crate::Result;
-use num_traits::Zero;
+use num_traits::{Float as _, Zero};
 use rayon::prelude::*;
 
 /// Partial result of a reduction: the value and, for arg-reductions, its index.
@@ -34,20 +34,16 @@ fn fold<T: WithDType>(
 ) -> Acc<T::Acc> {
     match op {
         ReduceOp::Sum | ReduceOp::Mean => {
-            // Blocked sum: short f32 partial sums keep the rounding error low.
-            let mut total = T::Acc::zero();
-            let mut block = T::Acc::zero();
-            for (k, o) in offs.enumerate() {
-                block += v[o].to_acc();
-                if k % 256 == 255 {
-                    total += block;
-                    block = T::Acc::zero();
-                }
+            // Neumaier-compensated sum: the error stays at a few ulps however long the row,
+            // even for the worst case of many equal values.
+            let (mut sum, mut comp) = (T::Acc::zero(), T::Acc::zero());
+            for o in offs {
+                let x = v[o].to_acc();
+                let t = sum + x;
+                comp += if sum.abs() >= x.abs() { (sum - t) + x } else { (x - t) + sum };
+                sum = t;
             }
-            Acc {
-                v: total + block,
-                i: 0,
-            }
+            Acc { v: sum + comp, i: 0 }
         }
         _ => {
             let mut best = Acc {

@@ -1,0 +1,116 @@
+//! Bad input gives an `Err` with a message naming the op and the shapes or dtypes, never a panic.
+
+use mantissa::*;
+
+fn f(shape: &[usize]) -> Tensor {
+    Tensor::ones(shape, DType::F32, Device::Cpu).unwrap()
+}
+
+fn msg<T: std::fmt::Debug>(r: Result<T>) -> String {
+    r.expect_err("expected an error").to_string()
+}
+
+#[test]
+fn shape_mismatches_name_the_op_and_shapes() {
+    let m = msg(f(&[2, 3]).add(&f(&[4])));
+    assert!(m.contains("add") && m.contains("[2, 3]") && m.contains("[4]"), "{m}");
+    let m = msg(f(&[2, 3]).matmul(&f(&[2, 3])));
+    assert!(m.contains("matmul") && m.contains("[2, 3]"), "{m}");
+    let m = msg(f(&[6]).reshape(&[4, 2]));
+    assert!(m.contains("reshape") && m.contains("[4, 2]"), "{m}");
+    let m = msg(Tensor::cat(&[&f(&[2, 3]), &f(&[2, 4])], 0));
+    assert!(m.contains("cat"), "{m}");
+    let m = msg(f(&[1, 3, 5, 5]).conv2d(&f(&[4, 2, 3, 3]), None, Conv2dOptions::default()));
+    assert!(m.contains("conv2d"), "{m}");
+    let m = msg(f(&[1, 3, 2, 2]).conv2d(&f(&[4, 3, 3, 3]), None, Conv2dOptions::default()));
+    assert!(m.contains("conv2d") && m.contains("larger"), "{m}");
+    let m = msg(f(&[3, 4]).linear(&f(&[5, 3]), None));
+    assert!(m.contains("linear"), "{m}");
+    let m = msg(f(&[3, 4]).layer_norm(&[3], None, None, 1e-5));
+    assert!(m.contains("layer_norm"), "{m}");
+    let m = msg(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], Device::Cpu));
+    assert!(m.contains("5 values") && m.contains("[2, 3]"), "{m}");
+    let m = msg(f(&[2, 3]).mse_loss(&f(&[3, 2]), Reduction::Mean));
+    assert!(m.contains("mse_loss"), "{m}");
+    let m = msg(f(&[2, 3]).expand(&[3, 3]));
+    assert!(m.contains("expand"), "{m}");
+}
+
+#[test]
+fn dtype_errors() {
+    let i = Tensor::arange(0.0, 4.0, 1.0, DType::I64, Device::Cpu).unwrap();
+    let m = msg(i.exp());
+    assert!(m.contains("exp") && m.contains("I64"), "{m}");
+    let m = msg(f(&[4, 3]).index_select(0, &f(&[2])));
+    assert!(m.contains("index_select") && m.contains("F32"), "{m}");
+    let m = msg(Tensor::where_cond(&f(&[2]), &f(&[2]), &f(&[2])));
+    assert!(m.contains("where") && m.contains("U8"), "{m}");
+    let h = Tensor::ones(&[2, 2], DType::F16, Device::Cpu).unwrap();
+    let m = msg(h.matmul(&f(&[2, 2])));
+    assert!(m.contains("matmul") && m.contains("F16") && m.contains("F32"), "{m}");
+    let m = msg(f(&[2, 3]).cross_entropy(&f(&[2]), Default::default()));
+    assert!(m.contains("cross_entropy") && m.contains("I64"), "{m}");
+}
+
+#[test]
+fn out_of_range_indices_and_dims() {
+    let x = f(&[4, 3]);
+    let bad = Tensor::from_vec(vec![0i64, 4], &[2], Device::Cpu).unwrap();
+    let m = msg(x.index_select(0, &bad));
+    assert!(m.contains("index 4") && m.contains("size 4"), "{m}");
+    let neg = Tensor::from_vec(vec![-1i64], &[1], Device::Cpu).unwrap();
+    assert!(msg(x.index_select(0, &neg)).contains("-1"));
+    let gi = Tensor::from_vec(vec![3i64; 4], &[4, 1], Device::Cpu).unwrap();
+    assert!(msg(x.gather(1, &gi)).contains("gather"));
+    let t = Tensor::from_vec(vec![0i64, 7, 1, 2], &[4], Device::Cpu).unwrap();
+    let m = msg(x.cross_entropy(&t, Default::default()));
+    assert!(m.contains("index 7") && m.contains("size 3"), "{m}");
+    let m = msg(x.sum(&[2], false));
+    assert!(m.contains("dimension 2") && m.contains("rank 2"), "{m}");
+    assert!(msg(x.narrow(0, 3, 2)).contains("out of bounds"));
+    assert!(msg(x.transpose(0, -3)).contains("-3"));
+    assert!(msg(x.permute(&[0, 0])).contains("permutation"));
+    let emb = Tensor::from_vec(vec![9i64], &[1], Device::Cpu).unwrap();
+    assert!(msg(Tensor::embedding(&emb, &x)).contains("index 9"));
+}
+
+#[test]
+fn empty_tensors() {
+    let e = f(&[0, 3]);
+    assert!(msg(e.mean_all()).contains("empty"));
+    assert!(msg(e.max(1, false)).contains("empty"));
+    assert!(msg(e.var(&[], 1, false)).contains("empty"));
+    // Sums of nothing are zero, as in PyTorch; shapes of empty results are kept.
+    assert_eq!(e.sum_all().unwrap().item().unwrap(), 0.0);
+    assert_eq!(e.sum(&[0], false).unwrap().shape(), &[3]);
+    assert_eq!(e.exp().unwrap().shape(), &[0, 3]);
+    assert!(msg(Tensor::cat(&[], 0)).contains("no tensors"));
+    assert!(msg(f(&[1, 1, 0, 4]).max_pool2d(MaxPool2dOptions::new(2))).contains("max_pool2d"));
+}
+
+#[test]
+fn bad_arguments() {
+    assert!(msg(f(&[2]).dropout(1.5, true)).contains("probability"));
+    assert!(msg(f(&[2]).clamp(1.0, 0.0)).contains("clamp"));
+    assert!(msg(Tensor::arange(0.0, 1.0, 0.0, DType::F32, Device::Cpu)).contains("arange"));
+    let o = Conv2dOptions { stride: [0, 1], ..Default::default() };
+    assert!(msg(f(&[1, 1, 3, 3]).conv2d(&f(&[1, 1, 1, 1]), None, o)).contains("stride"));
+    let ce = CrossEntropyOptions { label_smoothing: 2.0, ..Default::default() };
+    let t = Tensor::from_vec(vec![0i64], &[1], Device::Cpu).unwrap();
+    assert!(msg(f(&[1, 2]).cross_entropy(&t, ce)).contains("label_smoothing"));
+    let m = msg(f(&[1, 4]).batch_norm(None, None, None, None, true, 0.1, 1e-5));
+    assert!(m.contains("more than one value"), "{m}");
+    assert!(msg(f(&[2, 3]).batch_norm(None, None, None, None, false, 0.1, 1e-5)).contains("running"));
+    assert!(msg(f(&[3]).var(&[0], 3, false)).contains("correction"));
+}
+
+#[test]
+fn cuda_is_a_clear_error_until_the_backend_lands() {
+    let m = msg(Device::cuda(0));
+    assert!(m.contains("CUDA backend not available") && m.contains("cuda:0"), "{m}");
+    assert!(msg(Tensor::zeros(&[2], DType::F32, Device::Cuda(0))).contains("CUDA"));
+    assert!(msg(f(&[2]).to_device(Device::Cuda(1))).contains("cuda:1"));
+    assert_eq!(Device::best(), Device::Cpu);
+    assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
+    assert!(Device::parse("tpu").is_err());
+}
