@@ -38,3 +38,17 @@ pub use tensor::Tensor;
 
 /// f16 and bf16 element types, re-exported from `half`.
 pub use half::{bf16, f16};
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tensors_cross_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<crate::Tensor>();
+        assert_send_sync::<crate::Error>();
+    }
+}

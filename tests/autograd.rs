@@ -17,7 +17,14 @@ fn gradients_accumulate_on_leaves_until_cleared() {
     x.zero_grad();
     assert!(x.grad().is_none());
     // A tensor used twice gets both contributions.
-    x.mul(&x).unwrap().add(&x).unwrap().sum_all().unwrap().backward().unwrap();
+    x.mul(&x)
+        .unwrap()
+        .add(&x)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![3.0, 5.0]);
 }
 
@@ -28,7 +35,10 @@ fn backward_with_explicit_gradient_and_non_scalar_error() {
     let err = y.backward().unwrap_err().to_string();
     assert!(err.contains("scalar"), "{err}");
     y.backward_with(&v(vec![1.0, 0.5, 0.0], &[3])).unwrap();
-    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0, 2.0, 0.0]);
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f32>().unwrap(),
+        vec![2.0, 2.0, 0.0]
+    );
 }
 
 #[test]
@@ -74,20 +84,32 @@ fn no_grad_and_detach_cut_the_graph() {
 
 #[test]
 fn views_share_storage_and_in_place_copies_show_through() {
-    let base = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu).unwrap().reshape(&[2, 3]).unwrap();
+    let base = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .reshape(&[2, 3])
+        .unwrap();
     let col = base.narrow(1, 1, 1).unwrap();
     assert!(col.shares_storage(&base));
     assert!(!col.is_contiguous());
     let before = base.version();
     col.copy_(&v(vec![10.0, 20.0], &[2, 1])).unwrap();
     assert!(base.version() > before);
-    assert_eq!(base.to_vec::<f32>().unwrap(), vec![0.0, 10.0, 2.0, 3.0, 20.0, 5.0]);
+    assert_eq!(
+        base.to_vec::<f32>().unwrap(),
+        vec![0.0, 10.0, 2.0, 3.0, 20.0, 5.0]
+    );
     let t = base.t().unwrap();
     assert_eq!(t.shape(), &[3, 2]);
-    assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0, 3.0, 10.0, 20.0, 2.0, 5.0]);
+    assert_eq!(
+        t.to_vec::<f32>().unwrap(),
+        vec![0.0, 3.0, 10.0, 20.0, 2.0, 5.0]
+    );
     let e = v(vec![1.0, 2.0], &[2, 1]).expand(&[2, 3]).unwrap();
     assert_eq!(e.strides(), &[1, 0]);
-    assert_eq!(e.contiguous().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0, 1.0, 2.0, 2.0, 2.0]);
+    assert_eq!(
+        e.contiguous().unwrap().to_vec::<f32>().unwrap(),
+        vec![1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+    );
 }
 
 #[test]
@@ -100,11 +122,26 @@ fn seeded_random_tensors_repeat() {
     let c = Tensor::randn(&[5], DType::F32, Device::Cpu).unwrap();
     assert_ne!(a.to_vec::<f32>().unwrap(), c.to_vec::<f32>().unwrap());
     let mut g = Generator::new(1);
-    let d = Tensor::ones(&[10000], DType::F32, Device::Cpu).unwrap().dropout_with(0.25, true, &mut g).unwrap();
-    let kept = d.to_vec::<f32>().unwrap().iter().filter(|&&x| x != 0.0).count();
+    let d = Tensor::ones(&[10000], DType::F32, Device::Cpu)
+        .unwrap()
+        .dropout_with(0.25, true, &mut g)
+        .unwrap();
+    let kept = d
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .filter(|&&x| x != 0.0)
+        .count();
     assert!((7300..7700).contains(&kept), "{kept}");
-    assert!(d.to_vec::<f32>().unwrap().iter().all(|&x| x == 0.0 || (x - 4.0 / 3.0).abs() < 1e-6));
-    let e = Tensor::ones(&[4], DType::F32, Device::Cpu).unwrap().dropout(0.5, false).unwrap();
+    assert!(d
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0.0 || (x - 4.0 / 3.0).abs() < 1e-6));
+    let e = Tensor::ones(&[4], DType::F32, Device::Cpu)
+        .unwrap()
+        .dropout(0.5, false)
+        .unwrap();
     assert_eq!(e.to_vec::<f32>().unwrap(), vec![1.0; 4]);
 }
 
@@ -112,9 +149,15 @@ fn seeded_random_tensors_repeat() {
 fn scalar_conversions_and_item() {
     let x = Tensor::full(&[1, 1], 2.5, DType::BF16, Device::Cpu).unwrap();
     assert_eq!(x.item().unwrap(), 2.5);
-    assert!(Tensor::ones(&[2], DType::F32, Device::Cpu).unwrap().item().is_err());
+    assert!(Tensor::ones(&[2], DType::F32, Device::Cpu)
+        .unwrap()
+        .item()
+        .is_err());
     assert!(x.to_vec::<f32>().is_err());
     assert_eq!(x.to_vec::<bf16>().unwrap(), vec![bf16::from_f32(2.5)]);
-    let i = Tensor::arange(0.0, 3.0, 1.0, DType::F32, Device::Cpu).unwrap().to_dtype(DType::I64).unwrap();
+    let i = Tensor::arange(0.0, 3.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::I64)
+        .unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 1, 2]);
 }

@@ -13,7 +13,10 @@ fn msg<T: std::fmt::Debug>(r: Result<T>) -> String {
 #[test]
 fn shape_mismatches_name_the_op_and_shapes() {
     let m = msg(f(&[2, 3]).add(&f(&[4])));
-    assert!(m.contains("add") && m.contains("[2, 3]") && m.contains("[4]"), "{m}");
+    assert!(
+        m.contains("add") && m.contains("[2, 3]") && m.contains("[4]"),
+        "{m}"
+    );
     let m = msg(f(&[2, 3]).matmul(&f(&[2, 3])));
     assert!(m.contains("matmul") && m.contains("[2, 3]"), "{m}");
     let m = msg(f(&[6]).reshape(&[4, 2]));
@@ -47,7 +50,10 @@ fn dtype_errors() {
     assert!(m.contains("where") && m.contains("U8"), "{m}");
     let h = Tensor::ones(&[2, 2], DType::F16, Device::Cpu).unwrap();
     let m = msg(h.matmul(&f(&[2, 2])));
-    assert!(m.contains("matmul") && m.contains("F16") && m.contains("F32"), "{m}");
+    assert!(
+        m.contains("matmul") && m.contains("F16") && m.contains("F32"),
+        "{m}"
+    );
     let m = msg(f(&[2, 3]).cross_entropy(&f(&[2]), Default::default()));
     assert!(m.contains("cross_entropy") && m.contains("I64"), "{m}");
 }
@@ -93,21 +99,32 @@ fn bad_arguments() {
     assert!(msg(f(&[2]).dropout(1.5, true)).contains("probability"));
     assert!(msg(f(&[2]).clamp(1.0, 0.0)).contains("clamp"));
     assert!(msg(Tensor::arange(0.0, 1.0, 0.0, DType::F32, Device::Cpu)).contains("arange"));
-    let o = Conv2dOptions { stride: [0, 1], ..Default::default() };
+    let o = Conv2dOptions {
+        stride: [0, 1],
+        ..Default::default()
+    };
     assert!(msg(f(&[1, 1, 3, 3]).conv2d(&f(&[1, 1, 1, 1]), None, o)).contains("stride"));
-    let ce = CrossEntropyOptions { label_smoothing: 2.0, ..Default::default() };
+    let ce = CrossEntropyOptions {
+        label_smoothing: 2.0,
+        ..Default::default()
+    };
     let t = Tensor::from_vec(vec![0i64], &[1], Device::Cpu).unwrap();
     assert!(msg(f(&[1, 2]).cross_entropy(&t, ce)).contains("label_smoothing"));
     let m = msg(f(&[1, 4]).batch_norm(None, None, None, None, true, 0.1, 1e-5));
     assert!(m.contains("more than one value"), "{m}");
-    assert!(msg(f(&[2, 3]).batch_norm(None, None, None, None, false, 0.1, 1e-5)).contains("running"));
+    assert!(
+        msg(f(&[2, 3]).batch_norm(None, None, None, None, false, 0.1, 1e-5)).contains("running")
+    );
     assert!(msg(f(&[3]).var(&[0], 3, false)).contains("correction"));
 }
 
 #[test]
 fn cuda_is_a_clear_error_until_the_backend_lands() {
     let m = msg(Device::cuda(0));
-    assert!(m.contains("CUDA backend not available") && m.contains("cuda:0"), "{m}");
+    assert!(
+        m.contains("CUDA backend not available") && m.contains("cuda:0"),
+        "{m}"
+    );
     assert!(msg(Tensor::zeros(&[2], DType::F32, Device::Cuda(0))).contains("CUDA"));
     assert!(msg(f(&[2]).to_device(Device::Cuda(1))).contains("cuda:1"));
     assert_eq!(Device::best(), Device::Cpu);

@@ -17,12 +17,17 @@ fn matmul_matches_triple_loop_with_broadcast_batches() {
     let (b, m, k, n) = (3, 4, 5, 6);
     let a = randv(b * m * k, 1);
     let w = randv(k * n, 2);
-    let got = vals(&t(a.clone(), &[b, m, k]).matmul(&t(w.clone(), &[k, n])).unwrap());
+    let got = vals(
+        &t(a.clone(), &[b, m, k])
+            .matmul(&t(w.clone(), &[k, n]))
+            .unwrap(),
+    );
     let mut want = vec![0.0; b * m * n];
     for bi in 0..b {
         for i in 0..m {
             for j in 0..n {
-                want[(bi * m + i) * n + j] = (0..k).map(|p| a[(bi * m + i) * k + p] * w[p * n + j]).sum();
+                want[(bi * m + i) * n + j] =
+                    (0..k).map(|p| a[(bi * m + i) * k + p] * w[p * n + j]).sum();
             }
         }
     }
@@ -37,7 +42,9 @@ fn matmul_matches_triple_loop_with_broadcast_batches() {
     let mut want = vec![0.0; m * n];
     for i in 0..m {
         for j in 0..n {
-            want[i * n + j] = (0..k).map(|p| a[i * k + p] as f32 as f64 * (w[j * k + p] as f32 as f64)).sum();
+            want[i * n + j] = (0..k)
+                .map(|p| a[i * k + p] as f32 as f64 * (w[j * k + p] as f32 as f64))
+                .sum();
         }
     }
     assert_close(&got, &want, 1e-6, "f32 matmul with transposed rhs");
@@ -45,7 +52,16 @@ fn matmul_matches_triple_loop_with_broadcast_batches() {
 
 /// Direct convolution by definition.
 #[allow(clippy::too_many_arguments)]
-fn conv_ref(x: &[f64], xs: [usize; 4], w: &[f64], ws: [usize; 4], s: usize, p: usize, d: usize, g: usize) -> (Vec<f64>, [usize; 4]) {
+fn conv_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    s: usize,
+    p: usize,
+    d: usize,
+    g: usize,
+) -> (Vec<f64>, [usize; 4]) {
     let [n, c, h, wd] = xs;
     let [o, cg, kh, kw] = ws;
     let ho = (h + 2 * p - d * (kh - 1) - 1) / s + 1;
@@ -87,10 +103,20 @@ fn conv2d_matches_direct_definition() {
         let x = randv(xs.iter().product(), 5);
         let w = randv(ws.iter().product(), 6);
         let (want, ys) = conv_ref(&x, xs, &w, ws, s, p, d, g);
-        let opts = Conv2dOptions { stride: [s, s], padding: [p, p], dilation: [d, d], groups: g };
+        let opts = Conv2dOptions {
+            stride: [s, s],
+            padding: [p, p],
+            dilation: [d, d],
+            groups: g,
+        };
         let y = t(x, &xs).conv2d(&t(w, &ws), None, opts).unwrap();
         assert_eq!(y.shape(), &ys);
-        assert_close(&vals(&y), &want, 1e-13, &format!("conv2d s{s} p{p} d{d} g{g}"));
+        assert_close(
+            &vals(&y),
+            &want,
+            1e-13,
+            &format!("conv2d s{s} p{p} d{d} g{g}"),
+        );
     }
 }
 
@@ -101,20 +127,44 @@ fn conv_transpose2d_is_the_adjoint_of_conv2d() {
     let xs = [1, 3, 7, 7];
     let w = randv(4 * 3 * 3 * 3, 8);
     let x = randv(xs.iter().product(), 9);
-    let opts = Conv2dOptions { stride: [s, s], padding: [p, p], dilation: [d, d], groups: 1 };
-    let cx = t(x.clone(), &xs).conv2d(&t(w.clone(), &[4, 3, 3, 3]), None, opts).unwrap();
+    let opts = Conv2dOptions {
+        stride: [s, s],
+        padding: [p, p],
+        dilation: [d, d],
+        groups: 1,
+    };
+    let cx = t(x.clone(), &xs)
+        .conv2d(&t(w.clone(), &[4, 3, 3, 3]), None, opts)
+        .unwrap();
     let y = randv(cx.numel(), 10);
-    let topts = ConvTranspose2dOptions { stride: [s, s], padding: [p, p], ..Default::default() };
-    let ty = t(y.clone(), cx.shape()).conv_transpose2d(&t(w, &[4, 3, 3, 3]), None, topts).unwrap();
+    let topts = ConvTranspose2dOptions {
+        stride: [s, s],
+        padding: [p, p],
+        ..Default::default()
+    };
+    let ty = t(y.clone(), cx.shape())
+        .conv_transpose2d(&t(w, &[4, 3, 3, 3]), None, topts)
+        .unwrap();
     assert_eq!(ty.shape(), &xs);
     let lhs: f64 = vals(&cx).iter().zip(&y).map(|(a, b)| a * b).sum();
     let rhs: f64 = x.iter().zip(vals(&ty)).map(|(a, b)| a * b).sum();
-    assert!((lhs - rhs).abs() < 1e-10 * lhs.abs().max(1.0), "{lhs} vs {rhs}");
+    assert!(
+        (lhs - rhs).abs() < 1e-10 * lhs.abs().max(1.0),
+        "{lhs} vs {rhs}"
+    );
     // PyTorch's output size formula with output_padding.
-    let o = ConvTranspose2dOptions { stride: [2, 2], padding: [1, 1], output_padding: [1, 1], ..Default::default() };
+    let o = ConvTranspose2dOptions {
+        stride: [2, 2],
+        padding: [1, 1],
+        output_padding: [1, 1],
+        ..Default::default()
+    };
     let z = Tensor::ones(&[1, 4, 5, 5], DType::F32, Device::Cpu).unwrap();
     let wt = Tensor::ones(&[4, 2, 3, 3], DType::F32, Device::Cpu).unwrap();
-    assert_eq!(z.conv_transpose2d(&wt, None, o).unwrap().shape(), &[1, 2, 10, 10]);
+    assert_eq!(
+        z.conv_transpose2d(&wt, None, o).unwrap().shape(),
+        &[1, 2, 10, 10]
+    );
 }
 
 #[test]
@@ -129,7 +179,9 @@ fn pooling_matches_definitions() {
     for c in 0..2 {
         for oy in 0..2 {
             for ox in 0..3 {
-                let cells: Vec<f64> = (0..4).map(|k| x[c * 30 + (2 * oy + k / 2) * 6 + 2 * ox + k % 2]).collect();
+                let cells: Vec<f64> = (0..4)
+                    .map(|k| x[c * 30 + (2 * oy + k / 2) * 6 + 2 * ox + k % 2])
+                    .collect();
                 want_max.push(cells.iter().cloned().fold(f64::MIN, f64::max));
                 want_avg.push(cells.iter().sum::<f64>() / 4.0);
             }
@@ -139,16 +191,29 @@ fn pooling_matches_definitions() {
     assert_close(&vals(&ap), &want_avg, 1e-15, "avg_pool2d");
     // Padding not counted: a 3x3 window at the corner of a padded input averages 4 cells.
     let ones = Tensor::ones(&[1, 1, 4, 4], DType::F32, Device::Cpu).unwrap();
-    let o = AvgPool2dOptions { kernel: [3, 3], stride: Some([1, 1]), padding: [1, 1], ceil_mode: false, count_include_pad: true };
+    let o = AvgPool2dOptions {
+        kernel: [3, 3],
+        stride: Some([1, 1]),
+        padding: [1, 1],
+        ceil_mode: false,
+        count_include_pad: true,
+    };
     assert!((vals(&ones.avg_pool2d(o).unwrap())[0] - 4.0 / 9.0).abs() < 1e-6);
-    let o = AvgPool2dOptions { count_include_pad: false, ..o };
+    let o = AvgPool2dOptions {
+        count_include_pad: false,
+        ..o
+    };
     assert!((vals(&ones.avg_pool2d(o).unwrap())[0] - 1.0).abs() < 1e-6);
     // Adaptive pooling to 1x1 is the plane mean; to 2x2 of a 5x6 uses overlapping windows.
     let aa = xt.adaptive_avg_pool2d([1, 1]).unwrap();
     let mean0 = x[..30].iter().sum::<f64>() / 30.0;
     assert!((vals(&aa)[0] - mean0).abs() < 1e-12);
     let a2 = xt.adaptive_avg_pool2d([2, 2]).unwrap();
-    let win: f64 = (0..3).flat_map(|r| (0..3).map(move |c| (r, c))).map(|(r, c)| x[r * 6 + c]).sum::<f64>() / 9.0;
+    let win: f64 = (0..3)
+        .flat_map(|r| (0..3).map(move |c| (r, c)))
+        .map(|(r, c)| x[r * 6 + c])
+        .sum::<f64>()
+        / 9.0;
     assert!((vals(&a2)[0] - win).abs() < 1e-12);
 }
 
@@ -167,7 +232,10 @@ fn softmax_and_cross_entropy_match_formulas() {
         }
     }
     let eps = 0.1;
-    let opts = CrossEntropyOptions { label_smoothing: eps, ..Default::default() };
+    let opts = CrossEntropyOptions {
+        label_smoothing: eps,
+        ..Default::default()
+    };
     let tt = Tensor::from_vec(target.clone(), &[n], Device::Cpu).unwrap();
     let got = xt.cross_entropy(&tt, opts).unwrap().item().unwrap();
     let (mut total, mut count) = (0.0, 0.0);
@@ -181,12 +249,26 @@ fn softmax_and_cross_entropy_match_formulas() {
         total += -(1.0 - eps) * lp[target[i] as usize] - eps / c as f64 * lp.iter().sum::<f64>();
         count += 1.0;
     }
-    assert!((got - total / count).abs() < 1e-12, "{got} vs {}", total / count);
-    let sum = xt.cross_entropy(&tt, CrossEntropyOptions { reduction: Reduction::Sum, label_smoothing: eps, ..Default::default() });
+    assert!(
+        (got - total / count).abs() < 1e-12,
+        "{got} vs {}",
+        total / count
+    );
+    let sum = xt.cross_entropy(
+        &tt,
+        CrossEntropyOptions {
+            reduction: Reduction::Sum,
+            label_smoothing: eps,
+            ..Default::default()
+        },
+    );
     assert!((sum.unwrap().item().unwrap() - total).abs() < 1e-12);
     // Stable for large logits.
     let big = t(vec![1000.0, 0.0], &[1, 2]);
-    let l = big.cross_entropy(&Tensor::from_vec(vec![1i64], &[1], Device::Cpu).unwrap(), Default::default());
+    let l = big.cross_entropy(
+        &Tensor::from_vec(vec![1i64], &[1], Device::Cpu).unwrap(),
+        Default::default(),
+    );
     assert!((l.unwrap().item().unwrap() - 1000.0).abs() < 1e-9);
 }
 
@@ -196,7 +278,10 @@ fn reductions_match_loops() {
     let xt = t(x.clone(), &[3, 4, 5]);
     let s = vals(&xt.sum(&[0, 2], false).unwrap());
     for j in 0..4 {
-        let want: f64 = (0..3).flat_map(|i| (0..5).map(move |k| (i, k))).map(|(i, k)| x[i * 20 + j * 5 + k]).sum();
+        let want: f64 = (0..3)
+            .flat_map(|i| (0..5).map(move |k| (i, k)))
+            .map(|(i, k)| x[i * 20 + j * 5 + k])
+            .sum();
         assert!((s[j] - want).abs() < 1e-12);
     }
     let (mx, arg) = xt.max(1, false).unwrap();
@@ -204,7 +289,10 @@ fn reductions_match_loops() {
     for i in 0..3 {
         for k in 0..5 {
             let col: Vec<f64> = (0..4).map(|j| x[i * 20 + j * 5 + k]).collect();
-            let (bj, bv) = col.iter().enumerate().fold((0, f64::MIN), |b, (j, &v)| if v > b.1 { (j, v) } else { b });
+            let (bj, bv) =
+                col.iter()
+                    .enumerate()
+                    .fold((0, f64::MIN), |b, (j, &v)| if v > b.1 { (j, v) } else { b });
             assert_eq!(arg[i * 5 + k], bj as i64);
             assert_eq!(vals(&mx)[i * 5 + k], bv);
         }
@@ -219,7 +307,10 @@ fn reductions_match_loops() {
     let n = 1 << 20;
     let ones = Tensor::full(&[n], 0.1, DType::F32, Device::Cpu).unwrap();
     let total = ones.sum_all().unwrap().item().unwrap();
-    assert!((total - 0.1f32 as f64 * n as f64).abs() / total < 1e-6, "{total}");
+    assert!(
+        (total - 0.1f32 as f64 * n as f64).abs() / total < 1e-6,
+        "{total}"
+    );
     // NaN propagates through max.
     let nan = t(vec![1.0, f64::NAN, 3.0], &[3]);
     assert!(nan.max_all().unwrap().item().unwrap().is_nan());
@@ -241,7 +332,11 @@ fn indexing_matches_definitions() {
     let src = t(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let sa = vals(&z.scatter_add(0, &si, &src).unwrap());
     assert_eq!(sa, vec![0.0, 5.0, 9.0, 5.0, 2.0, 0.0]);
-    let emb = Tensor::embedding(&Tensor::from_vec(vec![1i64, 3], &[1, 2], Device::Cpu).unwrap(), &xt).unwrap();
+    let emb = Tensor::embedding(
+        &Tensor::from_vec(vec![1i64, 3], &[1, 2], Device::Cpu).unwrap(),
+        &xt,
+    )
+    .unwrap();
     assert_eq!(emb.shape(), &[1, 2, 3]);
     assert_eq!(vals(&emb)[3..], x[9..12]);
 }
@@ -252,14 +347,21 @@ fn batch_norm_updates_running_stats_and_uses_them_in_eval() {
     let xt = t(x.clone(), &[4, 2, 3]);
     let rm = Tensor::zeros(&[2], DType::F64, Device::Cpu).unwrap();
     let rv = Tensor::ones(&[2], DType::F64, Device::Cpu).unwrap();
-    let y = xt.batch_norm(Some(&rm), Some(&rv), None, None, true, 0.1, 1e-5).unwrap();
-    let ch0: Vec<f64> = (0..4).flat_map(|n| (0..3).map(move |k| n * 6 + k)).map(|i| x[i]).collect();
+    let y = xt
+        .batch_norm(Some(&rm), Some(&rv), None, None, true, 0.1, 1e-5)
+        .unwrap();
+    let ch0: Vec<f64> = (0..4)
+        .flat_map(|n| (0..3).map(move |k| n * 6 + k))
+        .map(|i| x[i])
+        .collect();
     let m = ch0.iter().sum::<f64>() / 12.0;
     let vb = ch0.iter().map(|a| (a - m).powi(2)).sum::<f64>() / 12.0;
     assert!((vals(&rm)[0] - 0.1 * m).abs() < 1e-12);
     assert!((vals(&rv)[0] - (0.9 + 0.1 * vb * 12.0 / 11.0)).abs() < 1e-12);
     assert!((vals(&y)[0] - (x[0] - m) / (vb + 1e-5).sqrt()).abs() < 1e-10);
-    let e = xt.batch_norm(Some(&rm), Some(&rv), None, None, false, 0.1, 1e-5).unwrap();
+    let e = xt
+        .batch_norm(Some(&rm), Some(&rv), None, None, false, 0.1, 1e-5)
+        .unwrap();
     let want = (x[0] - vals(&rm)[0]) / (vals(&rv)[0] + 1e-5).sqrt();
     assert!((vals(&e)[0] - want).abs() < 1e-12);
 }
@@ -280,14 +382,26 @@ fn half_dtypes_match_f32_within_rounding() {
         ("mean", |a, _| a.mean_all()),
         ("softmax", |a, _| a.softmax(1)),
         ("log_softmax", |a, _| a.log_softmax(0)),
-        ("conv2d", |a, b| a.reshape(&[1, 1, 16, 32])?.conv2d(&b.narrow(0, 0, 9)?.narrow(1, 0, 1)?.reshape(&[1, 1, 3, 3])?, None, Default::default())),
-        ("max_pool", |a, _| a.reshape(&[1, 1, 16, 32])?.max_pool2d(MaxPool2dOptions::new(2))),
+        ("conv2d", |a, b| {
+            a.reshape(&[1, 1, 16, 32])?.conv2d(
+                &b.narrow(0, 0, 9)?.narrow(1, 0, 1)?.reshape(&[1, 1, 3, 3])?,
+                None,
+                Default::default(),
+            )
+        }),
+        ("max_pool", |a, _| {
+            a.reshape(&[1, 1, 16, 32])?
+                .max_pool2d(MaxPool2dOptions::new(2))
+        }),
         ("layer_norm", |a, _| a.layer_norm(&[32], None, None, 1e-5)),
     ];
     for (dt, tol) in [(DType::F16, 2e-3), (DType::BF16, 1.6e-2)] {
         let a = t(randv(16 * 32, 16), &[16, 32]).to_dtype(dt).unwrap();
         let b = t(randv(16 * 32, 17), &[16, 32]).to_dtype(dt).unwrap();
-        let (af, bf) = (a.to_dtype(DType::F32).unwrap(), b.to_dtype(DType::F32).unwrap());
+        let (af, bf) = (
+            a.to_dtype(DType::F32).unwrap(),
+            b.to_dtype(DType::F32).unwrap(),
+        );
         for (name, f) in &ops {
             let lo = f(&a, &b).unwrap();
             assert_eq!(lo.dtype(), dt, "{name} keeps the dtype");

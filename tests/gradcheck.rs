@@ -80,7 +80,8 @@ proptest! {
         bs.drain(..drop);
         let (a, st) = input(&s, seed, strided);
         let b = leaf(&bs, seed ^ 1);
-        let ops: Vec<(&str, fn(&Tensor, &Tensor) -> Result<Tensor>)> = vec![
+        type BinaryFn = fn(&Tensor, &Tensor) -> Result<Tensor>;
+        let ops: Vec<(&str, BinaryFn)> = vec![
             ("add", |a, b| a.add(b)),
             ("sub", |a, b| a.sub(b)),
             ("mul", |a, b| a.mul(b)),
@@ -273,7 +274,7 @@ proptest! {
             xs[0].batch_norm(None, None, Some(&xs[1]), Some(&xs[2]), true, 0.1, 1e-5)
         });
         let x2 = leaf(&[n, c], seed ^ 3);
-        gradcheck_tol(&[x2.clone()], 1e-5, |xs| xs[0].batch_norm(None, None, None, None, true, 0.1, 1e-5));
+        gradcheck_tol(std::slice::from_ref(&x2), 1e-5, |xs| xs[0].batch_norm(None, None, None, None, true, 0.1, 1e-5));
         let lw = leaf(&[hw, hw + 1], seed ^ 4);
         let lb = leaf(&[hw, hw + 1], seed ^ 5);
         gradcheck_tol(&[x.clone(), lw, lb], 1e-5, |xs| xs[0].layer_norm(&[hw, hw + 1], Some(&xs[1]), Some(&xs[2]), 1e-5));
@@ -293,7 +294,13 @@ proptest! {
 #[test]
 fn gradients_flow_through_casts_and_device_moves() {
     let x = leaf(&[3, 2], 1);
-    let y = x.to_dtype(DType::F32).unwrap().mul(2.0).unwrap().to_dtype(DType::F16).unwrap();
+    let y = x
+        .to_dtype(DType::F32)
+        .unwrap()
+        .mul(2.0)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
     let loss = y.to_dtype(DType::F64).unwrap().sum_all().unwrap();
     loss.backward().unwrap();
     let g = x.grad().unwrap();

@@ -47,6 +47,10 @@ impl Storage {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub(crate) fn full(device: Device, value: f64, n: usize, dtype: DType) -> Result<Storage> {
         match device.check_available()? {
             Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(value, n, dtype))),

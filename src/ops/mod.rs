@@ -180,7 +180,11 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
     // Ops with index or mask inputs promote only their floating inputs; the others promote
     // every input (an i64 added to an f16 becomes f16, as in PyTorch).
     let values = |d: &DType| d.is_float() || !op.has_index_inputs();
-    let target = out.iter().map(|t| t.dtype()).filter(values).reduce(DType::promote);
+    let target = out
+        .iter()
+        .map(|t| t.dtype())
+        .filter(values)
+        .reduce(DType::promote);
     if let Some(target) = target {
         for t in out.iter_mut() {
             if values(&t.dtype()) && t.dtype() != target {

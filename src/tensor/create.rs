@@ -111,7 +111,10 @@ impl Tensor {
         device: Device,
         gen: &mut Generator,
     ) -> Result<Tensor> {
-        if !(lo < hi) || !lo.is_finite() || !hi.is_finite() {
+        if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less)
+            || !lo.is_finite()
+            || !hi.is_finite()
+        {
             return Err(Error::invalid("rand", format!("bad interval [{lo}, {hi})")));
         }
         let n = shape.iter().product();
@@ -131,7 +134,7 @@ impl Tensor {
         device: Device,
         gen: &mut Generator,
     ) -> Result<Tensor> {
-        if !(std >= 0.0) || !mean.is_finite() || !std.is_finite() {
+        if std.is_nan() || std < 0.0 || !mean.is_finite() || !std.is_finite() {
             return Err(Error::invalid(
                 "randn",
                 format!("bad mean {mean} / std {std}"),

@@ -20,14 +20,22 @@ pub fn vals(t: &Tensor) -> Vec<f64> {
 /// `||a - b|| / max(||b||, 1e-12)`.
 pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let den: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
     num / den.max(1e-12)
 }
 
 pub fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
     let e = rel_err(a, b);
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}\n got  {a:?}\n want {b:?}");
+    assert!(
+        e <= tol,
+        "{what}: relative error {e:.3e} > {tol:.1e}\n got  {a:?}\n want {b:?}"
+    );
 }
 
 /// Checks the gradients of `f` at `inputs` (f64 leaves) against central finite differences.
@@ -44,7 +52,12 @@ pub fn gradcheck_tol(inputs: &[Tensor], tol: f64, f: impl Fn(&[Tensor]) -> Resul
     let mut gen = Generator::new(12345);
     let w = Tensor::randn_with(out.shape(), 0.0, 1.0, DType::F64, Device::Cpu, &mut gen).unwrap();
     let wv = vals(&w);
-    out.mul(&w).unwrap().sum_all().unwrap().backward().expect("backward");
+    out.mul(&w)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .expect("backward");
     let loss_at = |xs: &[Tensor]| -> f64 {
         no_grad(|| {
             let o = f(xs).expect("forward");
@@ -56,7 +69,7 @@ pub fn gradcheck_tol(inputs: &[Tensor], tol: f64, f: impl Fn(&[Tensor]) -> Resul
         let base = vals(x);
         let mut numeric = vec![0.0; base.len()];
         for j in 0..base.len() {
-            let mut eval = |delta: f64| {
+            let eval = |delta: f64| {
                 let mut v = base.clone();
                 v[j] += delta;
                 let xi = Tensor::from_vec(v, x.shape(), Device::Cpu).unwrap();
@@ -70,7 +83,12 @@ pub fn gradcheck_tol(inputs: &[Tensor], tol: f64, f: impl Fn(&[Tensor]) -> Resul
             Some(g) => vals(&g),
             None => vec![0.0; base.len()],
         };
-        assert_close(&analytic, &numeric, tol, &format!("gradient of input {i} (shape {:?})", x.shape()));
+        assert_close(
+            &analytic,
+            &numeric,
+            tol,
+            &format!("gradient of input {i} (shape {:?})", x.shape()),
+        );
     }
 }
 

@@ -31,6 +31,7 @@ impl GemmFloat for f32 {}
 impl GemmFloat for f64 {}
 
 /// `dst (m x n, row-major) = a (m x k) * b (k x n)`, or `+=` when `accumulate`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_into<F: GemmFloat>(
     m: usize,
     n: usize,

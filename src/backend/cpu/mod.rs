@@ -143,6 +143,10 @@ impl CpuStorage {
         map_all!(self, v => v.len())
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// `n` copies of `value` (rounded to `dtype`).
     pub fn full(value: f64, n: usize, dtype: DType) -> CpuStorage {
         fn go<T: CpuElem>(value: f64, n: usize) -> CpuStorage {

@@ -40,10 +40,17 @@ fn fold<T: WithDType>(
             for o in offs {
                 let x = v[o].to_acc();
                 let t = sum + x;
-                comp += if sum.abs() >= x.abs() { (sum - t) + x } else { (x - t) + sum };
+                comp += if sum.abs() >= x.abs() {
+                    (sum - t) + x
+                } else {
+                    (x - t) + sum
+                };
                 sum = t;
             }
-            Acc { v: sum + comp, i: 0 }
+            Acc {
+                v: sum + comp,
+                i: 0,
+            }
         }
         _ => {
             let mut best = Acc {

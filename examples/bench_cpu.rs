@@ -1,0 +1,96 @@
+//! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s (median of several runs after
+//! a warm-up). Run: `cargo run --release --example bench_cpu`.
+
+use mantissa::{Conv2dOptions, DType, Device, Generator, Result, Tensor};
+use std::time::Instant;
+
+/// Median seconds of `runs` calls after two warm-up calls.
+fn time(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    f()?;
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed().as_secs_f64());
+    }
+    t.sort_by(|a, b| a.total_cmp(b));
+    Ok(t[runs / 2])
+}
+
+fn randn(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
+    Tensor::randn_with(
+        shape,
+        0.0,
+        1.0,
+        dtype,
+        Device::Cpu,
+        &mut Generator::new(seed),
+    )
+}
+
+fn main() -> Result<()> {
+    println!("threads: {}", rayon::current_num_threads());
+    println!("{:<44} {:>10} {:>10}", "workload", "ms", "GFLOP/s");
+    let n = 1024;
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let (a, b) = (randn(&[n, n], dtype, 1)?, randn(&[n, n], dtype, 2)?);
+        let s = time(7, || a.matmul(&b).map(drop))?;
+        let flops = 2.0 * (n * n * n) as f64;
+        println!(
+            "{:<44} {:>10.2} {:>10.1}",
+            format!("matmul {n}^3 {dtype:?}"),
+            s * 1e3,
+            flops / s / 1e9
+        );
+    }
+    // conv2d: a ResNet stage-1 layer and the MNIST CNN's second layer.
+    let cases = [
+        (
+            "conv2d 16x64x56x56, 64x3x3, pad 1",
+            [16, 64, 56, 56],
+            [64, 64, 3, 3],
+            1,
+        ),
+        (
+            "conv2d 64x32x26x26, 64x3x3 (MNIST CNN)",
+            [64, 32, 26, 26],
+            [64, 32, 3, 3],
+            0,
+        ),
+    ];
+    for (name, xs, ws, pad) in cases {
+        let x = randn(&xs, DType::F32, 3)?;
+        let w = randn(&ws, DType::F32, 4)?;
+        let opts = Conv2dOptions {
+            padding: [pad, pad],
+            ..Default::default()
+        };
+        let y = x.conv2d(&w, None, opts)?;
+        let (ho, wo) = (y.shape()[2], y.shape()[3]);
+        let flops = 2.0 * (xs[0] * ws[0] * ho * wo * ws[1] * ws[2] * ws[3]) as f64;
+        let s = time(5, || x.conv2d(&w, None, opts).map(drop))?;
+        println!(
+            "{:<44} {:>10.2} {:>10.1}",
+            format!("{name} fwd"),
+            s * 1e3,
+            flops / s / 1e9
+        );
+        let xg = x.detach().requires_grad(true)?;
+        let wg = w.detach().requires_grad(true)?;
+        let s = time(5, || {
+            xg.conv2d(&wg, None, opts)?.sum_all()?.backward()?;
+            xg.zero_grad();
+            wg.zero_grad();
+            Ok(())
+        })?;
+        // Forward + backward data + backward filter: three convolutions' worth of FLOPs.
+        println!(
+            "{:<44} {:>10.2} {:>10.1}",
+            format!("{name} fwd+bwd"),
+            s * 1e3,
+            3.0 * flops / s / 1e9
+        );
+    }
+    Ok(())
+}
