@@ -104,3 +104,20 @@ pub fn unreverse(t: &Tensor) -> Tensor {
     let perm: Vec<usize> = (0..t.rank()).rev().collect();
     t.permute(&perm).unwrap()
 }
+
+/// A leaf f64 tensor whose values are a shuffled grid at least 0.05 apart, for ops with
+/// kinks (max, pooling): finite differences are only valid away from ties.
+pub fn distinct_leaf(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let keys = Generator::new(seed).next_u32s(n);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| keys[i]);
+    let mut v = vec![0.0; n];
+    for (rank, &i) in order.iter().enumerate() {
+        v[i] = (rank as f64 - n as f64 / 2.0) * 0.05;
+    }
+    Tensor::from_vec(v, shape, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap()
+}

@@ -148,6 +148,32 @@ pub(crate) fn max_pool2d(
 
 use crate::dtype::Float as _;
 
+/// The backward of a pooling op: for every plane, `f(plane, g_plane, acc)` adds the output
+/// gradients into an f32 (or f64) accumulator of the input plane, which is then rounded into
+/// the input gradient.
+fn scatter_planes<T: CpuElem>(
+    g: &[T],
+    lg: &Layout,
+    d: &PoolDims,
+    f: impl Fn(usize, &[T], &mut [T::Acc]) + Sync,
+) -> CpuStorage {
+    let g = contiguous(g, lg);
+    let (in_plane, out_plane) = (d.h * d.w, d.ho * d.wo);
+    let mut gx = vec![T::zero(); d.planes * in_plane];
+    if in_plane > 0 {
+        gx.par_chunks_mut(in_plane)
+            .enumerate()
+            .for_each(|(p, dst)| {
+                let mut acc = vec![T::Acc::zero(); in_plane];
+                f(p, &g[p * out_plane..(p + 1) * out_plane], &mut acc);
+                for (o, a) in dst.iter_mut().zip(acc) {
+                    *o = T::from_acc(a);
+                }
+            });
+    }
+    gx.into_storage()
+}
+
 /// Backward of max pooling: each output gradient goes to the input cell its index names.
 pub(crate) fn max_pool2d_backward(
     g: &CpuStorage,
@@ -156,26 +182,15 @@ pub(crate) fn max_pool2d_backward(
     d: &PoolDims,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, idx: &[i64], d: &PoolDims) -> CpuStorage {
-        let g = contiguous(g, lg);
         let out_plane = d.ho * d.wo;
-        let mut gx = vec![T::zero(); d.planes * d.h * d.w];
-        let in_plane = d.h * d.w;
-        let job = |(p, dst): (usize, &mut [T])| {
-            let mut acc = vec![T::Acc::zero(); in_plane];
-            for k in 0..out_plane {
+        scatter_planes(g, lg, d, |p, g, acc| {
+            for (k, gv) in g.iter().enumerate() {
                 let i = idx[p * out_plane + k];
                 if i >= 0 {
-                    acc[i as usize] += g[p * out_plane + k].to_acc();
+                    acc[i as usize] += gv.to_acc();
                 }
             }
-            for (o, a) in dst.iter_mut().zip(acc) {
-                *o = T::from_acc(a);
-            }
-        };
-        if in_plane > 0 {
-            gx.par_chunks_mut(in_plane).enumerate().for_each(job);
-        }
-        gx.into_storage()
+        })
     }
     Ok(map_float!("max_pool2d_backward", g, v => go(v, lg, idx, d)))
 }
@@ -236,18 +251,13 @@ pub(crate) fn avg_pool2d_backward(
     p: &Pool2dParams,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, d: &PoolDims, p: &Pool2dParams) -> CpuStorage {
-        let g = contiguous(g, lg);
-        let out_plane = d.ho * d.wo;
-        let mut gx = vec![T::zero(); d.planes * d.h * d.w];
-        let in_plane = d.h * d.w;
-        let job = |(pl, dst): (usize, &mut [T])| {
-            let mut acc = vec![T::Acc::zero(); in_plane];
+        scatter_planes(g, lg, d, |_, g, acc| {
             for oy in 0..d.ho {
                 let wy = avg_window(oy, p.kernel[0], p.stride[0], p.padding[0], d.h);
                 for ox in 0..d.wo {
                     let wx = avg_window(ox, p.kernel[1], p.stride[1], p.padding[1], d.w);
                     let div = <T::Acc as crate::dtype::Float>::from_f64_(avg_divisor(p, wy, wx));
-                    let gv = g[pl * out_plane + oy * d.wo + ox].to_acc() / div;
+                    let gv = g[oy * d.wo + ox].to_acc() / div;
                     for iy in wy.0..wy.1 {
                         for ix in wx.0..wx.1 {
                             acc[iy * d.w + ix] += gv;
@@ -255,14 +265,7 @@ pub(crate) fn avg_pool2d_backward(
                     }
                 }
             }
-            for (o, a) in dst.iter_mut().zip(acc) {
-                *o = T::from_acc(a);
-            }
-        };
-        if in_plane > 0 {
-            gx.par_chunks_mut(in_plane).enumerate().for_each(job);
-        }
-        gx.into_storage()
+        })
     }
     Ok(map_float!("avg_pool2d_backward", g, v => go(v, lg, d, p)))
 }
@@ -304,19 +307,14 @@ pub(crate) fn adaptive_avg_pool2d_backward(
     d: &PoolDims,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, d: &PoolDims) -> CpuStorage {
-        let g = contiguous(g, lg);
-        let in_plane = d.h * d.w;
-        let out_plane = d.ho * d.wo;
-        let mut gx = vec![T::zero(); d.planes * in_plane];
-        let job = |(pl, dst): (usize, &mut [T])| {
-            let mut acc = vec![T::Acc::zero(); in_plane];
+        scatter_planes(g, lg, d, |_, g, acc| {
             for oy in 0..d.ho {
                 let (y0, y1) = adaptive_window(oy, d.ho, d.h);
                 for ox in 0..d.wo {
                     let (x0, x1) = adaptive_window(ox, d.wo, d.w);
                     let n =
                         <T::Acc as crate::dtype::Float>::from_f64_(((y1 - y0) * (x1 - x0)) as f64);
-                    let gv = g[pl * out_plane + oy * d.wo + ox].to_acc() / n;
+                    let gv = g[oy * d.wo + ox].to_acc() / n;
                     for iy in y0..y1 {
                         for ix in x0..x1 {
                             acc[iy * d.w + ix] += gv;
@@ -324,14 +322,7 @@ pub(crate) fn adaptive_avg_pool2d_backward(
                     }
                 }
             }
-            for (o, a) in dst.iter_mut().zip(acc) {
-                *o = T::from_acc(a);
-            }
-        };
-        if in_plane > 0 {
-            gx.par_chunks_mut(in_plane).enumerate().for_each(job);
-        }
-        gx.into_storage()
+        })
     }
     Ok(map_float!("adaptive_avg_pool2d_backward", g, v => go(v, lg, d)))
 }
