@@ -21,7 +21,9 @@ mod device;
 pub mod dtype;
 mod error;
 pub mod layout;
+pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod random;
 mod tensor;
 

@@ -229,3 +229,12 @@ impl Tensor {
         self.reshape(&shape)
     }
 }
+
+impl Tensor {
+    /// A contiguous copy with its own storage (PyTorch's `clone()`; differentiable).
+    pub fn copy(&self) -> Result<Tensor> {
+        let s = self.storage().copy_strided(self.layout());
+        Ok(Tensor::from_storage(s, self.shape())
+            .attach("copy", &[self], |g, _| Ok(vec![Some(g.clone())])))
+    }
+}

@@ -1,0 +1,249 @@
+//! Neural-network modules: the [`Module`] trait, layers with PyTorch's default initialisation,
+//! and [`Sequential`].
+//!
+//! Parameters are leaf tensors with `requires_grad`; optimizers update them in place, so a
+//! module always sees its current weights. Tensors are named as in PyTorch's `state_dict`
+//! (`0.weight`, `bn.running_mean`, ...), which checkpoints use.
+
+mod conv;
+mod linear;
+mod lstm;
+mod norm;
+
+pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
+pub use linear::{Embedding, Linear};
+pub use lstm::Lstm;
+pub use norm::{BatchNorm2d, Dropout, LayerNorm};
+
+use crate::{DType, Device, Generator, Result, Tensor};
+
+/// Whether a module tensor is trained (parameter) or only carried (buffer, e.g. running stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKind {
+    Parameter,
+    Buffer,
+}
+
+/// Callback of [`Module::visit`]: dotted name, tensor, kind.
+pub type Visitor<'a> = dyn FnMut(String, &Tensor, TensorKind) + 'a;
+/// Callback of [`Module::visit_mut`].
+pub type VisitorMut<'a> = dyn FnMut(String, &mut Tensor, TensorKind) -> Result<()> + 'a;
+
+/// `prefix.name`, or `name` at the top level.
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// A layer or a network of layers.
+///
+/// Implementors provide `forward`, and `visit`/`visit_mut` over their own tensors and their
+/// children's; everything else (parameters, modes, dtype and device moves) is derived.
+pub trait Module: Send + Sync {
+    /// Applies the module.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Calls `f` for every tensor of this module and its children, with dotted names.
+    fn visit(&self, prefix: &str, f: &mut Visitor);
+
+    /// Like [`Module::visit`], with the tensors open for replacement.
+    fn visit_mut(&mut self, prefix: &str, f: &mut VisitorMut) -> Result<()>;
+
+    /// Switches training mode (dropout, batch statistics) on or off, children included.
+    fn set_training(&mut self, _on: bool) {}
+
+    /// Parameters with their names.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit("", &mut |n, t, k| {
+            if k == TensorKind::Parameter {
+                out.push((n, t.clone()))
+            }
+        });
+        out
+    }
+
+    /// Parameters, in a stable order.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    /// Buffers (running statistics and the like) with their names.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit("", &mut |n, t, k| {
+            if k == TensorKind::Buffer {
+                out.push((n, t.clone()))
+            }
+        });
+        out
+    }
+
+    /// Number of trainable scalars.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(|p| p.numel()).sum()
+    }
+
+    /// Training mode.
+    fn train(&mut self) {
+        self.set_training(true)
+    }
+
+    /// Evaluation mode.
+    fn eval(&mut self) {
+        self.set_training(false)
+    }
+
+    /// Moves every tensor to `device` (parameters stay trainable leaves).
+    fn to_device(&mut self, device: Device) -> Result<()> {
+        self.visit_mut("", &mut |_, t, k| {
+            *t = renew(t.to_device(device)?, k)?;
+            Ok(())
+        })
+    }
+
+    /// Converts the floating tensors to `dtype` (integer buffers stay as they are).
+    fn to_dtype(&mut self, dtype: DType) -> Result<()> {
+        self.visit_mut("", &mut |_, t, k| {
+            if t.dtype().is_float() {
+                *t = renew(t.to_dtype(dtype)?, k)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Clears every parameter's gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad()
+        }
+    }
+}
+
+/// A fresh leaf with the data of `t`, trainable when it is a parameter.
+fn renew(t: Tensor, kind: TensorKind) -> Result<Tensor> {
+    t.detach().requires_grad(kind == TensorKind::Parameter)
+}
+
+/// A parameter drawn from U(-bound, bound), as PyTorch's `kaiming_uniform_(a=sqrt(5))` and
+/// bias initialisation do with `bound = 1 / sqrt(fan_in)`.
+pub fn uniform_param(shape: &[usize], bound: f64, gen: &mut Generator) -> Result<Tensor> {
+    Tensor::rand_with(shape, -bound, bound, DType::F32, Device::Cpu, gen)?.requires_grad(true)
+}
+
+/// Elementwise activations as modules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    Relu,
+    LeakyRelu(f64),
+    Gelu,
+    GeluTanh,
+    Silu,
+    Tanh,
+    Sigmoid,
+}
+
+impl Module for Activation {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match *self {
+            Activation::Relu => x.relu(),
+            Activation::LeakyRelu(s) => x.leaky_relu(s),
+            Activation::Gelu => x.gelu(),
+            Activation::GeluTanh => x.gelu_tanh(),
+            Activation::Silu => x.silu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+    fn visit(&self, _: &str, _: &mut Visitor) {}
+    fn visit_mut(&mut self, _: &str, _: &mut VisitorMut) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Flattens every dim after the first (`nn.Flatten()`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flatten;
+
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.flatten(1, -1)
+    }
+    fn visit(&self, _: &str, _: &mut Visitor) {}
+    fn visit_mut(&mut self, _: &str, _: &mut VisitorMut) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Modules applied in order; children are named `0`, `1`, ...
+///
+/// ```
+/// use mantissa::nn::{Activation, Linear, Module, Sequential};
+/// use mantissa::{Generator, Tensor, DType, Device};
+/// let mut g = Generator::new(0);
+/// let net = Sequential::new()
+///     .push(Linear::new(4, 8, true, &mut g)?)
+///     .push(Activation::Relu)
+///     .push(Linear::new(8, 2, true, &mut g)?);
+/// let y = net.forward(&Tensor::ones(&[3, 4], DType::F32, Device::Cpu)?)?;
+/// assert_eq!(y.shape(), &[3, 2]);
+/// assert_eq!(net.named_parameters()[2].0, "2.weight");
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+
+    /// Appends a module.
+    #[allow(clippy::should_implement_trait)]
+    pub fn push(mut self, m: impl Module + 'static) -> Sequential {
+        self.layers.push(Box::new(m));
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for l in &self.layers {
+            h = l.forward(&h)?;
+        }
+        Ok(h)
+    }
+    fn visit(&self, prefix: &str, f: &mut Visitor) {
+        for (i, l) in self.layers.iter().enumerate() {
+            l.visit(&join(prefix, &i.to_string()), f);
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut VisitorMut) -> Result<()> {
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            l.visit_mut(&join(prefix, &i.to_string()), f)?;
+        }
+        Ok(())
+    }
+    fn set_training(&mut self, on: bool) {
+        for l in &mut self.layers {
+            l.set_training(on);
+        }
+    }
+}

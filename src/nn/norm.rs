@@ -1,0 +1,161 @@
+//! BatchNorm2d, LayerNorm and Dropout.
+
+use super::{join, Module, TensorKind, Visitor, VisitorMut};
+use crate::autograd::lock;
+use crate::{no_grad, DType, Device, Generator, Result, Tensor};
+use std::sync::Mutex;
+
+/// Batch normalisation over `[n, c, h, w]` (`nn.BatchNorm2d`): affine weight 1 and bias 0,
+/// running mean 0 and variance 1, momentum 0.1, eps 1e-5.
+pub struct BatchNorm2d {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    /// Training steps taken (PyTorch's `num_batches_tracked`).
+    pub num_batches_tracked: Tensor,
+    pub momentum: f64,
+    pub eps: f64,
+    training: bool,
+}
+
+impl BatchNorm2d {
+    pub fn new(channels: usize) -> Result<BatchNorm2d> {
+        let v = |x: f64| Tensor::full(&[channels], x, DType::F32, Device::Cpu);
+        Ok(BatchNorm2d {
+            weight: v(1.0)?.requires_grad(true)?,
+            bias: v(0.0)?.requires_grad(true)?,
+            running_mean: v(0.0)?,
+            running_var: v(1.0)?,
+            num_batches_tracked: Tensor::zeros(&[], DType::I64, Device::Cpu)?,
+            momentum: 0.1,
+            eps: 1e-5,
+            training: true,
+        })
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.training {
+            no_grad(|| {
+                let n = self.num_batches_tracked.item()? + 1.0;
+                self.num_batches_tracked
+                    .copy_(&Tensor::scalar(n, DType::I64, x.device())?)
+            })?;
+        }
+        x.batch_norm(
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            Some(&self.weight),
+            Some(&self.bias),
+            self.training,
+            self.momentum,
+            self.eps,
+        )
+    }
+    fn visit(&self, p: &str, f: &mut Visitor) {
+        f(join(p, "weight"), &self.weight, TensorKind::Parameter);
+        f(join(p, "bias"), &self.bias, TensorKind::Parameter);
+        f(
+            join(p, "running_mean"),
+            &self.running_mean,
+            TensorKind::Buffer,
+        );
+        f(
+            join(p, "running_var"),
+            &self.running_var,
+            TensorKind::Buffer,
+        );
+        f(
+            join(p, "num_batches_tracked"),
+            &self.num_batches_tracked,
+            TensorKind::Buffer,
+        );
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        f(join(p, "weight"), &mut self.weight, TensorKind::Parameter)?;
+        f(join(p, "bias"), &mut self.bias, TensorKind::Parameter)?;
+        f(
+            join(p, "running_mean"),
+            &mut self.running_mean,
+            TensorKind::Buffer,
+        )?;
+        f(
+            join(p, "running_var"),
+            &mut self.running_var,
+            TensorKind::Buffer,
+        )?;
+        f(
+            join(p, "num_batches_tracked"),
+            &mut self.num_batches_tracked,
+            TensorKind::Buffer,
+        )
+    }
+    fn set_training(&mut self, on: bool) {
+        self.training = on;
+    }
+}
+
+/// Layer normalisation over the trailing dims (`nn.LayerNorm`), affine weight 1 and bias 0.
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub shape: Vec<usize>,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(shape: &[usize]) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: Tensor::ones(shape, DType::F32, Device::Cpu)?.requires_grad(true)?,
+            bias: Tensor::zeros(shape, DType::F32, Device::Cpu)?.requires_grad(true)?,
+            shape: shape.to_vec(),
+            eps: 1e-5,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.shape, Some(&self.weight), Some(&self.bias), self.eps)
+    }
+    fn visit(&self, p: &str, f: &mut Visitor) {
+        f(join(p, "weight"), &self.weight, TensorKind::Parameter);
+        f(join(p, "bias"), &self.bias, TensorKind::Parameter);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        f(join(p, "weight"), &mut self.weight, TensorKind::Parameter)?;
+        f(join(p, "bias"), &mut self.bias, TensorKind::Parameter)
+    }
+}
+
+/// Dropout with its own seeded generator (`nn.Dropout`); identity in eval mode.
+pub struct Dropout {
+    pub p: f64,
+    gen: Mutex<Generator>,
+    training: bool,
+}
+
+impl Dropout {
+    pub fn new(p: f64, seed: u64) -> Dropout {
+        Dropout {
+            p,
+            gen: Mutex::new(Generator::new(seed)),
+            training: true,
+        }
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.dropout_with(self.p, self.training, &mut lock(&self.gen))
+    }
+    fn visit(&self, _: &str, _: &mut Visitor) {}
+    fn visit_mut(&mut self, _: &str, _: &mut VisitorMut) -> Result<()> {
+        Ok(())
+    }
+    fn set_training(&mut self, on: bool) {
+        self.training = on;
+    }
+}

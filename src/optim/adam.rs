@@ -1,0 +1,126 @@
+//! Adam and AdamW (PyTorch's `torch.optim.Adam` / `AdamW`).
+
+use super::{check_hyper, Optimizer, ParamState};
+use crate::{no_grad, Error, Result, Tensor};
+
+/// Hyperparameters of [`Adam`]; PyTorch's defaults via [`AdamConfig::adam`] and
+/// [`AdamConfig::adamw`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Decoupled weight decay (AdamW: `p *= 1 - lr wd`) instead of L2 (`g += wd p`).
+    pub decoupled: bool,
+}
+
+impl AdamConfig {
+    /// Adam: betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn adam(lr: f64) -> AdamConfig {
+        AdamConfig {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+        }
+    }
+
+    /// AdamW: as Adam with decoupled weight decay 0.01.
+    pub fn adamw(lr: f64) -> AdamConfig {
+        AdamConfig {
+            weight_decay: 0.01,
+            decoupled: true,
+            ..AdamConfig::adam(lr)
+        }
+    }
+}
+
+/// Adam / AdamW:
+/// `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)`.
+pub struct Adam {
+    params: Vec<Tensor>,
+    states: Vec<ParamState>,
+    pub config: AdamConfig,
+}
+
+impl Adam {
+    pub fn new(params: Vec<Tensor>, config: AdamConfig) -> Result<Adam> {
+        for (n, v) in [
+            ("lr", config.lr),
+            ("eps", config.eps),
+            ("weight_decay", config.weight_decay),
+        ] {
+            check_hyper("Adam::new", n, v)?;
+        }
+        for b in [config.beta1, config.beta2] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(Error::invalid(
+                    "Adam::new",
+                    format!("beta {b} not in [0, 1)"),
+                ));
+            }
+        }
+        let states = vec![ParamState::default(); params.len()];
+        Ok(Adam {
+            params,
+            states,
+            config,
+        })
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self) -> Result<()> {
+        let c = self.config;
+        no_grad(|| {
+            for (p, st) in self.params.iter().zip(&mut self.states) {
+                let Some(mut g) = p.grad() else { continue };
+                let mut base = p.clone();
+                if c.weight_decay != 0.0 {
+                    if c.decoupled {
+                        base = p.mul(1.0 - c.lr * c.weight_decay)?;
+                    } else {
+                        g = g.add(&p.mul(c.weight_decay)?)?;
+                    }
+                }
+                let m = match st.tensors.get("exp_avg") {
+                    Some(m) => m.mul(c.beta1)?.add(&g.mul(1.0 - c.beta1)?)?,
+                    None => g.mul(1.0 - c.beta1)?,
+                };
+                let v = match st.tensors.get("exp_avg_sq") {
+                    Some(v) => v.mul(c.beta2)?.add(&g.sqr()?.mul(1.0 - c.beta2)?)?,
+                    None => g.sqr()?.mul(1.0 - c.beta2)?,
+                };
+                st.step += 1;
+                let t = st.step as i32;
+                let bc1 = 1.0 - c.beta1.powi(t);
+                let bc2 = 1.0 - c.beta2.powi(t);
+                let denom = v.div(bc2)?.sqrt()?.add(c.eps)?;
+                let upd = m.div(&denom)?.mul(c.lr / bc1)?;
+                p.copy_(&base.sub(&upd)?)?;
+                st.tensors.insert("exp_avg".into(), m);
+                st.tensors.insert("exp_avg_sq".into(), v);
+            }
+            Ok(())
+        })
+    }
+    fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+    fn states(&self) -> &[ParamState] {
+        &self.states
+    }
+    fn states_mut(&mut self) -> &mut [ParamState] {
+        &mut self.states
+    }
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+}

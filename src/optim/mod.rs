@@ -1,0 +1,138 @@
+//! Optimizers (SGD, Adam, AdamW, SGLD), learning-rate schedules and gradient clipping.
+//!
+//! Optimizers own the list of parameters they update and a state per parameter (momentum
+//! buffers, moments, step counts), exposed as named tensors for checkpoints. Updates are done
+//! in place under `no_grad`, so modules holding the parameters see the new values.
+
+mod adam;
+mod schedule;
+mod sgd;
+
+pub use adam::{Adam, AdamConfig};
+pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCycle, StepLr};
+pub use sgd::{Sgd, SgdConfig, Sgld};
+
+use crate::{DType, Error, Result, Tensor};
+use std::collections::BTreeMap;
+
+/// State of one parameter: named tensors plus the number of updates applied.
+#[derive(Default, Clone)]
+pub struct ParamState {
+    pub tensors: BTreeMap<String, Tensor>,
+    pub step: u64,
+}
+
+/// The common interface of the optimizers.
+pub trait Optimizer {
+    /// Applies one update to every parameter that has a gradient.
+    fn step(&mut self) -> Result<()>;
+    /// The parameters, in the order they were given.
+    fn params(&self) -> &[Tensor];
+    /// Per-parameter states, aligned with [`Optimizer::params`].
+    fn states(&self) -> &[ParamState];
+    /// Mutable states (for loading a checkpoint).
+    fn states_mut(&mut self) -> &mut [ParamState];
+    fn lr(&self) -> f64;
+    fn set_lr(&mut self, lr: f64);
+
+    /// Drops every parameter's gradient (frees the memory, like `set_to_none=True`).
+    fn zero_grad(&mut self) {
+        for p in self.params() {
+            p.zero_grad();
+        }
+    }
+
+    /// The state as named tensors: `{i}.{name}` per parameter and `{i}.step` (I64).
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, s) in self.states().iter().enumerate() {
+            for (k, t) in &s.tensors {
+                out.push((format!("{i}.{k}"), t.clone()));
+            }
+            out.push((
+                format!("{i}.step"),
+                Tensor::scalar(s.step as f64, DType::I64, crate::Device::Cpu)?,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Restores a state written by [`Optimizer::state_tensors`]; parameter counts must match.
+    fn load_state_tensors(&mut self, named: &BTreeMap<String, Tensor>) -> Result<()> {
+        let devices: Vec<_> = self.params().iter().map(|p| p.device()).collect();
+        let n = devices.len();
+        let mut fresh = vec![ParamState::default(); n];
+        for (name, t) in named {
+            let (i, key) = name
+                .split_once('.')
+                .and_then(|(i, k)| Some((i.parse::<usize>().ok()?, k)))
+                .filter(|(i, _)| *i < n)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "load_state_tensors",
+                        format!("unexpected entry {name:?} for {n} parameters"),
+                    )
+                })?;
+            if key == "step" {
+                fresh[i].step = t.item()? as u64;
+            } else {
+                fresh[i]
+                    .tensors
+                    .insert(key.to_string(), t.to_device(devices[i])?.copy()?);
+            }
+        }
+        self.states_mut().clone_from_slice(&fresh);
+        Ok(())
+    }
+}
+
+/// Scales the gradients of `params` so that their global L2 norm is at most `max_norm`, and
+/// returns the norm before clipping (a 0-d f32 tensor; `.item()` reads it).
+///
+/// ```
+/// use mantissa::{Tensor, Device, optim::clip_grad_norm};
+/// let p = Tensor::from_vec(vec![0.0f32, 0.0], &[2], Device::Cpu)?.requires_grad(true)?;
+/// p.set_grad(Some(Tensor::from_vec(vec![3.0f32, 4.0], &[2], Device::Cpu)?))?;
+/// let norm = clip_grad_norm(&[p.clone()], 1.0)?;
+/// assert_eq!(norm.item()?, 5.0);
+/// assert!((p.grad().unwrap().to_vec::<f32>()?[1] - 0.8).abs() < 1e-6);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
+    if max_norm.is_nan() || max_norm <= 0.0 {
+        return Err(Error::invalid(
+            "clip_grad_norm",
+            format!("max_norm {max_norm} must be positive"),
+        ));
+    }
+    crate::no_grad(|| {
+        let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+        let mut total = Tensor::zeros(
+            &[],
+            DType::F32,
+            params.first().map(|p| p.device()).unwrap_or_default(),
+        )?;
+        for g in &grads {
+            total = total.add(&g.to_dtype(DType::F32)?.sqr()?.sum_all()?)?;
+        }
+        let norm = total.sqrt()?;
+        // coef = min(1, max_norm / (norm + 1e-6)), applied without reading the norm back.
+        let coef = norm.add(1e-6)?.recip()?.mul(max_norm)?.minimum(1.0)?;
+        for (p, g) in params.iter().filter(|p| p.grad().is_some()).zip(&grads) {
+            p.set_grad(Some(g.mul(&coef.to_dtype(g.dtype())?)?))?;
+        }
+        Ok(norm)
+    })
+}
+
+/// Checks a hyperparameter is finite and not negative.
+pub(crate) fn check_hyper(op: &'static str, name: &str, v: f64) -> Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            op,
+            format!("{name} = {v} must be finite and >= 0"),
+        ))
+    }
+}

@@ -1,0 +1,115 @@
+//! Learning-rate schedules as pure functions of the step (or epoch) index, with PyTorch's
+//! formulas. Apply with `opt.set_lr(schedule.lr(step))`.
+
+use std::f64::consts::PI;
+
+/// A learning rate for each step.
+pub trait LrSchedule: Send + Sync {
+    fn lr(&self, step: usize) -> f64;
+}
+
+/// The same rate at every step.
+#[derive(Debug, Clone, Copy)]
+pub struct ConstantLr(pub f64);
+
+impl LrSchedule for ConstantLr {
+    fn lr(&self, _: usize) -> f64 {
+        self.0
+    }
+}
+
+/// `base * gamma^(step / step_size)` (`StepLR`).
+#[derive(Debug, Clone, Copy)]
+pub struct StepLr {
+    pub base: f64,
+    pub step_size: usize,
+    pub gamma: f64,
+}
+
+impl LrSchedule for StepLr {
+    fn lr(&self, step: usize) -> f64 {
+        self.base * self.gamma.powi((step / self.step_size.max(1)) as i32)
+    }
+}
+
+/// `eta_min + (base - eta_min) (1 + cos(pi t / t_max)) / 2` (`CosineAnnealingLR`, one
+/// half-period; constant at `eta_min` after `t_max`).
+#[derive(Debug, Clone, Copy)]
+pub struct CosineAnnealing {
+    pub base: f64,
+    pub t_max: usize,
+    pub eta_min: f64,
+}
+
+impl LrSchedule for CosineAnnealing {
+    fn lr(&self, step: usize) -> f64 {
+        let t = step.min(self.t_max) as f64 / self.t_max.max(1) as f64;
+        self.eta_min + (self.base - self.eta_min) * (1.0 + (PI * t).cos()) / 2.0
+    }
+}
+
+/// `OneCycleLR` with cosine annealing: from `max_lr / div_factor` up to `max_lr` over the
+/// first `pct_start` of the steps, then down to `initial / final_div_factor`.
+#[derive(Debug, Clone, Copy)]
+pub struct OneCycle {
+    pub max_lr: f64,
+    pub total_steps: usize,
+    pub pct_start: f64,
+    pub div_factor: f64,
+    pub final_div_factor: f64,
+}
+
+impl OneCycle {
+    /// PyTorch's defaults: pct_start 0.3, div_factor 25, final_div_factor 1e4.
+    pub fn new(max_lr: f64, total_steps: usize) -> OneCycle {
+        OneCycle {
+            max_lr,
+            total_steps,
+            pct_start: 0.3,
+            div_factor: 25.0,
+            final_div_factor: 1e4,
+        }
+    }
+}
+
+fn cos_anneal(start: f64, end: f64, pct: f64) -> f64 {
+    end + (start - end) / 2.0 * (1.0 + (PI * pct.clamp(0.0, 1.0)).cos())
+}
+
+impl LrSchedule for OneCycle {
+    fn lr(&self, step: usize) -> f64 {
+        let initial = self.max_lr / self.div_factor;
+        let min = initial / self.final_div_factor;
+        let up_end = self.pct_start * self.total_steps as f64 - 1.0;
+        let down_end = self.total_steps as f64 - 1.0;
+        let s = step as f64;
+        if s <= up_end {
+            cos_anneal(initial, self.max_lr, s / up_end.max(1e-12))
+        } else {
+            cos_anneal(
+                self.max_lr,
+                min,
+                (s - up_end) / (down_end - up_end).max(1e-12),
+            )
+        }
+    }
+}
+
+/// Scales another schedule linearly from `start_factor` to 1 over `warmup` steps (`LinearLR`
+/// chained before it).
+pub struct LinearWarmup<S: LrSchedule> {
+    pub inner: S,
+    pub warmup: usize,
+    pub start_factor: f64,
+}
+
+impl<S: LrSchedule> LrSchedule for LinearWarmup<S> {
+    fn lr(&self, step: usize) -> f64 {
+        let f = if step >= self.warmup {
+            1.0
+        } else {
+            self.start_factor + (1.0 - self.start_factor) * step as f64 / self.warmup as f64
+        };
+        self.inner.lr(step) * f
+    }
+}

@@ -1,0 +1,181 @@
+//! nn modules: initialisation, naming, modes, LSTM numerics and gradients.
+
+mod common;
+use common::*;
+use mantissa::nn::*;
+use mantissa::*;
+
+fn mlp(g: &mut Generator) -> Sequential {
+    Sequential::new()
+        .push(Flatten)
+        .push(Linear::new(784, 512, true, g).unwrap())
+        .push(Activation::Relu)
+        .push(Linear::new(512, 512, true, g).unwrap())
+        .push(Activation::Relu)
+        .push(Linear::new(512, 10, true, g).unwrap())
+}
+
+#[test]
+fn linear_and_conv_init_like_pytorch() {
+    let mut g = Generator::new(0);
+    let net = mlp(&mut g);
+    assert_eq!(net.num_parameters(), 669_706);
+    let names: Vec<String> = net.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        ["1.weight", "1.bias", "3.weight", "3.bias", "5.weight", "5.bias"]
+    );
+    let w = vals(&net.parameters()[0]);
+    let bound = 1.0 / 784f64.sqrt();
+    assert!(w.iter().all(|v| v.abs() <= bound));
+    // Uniform: the variance is bound^2 / 3.
+    let var = w.iter().map(|v| v * v).sum::<f64>() / w.len() as f64;
+    assert!((var / (bound * bound / 3.0) - 1.0).abs() < 0.02, "{var}");
+    let c = Conv2d::new(32, 64, 3, Conv2dOptions::default(), true, &mut g).unwrap();
+    assert_eq!(c.weight.shape(), &[64, 32, 3, 3]);
+    let cb = 1.0 / (32.0f64 * 9.0).sqrt();
+    assert!(vals(&c.weight).iter().all(|v| v.abs() <= cb));
+    assert!(Conv2d::new(
+        3,
+        4,
+        3,
+        Conv2dOptions {
+            groups: 2,
+            ..Default::default()
+        },
+        true,
+        &mut g
+    )
+    .is_err());
+}
+
+#[test]
+fn modes_buffers_and_dtype_moves() {
+    let mut net = Sequential::new()
+        .push(
+            Conv2d::new(
+                1,
+                4,
+                3,
+                Conv2dOptions::default(),
+                false,
+                &mut Generator::new(1),
+            )
+            .unwrap(),
+        )
+        .push(BatchNorm2d::new(4).unwrap())
+        .push(Dropout::new(0.5, 9));
+    let buffers: Vec<String> = net.named_buffers().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        buffers,
+        ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    );
+    let x = Tensor::randn_with(
+        &[8, 1, 6, 6],
+        0.0,
+        1.0,
+        DType::F32,
+        Device::Cpu,
+        &mut Generator::new(2),
+    )
+    .unwrap();
+    let y1 = net.forward(&x).unwrap();
+    let rm = net.named_buffers()[0].1.clone();
+    assert!(vals(&rm).iter().any(|&v| v != 0.0), "running mean moved");
+    assert_eq!(net.named_buffers()[2].1.item().unwrap(), 1.0);
+    net.eval();
+    let (e1, e2) = (net.forward(&x).unwrap(), net.forward(&x).unwrap());
+    assert_eq!(vals(&e1), vals(&e2), "eval is deterministic");
+    assert_ne!(vals(&e1), vals(&y1));
+    assert_eq!(
+        net.named_buffers()[2].1.item().unwrap(),
+        1.0,
+        "no tracking in eval"
+    );
+    net.to_dtype(DType::BF16).unwrap();
+    assert!(net
+        .parameters()
+        .iter()
+        .all(|p| p.dtype() == DType::BF16 && p.is_requires_grad() && p.is_leaf()));
+    assert_eq!(
+        net.named_buffers()[2].1.dtype(),
+        DType::I64,
+        "integer buffers keep their dtype"
+    );
+    assert_eq!(
+        net.forward(&x.to_dtype(DType::BF16).unwrap())
+            .unwrap()
+            .dtype(),
+        DType::BF16
+    );
+    assert!(net.to_device(Device::Cuda(0)).is_err());
+}
+
+#[test]
+fn lstm_step_matches_the_gate_equations() {
+    let mut g = Generator::new(5);
+    let lstm = Lstm::new(3, 2, 1, false, &mut g).unwrap();
+    let x = Tensor::randn_with(&[1, 1, 3], 0.0, 1.0, DType::F32, Device::Cpu, &mut g).unwrap();
+    let h0 = Tensor::randn_with(&[1, 1, 2], 0.0, 1.0, DType::F32, Device::Cpu, &mut g).unwrap();
+    let c0 = Tensor::randn_with(&[1, 1, 2], 0.0, 1.0, DType::F32, Device::Cpu, &mut g).unwrap();
+    let (y, (h, c)) = lstm.forward_with_state(&x, Some((&h0, &c0))).unwrap();
+    let p: Vec<Vec<f64>> = lstm.parameters().iter().map(vals).collect();
+    let (wih, whh, bih, bhh) = (&p[0], &p[1], &p[2], &p[3]);
+    let (xv, hv, cv) = (vals(&x), vals(&h0), vals(&c0));
+    let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let pre: Vec<f64> = (0..8)
+        .map(|r| {
+            (0..3).map(|k| wih[r * 3 + k] * xv[k]).sum::<f64>()
+                + (0..2).map(|k| whh[r * 2 + k] * hv[k]).sum::<f64>()
+                + bih[r]
+                + bhh[r]
+        })
+        .collect();
+    let mut want_h = vec![];
+    let mut want_c = vec![];
+    for j in 0..2 {
+        let (i, f, gg, o) = (
+            sig(pre[j]),
+            sig(pre[2 + j]),
+            pre[4 + j].tanh(),
+            sig(pre[6 + j]),
+        );
+        let cn = f * cv[j] + i * gg;
+        want_c.push(cn);
+        want_h.push(o * cn.tanh());
+    }
+    assert_close(&vals(&h), &want_h, 1e-6, "h");
+    assert_close(&vals(&c), &want_c, 1e-6, "c");
+    assert_eq!(vals(&y), vals(&h));
+    assert!(lstm
+        .forward_with_state(&x, Some((&c0, &h0.reshape(&[1, 2, 1]).unwrap())))
+        .is_err());
+    let bad = Tensor::zeros(&[2, 1, 2], DType::F32, Device::Cpu).unwrap();
+    assert!(lstm.forward_with_state(&x, Some((&bad, &bad))).is_err());
+}
+
+#[test]
+fn lstm_gradients_match_finite_differences() {
+    let mut lstm = Lstm::new(2, 3, 2, true, &mut Generator::new(8)).unwrap();
+    lstm.to_dtype(DType::F64).unwrap();
+    let x = leaf(&[2, 4, 2], 1);
+    let params = lstm.parameters();
+    let mut inputs = vec![x];
+    inputs.extend(params.iter().take(2).cloned());
+    // Gradcheck the input and the first layer's weights by rebuilding the module's weights.
+    gradcheck_tol(&inputs, 1e-5, |xs| {
+        let mut m = Lstm::new(2, 3, 2, true, &mut Generator::new(8)).unwrap();
+        m.to_dtype(DType::F64).unwrap();
+        let mut k = 0;
+        m.visit_mut("", &mut |_, t, _| {
+            if k < 2 {
+                *t = xs[1 + k].clone();
+            }
+            k += 1;
+            Ok(())
+        })
+        .unwrap();
+        let (y, (h, c)) = m.forward_with_state(&xs[0], None)?;
+        y.sum_all()?.add(&h.mul(&c)?.sum_all()?)
+    });
+}
