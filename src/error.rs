@@ -85,6 +85,24 @@ pub enum Error {
         shape: Vec<usize>,
         numel: usize,
     },
+    /// A file could not be read or written.
+    #[error("{op}: {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file's contents are malformed (bad magic number, truncated, wrong sizes, ...).
+    #[error("{op}: {path}: {msg}")]
+    Format {
+        op: &'static str,
+        path: String,
+        msg: String,
+    },
+    /// A checkpoint does not fit the model or optimizer; every mismatch is listed.
+    #[error("checkpoint {path} does not match:\n  {}", .problems.join("\n  "))]
+    Checkpoint { path: String, problems: Vec<String> },
     /// Autograd misuse: backward on a non-scalar, twice through a freed graph, ...
     #[error("autograd: {0}")]
     Autograd(String),
@@ -94,6 +112,22 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    pub(crate) fn io(op: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn format(op: &'static str, path: &std::path::Path, msg: impl Into<String>) -> Self {
+        Error::Format {
+            op,
+            path: path.display().to_string(),
+            msg: msg.into(),
+        }
+    }
+
     pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         Error::Invalid {
             op,

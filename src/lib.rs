@@ -17,6 +17,8 @@
 
 pub mod autograd;
 pub mod backend;
+pub mod checkpoint;
+pub mod data;
 mod device;
 pub mod dtype;
 mod error;

@@ -214,6 +214,32 @@ impl CpuStorage {
         Ok(())
     }
 
+    /// The raw little-endian bytes of the elements (the host is little-endian on every target
+    /// this crate supports).
+    pub fn to_le_bytes(&self, layout: &Layout) -> Vec<u8> {
+        map_all!(self.copy_strided(layout), v => bytemuck::cast_slice(&v).to_vec())
+    }
+
+    /// Storage of `dtype` from raw little-endian bytes; `None` if the length does not fit.
+    pub fn from_le_bytes(bytes: &[u8], dtype: DType) -> Option<CpuStorage> {
+        fn go<T: CpuElem>(b: &[u8]) -> Option<CpuStorage> {
+            if b.len() % std::mem::size_of::<T>() != 0 {
+                return None;
+            }
+            let mut v = vec![T::zero(); b.len() / std::mem::size_of::<T>()];
+            bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(b);
+            Some(T::wrap(v))
+        }
+        match dtype {
+            DType::F32 => go::<f32>(bytes),
+            DType::F16 => go::<f16>(bytes),
+            DType::BF16 => go::<bf16>(bytes),
+            DType::F64 => go::<f64>(bytes),
+            DType::I64 => go::<i64>(bytes),
+            DType::U8 => go::<u8>(bytes),
+        }
+    }
+
     /// Every element as f64, in the row-major order of `layout`.
     pub fn to_f64_vec(&self, layout: &Layout) -> Vec<f64> {
         map_all!(self, v => layout.offsets().map(|o| v[o].to_f64()).collect())

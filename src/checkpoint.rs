@@ -1,0 +1,171 @@
+//! Checkpoints in the safetensors format: model parameters and buffers (`model.<name>`),
+//! optimizer state (`optim.<i>.<name>`) and string metadata, written atomically.
+//!
+//! ```no_run
+//! use mantissa::{checkpoint, nn::{Linear, Module}, optim::{Sgd, SgdConfig}, Generator};
+//! let mut model = Linear::new(4, 2, true, &mut Generator::new(0))?;
+//! let mut opt = Sgd::new(model.parameters(), SgdConfig::new(0.1))?;
+//! checkpoint::save("run/ckpt.safetensors", &model, Some(&opt), &[("epoch", "3".into())])?;
+//! let meta = checkpoint::load("run/ckpt.safetensors", &mut model, Some(&mut opt))?;
+//! assert_eq!(meta["epoch"], "3");
+//! # Ok::<(), mantissa::Error>(())
+//! ```
+
+use crate::backend::cpu::CpuStorage;
+use crate::backend::Storage;
+use crate::nn::Module;
+use crate::optim::Optimizer;
+use crate::{DType, Device, Error, Result, Tensor};
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F64 => Dtype::F64,
+        DType::I64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+    }
+}
+
+fn our_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F64 => DType::F64,
+        Dtype::I64 => DType::I64,
+        Dtype::U8 => DType::U8,
+        _ => return None,
+    })
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
+/// crash leaves either the old file or the new one, never a torn one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("checkpoint", dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // Persist the rename itself (directories can be opened and synced on Unix).
+        #[cfg(unix)]
+        std::fs::File::open(dir)?.sync_all()?;
+        Ok(())
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io("checkpoint", path, e)
+    })
+}
+
+/// Saves the model's tensors, the optimizer's state (when given) and `metadata`.
+pub fn save(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optim: Option<&dyn Optimizer>,
+    metadata: &[(&str, String)],
+) -> Result<()> {
+    let mut named: Vec<(String, Tensor)> = Vec::new();
+    model.visit("", &mut |n, t, _| named.push((format!("model.{n}"), t.clone())));
+    if let Some(o) = optim {
+        for (n, t) in o.state_tensors()? {
+            named.push((format!("optim.{n}"), t));
+        }
+    }
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>, DType)> = named
+        .iter()
+        .map(|(n, t)| {
+            let Storage::Cpu(s) = &*t.to_device(Device::Cpu)?.storage().clone();
+            Ok((n.clone(), s.to_le_bytes(t.layout()), t.shape().to_vec(), t.dtype()))
+        })
+        .collect::<Result<_>>()?;
+    let views = bytes
+        .iter()
+        .map(|(n, b, s, d)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b).map_err(|e| Error::invalid("checkpoint::save", e.to_string()))?)))
+        .collect::<Result<Vec<_>>>()?;
+    let info: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let buf = safetensors::serialize(views, Some(info)).map_err(|e| Error::invalid("checkpoint::save", e.to_string()))?;
+    write_atomic(path.as_ref(), &buf)
+}
+
+/// Reads every tensor of a safetensors file, with its metadata.
+pub fn read(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Tensor>, HashMap<String, String>)> {
+    let path = path.as_ref();
+    let buf = std::fs::read(path).map_err(|e| Error::io("checkpoint::read", path, e))?;
+    let bad = |e: safetensors::SafeTensorError| Error::format("checkpoint::read", path, e.to_string());
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&buf).map_err(bad)?;
+    let st = safetensors::SafeTensors::deserialize(&buf).map_err(bad)?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let dtype = our_dtype(view.dtype())
+            .ok_or_else(|| Error::format("checkpoint::read", path, format!("{name}: unsupported dtype {:?}", view.dtype())))?;
+        let s = CpuStorage::from_le_bytes(view.data(), dtype)
+            .ok_or_else(|| Error::format("checkpoint::read", path, format!("{name}: bad data length")))?;
+        out.insert(name, Tensor::from_storage(Storage::Cpu(s), view.shape()));
+    }
+    Ok((out, meta.metadata().clone().unwrap_or_default()))
+}
+
+/// Loads a checkpoint into `model` (and `optim`), checking names, shapes and dtypes first: if
+/// anything does not match, nothing is changed and the error lists every problem. Returns the
+/// metadata.
+pub fn load(path: impl AsRef<Path>, model: &mut dyn Module, optim: Option<&mut dyn Optimizer>) -> Result<HashMap<String, String>> {
+    let path = path.as_ref();
+    let (mut file, meta) = read(path)?;
+    let mut problems = Vec::new();
+    let mut targets: Vec<(String, Tensor)> = Vec::new();
+    model.visit("", &mut |n, t, _| targets.push((n, t.clone())));
+    for (n, t) in &targets {
+        match file.get(&format!("model.{n}")) {
+            None => problems.push(format!("missing model tensor {n} {:?} {:?}", t.shape(), t.dtype())),
+            Some(f) if f.shape() != t.shape() || f.dtype() != t.dtype() => problems.push(format!(
+                "{n}: checkpoint has {:?} {:?}, model has {:?} {:?}",
+                f.shape(),
+                f.dtype(),
+                t.shape(),
+                t.dtype()
+            )),
+            Some(_) => {}
+        }
+    }
+    let known: std::collections::HashSet<String> = targets.iter().map(|(n, _)| format!("model.{n}")).collect();
+    for k in file.keys().filter(|k| k.starts_with("model.") && !known.contains(*k)) {
+        problems.push(format!("unexpected tensor {k} in the checkpoint"));
+    }
+    let optim_state: BTreeMap<String, Tensor> = file
+        .iter()
+        .filter_map(|(k, t)| k.strip_prefix("optim.").map(|n| (n.to_string(), t.clone())))
+        .collect();
+    if optim.is_some() && optim_state.is_empty() {
+        problems.push("no optimizer state in the checkpoint".into());
+    }
+    if !problems.is_empty() {
+        return Err(Error::Checkpoint {
+            path: path.display().to_string(),
+            problems,
+        });
+    }
+    crate::no_grad(|| -> Result<()> {
+        for (n, t) in &targets {
+            let src = file.remove(&format!("model.{n}")).expect("checked above");
+            t.copy_(&src.to_device(t.device())?)?;
+        }
+        Ok(())
+    })?;
+    if let Some(o) = optim {
+        o.load_state_tensors(&optim_state).map_err(|e| Error::Checkpoint {
+            path: path.display().to_string(),
+            problems: vec![e.to_string()],
+        })?;
+    }
+    Ok(meta)
+}

@@ -1,0 +1,262 @@
+//! The DataLoader: seeded shuffling, batching, worker threads that live across epochs, and a
+//! bounded number of batches prepared ahead, handed over in order.
+
+use super::Dataset;
+use crate::autograd::lock;
+use crate::random::Generator;
+use crate::{Device, Error, Result, Tensor};
+use std::collections::BTreeMap;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Options of a [`DataLoader`] (PyTorch's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataLoaderConfig {
+    pub batch_size: usize,
+    /// Reshuffle every epoch (the order depends only on `seed` and the epoch number).
+    pub shuffle: bool,
+    pub seed: u64,
+    /// Drop the last incomplete batch.
+    pub drop_last: bool,
+    /// Worker threads; 0 loads on the calling thread.
+    pub num_workers: usize,
+    /// Batches prepared ahead per worker.
+    pub prefetch_factor: usize,
+}
+
+impl DataLoaderConfig {
+    pub fn new(batch_size: usize) -> DataLoaderConfig {
+        DataLoaderConfig {
+            batch_size,
+            shuffle: false,
+            seed: 0,
+            drop_last: false,
+            num_workers: 0,
+            prefetch_factor: 2,
+        }
+    }
+}
+
+/// One batch's host buffers, filled by a worker.
+pub struct HostBatch {
+    /// Features, `[n, sample_shape...]` row-major.
+    pub x: Vec<f32>,
+    /// Labels, `[n]`.
+    pub y: Vec<i64>,
+    pub shape: Vec<usize>,
+}
+
+impl HostBatch {
+    fn load(ds: &dyn Dataset, indices: &[usize]) -> Result<HostBatch> {
+        let sample = ds.sample_shape();
+        let per: usize = sample.iter().product();
+        let mut x = vec![0f32; per * indices.len()];
+        let mut y = Vec::with_capacity(indices.len());
+        for (row, &i) in x.chunks_mut(per.max(1)).zip(indices) {
+            y.push(ds.fill(i, row)?);
+        }
+        let mut shape = vec![indices.len()];
+        shape.extend(sample);
+        Ok(HostBatch { x, y, shape })
+    }
+
+    /// The batch as tensors on `device` (on the CPU the buffers are moved, not copied).
+    pub fn into_batch(self, device: Device) -> Result<Batch> {
+        let n = self.y.len();
+        Ok(Batch {
+            x: Tensor::from_vec(self.x, &self.shape, device)?,
+            y: Tensor::from_vec(self.y, &[n], device)?,
+        })
+    }
+}
+
+/// A batch of features and labels.
+pub struct Batch {
+    pub x: Tensor,
+    pub y: Tensor,
+}
+
+type Job = (u64, usize, Vec<usize>);
+type Done = (u64, usize, Result<HostBatch>);
+
+/// Batches of a [`Dataset`], optionally shuffled, prepared by worker threads.
+///
+/// ```
+/// use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
+/// use std::sync::Arc;
+/// struct Squares;
+/// impl Dataset for Squares {
+///     fn len(&self) -> usize { 10 }
+///     fn sample_shape(&self) -> Vec<usize> { vec![1] }
+///     fn fill(&self, i: usize, x: &mut [f32]) -> mantissa::Result<i64> { x[0] = (i * i) as f32; Ok(i as i64) }
+/// }
+/// let cfg = DataLoaderConfig { num_workers: 2, ..DataLoaderConfig::new(4) };
+/// let mut dl = DataLoader::new(Arc::new(Squares), cfg)?;
+/// let labels: Vec<i64> = dl.epoch(0).flat_map(|b| b.unwrap().y.to_vec::<i64>().unwrap()).collect();
+/// assert_eq!(labels, (0..10).collect::<Vec<i64>>());
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub struct DataLoader {
+    dataset: Arc<dyn Dataset>,
+    cfg: DataLoaderConfig,
+    jobs: Option<Sender<Job>>,
+    done: Option<Receiver<Done>>,
+    workers: Vec<JoinHandle<()>>,
+    /// Identifies the epoch iteration results belong to (stale ones are dropped).
+    generation: u64,
+}
+
+impl DataLoader {
+    pub fn new(dataset: Arc<dyn Dataset>, cfg: DataLoaderConfig) -> Result<DataLoader> {
+        if cfg.batch_size == 0 || cfg.prefetch_factor == 0 {
+            return Err(Error::invalid(
+                "DataLoader::new",
+                format!("batch_size {} and prefetch_factor {} must be positive", cfg.batch_size, cfg.prefetch_factor),
+            ));
+        }
+        let mut dl = DataLoader {
+            dataset,
+            cfg,
+            jobs: None,
+            done: None,
+            workers: Vec::new(),
+            generation: 0,
+        };
+        if cfg.num_workers > 0 {
+            let (job_tx, job_rx) = channel::<Job>();
+            let (done_tx, done_rx) = channel::<Done>();
+            let job_rx = Arc::new(Mutex::new(job_rx));
+            for w in 0..cfg.num_workers {
+                let (rx, tx, ds) = (job_rx.clone(), done_tx.clone(), dl.dataset.clone());
+                let handle = std::thread::Builder::new()
+                    .name(format!("mantissa-loader-{w}"))
+                    .spawn(move || loop {
+                        let job = lock(&rx).recv();
+                        let Ok((generation, k, idx)) = job else { return };
+                        if tx.send((generation, k, HostBatch::load(ds.as_ref(), &idx))).is_err() {
+                            return;
+                        }
+                    })
+                    .map_err(|e| Error::invalid("DataLoader::new", format!("cannot start a worker: {e}")))?;
+                dl.workers.push(handle);
+            }
+            dl.jobs = Some(job_tx);
+            dl.done = Some(done_rx);
+        }
+        Ok(dl)
+    }
+
+    /// Number of batches per epoch.
+    pub fn len(&self) -> usize {
+        let (n, b) = (self.dataset.len(), self.cfg.batch_size);
+        if self.cfg.drop_last {
+            n / b
+        } else {
+            n.div_ceil(b)
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn config(&self) -> &DataLoaderConfig {
+        &self.cfg
+    }
+
+    /// The sample order of `epoch`: a seeded permutation when shuffling, else `0..len`.
+    pub fn order(&self, epoch: usize) -> Vec<usize> {
+        let n = self.dataset.len();
+        let mut idx: Vec<usize> = (0..n).collect();
+        if self.cfg.shuffle {
+            let mut g = Generator::new(self.cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let r = g.next_u32s(2 * n);
+            for i in (1..n).rev() {
+                let v = ((r[2 * i] as u64) << 32) | r[2 * i + 1] as u64;
+                idx.swap(i, (v % (i as u64 + 1)) as usize);
+            }
+        }
+        idx
+    }
+
+    /// Iterates over the batches of `epoch` in order (host batches as CPU tensors).
+    pub fn epoch(&mut self, epoch: usize) -> EpochIter<'_> {
+        self.generation += 1;
+        let order = self.order(epoch);
+        let bs = self.cfg.batch_size;
+        let batches: Vec<Vec<usize>> = order.chunks(bs).take(self.len()).map(|c| c.to_vec()).collect();
+        EpochIter {
+            dl: self,
+            batches,
+            next_submit: 0,
+            next_yield: 0,
+            ready: BTreeMap::new(),
+        }
+    }
+}
+
+impl Drop for DataLoader {
+    fn drop(&mut self) {
+        self.jobs = None; // closes the job channel: workers return
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The batches of one epoch, in order.
+pub struct EpochIter<'a> {
+    dl: &'a mut DataLoader,
+    batches: Vec<Vec<usize>>,
+    next_submit: usize,
+    next_yield: usize,
+    ready: BTreeMap<usize, Result<HostBatch>>,
+}
+
+impl EpochIter<'_> {
+    /// The next batch's host buffers (before they become tensors).
+    pub fn next_host(&mut self) -> Option<Result<HostBatch>> {
+        if self.next_yield >= self.batches.len() {
+            return None;
+        }
+        let (Some(jobs), Some(done)) = (&self.dl.jobs, &self.dl.done) else {
+            let k = self.next_yield;
+            self.next_yield += 1;
+            return Some(HostBatch::load(self.dl.dataset.as_ref(), &self.batches[k]));
+        };
+        let ahead = self.dl.cfg.num_workers * self.dl.cfg.prefetch_factor;
+        while self.next_submit < self.batches.len() && self.next_submit < self.next_yield + ahead {
+            let k = self.next_submit;
+            if jobs.send((self.dl.generation, k, std::mem::take(&mut self.batches[k]))).is_err() {
+                return Some(Err(Error::invalid("DataLoader", "worker threads are gone")));
+            }
+            self.next_submit += 1;
+        }
+        while !self.ready.contains_key(&self.next_yield) {
+            match done.recv() {
+                Ok((g, k, b)) if g == self.dl.generation => {
+                    self.ready.insert(k, b);
+                }
+                Ok(_) => {} // from an abandoned epoch
+                Err(_) => return Some(Err(Error::invalid("DataLoader", "worker threads are gone"))),
+            }
+        }
+        let b = self.ready.remove(&self.next_yield);
+        self.next_yield += 1;
+        b
+    }
+}
+
+impl Iterator for EpochIter<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        self.next_host().map(|b| b.and_then(|b| b.into_batch(Device::Cpu)))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.batches.len() - self.next_yield;
+        (n, Some(n))
+    }
+}
