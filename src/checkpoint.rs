@@ -47,9 +47,15 @@ fn our_dtype(d: Dtype) -> Option<DType> {
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
 /// crash leaves either the old file or the new one, never a torn one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io("checkpoint", dir, e))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -75,7 +81,9 @@ pub fn save(
     metadata: &[(&str, String)],
 ) -> Result<()> {
     let mut named: Vec<(String, Tensor)> = Vec::new();
-    model.visit("", &mut |n, t, _| named.push((format!("model.{n}"), t.clone())));
+    model.visit("", &mut |n, t, _| {
+        named.push((format!("model.{n}"), t.clone()))
+    });
     if let Some(o) = optim {
         for (n, t) in o.state_tensors()? {
             named.push((format!("optim.{n}"), t));
@@ -85,15 +93,30 @@ pub fn save(
         .iter()
         .map(|(n, t)| {
             let Storage::Cpu(s) = &*t.to_device(Device::Cpu)?.storage().clone();
-            Ok((n.clone(), s.to_le_bytes(t.layout()), t.shape().to_vec(), t.dtype()))
+            Ok((
+                n.clone(),
+                s.to_le_bytes(t.layout()),
+                t.shape().to_vec(),
+                t.dtype(),
+            ))
         })
         .collect::<Result<_>>()?;
     let views = bytes
         .iter()
-        .map(|(n, b, s, d)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b).map_err(|e| Error::invalid("checkpoint::save", e.to_string()))?)))
+        .map(|(n, b, s, d)| {
+            Ok((
+                n.clone(),
+                TensorView::new(st_dtype(*d), s.clone(), b)
+                    .map_err(|e| Error::invalid("checkpoint::save", e.to_string()))?,
+            ))
+        })
         .collect::<Result<Vec<_>>>()?;
-    let info: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    let buf = safetensors::serialize(views, Some(info)).map_err(|e| Error::invalid("checkpoint::save", e.to_string()))?;
+    let info: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let buf = safetensors::serialize(views, Some(info))
+        .map_err(|e| Error::invalid("checkpoint::save", e.to_string()))?;
     write_atomic(path.as_ref(), &buf)
 }
 
@@ -101,15 +124,22 @@ pub fn save(
 pub fn read(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Tensor>, HashMap<String, String>)> {
     let path = path.as_ref();
     let buf = std::fs::read(path).map_err(|e| Error::io("checkpoint::read", path, e))?;
-    let bad = |e: safetensors::SafeTensorError| Error::format("checkpoint::read", path, e.to_string());
+    let bad =
+        |e: safetensors::SafeTensorError| Error::format("checkpoint::read", path, e.to_string());
     let (_, meta) = safetensors::SafeTensors::read_metadata(&buf).map_err(bad)?;
     let st = safetensors::SafeTensors::deserialize(&buf).map_err(bad)?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
-        let dtype = our_dtype(view.dtype())
-            .ok_or_else(|| Error::format("checkpoint::read", path, format!("{name}: unsupported dtype {:?}", view.dtype())))?;
-        let s = CpuStorage::from_le_bytes(view.data(), dtype)
-            .ok_or_else(|| Error::format("checkpoint::read", path, format!("{name}: bad data length")))?;
+        let dtype = our_dtype(view.dtype()).ok_or_else(|| {
+            Error::format(
+                "checkpoint::read",
+                path,
+                format!("{name}: unsupported dtype {:?}", view.dtype()),
+            )
+        })?;
+        let s = CpuStorage::from_le_bytes(view.data(), dtype).ok_or_else(|| {
+            Error::format("checkpoint::read", path, format!("{name}: bad data length"))
+        })?;
         out.insert(name, Tensor::from_storage(Storage::Cpu(s), view.shape()));
     }
     Ok((out, meta.metadata().clone().unwrap_or_default()))
@@ -118,7 +148,11 @@ pub fn read(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Tensor>, HashMap
 /// Loads a checkpoint into `model` (and `optim`), checking names, shapes and dtypes first: if
 /// anything does not match, nothing is changed and the error lists every problem. Returns the
 /// metadata.
-pub fn load(path: impl AsRef<Path>, model: &mut dyn Module, optim: Option<&mut dyn Optimizer>) -> Result<HashMap<String, String>> {
+pub fn load(
+    path: impl AsRef<Path>,
+    model: &mut dyn Module,
+    optim: Option<&mut dyn Optimizer>,
+) -> Result<HashMap<String, String>> {
     let path = path.as_ref();
     let (mut file, meta) = read(path)?;
     let mut problems = Vec::new();
@@ -126,7 +160,11 @@ pub fn load(path: impl AsRef<Path>, model: &mut dyn Module, optim: Option<&mut d
     model.visit("", &mut |n, t, _| targets.push((n, t.clone())));
     for (n, t) in &targets {
         match file.get(&format!("model.{n}")) {
-            None => problems.push(format!("missing model tensor {n} {:?} {:?}", t.shape(), t.dtype())),
+            None => problems.push(format!(
+                "missing model tensor {n} {:?} {:?}",
+                t.shape(),
+                t.dtype()
+            )),
             Some(f) if f.shape() != t.shape() || f.dtype() != t.dtype() => problems.push(format!(
                 "{n}: checkpoint has {:?} {:?}, model has {:?} {:?}",
                 f.shape(),
@@ -137,8 +175,12 @@ pub fn load(path: impl AsRef<Path>, model: &mut dyn Module, optim: Option<&mut d
             Some(_) => {}
         }
     }
-    let known: std::collections::HashSet<String> = targets.iter().map(|(n, _)| format!("model.{n}")).collect();
-    for k in file.keys().filter(|k| k.starts_with("model.") && !known.contains(*k)) {
+    let known: std::collections::HashSet<String> =
+        targets.iter().map(|(n, _)| format!("model.{n}")).collect();
+    for k in file
+        .keys()
+        .filter(|k| k.starts_with("model.") && !known.contains(*k))
+    {
         problems.push(format!("unexpected tensor {k} in the checkpoint"));
     }
     let optim_state: BTreeMap<String, Tensor> = file
@@ -162,10 +204,11 @@ pub fn load(path: impl AsRef<Path>, model: &mut dyn Module, optim: Option<&mut d
         Ok(())
     })?;
     if let Some(o) = optim {
-        o.load_state_tensors(&optim_state).map_err(|e| Error::Checkpoint {
-            path: path.display().to_string(),
-            problems: vec![e.to_string()],
-        })?;
+        o.load_state_tensors(&optim_state)
+            .map_err(|e| Error::Checkpoint {
+                path: path.display().to_string(),
+                problems: vec![e.to_string()],
+            })?;
     }
     Ok(meta)
 }

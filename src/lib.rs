@@ -28,6 +28,7 @@ pub mod ops;
 pub mod optim;
 pub mod random;
 mod tensor;
+pub mod train;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use device::Device;

@@ -42,7 +42,11 @@ impl Dataset for Blobs {
 fn train_epoch(m: &Sequential, opt: &mut Sgd, dl: &mut DataLoader, epoch: usize) {
     for b in dl.epoch(epoch) {
         let b = b.unwrap();
-        let loss = m.forward(&b.x).unwrap().cross_entropy(&b.y, Default::default()).unwrap();
+        let loss = m
+            .forward(&b.x)
+            .unwrap()
+            .cross_entropy(&b.y, Default::default())
+            .unwrap();
         opt.zero_grad();
         loss.backward().unwrap();
         opt.step().unwrap();
@@ -50,13 +54,24 @@ fn train_epoch(m: &Sequential, opt: &mut Sgd, dl: &mut DataLoader, epoch: usize)
 }
 
 fn path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("mantissa-ckpt-{}-{name}", std::process::id())).join("ck.safetensors")
+    std::env::temp_dir()
+        .join(format!("mantissa-ckpt-{}-{name}", std::process::id()))
+        .join("ck.safetensors")
 }
 
 #[test]
 fn resuming_reproduces_the_uninterrupted_run_exactly() {
-    let cfg = DataLoaderConfig { shuffle: true, seed: 5, num_workers: 2, ..DataLoaderConfig::new(8) };
-    let sgd = SgdConfig { momentum: 0.9, weight_decay: 1e-4, ..SgdConfig::new(0.05) };
+    let cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: 5,
+        num_workers: 2,
+        ..DataLoaderConfig::new(8)
+    };
+    let sgd = SgdConfig {
+        momentum: 0.9,
+        weight_decay: 1e-4,
+        ..SgdConfig::new(0.05)
+    };
     let p = path("resume");
     // Uninterrupted: 3 epochs, checkpoint after the first.
     let full = model(1);
@@ -76,7 +91,11 @@ fn resuming_reproduces_the_uninterrupted_run_exactly() {
     for e in start..3 {
         train_epoch(&resumed, &mut opt2, &mut dl2, e);
     }
-    assert_eq!(all_values(&resumed), all_values(&full), "bit-identical parameters and buffers");
+    assert_eq!(
+        all_values(&resumed),
+        all_values(&full),
+        "bit-identical parameters and buffers"
+    );
     std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
 }
 
@@ -87,7 +106,12 @@ fn round_trip_keeps_every_tensor_and_dtype() {
     m.to_dtype(DType::BF16).unwrap();
     let mut opt = Adam::new(m.parameters(), AdamConfig::adam(1e-3)).unwrap();
     let x = Tensor::randn(&[2, 1, 6, 6], DType::BF16, Device::Cpu).unwrap();
-    m.forward(&x).unwrap().sum_all().unwrap().backward().unwrap();
+    m.forward(&x)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     opt.step().unwrap();
     checkpoint::save(&p, &m, Some(&opt), &[]).unwrap();
     let (tensors, _) = checkpoint::read(&p).unwrap();
@@ -105,7 +129,10 @@ fn round_trip_keeps_every_tensor_and_dtype() {
         assert_eq!((t1.dtype(), t1.to_vec_f64()), (t2.dtype(), t2.to_vec_f64()));
     }
     // No temporary file is left beside the checkpoint.
-    let names: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 1, "{names:?}");
     std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
 }
@@ -121,14 +148,25 @@ fn mismatches_are_all_reported_and_nothing_is_changed() {
         .push(Linear::new(2, 2, true, &mut g).unwrap())
         .push(Linear::new(2, 2, true, &mut g).unwrap());
     let before = all_values(&other);
-    let err = checkpoint::load(&p, &mut other, None).unwrap_err().to_string();
-    for needle in ["0.weight", "[3, 1, 3, 3]", "[5, 1, 3, 3]", "missing model tensor 2.weight", "unexpected tensor model.4.weight", "unexpected tensor model.1.running_mean"] {
+    let err = checkpoint::load(&p, &mut other, None)
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "0.weight",
+        "[3, 1, 3, 3]",
+        "[5, 1, 3, 3]",
+        "missing model tensor 2.weight",
+        "unexpected tensor model.4.weight",
+        "unexpected tensor model.1.running_mean",
+    ] {
         assert!(err.contains(needle), "{needle} not in {err}");
     }
     assert_eq!(all_values(&other), before);
     let mut same = model(8);
     let mut opt = Sgd::new(same.parameters(), SgdConfig::new(0.1)).unwrap();
-    let err = checkpoint::load(&p, &mut same, Some(&mut opt)).unwrap_err().to_string();
+    let err = checkpoint::load(&p, &mut same, Some(&mut opt))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no optimizer state"), "{err}");
     std::fs::write(&p, b"not a safetensors file").unwrap();
     assert!(checkpoint::load(&p, &mut same, None).is_err());

@@ -27,11 +27,17 @@ fn idx_reader_rejects_bad_files() {
     let p = Path::new("x.idx");
     let ok = parse_idx(&idx_bytes([0, 0, 8, 3], &[2, 28, 28], 2 * 784), p).unwrap();
     assert_eq!(ok.dims, vec![2, 28, 28]);
-    let m = parse_idx(&idx_bytes([0, 0, 9, 3], &[2, 28, 28], 2 * 784), p).unwrap_err().to_string();
+    let m = parse_idx(&idx_bytes([0, 0, 9, 3], &[2, 28, 28], 2 * 784), p)
+        .unwrap_err()
+        .to_string();
     assert!(m.contains("magic"), "{m}");
-    let m = parse_idx(&idx_bytes([0, 0, 8, 3], &[2, 28, 28], 784), p).unwrap_err().to_string();
+    let m = parse_idx(&idx_bytes([0, 0, 8, 3], &[2, 28, 28], 784), p)
+        .unwrap_err()
+        .to_string();
     assert!(m.contains("truncated") && m.contains("1568"), "{m}");
-    let m = parse_idx(&idx_bytes([0, 0, 8, 1], &[5], 7), p).unwrap_err().to_string();
+    let m = parse_idx(&idx_bytes([0, 0, 8, 1], &[5], 7), p)
+        .unwrap_err()
+        .to_string();
     assert!(m.contains("trailing"), "{m}");
     let m = parse_idx(&[0, 0, 8, 3, 0, 0], p).unwrap_err().to_string();
     assert!(m.contains("truncated header"), "{m}");
@@ -39,7 +45,10 @@ fn idx_reader_rejects_bad_files() {
     // gzip: a good file reads, a corrupt one is an error.
     let dir = tmpdir("idx");
     let gz = dir.join("labels.gz");
-    let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::fast(),
+    );
     enc.write_all(&idx_bytes([0, 0, 8, 1], &[10], 10)).unwrap();
     enc.finish().unwrap();
     assert_eq!(read_idx(&gz).unwrap().data.len(), 10);
@@ -48,14 +57,27 @@ fn idx_reader_rejects_bad_files() {
     bytes.truncate(n - 6);
     std::fs::write(&gz, &bytes).unwrap();
     assert!(read_idx(&gz).unwrap_err().to_string().contains("gzip"));
-    assert!(read_idx(&dir.join("absent")).unwrap_err().to_string().contains("absent"));
+    assert!(read_idx(&dir.join("absent"))
+        .unwrap_err()
+        .to_string()
+        .contains("absent"));
     // A split whose counts do not match MNIST's is refused with the file named.
-    for (stem, dims, len) in [("t10k-images-idx3-ubyte", vec![9999u32, 28, 28], 9999 * 784), ("t10k-labels-idx1-ubyte", vec![10000], 10000)] {
-        std::fs::write(dir.join(stem), idx_bytes([0, 0, 8, dims.len() as u8], &dims, len)).unwrap();
+    for (stem, dims, len) in [
+        ("t10k-images-idx3-ubyte", vec![9999u32, 28, 28], 9999 * 784),
+        ("t10k-labels-idx1-ubyte", vec![10000], 10000),
+    ] {
+        std::fs::write(
+            dir.join(stem),
+            idx_bytes([0, 0, 8, dims.len() as u8], &dims, len),
+        )
+        .unwrap();
     }
     let m = Mnist::load(&dir, false).unwrap_err().to_string();
     assert!(m.contains("t10k-images") && m.contains("9999"), "{m}");
-    assert!(Mnist::load(&dir, true).unwrap_err().to_string().contains("not found"));
+    assert!(Mnist::load(&dir, true)
+        .unwrap_err()
+        .to_string()
+        .contains("not found"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -69,7 +91,10 @@ impl Dataset for Numbers {
     }
     fn fill(&self, i: usize, x: &mut [f32]) -> Result<i64> {
         if i == 13 && self.0 == 14 {
-            return Err(Error::Invalid { op: "numbers", msg: "sample 13 is broken".into() });
+            return Err(Error::Invalid {
+                op: "numbers",
+                msg: "sample 13 is broken".into(),
+            });
         }
         x[0] = i as f32;
         x[1] = -(i as f32);
@@ -78,13 +103,18 @@ impl Dataset for Numbers {
 }
 
 fn labels(dl: &mut DataLoader, epoch: usize) -> Vec<Vec<i64>> {
-    dl.epoch(epoch).map(|b| b.unwrap().y.to_vec::<i64>().unwrap()).collect()
+    dl.epoch(epoch)
+        .map(|b| b.unwrap().y.to_vec::<i64>().unwrap())
+        .collect()
 }
 
 #[test]
 fn loader_batches_in_order_with_workers_and_shuffles_by_seed() {
     for workers in [0, 1, 3] {
-        let cfg = DataLoaderConfig { num_workers: workers, ..DataLoaderConfig::new(4) };
+        let cfg = DataLoaderConfig {
+            num_workers: workers,
+            ..DataLoaderConfig::new(4)
+        };
         let mut dl = DataLoader::new(Arc::new(Numbers(10)), cfg).unwrap();
         assert_eq!(dl.len(), 3);
         let got = labels(&mut dl, 0);
@@ -93,7 +123,13 @@ fn loader_batches_in_order_with_workers_and_shuffles_by_seed() {
         assert_eq!(b.x.shape(), &[4, 2]);
         assert_eq!(b.x.to_vec::<f32>().unwrap()[..4], [0.0, -0.0, 1.0, -1.0]);
     }
-    let cfg = DataLoaderConfig { shuffle: true, seed: 7, drop_last: true, num_workers: 2, ..DataLoaderConfig::new(3) };
+    let cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: 7,
+        drop_last: true,
+        num_workers: 2,
+        ..DataLoaderConfig::new(3)
+    };
     let mut dl = DataLoader::new(Arc::new(Numbers(100)), cfg).unwrap();
     assert_eq!(dl.len(), 33);
     let e0: Vec<i64> = labels(&mut dl, 0).concat();
@@ -114,11 +150,19 @@ fn loader_batches_in_order_with_workers_and_shuffles_by_seed() {
 #[test]
 fn loader_reports_dataset_errors_and_bad_config() {
     for workers in [0, 2] {
-        let cfg = DataLoaderConfig { num_workers: workers, ..DataLoaderConfig::new(5) };
+        let cfg = DataLoaderConfig {
+            num_workers: workers,
+            ..DataLoaderConfig::new(5)
+        };
         let mut dl = DataLoader::new(Arc::new(Numbers(14)), cfg).unwrap();
         let res: Vec<_> = dl.epoch(0).collect();
         assert!(res[0].is_ok() && res[1].is_ok());
-        assert!(res[2].as_ref().err().unwrap().to_string().contains("sample 13"));
+        assert!(res[2]
+            .as_ref()
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("sample 13"));
     }
     assert!(DataLoader::new(Arc::new(Numbers(3)), DataLoaderConfig::new(0)).is_err());
 }

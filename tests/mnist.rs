@@ -10,7 +10,10 @@ use std::sync::Arc;
 
 fn splits() -> (Mnist, Mnist) {
     let dir = locate_or_fetch().expect("MNIST must be available for this test");
-    (Mnist::load(&dir, true).unwrap(), Mnist::load(&dir, false).unwrap())
+    (
+        Mnist::load(&dir, true).unwrap(),
+        Mnist::load(&dir, false).unwrap(),
+    )
 }
 
 #[test]
@@ -21,7 +24,10 @@ fn mnist_subset_training_reaches_93_percent() {
     for &l in &test.labels {
         counts[l as usize] += 1;
     }
-    assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
+    assert!(
+        counts.iter().all(|&c| (800..1200).contains(&c)),
+        "{counts:?}"
+    );
     let mut x = vec![0f32; 784];
     train.fill(0, &mut x).unwrap();
     let mean = x.iter().sum::<f32>() / 784.0;
@@ -34,25 +40,53 @@ fn mnist_subset_training_reaches_93_percent() {
         .push(Linear::new(784, 128, true, &mut g).unwrap())
         .push(Activation::Relu)
         .push(Linear::new(128, 10, true, &mut g).unwrap());
-    let mut opt = Sgd::new(net.parameters(), SgdConfig { momentum: 0.9, ..SgdConfig::new(0.02) }).unwrap();
-    let cfg = DataLoaderConfig { shuffle: true, seed: 1, num_workers: 2, ..DataLoaderConfig::new(64) };
+    let mut opt = Sgd::new(
+        net.parameters(),
+        SgdConfig {
+            momentum: 0.9,
+            ..SgdConfig::new(0.02)
+        },
+    )
+    .unwrap();
+    let cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: 1,
+        num_workers: 2,
+        ..DataLoaderConfig::new(64)
+    };
     let mut dl = DataLoader::new(Arc::new(train.take(20_000)), cfg).unwrap();
     for epoch in 0..3 {
         for b in dl.epoch(epoch) {
             let b = b.unwrap();
-            let loss = net.forward(&b.x).unwrap().cross_entropy(&b.y, Default::default()).unwrap();
+            let loss = net
+                .forward(&b.x)
+                .unwrap()
+                .cross_entropy(&b.y, Default::default())
+                .unwrap();
             opt.zero_grad();
             loss.backward().unwrap();
             opt.step().unwrap();
         }
     }
     net.eval();
-    let mut test_dl = DataLoader::new(Arc::new(test.take(2_000)), DataLoaderConfig::new(500)).unwrap();
+    let mut test_dl =
+        DataLoader::new(Arc::new(test.take(2_000)), DataLoaderConfig::new(500)).unwrap();
     let (mut hits, mut n) = (0.0, 0.0);
     for b in test_dl.epoch(0) {
         let b = b.unwrap();
-        let pred = no_grad(|| net.forward(&b.x)).unwrap().argmax(1, false).unwrap();
-        hits += pred.eq(&b.y).unwrap().to_dtype(DType::F32).unwrap().sum_all().unwrap().item().unwrap();
+        let pred = no_grad(|| net.forward(&b.x))
+            .unwrap()
+            .argmax(1, false)
+            .unwrap();
+        hits += pred
+            .eq(&b.y)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .item()
+            .unwrap();
         n += b.y.numel() as f64;
     }
     let acc = hits / n;

@@ -237,3 +237,21 @@ fn optimizer_state_round_trips_through_named_tensors() {
     );
     assert!(other.load_state_tensors(&bad).is_err());
 }
+
+#[test]
+fn adadelta_matches_the_update_rule() {
+    let p = param(&[1.0, -1.0]);
+    let mut opt = Adadelta::new(vec![p.clone()], 1.0).unwrap();
+    let (mut w, mut s, mut u) = ([1.0f64, -1.0], [0.0f64; 2], [0.0f64; 2]);
+    for g in [[0.3, -0.1], [0.2, 0.4]] {
+        set_grad(&p, &g);
+        opt.step().unwrap();
+        for i in 0..2 {
+            s[i] = 0.9 * s[i] + 0.1 * g[i] * g[i];
+            let d = (u[i] + 1e-6f64).sqrt() / (s[i] + 1e-6f64).sqrt() * g[i];
+            u[i] = 0.9 * u[i] + 0.1 * d * d;
+            w[i] -= d;
+        }
+        assert_close(&vals(&p), &w, 1e-14, "adadelta");
+    }
+}

@@ -112,7 +112,10 @@ impl DataLoader {
         if cfg.batch_size == 0 || cfg.prefetch_factor == 0 {
             return Err(Error::invalid(
                 "DataLoader::new",
-                format!("batch_size {} and prefetch_factor {} must be positive", cfg.batch_size, cfg.prefetch_factor),
+                format!(
+                    "batch_size {} and prefetch_factor {} must be positive",
+                    cfg.batch_size, cfg.prefetch_factor
+                ),
             ));
         }
         let mut dl = DataLoader {
@@ -133,12 +136,19 @@ impl DataLoader {
                     .name(format!("mantissa-loader-{w}"))
                     .spawn(move || loop {
                         let job = lock(&rx).recv();
-                        let Ok((generation, k, idx)) = job else { return };
-                        if tx.send((generation, k, HostBatch::load(ds.as_ref(), &idx))).is_err() {
+                        let Ok((generation, k, idx)) = job else {
+                            return;
+                        };
+                        if tx
+                            .send((generation, k, HostBatch::load(ds.as_ref(), &idx)))
+                            .is_err()
+                        {
                             return;
                         }
                     })
-                    .map_err(|e| Error::invalid("DataLoader::new", format!("cannot start a worker: {e}")))?;
+                    .map_err(|e| {
+                        Error::invalid("DataLoader::new", format!("cannot start a worker: {e}"))
+                    })?;
                 dl.workers.push(handle);
             }
             dl.jobs = Some(job_tx);
@@ -170,7 +180,8 @@ impl DataLoader {
         let n = self.dataset.len();
         let mut idx: Vec<usize> = (0..n).collect();
         if self.cfg.shuffle {
-            let mut g = Generator::new(self.cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut g =
+                Generator::new(self.cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let r = g.next_u32s(2 * n);
             for i in (1..n).rev() {
                 let v = ((r[2 * i] as u64) << 32) | r[2 * i + 1] as u64;
@@ -185,7 +196,11 @@ impl DataLoader {
         self.generation += 1;
         let order = self.order(epoch);
         let bs = self.cfg.batch_size;
-        let batches: Vec<Vec<usize>> = order.chunks(bs).take(self.len()).map(|c| c.to_vec()).collect();
+        let batches: Vec<Vec<usize>> = order
+            .chunks(bs)
+            .take(self.len())
+            .map(|c| c.to_vec())
+            .collect();
         EpochIter {
             dl: self,
             batches,
@@ -228,7 +243,10 @@ impl EpochIter<'_> {
         let ahead = self.dl.cfg.num_workers * self.dl.cfg.prefetch_factor;
         while self.next_submit < self.batches.len() && self.next_submit < self.next_yield + ahead {
             let k = self.next_submit;
-            if jobs.send((self.dl.generation, k, std::mem::take(&mut self.batches[k]))).is_err() {
+            if jobs
+                .send((self.dl.generation, k, std::mem::take(&mut self.batches[k])))
+                .is_err()
+            {
                 return Some(Err(Error::invalid("DataLoader", "worker threads are gone")));
             }
             self.next_submit += 1;
@@ -239,7 +257,9 @@ impl EpochIter<'_> {
                     self.ready.insert(k, b);
                 }
                 Ok(_) => {} // from an abandoned epoch
-                Err(_) => return Some(Err(Error::invalid("DataLoader", "worker threads are gone"))),
+                Err(_) => {
+                    return Some(Err(Error::invalid("DataLoader", "worker threads are gone")))
+                }
             }
         }
         let b = self.ready.remove(&self.next_yield);
@@ -252,7 +272,8 @@ impl Iterator for EpochIter<'_> {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
-        self.next_host().map(|b| b.and_then(|b| b.into_batch(Device::Cpu)))
+        self.next_host()
+            .map(|b| b.and_then(|b| b.into_batch(Device::Cpu)))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

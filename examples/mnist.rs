@@ -1,0 +1,284 @@
+//! Trains an MLP or the pytorch/examples CNN on MNIST.
+//!
+//! `cargo run --release --example mnist -- --model cnn --epochs 3`
+//! Writes `metrics.csv` and `curves.png` to `--out`, and a checkpoint each epoch with
+//! `--checkpoint PATH` (resume with `--resume PATH`).
+
+use clap::{Parser, ValueEnum};
+use mantissa::data::mnist::{locate_or_fetch, Mnist};
+use mantissa::data::{DataLoader, DataLoaderConfig};
+use mantissa::nn::*;
+use mantissa::optim::*;
+use mantissa::train::{plot_metrics, EpochMetrics, EpochProgress, MetricsLog};
+use mantissa::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Model {
+    Mlp,
+    Cnn,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Opt {
+    Sgd,
+    Adam,
+    Adamw,
+    Adadelta,
+    Sgld,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Train on MNIST with mantissa")]
+struct Args {
+    #[arg(long, value_enum, default_value = "cnn")]
+    model: Model,
+    #[arg(long, default_value_t = 3)]
+    epochs: usize,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    /// Learning rate (default: 1.0 for adadelta, 0.05 for sgd/sgld, 1e-3 for adam/adamw).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Optimizer (default: adadelta with StepLR(0.7) for the CNN, as pytorch/examples; SGD
+    /// with momentum 0.9 for the MLP).
+    #[arg(long, value_enum)]
+    optimizer: Option<Opt>,
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// auto, cpu or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// fp32 (fp16 and bf16 arrive with the mixed-precision work).
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// A fast run for trying things: 10k training and 2k test images, one epoch.
+    #[arg(long)]
+    quick: bool,
+    /// Save a checkpoint here after every epoch.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Resume from this checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Folder for metrics.csv and curves.png.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn build(model: Model, gen: &mut Generator, seed: u64) -> Result<Sequential> {
+    Ok(match model {
+        Model::Mlp => Sequential::new()
+            .push(Flatten)
+            .push(Linear::new(784, 512, true, gen)?)
+            .push(Activation::Relu)
+            .push(Linear::new(512, 512, true, gen)?)
+            .push(Activation::Relu)
+            .push(Linear::new(512, 10, true, gen)?),
+        Model::Cnn => Sequential::new()
+            .push(Conv2d::new(1, 32, 3, Conv2dOptions::default(), true, gen)?)
+            .push(Activation::Relu)
+            .push(Conv2d::new(32, 64, 3, Conv2dOptions::default(), true, gen)?)
+            .push(Activation::Relu)
+            .push(MaxPool2d(MaxPool2dOptions::new(2)))
+            .push(Dropout::new(0.25, seed ^ 1))
+            .push(Flatten)
+            .push(Linear::new(9216, 128, true, gen)?)
+            .push(Activation::Relu)
+            .push(Dropout::new(0.5, seed ^ 2))
+            .push(Linear::new(128, 10, true, gen)?),
+    })
+}
+
+fn optimizer(kind: Opt, params: Vec<Tensor>, lr: f64, seed: u64) -> Result<Box<dyn Optimizer>> {
+    Ok(match kind {
+        Opt::Sgd => Box::new(Sgd::new(
+            params,
+            SgdConfig {
+                momentum: 0.9,
+                ..SgdConfig::new(lr)
+            },
+        )?),
+        Opt::Sgld => Box::new(Sgld::new(
+            params,
+            SgdConfig {
+                momentum: 0.9,
+                ..SgdConfig::new(lr)
+            },
+            1e-6,
+            seed,
+        )?),
+        Opt::Adam => Box::new(Adam::new(params, AdamConfig::adam(lr))?),
+        Opt::Adamw => Box::new(Adam::new(params, AdamConfig::adamw(lr))?),
+        Opt::Adadelta => Box::new(Adadelta::new(params, lr)?),
+    })
+}
+
+/// Mean loss and accuracy over a split.
+fn evaluate(net: &Sequential, dl: &mut DataLoader) -> Result<(f64, f64)> {
+    let (mut loss, mut hits, mut n) = (0.0, 0.0, 0.0);
+    for b in dl.epoch(0) {
+        let b = b?;
+        let logits = no_grad(|| net.forward(&b.x))?;
+        let opts = CrossEntropyOptions {
+            reduction: Reduction::Sum,
+            ..Default::default()
+        };
+        loss += logits.cross_entropy(&b.y, opts)?.item()?;
+        hits += logits
+            .argmax(1, false)?
+            .eq(&b.y)?
+            .to_dtype(DType::F32)?
+            .sum_all()?
+            .item()?;
+        n += b.y.numel() as f64;
+    }
+    Ok((loss / n, hits / n))
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.precision != "fp32" {
+        return Err(Error::Invalid {
+            op: "mnist",
+            msg: format!("--precision {} is not available yet (fp16 and bf16 come with the mixed-precision work); use fp32", args.precision),
+        });
+    }
+    let device = match args.device.as_str() {
+        "auto" => Device::best(),
+        d => Device::parse(d)?.check_available()?,
+    };
+    let dir = locate_or_fetch()?;
+    let (mut train, mut test) = (Mnist::load(&dir, true)?, Mnist::load(&dir, false)?);
+    let mut epochs = args.epochs;
+    if args.quick {
+        train = train.take(10_000);
+        test = test.take(2_000);
+        epochs = 1;
+    }
+    let mut gen = Generator::new(args.seed);
+    let mut net = build(args.model, &mut gen, args.seed)?;
+    net.to_device(device)?;
+    let kind = args.optimizer.unwrap_or(if args.model == Model::Cnn {
+        Opt::Adadelta
+    } else {
+        Opt::Sgd
+    });
+    let lr = args.lr.unwrap_or(match kind {
+        Opt::Adadelta => 1.0,
+        Opt::Sgd | Opt::Sgld => 0.05,
+        Opt::Adam | Opt::Adamw => 1e-3,
+    });
+    let mut opt = optimizer(kind, net.parameters(), lr, args.seed)?;
+    let schedule = StepLr {
+        base: lr,
+        step_size: 1,
+        gamma: if kind == Opt::Adadelta { 0.7 } else { 1.0 },
+    };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/mnist-{:?}", args.model).to_lowercase()));
+    let mut log = MetricsLog::default();
+    let mut start_epoch = 0;
+    if let Some(path) = &args.resume {
+        let meta = checkpoint::load(path, &mut net, Some(opt.as_mut()))?;
+        start_epoch = meta.get("epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
+        if let Ok(text) = std::fs::read_to_string(out.join("metrics.csv")) {
+            log = MetricsLog::from_csv(&text, &out.join("metrics.csv"))?;
+            log.epochs.truncate(start_epoch);
+        }
+        println!("resumed from {} at epoch {start_epoch}", path.display());
+    }
+    println!(
+        "model {:?} ({} parameters), optimizer {kind:?} lr {lr}, batch {}, {} workers, device {device}, precision fp32, {} threads",
+        args.model,
+        net.num_parameters(),
+        args.batch_size,
+        args.workers,
+        rayon::current_num_threads()
+    );
+    let cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: args.seed,
+        num_workers: args.workers,
+        ..DataLoaderConfig::new(args.batch_size)
+    };
+    let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
+    let mut test_dl = DataLoader::new(
+        Arc::new(test),
+        DataLoaderConfig {
+            num_workers: args.workers,
+            ..DataLoaderConfig::new(1000)
+        },
+    )?;
+    for epoch in start_epoch..epochs {
+        opt.set_lr(schedule.lr(epoch));
+        net.train();
+        let mut bar = EpochProgress::new(
+            &format!("epoch {}/{epochs} fp32", epoch + 1),
+            train_dl.len(),
+        );
+        for b in train_dl.epoch(epoch) {
+            let b = b?;
+            let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
+            let logits = net.forward(&x)?;
+            let loss = logits.cross_entropy(&y, CrossEntropyOptions::default())?;
+            opt.zero_grad();
+            loss.backward()?;
+            opt.step()?;
+            let hits = logits
+                .argmax(1, false)?
+                .eq(&y)?
+                .to_dtype(DType::F32)?
+                .sum_all()?
+                .item()?;
+            bar.step(y.numel(), loss.item()?, hits);
+        }
+        bar.finish();
+        net.eval();
+        let (test_loss, test_acc) = evaluate(&net, &mut test_dl)?;
+        let m = EpochMetrics {
+            epoch: epoch + 1,
+            train_loss: bar.loss(),
+            train_acc: bar.accuracy(),
+            test_loss,
+            test_acc,
+            lr: opt.lr(),
+            seconds: bar.seconds(),
+            samples_per_s: bar.samples_per_s(),
+        };
+        println!(
+            "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} samples/s",
+            m.epoch,
+            m.train_loss,
+            100.0 * m.train_acc,
+            m.test_loss,
+            100.0 * m.test_acc,
+            m.seconds,
+            m.samples_per_s
+        );
+        log.push(m);
+        log.write_csv(&out.join("metrics.csv"))?;
+        plot_metrics(&log, &out.join("curves.png"))?;
+        if let Some(path) = &args.checkpoint {
+            checkpoint::save(
+                path,
+                &net,
+                Some(opt.as_ref()),
+                &[("epoch", (epoch + 1).to_string())],
+            )?;
+        }
+    }
+    println!("metrics and curves in {}", out.display());
+    Ok(())
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
