@@ -29,12 +29,8 @@ pub fn plot_metrics(log: &MetricsLog, path: &Path) -> Result<()> {
     let series = |f: fn(&super::EpochMetrics) -> f64| -> Vec<(f64, f64)> {
         log.epochs.iter().map(|m| (m.epoch as f64, f(m))).collect()
     };
-    let panels: [(
-        &_,
-        &str,
-        fn(&super::EpochMetrics) -> f64,
-        fn(&super::EpochMetrics) -> f64,
-    ); 2] = [
+    type Pick = fn(&super::EpochMetrics) -> f64;
+    let panels: [(&_, &str, Pick, Pick); 2] = [
         (&left, "loss", |m| m.train_loss, |m| m.test_loss),
         (
             &right,
