@@ -3,51 +3,70 @@
 use super::{map_float, map_pair, CpuElem, CpuStorage, IntoStorage, CHUNK, PAR_MIN};
 use crate::backend::ops::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::WithDType;
-use crate::layout::Layout;
+use crate::layout::{Layout, Rows};
 use crate::Result;
 use rayon::prelude::*;
 
-/// Runs `f(chunk_start, out_chunk)` over `out` in parallel chunks when it is large.
+/// Fills a contiguous output row by row: `f(out_row, offsets)` gets each row of `rows`
+/// (in parallel chunks of rows when the output is large).
 #[inline]
-pub(crate) fn fill_chunks<U: Send>(out: &mut [U], f: impl Fn(usize, &mut [U]) + Sync) {
+fn fill_rows<U: Send, const N: usize>(
+    out: &mut [U],
+    rows: &Rows<N>,
+    f: impl Fn(&mut [U], [usize; N]) + Sync,
+) {
+    let len = rows.len;
+    if out.is_empty() || len == 0 {
+        return;
+    }
+    let per = (CHUNK / len).max(1);
+    let job = |(c, chunk): (usize, &mut [U])| {
+        let first = c * per;
+        rows.for_each(first, first + chunk.len() / len, |row, offs| {
+            f(&mut chunk[(row - first) * len..(row - first + 1) * len], offs)
+        });
+    };
     if out.len() < PAR_MIN {
-        f(0, out);
+        out.chunks_mut(per * len).enumerate().for_each(job);
     } else {
-        out.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(i, c)| f(i * CHUNK, c));
+        out.par_chunks_mut(per * len).enumerate().for_each(job);
     }
 }
 
-/// `out[i] = f(src[layout[i]])`.
-pub(crate) fn map1<T: Copy + Sync, U: WithDType>(
+/// `out[i] = f(src[l[i]])`.
+pub(crate) fn map1<T: Copy + Sync, U: Copy + Default + Send + Sync>(
     src: &[T],
     l: &Layout,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
-    let mut out = vec![U::zero(); l.numel()];
-    match l.contiguous_range() {
-        Some(r) => {
-            let src = &src[r];
-            fill_chunks(&mut out, |start, o| {
-                let n = o.len();
-                for (o, &x) in o.iter_mut().zip(&src[start..start + n]) {
-                    *o = f(x);
-                }
-            })
-        }
-        None => fill_chunks(&mut out, |start, o| {
-            let n = o.len();
-            for (o, off) in o.iter_mut().zip(l.offsets_range(start, n)) {
-                *o = f(src[off]);
-            }
-        }),
+    if let Some(r) = l.contiguous_range() {
+        let src = &src[r];
+        return if src.len() < PAR_MIN {
+            src.iter().map(|&x| f(x)).collect()
+        } else {
+            src.par_iter().with_min_len(CHUNK).map(|&x| f(x)).collect()
+        };
     }
+    let rows = Rows::new([l]);
+    let mut out = vec![U::default(); l.numel()];
+    let st = rows.inner[0];
+    fill_rows(&mut out, &rows, |o, [off]| {
+        if st == 1 {
+            let n = o.len();
+            for (o, &x) in o.iter_mut().zip(&src[off..off + n]) {
+                *o = f(x);
+            }
+        } else {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = f(src[off + i * st]);
+            }
+        }
+    });
     out
 }
 
 /// `out[i] = f(a[la[i]], b[lb[i]])`; `la` and `lb` have the same shape.
-pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: WithDType>(
+pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Default + Send + Sync>(
     a: &[A],
     la: &Layout,
     b: &[B],
@@ -55,34 +74,48 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: WithDType>(
     f: impl Fn(A, B) -> U + Sync,
 ) -> Vec<U> {
     debug_assert_eq!(la.shape(), lb.shape());
-    let mut out = vec![U::zero(); la.numel()];
-    match (la.contiguous_range(), lb.contiguous_range()) {
-        (Some(ra), Some(rb)) => {
-            let (a, b) = (&a[ra], &b[rb]);
-            fill_chunks(&mut out, |s, o| {
-                let n = o.len();
-                for ((o, &x), &y) in o.iter_mut().zip(&a[s..s + n]).zip(&b[s..s + n]) {
+    if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+        let (a, b) = (&a[ra], &b[rb]);
+        return if a.len() < PAR_MIN {
+            a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+        } else {
+            (a, b)
+                .into_par_iter()
+                .with_min_len(CHUNK)
+                .map(|(&x, &y)| f(x, y))
+                .collect()
+        };
+    }
+    let rows = Rows::new([la, lb]);
+    let mut out = vec![U::default(); la.numel()];
+    let [sa, sb] = rows.inner;
+    fill_rows(&mut out, &rows, |o, [oa, ob]| {
+        let n = o.len();
+        match (sa, sb) {
+            (1, 1) => {
+                for ((o, &x), &y) in o.iter_mut().zip(&a[oa..oa + n]).zip(&b[ob..ob + n]) {
                     *o = f(x, y);
                 }
-            })
-        }
-        (Some(ra), None) => {
-            let a = &a[ra];
-            fill_chunks(&mut out, |s, o| {
-                let n = o.len();
-                for ((o, &x), ob) in o.iter_mut().zip(&a[s..s + n]).zip(lb.offsets_range(s, n)) {
-                    *o = f(x, b[ob]);
-                }
-            })
-        }
-        _ => fill_chunks(&mut out, |s, o| {
-            let n = o.len();
-            let offs = la.offsets_range(s, n).zip(lb.offsets_range(s, n));
-            for (o, (oa, ob)) in o.iter_mut().zip(offs) {
-                *o = f(a[oa], b[ob]);
             }
-        }),
-    }
+            (1, 0) => {
+                let y = b[ob];
+                for (o, &x) in o.iter_mut().zip(&a[oa..oa + n]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[oa];
+                for (o, &y) in o.iter_mut().zip(&b[ob..ob + n]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (i, o) in o.iter_mut().enumerate() {
+                    *o = f(a[oa + i * sa], b[ob + i * sb]);
+                }
+            }
+        }
+    });
     out
 }
 
@@ -115,6 +148,12 @@ macro_rules! specialize_unary {
 /// `f(x)` elementwise, computed in the accumulation type.
 pub(crate) fn unary(s: &CpuStorage, l: &Layout, op: UnaryOp) -> Result<CpuStorage> {
     fn go<T: CpuElem>(v: &[T], l: &Layout, op: UnaryOp) -> CpuStorage {
+        if let UnaryOp::Affine { mul, add } = op {
+            // Scalar arithmetic, the most common unary op: a plain multiply-add loop.
+            let m = <T::Acc as crate::dtype::Float>::from_f64_(mul);
+            let a = <T::Acc as crate::dtype::Float>::from_f64_(add);
+            return map1(v, l, move |x: T| T::from_acc(x.to_acc() * m + a)).into_storage();
+        }
         let run = |op: UnaryOp| map1(v, l, move |x: T| T::from_acc(op.f(x.to_acc())));
         specialize_unary!(op, run).into_storage()
     }
@@ -211,15 +250,12 @@ pub(crate) fn where_cond(
         b: &[T],
         lb: &Layout,
     ) -> CpuStorage {
+        let rows = Rows::new([lc, la, lb]);
+        let [sc, sa, sb] = rows.inner;
         let mut out = vec![T::zero(); la.numel()];
-        fill_chunks(&mut out, |s, o| {
-            let n = o.len();
-            let offs = lc
-                .offsets_range(s, n)
-                .zip(la.offsets_range(s, n))
-                .zip(lb.offsets_range(s, n));
-            for (o, ((oc, oa), ob)) in o.iter_mut().zip(offs) {
-                *o = if c[oc] != 0 { a[oa] } else { b[ob] };
+        fill_rows(&mut out, &rows, |o, [oc, oa, ob]| {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = if c[oc + i * sc] != 0 { a[oa + i * sa] } else { b[ob + i * sb] };
             }
         });
         out.into_storage()

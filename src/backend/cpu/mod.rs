@@ -207,8 +207,16 @@ impl CpuStorage {
             });
         }
         map_pair!("copy", self, src, d, s => {
-            for (od, os) in dst_l.offsets().zip(src_l.offsets()) {
-                d[od] = s[os];
+            if let (Some(rd), Some(rs)) = (dst_l.contiguous_range(), src_l.contiguous_range()) {
+                d[rd].copy_from_slice(&s[rs]);
+            } else {
+                let rows = crate::layout::Rows::new([dst_l, src_l]);
+                let [sd, ss] = rows.inner;
+                rows.for_each(0, rows.count(), |_, [od, os]| {
+                    for i in 0..rows.len {
+                        d[od + i * sd] = s[os + i * ss];
+                    }
+                });
             }
         });
         Ok(())
