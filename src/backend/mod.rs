@@ -10,7 +10,7 @@ use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
 use cpu::CpuStorage;
 pub(crate) use cpu::{ConvDims, PoolDims};
-use ops::{BinaryOp, CmpOp, Pool2dParams, ReduceOp, UnaryOp};
+use ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 
 /// A tensor's data on some device.
 #[derive(Debug, Clone)]
@@ -211,6 +211,19 @@ impl Storage {
     ) -> Result<()> {
         let (d, s) = cpu2!("index_add", self, src);
         cpu::index_add(d, shape, dim, idx, s, sl)
+    }
+
+    /// Applies a fused optimizer update in place (`self` is the parameter).
+    pub(crate) fn optim_update(&mut self, grad: &Storage, states: &mut [&mut Storage], u: &OptimUpdate) -> Result<()> {
+        let Storage::Cpu(p) = self;
+        let Storage::Cpu(g) = grad;
+        let mut cpu: Vec<&mut CpuStorage> = states
+            .iter_mut()
+            .map(|s| match &mut **s {
+                Storage::Cpu(c) => c,
+            })
+            .collect();
+        cpu::optim_update(p, g, &mut cpu, u)
     }
 
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {

@@ -337,3 +337,83 @@ mod tests {
         assert_eq!(window_out(2, 5, 1, 0, 1, false), None);
     }
 }
+
+/// One optimizer update, applied elementwise in place by a fused kernel (the formulas are
+/// PyTorch's; see `crate::optim`). States are passed in the order listed per variant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimUpdate {
+    /// States: `[momentum_buffer]` when `momentum != 0`, else none. `first` marks the first
+    /// step, where the buffer takes the gradient as it is.
+    Sgd {
+        lr: f64,
+        momentum: f64,
+        dampening: f64,
+        weight_decay: f64,
+        nesterov: bool,
+        first: bool,
+    },
+    /// States: `[exp_avg, exp_avg_sq]`; `bc1`, `bc2` are the bias corrections `1 - beta^t`.
+    Adam {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+        bc1: f64,
+        bc2: f64,
+    },
+    /// States: `[square_avg, acc_delta]`.
+    Adadelta {
+        lr: f64,
+        rho: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
+}
+
+impl OptimUpdate {
+    /// How many state tensors the update reads and writes.
+    pub fn num_states(&self) -> usize {
+        match self {
+            OptimUpdate::Sgd { momentum, .. } => (*momentum != 0.0) as usize,
+            OptimUpdate::Adam { .. } | OptimUpdate::Adadelta { .. } => 2,
+        }
+    }
+
+    /// The update of one element: parameter `p`, gradient `g`, states `s` (in and out).
+    #[inline(always)]
+    pub fn apply<A: Float>(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let c = |v: f64| A::from_f64_(v);
+        let one = A::one();
+        match *self {
+            OptimUpdate::Sgd { lr, momentum, dampening, weight_decay, nesterov, first } => {
+                let mut d = g + c(weight_decay) * *p;
+                if momentum != 0.0 {
+                    s[0] = if first { d } else { c(momentum) * s[0] + c(1.0 - dampening) * d };
+                    d = if nesterov { d + c(momentum) * s[0] } else { s[0] };
+                }
+                *p = *p - c(lr) * d;
+            }
+            OptimUpdate::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, bc1, bc2 } => {
+                let mut g = g;
+                if decoupled {
+                    *p = *p * c(1.0 - lr * weight_decay);
+                } else {
+                    g = g + c(weight_decay) * *p;
+                }
+                s[0] = c(beta1) * s[0] + c(1.0 - beta1) * g;
+                s[1] = c(beta2) * s[1] + c(1.0 - beta2) * g * g;
+                let denom = (s[1] / c(bc2)).sqrt() + c(eps);
+                *p = *p - c(lr / bc1) * s[0] / denom;
+            }
+            OptimUpdate::Adadelta { lr, rho, eps, weight_decay } => {
+                let g = g + c(weight_decay) * *p;
+                s[0] = c(rho) * s[0] + (one - c(rho)) * g * g;
+                let d = (s[1] + c(eps)).sqrt() / (s[0] + c(eps)).sqrt() * g;
+                s[1] = c(rho) * s[1] + (one - c(rho)) * d * d;
+                *p = *p - c(lr) * d;
+            }
+        }
+    }
+}

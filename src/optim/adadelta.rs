@@ -1,6 +1,7 @@
 //! Adadelta (PyTorch's `torch.optim.Adadelta`), the optimizer of the pytorch/examples MNIST CNN.
 
-use super::{check_hyper, Optimizer, ParamState};
+use super::{check_hyper, fused_step, Optimizer, ParamState};
+use crate::backend::ops::OptimUpdate;
 use crate::{no_grad, Error, Result, Tensor};
 
 /// `s = rho s + (1-rho) g^2; d = sqrt(u + eps) / sqrt(s + eps) g; u = rho u + (1-rho) d^2;
@@ -40,24 +41,14 @@ impl Optimizer for Adadelta {
         let (rho, eps) = (self.rho, self.eps);
         no_grad(|| {
             for (p, st) in self.params.iter().zip(&mut self.states) {
-                let Some(mut g) = p.grad() else { continue };
-                if self.weight_decay != 0.0 {
-                    g = g.add(&p.mul(self.weight_decay)?)?;
-                }
-                let zero = || p.zeros_like();
-                let sq = st
-                    .tensors
-                    .get("square_avg")
-                    .cloned()
-                    .map_or_else(zero, Ok)?;
-                let acc = st.tensors.get("acc_delta").cloned().map_or_else(zero, Ok)?;
-                let sq = sq.mul(rho)?.add(&g.sqr()?.mul(1.0 - rho)?)?;
-                let delta = acc.add(eps)?.sqrt()?.div(&sq.add(eps)?.sqrt()?)?.mul(&g)?;
-                let acc = acc.mul(rho)?.add(&delta.sqr()?.mul(1.0 - rho)?)?;
-                p.copy_(&p.sub(&delta.mul(self.lr)?)?)?;
-                st.tensors.insert("square_avg".into(), sq);
-                st.tensors.insert("acc_delta".into(), acc);
-                st.step += 1;
+                let Some(g) = p.grad() else { continue };
+                let u = OptimUpdate::Adadelta {
+                    lr: self.lr,
+                    rho,
+                    eps,
+                    weight_decay: self.weight_decay,
+                };
+                fused_step(p, &g, st, &["square_avg", "acc_delta"], u)?;
             }
             Ok(())
         })

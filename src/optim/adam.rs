@@ -1,6 +1,7 @@
 //! Adam and AdamW (PyTorch's `torch.optim.Adam` / `AdamW`).
 
-use super::{check_hyper, Optimizer, ParamState};
+use super::{check_hyper, fused_step, Optimizer, ParamState};
+use crate::backend::ops::OptimUpdate;
 use crate::{no_grad, Error, Result, Tensor};
 
 /// Hyperparameters of [`Adam`]; PyTorch's defaults via [`AdamConfig::adam`] and
@@ -78,32 +79,19 @@ impl Optimizer for Adam {
         let c = self.config;
         no_grad(|| {
             for (p, st) in self.params.iter().zip(&mut self.states) {
-                let Some(mut g) = p.grad() else { continue };
-                let mut base = p.clone();
-                if c.weight_decay != 0.0 {
-                    if c.decoupled {
-                        base = p.mul(1.0 - c.lr * c.weight_decay)?;
-                    } else {
-                        g = g.add(&p.mul(c.weight_decay)?)?;
-                    }
-                }
-                let m = match st.tensors.get("exp_avg") {
-                    Some(m) => m.mul(c.beta1)?.add(&g.mul(1.0 - c.beta1)?)?,
-                    None => g.mul(1.0 - c.beta1)?,
+                let Some(g) = p.grad() else { continue };
+                let t = st.step as i32 + 1;
+                let u = OptimUpdate::Adam {
+                    lr: c.lr,
+                    beta1: c.beta1,
+                    beta2: c.beta2,
+                    eps: c.eps,
+                    weight_decay: c.weight_decay,
+                    decoupled: c.decoupled,
+                    bc1: 1.0 - c.beta1.powi(t),
+                    bc2: 1.0 - c.beta2.powi(t),
                 };
-                let v = match st.tensors.get("exp_avg_sq") {
-                    Some(v) => v.mul(c.beta2)?.add(&g.sqr()?.mul(1.0 - c.beta2)?)?,
-                    None => g.sqr()?.mul(1.0 - c.beta2)?,
-                };
-                st.step += 1;
-                let t = st.step as i32;
-                let bc1 = 1.0 - c.beta1.powi(t);
-                let bc2 = 1.0 - c.beta2.powi(t);
-                let denom = v.div(bc2)?.sqrt()?.add(c.eps)?;
-                let upd = m.div(&denom)?.mul(c.lr / bc1)?;
-                p.copy_(&base.sub(&upd)?)?;
-                st.tensors.insert("exp_avg".into(), m);
-                st.tensors.insert("exp_avg_sq".into(), v);
+                fused_step(p, &g, st, &["exp_avg", "exp_avg_sq"], u)?;
             }
             Ok(())
         })

@@ -14,6 +14,7 @@ pub use adam::{Adam, AdamConfig};
 pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCycle, StepLr};
 pub use sgd::{Sgd, SgdConfig, Sgld};
 
+use crate::backend::ops::OptimUpdate;
 use crate::{DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
 
@@ -86,6 +87,46 @@ pub trait Optimizer {
         self.states_mut().clone_from_slice(&fresh);
         Ok(())
     }
+}
+
+/// Applies the fused update `u` in place to parameter `p` with gradient `g`, creating the
+/// states `names` (zeros, the parameter's shape and dtype) on first use.
+pub(crate) fn fused_step(p: &Tensor, g: &Tensor, st: &mut ParamState, names: &[&str], u: OptimUpdate) -> Result<()> {
+    if !p.owns_storage() {
+        return Err(Error::invalid(
+            "optimizer step",
+            format!("parameters must be whole contiguous tensors (got a view of shape {:?})", p.shape()),
+        ));
+    }
+    if g.shape() != p.shape() {
+        return Err(Error::ShapeMismatch { op: "optimizer step", lhs: p.shape().to_vec(), rhs: g.shape().to_vec() });
+    }
+    let g = g.to_dtype(p.dtype())?;
+    let g = if g.owns_storage() { g } else { g.copy()? };
+    let mut states = Vec::with_capacity(names.len());
+    for &n in names {
+        let t = match st.tensors.get(n) {
+            Some(t) if t.shape() == p.shape() && t.dtype() == p.dtype() && t.owns_storage() => t.clone(),
+            Some(t) => {
+                return Err(Error::invalid(
+                    "optimizer step",
+                    format!("state {n} is {:?} {:?}, the parameter {:?} {:?}", t.shape(), t.dtype(), p.shape(), p.dtype()),
+                ))
+            }
+            None => p.zeros_like()?,
+        };
+        st.tensors.insert(n.to_string(), t.clone());
+        states.push(t);
+    }
+    let gs = g.storage();
+    let mut all: Vec<&Tensor> = vec![p];
+    all.extend(states.iter());
+    Tensor::write_many("optimizer step", &all, |s| {
+        let (param, rest) = s.split_first_mut().expect("parameter first");
+        param.optim_update(&gs, rest, &u)
+    })?;
+    st.step += 1;
+    Ok(())
 }
 
 /// Scales the gradients of `params` so that their global L2 norm is at most `max_norm`, and

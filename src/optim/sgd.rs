@@ -1,7 +1,8 @@
 //! SGD with momentum, dampening, Nesterov and weight decay (PyTorch's `torch.optim.SGD`), and
 //! SGLD.
 
-use super::{check_hyper, Optimizer, ParamState};
+use super::{check_hyper, fused_step, Optimizer, ParamState};
+use crate::backend::ops::OptimUpdate;
 use crate::random::Generator;
 use crate::{no_grad, Error, Result, Tensor};
 
@@ -60,26 +61,24 @@ impl Sgd {
         })
     }
 
-    /// The SGD direction for parameter `i` (updates its momentum buffer).
-    fn direction(cfg: &SgdConfig, p: &Tensor, g: Tensor, st: &mut ParamState) -> Result<Tensor> {
-        let mut d = g;
-        if cfg.weight_decay != 0.0 {
-            d = d.add(&p.mul(cfg.weight_decay)?)?;
+    /// The fused update for one parameter given its state.
+    fn update(cfg: &SgdConfig, st: &ParamState) -> OptimUpdate {
+        OptimUpdate::Sgd {
+            lr: cfg.lr,
+            momentum: cfg.momentum,
+            dampening: cfg.dampening,
+            weight_decay: cfg.weight_decay,
+            nesterov: cfg.nesterov,
+            first: !st.tensors.contains_key("momentum_buffer"),
         }
+    }
+
+    fn names(cfg: &SgdConfig) -> &'static [&'static str] {
         if cfg.momentum != 0.0 {
-            let buf = match st.tensors.get("momentum_buffer") {
-                None => d.copy()?,
-                Some(b) => b.mul(cfg.momentum)?.add(&d.mul(1.0 - cfg.dampening)?)?,
-            };
-            st.tensors.insert("momentum_buffer".into(), buf.clone());
-            d = if cfg.nesterov {
-                d.add(&buf.mul(cfg.momentum)?)?
-            } else {
-                buf
-            };
+            &["momentum_buffer"]
+        } else {
+            &[]
         }
-        st.step += 1;
-        Ok(d)
     }
 }
 
@@ -88,8 +87,8 @@ impl Optimizer for Sgd {
         no_grad(|| {
             for (p, st) in self.params.iter().zip(&mut self.states) {
                 let Some(g) = p.grad() else { continue };
-                let d = Sgd::direction(&self.config, p, g, st)?;
-                p.copy_(&p.sub(&d.mul(self.config.lr)?)?)?;
+                let u = Sgd::update(&self.config, st);
+                fused_step(p, &g, st, Sgd::names(&self.config), u)?;
             }
             Ok(())
         })
@@ -143,10 +142,11 @@ impl Optimizer for Sgld {
         no_grad(|| {
             for (p, st) in self.inner.params.iter().zip(&mut self.inner.states) {
                 let Some(g) = p.grad() else { continue };
-                let d = Sgd::direction(&cfg, p, g, st)?;
+                let u = Sgd::update(&cfg, st);
+                fused_step(p, &g, st, Sgd::names(&cfg), u)?;
                 let noise =
                     Tensor::randn_with(p.shape(), 0.0, std, p.dtype(), p.device(), &mut self.gen)?;
-                p.copy_(&p.sub(&d.mul(cfg.lr)?)?.add(&noise)?)?;
+                p.copy_(&p.add(&noise)?)?;
             }
             Ok(())
         })

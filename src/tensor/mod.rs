@@ -260,6 +260,36 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// True when the tensor is contiguous and covers its whole storage (a fresh tensor).
+    pub(crate) fn owns_storage(&self) -> bool {
+        self.is_contiguous() && self.layout().offset() == 0 && self.storage().len() == self.numel()
+    }
+
+    /// Runs `f` with write access to the storages of `tensors` (distinct storages only),
+    /// bumping each version.
+    pub(crate) fn write_many<R>(
+        op: &'static str,
+        tensors: &[&Tensor],
+        f: impl FnOnce(&mut [&mut Storage]) -> Result<R>,
+    ) -> Result<R> {
+        for (i, a) in tensors.iter().enumerate() {
+            if tensors[..i].iter().any(|b| a.shares_storage(b)) {
+                return Err(Error::invalid(op, "the same storage appears twice among the written tensors"));
+            }
+        }
+        let mut guards: Vec<_> = tensors
+            .iter()
+            .map(|t| {
+                t.0.storage.version.fetch_add(1, Ordering::Relaxed);
+                t.0.storage.data.write().unwrap_or_else(|e| e.into_inner())
+            })
+            .collect();
+        let mut refs: Vec<&mut Storage> = guards.iter_mut().map(|g| Arc::make_mut(&mut **g)).collect();
+        f(&mut refs)
+    }
+}
+
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let v = self.to_vec_f64();

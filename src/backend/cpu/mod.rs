@@ -8,6 +8,7 @@ mod elementwise;
 pub(crate) mod index;
 mod matmul;
 mod nn;
+mod optim;
 mod reduce;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight, ConvDims};
@@ -257,6 +258,7 @@ impl CpuStorage {
 pub(crate) use elementwise::{binary, cmp, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_select, scatter_add};
 pub(crate) use matmul::matmul;
+pub(crate) use optim::optim_update;
 pub(crate) use reduce::reduce;
 
 /// Helper to turn a typed vector into storage.
