@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--gamma", type=float, default=None, help="StepLR factor per epoch (default 0.7 cnn, 0.3 mlp)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -79,7 +80,8 @@ def main():
     opt = {"sgd": lambda: torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
            "adam": lambda: torch.optim.Adam(model.parameters(), lr=lr),
            "adadelta": lambda: torch.optim.Adadelta(model.parameters(), lr=lr)}[kind]()
-    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.7 if kind == "adadelta" else 1.0)
+    gamma = a.gamma if a.gamma is not None else (0.7 if a.model == "cnn" else 0.3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=gamma)
     n = xtr.shape[0]
     for epoch in range(a.epochs):
         model.train()

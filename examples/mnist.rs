@@ -176,8 +176,14 @@ fn run(args: Args) -> Result<()> {
         Opt::Adam | Opt::Adamw => 1e-3,
     });
     let mut opt = optimizer(kind, net.parameters(), lr, args.seed)?;
-    let gamma = args.gamma.unwrap_or(if args.model == Model::Cnn { 0.7 } else { 0.3 });
-    let schedule = StepLr { base: lr, step_size: 1, gamma };
+    let gamma = args
+        .gamma
+        .unwrap_or(if args.model == Model::Cnn { 0.7 } else { 0.3 });
+    let schedule = StepLr {
+        base: lr,
+        step_size: 1,
+        gamma,
+    };
     let out = args
         .out
         .clone()

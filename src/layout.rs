@@ -474,8 +474,12 @@ mod rows_tests {
 
     #[test]
     fn rows_walk_the_same_offsets_as_the_strided_iterator() {
-        let a = Layout::contiguous(&[3, 4, 5]).permute("t", &[1, 0, 2]).unwrap();
-        let b = Layout::contiguous(&[4, 1, 5]).broadcast_as("t", &[4, 3, 5]).unwrap();
+        let a = Layout::contiguous(&[3, 4, 5])
+            .permute("t", &[1, 0, 2])
+            .unwrap();
+        let b = Layout::contiguous(&[4, 1, 5])
+            .broadcast_as("t", &[4, 3, 5])
+            .unwrap();
         let rows = Rows::new([&a, &b]);
         let (mut ga, mut gb) = (vec![], vec![]);
         rows.for_each(0, rows.count(), |_, [oa, ob]| {

@@ -214,7 +214,12 @@ impl Storage {
     }
 
     /// Applies a fused optimizer update in place (`self` is the parameter).
-    pub(crate) fn optim_update(&mut self, grad: &Storage, states: &mut [&mut Storage], u: &OptimUpdate) -> Result<()> {
+    pub(crate) fn optim_update(
+        &mut self,
+        grad: &Storage,
+        states: &mut [&mut Storage],
+        u: &OptimUpdate,
+    ) -> Result<()> {
         let Storage::Cpu(p) = self;
         let Storage::Cpu(g) = grad;
         let mut cpu: Vec<&mut CpuStorage> = states

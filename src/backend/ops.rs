@@ -387,15 +387,39 @@ impl OptimUpdate {
         let c = |v: f64| A::from_f64_(v);
         let one = A::one();
         match *self {
-            OptimUpdate::Sgd { lr, momentum, dampening, weight_decay, nesterov, first } => {
+            OptimUpdate::Sgd {
+                lr,
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
+                first,
+            } => {
                 let mut d = g + c(weight_decay) * *p;
                 if momentum != 0.0 {
-                    s[0] = if first { d } else { c(momentum) * s[0] + c(1.0 - dampening) * d };
-                    d = if nesterov { d + c(momentum) * s[0] } else { s[0] };
+                    s[0] = if first {
+                        d
+                    } else {
+                        c(momentum) * s[0] + c(1.0 - dampening) * d
+                    };
+                    d = if nesterov {
+                        d + c(momentum) * s[0]
+                    } else {
+                        s[0]
+                    };
                 }
                 *p = *p - c(lr) * d;
             }
-            OptimUpdate::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, bc1, bc2 } => {
+            OptimUpdate::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                decoupled,
+                bc1,
+                bc2,
+            } => {
                 let mut g = g;
                 if decoupled {
                     *p = *p * c(1.0 - lr * weight_decay);
@@ -407,7 +431,12 @@ impl OptimUpdate {
                 let denom = (s[1] / c(bc2)).sqrt() + c(eps);
                 *p = *p - c(lr / bc1) * s[0] / denom;
             }
-            OptimUpdate::Adadelta { lr, rho, eps, weight_decay } => {
+            OptimUpdate::Adadelta {
+                lr,
+                rho,
+                eps,
+                weight_decay,
+            } => {
                 let g = g + c(weight_decay) * *p;
                 s[0] = c(rho) * s[0] + (one - c(rho)) * g * g;
                 let d = (s[1] + c(eps)).sqrt() / (s[0] + c(eps)).sqrt() * g;

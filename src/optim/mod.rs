@@ -91,26 +91,47 @@ pub trait Optimizer {
 
 /// Applies the fused update `u` in place to parameter `p` with gradient `g`, creating the
 /// states `names` (zeros, the parameter's shape and dtype) on first use.
-pub(crate) fn fused_step(p: &Tensor, g: &Tensor, st: &mut ParamState, names: &[&str], u: OptimUpdate) -> Result<()> {
+pub(crate) fn fused_step(
+    p: &Tensor,
+    g: &Tensor,
+    st: &mut ParamState,
+    names: &[&str],
+    u: OptimUpdate,
+) -> Result<()> {
     if !p.owns_storage() {
         return Err(Error::invalid(
             "optimizer step",
-            format!("parameters must be whole contiguous tensors (got a view of shape {:?})", p.shape()),
+            format!(
+                "parameters must be whole contiguous tensors (got a view of shape {:?})",
+                p.shape()
+            ),
         ));
     }
     if g.shape() != p.shape() {
-        return Err(Error::ShapeMismatch { op: "optimizer step", lhs: p.shape().to_vec(), rhs: g.shape().to_vec() });
+        return Err(Error::ShapeMismatch {
+            op: "optimizer step",
+            lhs: p.shape().to_vec(),
+            rhs: g.shape().to_vec(),
+        });
     }
     let g = g.to_dtype(p.dtype())?;
     let g = if g.owns_storage() { g } else { g.copy()? };
     let mut states = Vec::with_capacity(names.len());
     for &n in names {
         let t = match st.tensors.get(n) {
-            Some(t) if t.shape() == p.shape() && t.dtype() == p.dtype() && t.owns_storage() => t.clone(),
+            Some(t) if t.shape() == p.shape() && t.dtype() == p.dtype() && t.owns_storage() => {
+                t.clone()
+            }
             Some(t) => {
                 return Err(Error::invalid(
                     "optimizer step",
-                    format!("state {n} is {:?} {:?}, the parameter {:?} {:?}", t.shape(), t.dtype(), p.shape(), p.dtype()),
+                    format!(
+                        "state {n} is {:?} {:?}, the parameter {:?} {:?}",
+                        t.shape(),
+                        t.dtype(),
+                        p.shape(),
+                        p.dtype()
+                    ),
                 ))
             }
             None => p.zeros_like()?,

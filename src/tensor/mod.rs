@@ -275,7 +275,10 @@ impl Tensor {
     ) -> Result<R> {
         for (i, a) in tensors.iter().enumerate() {
             if tensors[..i].iter().any(|b| a.shares_storage(b)) {
-                return Err(Error::invalid(op, "the same storage appears twice among the written tensors"));
+                return Err(Error::invalid(
+                    op,
+                    "the same storage appears twice among the written tensors",
+                ));
             }
         }
         let mut guards: Vec<_> = tensors
@@ -285,7 +288,8 @@ impl Tensor {
                 t.0.storage.data.write().unwrap_or_else(|e| e.into_inner())
             })
             .collect();
-        let mut refs: Vec<&mut Storage> = guards.iter_mut().map(|g| Arc::make_mut(&mut **g)).collect();
+        let mut refs: Vec<&mut Storage> =
+            guards.iter_mut().map(|g| Arc::make_mut(&mut **g)).collect();
         f(&mut refs)
     }
 }

@@ -23,7 +23,10 @@ fn fill_rows<U: Send, const N: usize>(
     let job = |(c, chunk): (usize, &mut [U])| {
         let first = c * per;
         rows.for_each(first, first + chunk.len() / len, |row, offs| {
-            f(&mut chunk[(row - first) * len..(row - first + 1) * len], offs)
+            f(
+                &mut chunk[(row - first) * len..(row - first + 1) * len],
+                offs,
+            )
         });
     };
     if out.len() < PAR_MIN {
@@ -255,7 +258,11 @@ pub(crate) fn where_cond(
         let mut out = vec![T::zero(); la.numel()];
         fill_rows(&mut out, &rows, |o, [oc, oa, ob]| {
             for (i, o) in o.iter_mut().enumerate() {
-                *o = if c[oc + i * sc] != 0 { a[oa + i * sa] } else { b[ob + i * sb] };
+                *o = if c[oc + i * sc] != 0 {
+                    a[oa + i * sa]
+                } else {
+                    b[ob + i * sb]
+                };
             }
         });
         out.into_storage()

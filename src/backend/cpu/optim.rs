@@ -40,7 +40,11 @@ fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUp
     let chunks = p.len().div_ceil(CHUNK);
     let (v0, v1) = (pieces(s0, chunks), pieces(s1, chunks));
     if p.len() < PAR_MIN {
-        p.chunks_mut(CHUNK).zip(g.chunks(CHUNK)).zip(v0).zip(v1).for_each(body);
+        p.chunks_mut(CHUNK)
+            .zip(g.chunks(CHUNK))
+            .zip(v0)
+            .zip(v1)
+            .for_each(body);
     } else {
         p.par_chunks_mut(CHUNK)
             .zip(g.par_chunks(CHUNK))
@@ -60,7 +64,12 @@ pub(crate) fn optim_update(
     states: &mut [&mut CpuStorage],
     u: &OptimUpdate,
 ) -> Result<()> {
-    fn go<T: CpuElem>(p: &mut CpuStorage, g: &CpuStorage, states: &mut [&mut CpuStorage], u: &OptimUpdate) -> Option<()> {
+    fn go<T: CpuElem>(
+        p: &mut CpuStorage,
+        g: &CpuStorage,
+        states: &mut [&mut CpuStorage],
+        u: &OptimUpdate,
+    ) -> Option<()> {
         let g = T::slice(g)?;
         let p = T::slice_mut(p)?;
         let mut it = states.iter_mut();
@@ -90,7 +99,10 @@ pub(crate) fn optim_update(
     ok.ok_or_else(|| {
         Error::invalid(
             "optimizer step",
-            format!("parameter, gradient and states must share dtype {dtype:?} and length {}", p.len()),
+            format!(
+                "parameter, gradient and states must share dtype {dtype:?} and length {}",
+                p.len()
+            ),
         )
     })
 }

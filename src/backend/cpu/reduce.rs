@@ -3,7 +3,7 @@
 use super::{map_all, CpuElem, CpuStorage, IntoStorage, CHUNK, PAR_MIN};
 use crate::backend::ops::ReduceOp;
 use crate::dtype::{Float, WithDType};
-use crate::layout::Layout;
+use crate::layout::{Layout, Rows};
 use crate::Result;
 use num_traits::{Float as _, Zero};
 use rayon::prelude::*;
@@ -13,6 +13,36 @@ use rayon::prelude::*;
 struct Acc<A> {
     v: A,
     i: usize,
+}
+
+/// A running compensated (Neumaier) sum.
+#[derive(Clone, Copy)]
+struct Neumaier<A> {
+    sum: A,
+    comp: A,
+}
+
+impl<A: Float> Neumaier<A> {
+    fn new() -> Self {
+        Neumaier {
+            sum: A::zero(),
+            comp: A::zero(),
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, x: A) {
+        let t = self.sum + x;
+        self.comp += if self.sum.abs() >= x.abs() {
+            (self.sum - t) + x
+        } else {
+            (x - t) + self.sum
+        };
+        self.sum = t;
+    }
+    fn value(&self) -> A {
+        self.sum + self.comp
+    }
 }
 
 fn better<A: Float>(op: ReduceOp, x: A, best: A) -> bool {
@@ -34,21 +64,21 @@ fn fold<T: WithDType>(
 ) -> Acc<T::Acc> {
     match op {
         ReduceOp::Sum | ReduceOp::Mean => {
-            // Neumaier-compensated sum: the error stays at a few ulps however long the row,
-            // even for the worst case of many equal values.
-            let (mut sum, mut comp) = (T::Acc::zero(), T::Acc::zero());
-            for o in offs {
-                let x = v[o].to_acc();
-                let t = sum + x;
-                comp += if sum.abs() >= x.abs() {
-                    (sum - t) + x
-                } else {
-                    (x - t) + sum
-                };
-                sum = t;
+            // Blocks of 1024 with Neumaier compensation, then a compensated sum of the
+            // blocks: a few ulps of error however long the row, even for many equal values
+            // (one long compensation term would itself drift).
+            let mut outer = Neumaier::new();
+            let mut block = Neumaier::new();
+            for (k, o) in offs.enumerate() {
+                block.add(v[o].to_acc());
+                if k % 1024 == 1023 {
+                    outer.add(block.value());
+                    block = Neumaier::new();
+                }
             }
+            outer.add(block.value());
             Acc {
-                v: sum + comp,
+                v: outer.value(),
                 i: 0,
             }
         }
@@ -79,6 +109,19 @@ fn combine<A: Float>(op: ReduceOp, a: Acc<A>, b: Acc<A>) -> Acc<A> {
     }
 }
 
+/// Storage offsets of the rows starting at `base + starts[k]`, each `len` long with stride
+/// `inner`.
+fn walk(
+    base: usize,
+    starts: &[usize],
+    len: usize,
+    inner: usize,
+) -> impl Iterator<Item = usize> + '_ {
+    starts
+        .iter()
+        .flat_map(move |&s| (0..len).map(move |i| base + s + i * inner))
+}
+
 /// Reduces `dims` (sorted, unique) of the tensor under `l`. The result is contiguous with the
 /// reduced dims kept as size 1; `ArgMax`/`ArgMin` give I64 indices into the flattened reduced
 /// dims, the others keep the dtype.
@@ -89,20 +132,40 @@ pub(crate) fn reduce(
     op: ReduceOp,
 ) -> Result<CpuStorage> {
     let kept: Vec<usize> = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
-    let perm: Vec<usize> = kept.iter().chain(dims).copied().collect();
-    let pl = l.permute("reduce", &perm)?;
-    let r: usize = dims.iter().map(|&d| l.shape()[d]).product();
-    let o: usize = kept.iter().map(|&d| l.shape()[d]).product();
+    let pick = |ds: &[usize], of: &[usize]| -> Vec<usize> { ds.iter().map(|&d| of[d]).collect() };
+    // The reduced dims as a sub-layout walked in rows (shared by every output), and the
+    // storage offset where each output's elements start.
+    let sub = Layout::new(pick(dims, l.shape()), pick(dims, l.strides()), 0);
+    let rows = Rows::new([&sub]);
+    let (len, inner) = (rows.len, rows.inner[0]);
+    let mut starts = Vec::with_capacity(rows.count());
+    rows.for_each(0, rows.count(), |_, [s]| starts.push(s));
+    let bases: Vec<usize> =
+        Layout::new(pick(&kept, l.shape()), pick(&kept, l.strides()), l.offset())
+            .offsets()
+            .collect();
+    let r: usize = sub.numel();
 
-    fn go<T: CpuElem>(v: &[T], pl: &Layout, o: usize, r: usize, op: ReduceOp) -> CpuStorage {
+    fn go<T: CpuElem>(
+        v: &[T],
+        bases: &[usize],
+        starts: &[usize],
+        len: usize,
+        inner: usize,
+        r: usize,
+        op: ReduceOp,
+    ) -> CpuStorage {
+        let o = bases.len();
         let one = |row: usize| -> Acc<T::Acc> {
+            if r == 0 {
+                return fold(op, v, std::iter::empty(), 0);
+            }
             if o == 1 && r >= PAR_MIN {
-                (0..r.div_ceil(CHUNK))
-                    .into_par_iter()
-                    .map(|c| {
-                        let n = CHUNK.min(r - c * CHUNK);
-                        fold(op, v, pl.offsets_range(c * CHUNK, n), c * CHUNK)
-                    })
+                let per = (CHUNK / len).max(1);
+                starts
+                    .par_chunks(per)
+                    .enumerate()
+                    .map(|(c, rs)| fold(op, v, walk(bases[0], rs, len, inner), c * per * len))
                     .collect::<Vec<_>>()
                     .into_iter()
                     .reduce(|a, b| combine(op, a, b))
@@ -111,7 +174,7 @@ pub(crate) fn reduce(
                         i: 0,
                     })
             } else {
-                fold(op, v, pl.offsets_range(row * r, r), 0)
+                fold(op, v, walk(bases[row], starts, len, inner), 0)
             }
         };
         let rows: Vec<Acc<T::Acc>> = if o * r >= PAR_MIN && o > 1 {
@@ -139,5 +202,5 @@ pub(crate) fn reduce(
                 .into_storage(),
         }
     }
-    Ok(map_all!(s, v => go(v, &pl, o, r, op)))
+    Ok(map_all!(s, v => go(v, &bases, &starts, len, inner, r, op)))
 }
