@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--gamma", type=float, default=None, help="StepLR factor per epoch (default 0.7 cnn, 0.3 mlp)")
+    ap.add_argument("--one-cycle", action="store_true", help="OneCycleLR per step with max lr = --lr")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -83,6 +84,8 @@ def main():
     gamma = a.gamma if a.gamma is not None else (0.7 if a.model == "cnn" else 0.3)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=gamma)
     n = xtr.shape[0]
+    steps = (n + a.batch_size - 1) // a.batch_size
+    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=a.epochs * steps) if a.one_cycle else None
     for epoch in range(a.epochs):
         model.train()
         perm = torch.randperm(n, device=dev)
@@ -97,11 +100,14 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if cycle is not None:
+                cycle.step()
             seen += y.numel()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        sched.step()
+        if cycle is None:
+            sched.step()
         model.eval()
         with torch.no_grad():
             acc = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item() for i in range(0, 10000, 1000)) / 10000

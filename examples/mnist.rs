@@ -49,6 +49,10 @@ struct Args {
     /// CNN, as pytorch/examples; 0.3 for the MLP).
     #[arg(long)]
     gamma: Option<f64>,
+    /// Per-step one-cycle schedule (cosine up to --lr over 30% of the steps, then down)
+    /// instead of the per-epoch StepLR.
+    #[arg(long)]
+    one_cycle: bool,
     #[arg(long, default_value_t = 2)]
     workers: usize,
     #[arg(long, default_value_t = 1)]
@@ -179,7 +183,7 @@ fn run(args: Args) -> Result<()> {
     let gamma = args
         .gamma
         .unwrap_or(if args.model == Model::Cnn { 0.7 } else { 0.3 });
-    let schedule = StepLr {
+    let epoch_schedule = StepLr {
         base: lr,
         step_size: 1,
         gamma,
@@ -221,15 +225,20 @@ fn run(args: Args) -> Result<()> {
             ..DataLoaderConfig::new(1000)
         },
     )?;
+    let cycle = OneCycle::new(lr, epochs * train_dl.len());
     for epoch in start_epoch..epochs {
-        opt.set_lr(schedule.lr(epoch));
+        opt.set_lr(epoch_schedule.lr(epoch));
         net.train();
         let mut bar = EpochProgress::new(
             &format!("epoch {}/{epochs} fp32", epoch + 1),
             train_dl.len(),
         );
-        for b in train_dl.epoch(epoch) {
+        let first_step = epoch * train_dl.len();
+        for (k, b) in train_dl.epoch(epoch).enumerate() {
             let b = b?;
+            if args.one_cycle {
+                opt.set_lr(cycle.lr(first_step + k));
+            }
             let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
             let logits = net.forward(&x)?;
             let loss = logits.cross_entropy(&y, CrossEntropyOptions::default())?;

@@ -422,9 +422,9 @@ impl OptimUpdate {
             } => {
                 let mut g = g;
                 if decoupled {
-                    *p = *p * c(1.0 - lr * weight_decay);
+                    *p *= c(1.0 - lr * weight_decay);
                 } else {
-                    g = g + c(weight_decay) * *p;
+                    g += c(weight_decay) * *p;
                 }
                 s[0] = c(beta1) * s[0] + c(1.0 - beta1) * g;
                 s[1] = c(beta2) * s[1] + c(1.0 - beta2) * g * g;

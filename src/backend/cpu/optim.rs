@@ -17,8 +17,11 @@ fn pieces<T>(s: &mut [T], chunks: usize) -> Vec<&mut [T]> {
     }
 }
 
+/// One chunk of each of parameter, gradient, state 0 and state 1.
+type Pieces<'a, T> = (((&'a mut [T], &'a [T]), &'a mut [T]), &'a mut [T]);
+
 fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUpdate) {
-    let body = |(((p, g), s0), s1): (((&mut [T], &[T]), &mut [T]), &mut [T])| {
+    let body = |(((p, g), s0), s1): Pieces<T>| {
         let zero = T::Acc::from_f64_(0.0);
         for i in 0..p.len() {
             let mut acc = p[i].to_acc();

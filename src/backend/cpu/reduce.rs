@@ -5,7 +5,7 @@ use crate::backend::ops::ReduceOp;
 use crate::dtype::{Float, WithDType};
 use crate::layout::{Layout, Rows};
 use crate::Result;
-use num_traits::{Float as _, Zero};
+use num_traits::Zero;
 use rayon::prelude::*;
 
 /// Partial result of a reduction: the value and, for arg-reductions, its index.
