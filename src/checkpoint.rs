@@ -15,7 +15,7 @@ use crate::backend::cpu::CpuStorage;
 use crate::backend::Storage;
 use crate::nn::Module;
 use crate::optim::Optimizer;
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -91,15 +91,7 @@ pub fn save(
     }
     let bytes: Vec<(String, Vec<u8>, Vec<usize>, DType)> = named
         .iter()
-        .map(|(n, t)| {
-            let Storage::Cpu(s) = &*t.to_device(Device::Cpu)?.storage().clone();
-            Ok((
-                n.clone(),
-                s.to_le_bytes(t.layout()),
-                t.shape().to_vec(),
-                t.dtype(),
-            ))
-        })
+        .map(|(n, t)| Ok((n.clone(), t.to_le_bytes()?, t.shape().to_vec(), t.dtype())))
         .collect::<Result<_>>()?;
     let views = bytes
         .iter()

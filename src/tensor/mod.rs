@@ -266,6 +266,14 @@ impl Tensor {
         self.is_contiguous() && self.layout().offset() == 0 && self.storage().len() == self.numel()
     }
 
+    /// The elements' raw little-endian bytes, row-major (copied to the host).
+    pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
+        let host = self.to_device(Device::Cpu)?;
+        let storage = host.storage();
+        let Storage::Cpu(s) = &*storage;
+        Ok(s.to_le_bytes(host.layout()))
+    }
+
     /// Runs `f` with write access to the storages of `tensors` (distinct storages only),
     /// bumping each version.
     pub(crate) fn write_many<R>(

@@ -25,7 +25,13 @@ pub fn plot_metrics(log: &MetricsLog, path: &Path) -> Result<()> {
     let root = BitMapBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(path, e))?;
     let (left, right) = root.split_horizontally(500);
-    let x_max = log.epochs.last().map(|m| m.epoch).unwrap_or(1).max(1) as f64;
+    let first = log.epochs[0].epoch as f64;
+    let last = log.epochs.last().map_or(first, |m| m.epoch as f64);
+    let (x_lo, x_hi) = if last > first {
+        (first, last)
+    } else {
+        (first - 0.5, first + 0.5)
+    };
     let series = |f: fn(&super::EpochMetrics) -> f64| -> Vec<(f64, f64)> {
         log.epochs.iter().map(|m| (m.epoch as f64, f(m))).collect()
     };
@@ -49,7 +55,7 @@ pub fn plot_metrics(log: &MetricsLog, path: &Path) -> Result<()> {
             .margin(12)
             .x_label_area_size(30)
             .y_label_area_size(50)
-            .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))
+            .build_cartesian_2d(x_lo..x_hi, (lo - pad)..(hi + pad))
             .map_err(|e| err(path, e))?;
         chart
             .configure_mesh()

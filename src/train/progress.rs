@@ -12,7 +12,9 @@ pub struct EpochProgress {
     loss_sum: f64,
     hits: f64,
     batches: usize,
+    #[cfg_attr(feature = "train-ui", allow(dead_code))]
     label: String,
+    #[cfg_attr(feature = "train-ui", allow(dead_code))]
     total: usize,
 }
 
@@ -93,6 +95,5 @@ impl EpochProgress {
     pub fn finish(&self) {
         #[cfg(feature = "train-ui")]
         self.bar.finish();
-        let _ = (&self.label, self.total);
     }
 }

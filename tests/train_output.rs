@@ -1,0 +1,55 @@
+//! Metrics CSV round trip and the PNG plot.
+
+use mantissa::train::{EpochMetrics, MetricsLog};
+use std::path::Path;
+
+fn log() -> MetricsLog {
+    let mut log = MetricsLog::default();
+    for e in 1..=3 {
+        log.push(EpochMetrics {
+            epoch: e,
+            train_loss: 1.0 / e as f64,
+            train_acc: 0.9 + 0.02 * e as f64,
+            test_loss: 1.2 / e as f64,
+            test_acc: 0.88 + 0.03 * e as f64,
+            lr: 0.1 * 0.7f64.powi(e as i32 - 1),
+            seconds: 10.0 + e as f64,
+            samples_per_s: 5000.0,
+        });
+    }
+    log
+}
+
+#[test]
+fn metrics_csv_round_trips_and_rejects_garbage() {
+    let l = log();
+    let text = l.to_csv();
+    assert!(text
+        .starts_with("epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s\n"));
+    let back = MetricsLog::from_csv(&text, Path::new("m.csv")).unwrap();
+    assert_eq!(back.epochs.len(), 3);
+    for (a, b) in back.epochs.iter().zip(&l.epochs) {
+        assert_eq!(a.epoch, b.epoch);
+        assert!((a.test_acc - b.test_acc).abs() < 1e-6 && (a.lr - b.lr).abs() < 1e-9);
+    }
+    assert!(MetricsLog::from_csv("nope\n1,2", Path::new("m.csv")).is_err());
+    assert!(MetricsLog::from_csv(&format!("{}1,x,3\n", text), Path::new("m.csv")).is_err());
+}
+
+#[cfg(feature = "train-ui")]
+#[test]
+fn plot_writes_a_png() {
+    let dir = std::env::temp_dir().join(format!("mantissa-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("curves.png");
+    mantissa::train::plot_metrics(&log(), &p).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(
+        bytes.len() > 10_000,
+        "a drawn chart, not an empty image: {} bytes",
+        bytes.len()
+    );
+    assert!(mantissa::train::plot_metrics(&MetricsLog::default(), &p).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
