@@ -381,11 +381,9 @@ impl OptimUpdate {
         }
     }
 
-    /// The update of one element: parameter `p`, gradient `g`, states `s` (in and out).
-    #[inline(always)]
-    pub fn apply<A: Float>(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+    /// The constants of the update in the arithmetic type, computed once per call.
+    pub fn prepare<A: Float>(&self) -> Prepared<A> {
         let c = |v: f64| A::from_f64_(v);
-        let one = A::one();
         match *self {
             OptimUpdate::Sgd {
                 lr,
@@ -394,22 +392,15 @@ impl OptimUpdate {
                 weight_decay,
                 nesterov,
                 first,
-            } => {
-                let mut d = g + c(weight_decay) * *p;
-                if momentum != 0.0 {
-                    s[0] = if first {
-                        d
-                    } else {
-                        c(momentum) * s[0] + c(1.0 - dampening) * d
-                    };
-                    d = if nesterov {
-                        d + c(momentum) * s[0]
-                    } else {
-                        s[0]
-                    };
-                }
-                *p = *p - c(lr) * d;
-            }
+            } => Prepared::Sgd(SgdRule {
+                lr: c(lr),
+                momentum: c(momentum),
+                keep: c(1.0 - dampening),
+                wd: c(weight_decay),
+                use_momentum: momentum != 0.0,
+                nesterov,
+                first,
+            }),
             OptimUpdate::Adam {
                 lr,
                 beta1,
@@ -419,30 +410,132 @@ impl OptimUpdate {
                 decoupled,
                 bc1,
                 bc2,
-            } => {
-                let mut g = g;
-                if decoupled {
-                    *p *= c(1.0 - lr * weight_decay);
+            } => Prepared::Adam(AdamRule {
+                decay: c(if decoupled {
+                    1.0 - lr * weight_decay
                 } else {
-                    g += c(weight_decay) * *p;
-                }
-                s[0] = c(beta1) * s[0] + c(1.0 - beta1) * g;
-                s[1] = c(beta2) * s[1] + c(1.0 - beta2) * g * g;
-                let denom = (s[1] / c(bc2)).sqrt() + c(eps);
-                *p = *p - c(lr / bc1) * s[0] / denom;
-            }
+                    1.0
+                }),
+                wd: c(if decoupled { 0.0 } else { weight_decay }),
+                b1: c(beta1),
+                b1c: c(1.0 - beta1),
+                b2: c(beta2),
+                b2c: c(1.0 - beta2),
+                inv_bc2: c(1.0 / bc2),
+                eps: c(eps),
+                step: c(lr / bc1),
+            }),
             OptimUpdate::Adadelta {
                 lr,
                 rho,
                 eps,
                 weight_decay,
-            } => {
-                let g = g + c(weight_decay) * *p;
-                s[0] = c(rho) * s[0] + (one - c(rho)) * g * g;
-                let d = (s[1] + c(eps)).sqrt() / (s[0] + c(eps)).sqrt() * g;
-                s[1] = c(rho) * s[1] + (one - c(rho)) * d * d;
-                *p = *p - c(lr) * d;
-            }
+            } => Prepared::Adadelta(AdadeltaRule {
+                lr: c(lr),
+                rho: c(rho),
+                rho_c: c(1.0 - rho),
+                eps: c(eps),
+                wd: c(weight_decay),
+            }),
+        }
+    }
+}
+
+/// The elementwise rule of an optimizer: parameter `p`, gradient `g`, states `s` (in/out).
+pub trait UpdateRule<A>: Copy + Send + Sync {
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]);
+}
+
+/// An [`OptimUpdate`] with its constants in the arithmetic type `A`.
+#[derive(Debug, Clone, Copy)]
+pub enum Prepared<A> {
+    Sgd(SgdRule<A>),
+    Adam(AdamRule<A>),
+    Adadelta(AdadeltaRule<A>),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SgdRule<A> {
+    lr: A,
+    momentum: A,
+    keep: A,
+    wd: A,
+    use_momentum: bool,
+    nesterov: bool,
+    first: bool,
+}
+
+impl<A: Float> UpdateRule<A> for SgdRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let mut d = g + self.wd * *p;
+        if self.use_momentum {
+            s[0] = if self.first {
+                d
+            } else {
+                self.momentum * s[0] + self.keep * d
+            };
+            d = if self.nesterov {
+                d + self.momentum * s[0]
+            } else {
+                s[0]
+            };
+        }
+        *p = *p - self.lr * d;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AdamRule<A> {
+    decay: A,
+    wd: A,
+    b1: A,
+    b1c: A,
+    b2: A,
+    b2c: A,
+    inv_bc2: A,
+    eps: A,
+    step: A,
+}
+
+impl<A: Float> UpdateRule<A> for AdamRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let g = g + self.wd * *p;
+        s[0] = self.b1 * s[0] + self.b1c * g;
+        s[1] = self.b2 * s[1] + self.b2c * g * g;
+        *p = *p * self.decay - self.step * s[0] / ((s[1] * self.inv_bc2).sqrt() + self.eps);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AdadeltaRule<A> {
+    lr: A,
+    rho: A,
+    rho_c: A,
+    eps: A,
+    wd: A,
+}
+
+impl<A: Float> UpdateRule<A> for AdadeltaRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let g = g + self.wd * *p;
+        s[0] = self.rho * s[0] + self.rho_c * g * g;
+        let d = (s[1] + self.eps).sqrt() / (s[0] + self.eps).sqrt() * g;
+        s[1] = self.rho * s[1] + self.rho_c * d * d;
+        *p = *p - self.lr * d;
+    }
+}
+
+impl<A: Float> Prepared<A> {
+    /// The update of one element (dispatching on the variant; kernels call the rule itself).
+    #[inline(always)]
+    pub fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        match self {
+            Prepared::Sgd(r) => r.apply(p, g, s),
+            Prepared::Adam(r) => r.apply(p, g, s),
+            Prepared::Adadelta(r) => r.apply(p, g, s),
         }
     }
 }

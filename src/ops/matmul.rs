@@ -83,8 +83,11 @@ impl Tensor {
     }
 
     /// `x @ weight^T + bias` with `weight: [out, in]`, `bias: [out]` (PyTorch's `F.linear`).
+    /// Its backward produces the weight gradient directly in the weight's `[out, in]` layout.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let [x, w] = dispatch(Op::Linear, [self, weight])?;
+        expect_float(Op::Linear, &x)?;
+        expect_same_dtype(Op::Linear, &x, &w)?;
         if w.rank() != 2 || x.rank() == 0 || x.shape()[x.rank() - 1] != w.shape()[1] {
             return Err(Error::ShapeMismatch {
                 op: "linear",
@@ -92,9 +95,29 @@ impl Tensor {
                 rhs: w.shape().to_vec(),
             });
         }
-        let y = x.matmul(&w.t()?)?;
+        let (inputs, outputs) = (w.shape()[1], w.shape()[0]);
+        let x2 = x.reshape(&[x.numel() / inputs, inputs])?;
+        let wt = w.layout().permute("linear", &[1, 0])?;
+        let s = x2.storage().matmul(x2.layout(), &w.storage(), &wt)?;
+        let (xs, ws) = (x2.clone(), w.clone());
+        let y = Tensor::from_storage(s, &[x2.shape()[0], outputs]).attach(
+            "linear",
+            &[&x2, &w],
+            move |g, needs| {
+                let gx = if needs[0] { Some(g.matmul(&ws)?) } else { None };
+                let gw = if needs[1] {
+                    Some(g.t()?.matmul(&xs)?)
+                } else {
+                    None
+                };
+                Ok(vec![gx, gw])
+            },
+        );
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("rank >= 1") = outputs;
+        let y = y.reshape(&shape)?;
         match bias {
-            Some(b) if b.shape() != [w.shape()[0]] => Err(Error::ShapeMismatch {
+            Some(b) if b.shape() != [outputs] => Err(Error::ShapeMismatch {
                 op: "linear (bias)",
                 lhs: w.shape().to_vec(),
                 rhs: b.shape().to_vec(),

@@ -2,7 +2,8 @@
 //! parameter and states in place (arithmetic in f32, or f64 for f64).
 
 use super::{CpuElem, CpuStorage, PAR_MIN};
-use crate::backend::ops::OptimUpdate;
+use crate::backend::ops::{OptimUpdate, Prepared, UpdateRule};
+use crate::dtype::Float as _;
 use crate::{Error, Result};
 use rayon::prelude::*;
 
@@ -20,28 +21,17 @@ fn pieces<T>(s: &mut [T], chunks: usize) -> Vec<&mut [T]> {
 /// One chunk of each of parameter, gradient, state 0 and state 1.
 type Pieces<'a, T> = (((&'a mut [T], &'a [T]), &'a mut [T]), &'a mut [T]);
 
-fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUpdate) {
-    let body = |(((p, g), s0), s1): Pieces<T>| {
-        let zero = T::Acc::from_f64_(0.0);
-        for i in 0..p.len() {
-            let mut acc = p[i].to_acc();
-            let mut st = [
-                s0.get(i).map_or(zero, |v| v.to_acc()),
-                s1.get(i).map_or(zero, |v| v.to_acc()),
-            ];
-            u.apply(&mut acc, g[i].to_acc(), &mut st);
-            p[i] = T::from_acc(acc);
-            if let Some(v) = s0.get_mut(i) {
-                *v = T::from_acc(st[0]);
-            }
-            if let Some(v) = s1.get_mut(i) {
-                *v = T::from_acc(st[1]);
-            }
-        }
-    };
-    // A missing state is an empty slice; every chunk of it is empty too.
+/// Runs `f(p, g, s0, s1)` over chunks of the four slices (missing states are empty).
+fn chunked<T: CpuElem>(
+    p: &mut [T],
+    g: &[T],
+    s0: &mut [T],
+    s1: &mut [T],
+    f: impl Fn(&mut [T], &[T], &mut [T], &mut [T]) + Sync,
+) {
     let chunks = p.len().div_ceil(CHUNK);
     let (v0, v1) = (pieces(s0, chunks), pieces(s1, chunks));
+    let body = |(((p, g), s0), s1): Pieces<T>| f(p, g, s0, s1);
     if p.len() < PAR_MIN {
         p.chunks_mut(CHUNK)
             .zip(g.chunks(CHUNK))
@@ -57,7 +47,45 @@ fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUp
     }
 }
 
-use crate::dtype::Float as _;
+/// The update loop for one rule, written once per state count (monomorphised per rule, so
+/// the inner loops are branch-free).
+fn go<T: CpuElem, R: UpdateRule<T::Acc>>(k: R, p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T]) {
+    let z = T::Acc::from_f64_(0.0);
+    match (s0.is_empty(), s1.is_empty()) {
+        (true, _) => chunked(p, g, s0, s1, |p, g, _, _| {
+            for (p, &g) in p.iter_mut().zip(g) {
+                let (mut a, mut st) = (p.to_acc(), [z, z]);
+                k.apply(&mut a, g.to_acc(), &mut st);
+                *p = T::from_acc(a);
+            }
+        }),
+        (false, true) => chunked(p, g, s0, s1, |p, g, s0, _| {
+            for ((p, &g), s0) in p.iter_mut().zip(g).zip(s0) {
+                let (mut a, mut st) = (p.to_acc(), [s0.to_acc(), z]);
+                k.apply(&mut a, g.to_acc(), &mut st);
+                *p = T::from_acc(a);
+                *s0 = T::from_acc(st[0]);
+            }
+        }),
+        (false, false) => chunked(p, g, s0, s1, |p, g, s0, s1| {
+            for (((p, &g), s0), s1) in p.iter_mut().zip(g).zip(s0).zip(s1) {
+                let (mut a, mut st) = (p.to_acc(), [s0.to_acc(), s1.to_acc()]);
+                k.apply(&mut a, g.to_acc(), &mut st);
+                *p = T::from_acc(a);
+                *s0 = T::from_acc(st[0]);
+                *s1 = T::from_acc(st[1]);
+            }
+        }),
+    }
+}
+
+fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUpdate) {
+    match u.prepare::<T::Acc>() {
+        Prepared::Sgd(k) => go(k, p, g, s0, s1),
+        Prepared::Adam(k) => go(k, p, g, s0, s1),
+        Prepared::Adadelta(k) => go(k, p, g, s0, s1),
+    }
+}
 
 /// Applies `u` to a contiguous parameter with a contiguous gradient of the same dtype and
 /// length, and `u.num_states()` state buffers.
