@@ -29,6 +29,14 @@ enum Opt {
     Sgld,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Schedule {
+    /// Per-epoch StepLR with factor --gamma.
+    Step,
+    /// Per-step one-cycle: cosine up to --lr over 30% of the steps, then down.
+    OneCycle,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Train on MNIST with mantissa")]
 struct Args {
@@ -38,21 +46,20 @@ struct Args {
     epochs: usize,
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
-    /// Learning rate (default: 1.0 for adadelta, 0.05 for sgd/sgld, 1e-3 for adam/adamw).
+    /// Learning rate, the peak one with the one-cycle schedule (default: 1.0 for adadelta,
+    /// 0.05 for sgd/sgld, 3e-3 for adam/adamw with one-cycle and 1e-3 without).
     #[arg(long)]
     lr: Option<f64>,
-    /// Optimizer (default: adadelta with StepLR(0.7) for the CNN, as pytorch/examples; SGD
-    /// with momentum 0.9 for the MLP).
+    /// Optimizer (default: adam for the CNN, SGD with momentum 0.9 for the MLP).
     #[arg(long, value_enum)]
     optimizer: Option<Opt>,
-    /// StepLR factor applied to the learning rate after every epoch (default: 0.7 for the
+    /// Learning-rate schedule (default: one-cycle for the CNN, step for the MLP).
+    #[arg(long, value_enum)]
+    schedule: Option<Schedule>,
+    /// StepLR factor applied after every epoch with `--schedule step` (default: 0.7 for the
     /// CNN, as pytorch/examples; 0.3 for the MLP).
     #[arg(long)]
     gamma: Option<f64>,
-    /// Per-step one-cycle schedule (cosine up to --lr over 30% of the steps, then down)
-    /// instead of the per-epoch StepLR.
-    #[arg(long)]
-    one_cycle: bool,
     #[arg(long, default_value_t = 2)]
     workers: usize,
     #[arg(long, default_value_t = 1)]
@@ -169,20 +176,20 @@ fn run(args: Args) -> Result<()> {
     let mut gen = Generator::new(args.seed);
     let mut net = build(args.model, &mut gen, args.seed)?;
     net.to_device(device)?;
-    let kind = args.optimizer.unwrap_or(if args.model == Model::Cnn {
-        Opt::Adadelta
-    } else {
-        Opt::Sgd
-    });
+    let cnn = args.model == Model::Cnn;
+    let kind = args.optimizer.unwrap_or(if cnn { Opt::Adam } else { Opt::Sgd });
+    let schedule = args.schedule.unwrap_or(if cnn { Schedule::OneCycle } else { Schedule::Step });
+    let one_cycle = schedule == Schedule::OneCycle;
     let lr = args.lr.unwrap_or(match kind {
         Opt::Adadelta => 1.0,
         Opt::Sgd | Opt::Sgld => 0.05,
+        Opt::Adam | Opt::Adamw if one_cycle => 3e-3,
         Opt::Adam | Opt::Adamw => 1e-3,
     });
     let mut opt = optimizer(kind, net.parameters(), lr, args.seed)?;
     let gamma = args
         .gamma
-        .unwrap_or(if args.model == Model::Cnn { 0.7 } else { 0.3 });
+        .unwrap_or(if cnn { 0.7 } else { 0.3 });
     let epoch_schedule = StepLr {
         base: lr,
         step_size: 1,
@@ -204,7 +211,7 @@ fn run(args: Args) -> Result<()> {
         println!("resumed from {} at epoch {start_epoch}", path.display());
     }
     println!(
-        "model {:?} ({} parameters), optimizer {kind:?} lr {lr}, batch {}, {} workers, device {device}, precision fp32, {} threads",
+        "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision fp32, {} threads",
         args.model,
         net.num_parameters(),
         args.batch_size,
@@ -236,7 +243,7 @@ fn run(args: Args) -> Result<()> {
         let first_step = epoch * train_dl.len();
         for (k, b) in train_dl.epoch(epoch).enumerate() {
             let b = b?;
-            if args.one_cycle {
+            if one_cycle {
                 opt.set_lr(cycle.lr(first_step + k));
             }
             let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
