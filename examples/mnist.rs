@@ -177,8 +177,14 @@ fn run(args: Args) -> Result<()> {
     let mut net = build(args.model, &mut gen, args.seed)?;
     net.to_device(device)?;
     let cnn = args.model == Model::Cnn;
-    let kind = args.optimizer.unwrap_or(if cnn { Opt::Adam } else { Opt::Sgd });
-    let schedule = args.schedule.unwrap_or(if cnn { Schedule::OneCycle } else { Schedule::Step });
+    let kind = args
+        .optimizer
+        .unwrap_or(if cnn { Opt::Adam } else { Opt::Sgd });
+    let schedule = args.schedule.unwrap_or(if cnn {
+        Schedule::OneCycle
+    } else {
+        Schedule::Step
+    });
     let one_cycle = schedule == Schedule::OneCycle;
     let lr = args.lr.unwrap_or(match kind {
         Opt::Adadelta => 1.0,
@@ -187,9 +193,7 @@ fn run(args: Args) -> Result<()> {
         Opt::Adam | Opt::Adamw => 1e-3,
     });
     let mut opt = optimizer(kind, net.parameters(), lr, args.seed)?;
-    let gamma = args
-        .gamma
-        .unwrap_or(if cnn { 0.7 } else { 0.3 });
+    let gamma = args.gamma.unwrap_or(if cnn { 0.7 } else { 0.3 });
     let epoch_schedule = StepLr {
         base: lr,
         step_size: 1,

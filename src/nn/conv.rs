@@ -1,6 +1,6 @@
 //! Conv2d and the pooling layers.
 
-use super::{join, uniform_param, Module, TensorKind, Visitor, VisitorMut};
+use super::{uniform_param, visit_weight_bias, visit_weight_bias_mut, Module, Visitor, VisitorMut};
 use crate::{AvgPool2dOptions, Conv2dOptions, Error, Generator, MaxPool2dOptions, Result, Tensor};
 
 /// 2-D convolution (`nn.Conv2d`), weight `[out, in / groups, k, k]`.
@@ -47,17 +47,10 @@ impl Module for Conv2d {
         x.conv2d(&self.weight, self.bias.as_ref(), self.options)
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
-        f(join(p, "weight"), &self.weight, TensorKind::Parameter);
-        if let Some(b) = &self.bias {
-            f(join(p, "bias"), b, TensorKind::Parameter);
-        }
+        visit_weight_bias(p, f, &self.weight, self.bias.as_ref())
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
-        f(join(p, "weight"), &mut self.weight, TensorKind::Parameter)?;
-        if let Some(b) = &mut self.bias {
-            f(join(p, "bias"), b, TensorKind::Parameter)?;
-        }
-        Ok(())
+        visit_weight_bias_mut(p, f, &mut self.weight, self.bias.as_mut())
     }
 }
 

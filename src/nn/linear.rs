@@ -1,6 +1,9 @@
 //! Linear and Embedding.
 
-use super::{join, uniform_param, Module, TensorKind, Visitor, VisitorMut};
+use super::{
+    join, uniform_param, visit_weight_bias, visit_weight_bias_mut, Module, TensorKind, Visitor,
+    VisitorMut,
+};
 use crate::{DType, Device, Error, Generator, Result, Tensor};
 
 /// `y = x W^T + b` with `W: [out, in]` (`nn.Linear`).
@@ -35,17 +38,10 @@ impl Module for Linear {
         x.linear(&self.weight, self.bias.as_ref())
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
-        f(join(p, "weight"), &self.weight, TensorKind::Parameter);
-        if let Some(b) = &self.bias {
-            f(join(p, "bias"), b, TensorKind::Parameter);
-        }
+        visit_weight_bias(p, f, &self.weight, self.bias.as_ref())
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
-        f(join(p, "weight"), &mut self.weight, TensorKind::Parameter)?;
-        if let Some(b) = &mut self.bias {
-            f(join(p, "bias"), b, TensorKind::Parameter)?;
-        }
-        Ok(())
+        visit_weight_bias_mut(p, f, &mut self.weight, self.bias.as_mut())
     }
 }
 

@@ -126,6 +126,28 @@ pub trait Module: Send + Sync {
     }
 }
 
+/// Visits a layer's `weight` and optional `bias` parameters.
+fn visit_weight_bias(p: &str, f: &mut Visitor, weight: &Tensor, bias: Option<&Tensor>) {
+    f(join(p, "weight"), weight, TensorKind::Parameter);
+    if let Some(b) = bias {
+        f(join(p, "bias"), b, TensorKind::Parameter);
+    }
+}
+
+/// Mutable twin of [`visit_weight_bias`].
+fn visit_weight_bias_mut(
+    p: &str,
+    f: &mut VisitorMut,
+    weight: &mut Tensor,
+    bias: Option<&mut Tensor>,
+) -> Result<()> {
+    f(join(p, "weight"), weight, TensorKind::Parameter)?;
+    match bias {
+        Some(b) => f(join(p, "bias"), b, TensorKind::Parameter),
+        None => Ok(()),
+    }
+}
+
 /// A fresh leaf with the data of `t`, trainable when it is a parameter.
 fn renew(t: Tensor, kind: TensorKind) -> Result<Tensor> {
     t.detach().requires_grad(kind == TensorKind::Parameter)

@@ -1,8 +1,8 @@
 //! Adam and AdamW (PyTorch's `torch.optim.Adam` / `AdamW`).
 
-use super::{check_hyper, fused_step, Optimizer, ParamState};
+use super::{check_hyper, Optimizer, ParamGroup};
 use crate::backend::ops::OptimUpdate;
-use crate::{no_grad, Error, Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// Hyperparameters of [`Adam`]; PyTorch's defaults via [`AdamConfig::adam`] and
 /// [`AdamConfig::adamw`].
@@ -43,8 +43,7 @@ impl AdamConfig {
 /// Adam / AdamW:
 /// `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)`.
 pub struct Adam {
-    params: Vec<Tensor>,
-    states: Vec<ParamState>,
+    group: ParamGroup,
     pub config: AdamConfig,
 }
 
@@ -65,10 +64,8 @@ impl Adam {
                 ));
             }
         }
-        let states = vec![ParamState::default(); params.len()];
         Ok(Adam {
-            params,
-            states,
+            group: ParamGroup::new(params),
             config,
         })
     }
@@ -77,33 +74,25 @@ impl Adam {
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         let c = self.config;
-        no_grad(|| {
-            for (p, st) in self.params.iter().zip(&mut self.states) {
-                let Some(g) = p.grad() else { continue };
-                let t = st.step as i32 + 1;
-                let u = OptimUpdate::Adam {
-                    lr: c.lr,
-                    beta1: c.beta1,
-                    beta2: c.beta2,
-                    eps: c.eps,
-                    weight_decay: c.weight_decay,
-                    decoupled: c.decoupled,
-                    bc1: 1.0 - c.beta1.powi(t),
-                    bc2: 1.0 - c.beta2.powi(t),
-                };
-                fused_step(p, &g, st, &["exp_avg", "exp_avg_sq"], u)?;
+        self.group.fused_steps(&["exp_avg", "exp_avg_sq"], |st| {
+            let t = st.step as i32 + 1;
+            OptimUpdate::Adam {
+                lr: c.lr,
+                beta1: c.beta1,
+                beta2: c.beta2,
+                eps: c.eps,
+                weight_decay: c.weight_decay,
+                decoupled: c.decoupled,
+                bc1: 1.0 - c.beta1.powi(t),
+                bc2: 1.0 - c.beta2.powi(t),
             }
-            Ok(())
         })
     }
-    fn params(&self) -> &[Tensor] {
-        &self.params
+    fn group(&self) -> &ParamGroup {
+        &self.group
     }
-    fn states(&self) -> &[ParamState] {
-        &self.states
-    }
-    fn states_mut(&mut self) -> &mut [ParamState] {
-        &mut self.states
+    fn group_mut(&mut self) -> &mut ParamGroup {
+        &mut self.group
     }
     fn lr(&self) -> f64 {
         self.config.lr

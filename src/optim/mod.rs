@@ -25,18 +25,59 @@ pub struct ParamState {
     pub step: u64,
 }
 
+/// The parameters an optimizer updates and their states.
+#[derive(Default)]
+pub struct ParamGroup {
+    pub params: Vec<Tensor>,
+    pub states: Vec<ParamState>,
+}
+
+impl ParamGroup {
+    pub fn new(params: Vec<Tensor>) -> ParamGroup {
+        let states = vec![ParamState::default(); params.len()];
+        ParamGroup { params, states }
+    }
+
+    /// Applies the fused update `update(state)` to every parameter that has a gradient; the
+    /// update reads and writes the states `names`.
+    pub(crate) fn fused_steps(
+        &mut self,
+        names: &[&str],
+        update: impl Fn(&ParamState) -> OptimUpdate,
+    ) -> Result<()> {
+        crate::no_grad(|| {
+            for (p, st) in self.params.iter().zip(&mut self.states) {
+                let Some(g) = p.grad() else { continue };
+                let u = update(st);
+                fused_step(p, &g, st, names, u)?;
+            }
+            Ok(())
+        })
+    }
+}
+
 /// The common interface of the optimizers.
 pub trait Optimizer {
     /// Applies one update to every parameter that has a gradient.
     fn step(&mut self) -> Result<()>;
-    /// The parameters, in the order they were given.
-    fn params(&self) -> &[Tensor];
-    /// Per-parameter states, aligned with [`Optimizer::params`].
-    fn states(&self) -> &[ParamState];
-    /// Mutable states (for loading a checkpoint).
-    fn states_mut(&mut self) -> &mut [ParamState];
+    /// The parameters and their states.
+    fn group(&self) -> &ParamGroup;
+    fn group_mut(&mut self) -> &mut ParamGroup;
     fn lr(&self) -> f64;
     fn set_lr(&mut self, lr: f64);
+
+    /// The parameters, in the order they were given.
+    fn params(&self) -> &[Tensor] {
+        &self.group().params
+    }
+    /// Per-parameter states, aligned with [`Optimizer::params`].
+    fn states(&self) -> &[ParamState] {
+        &self.group().states
+    }
+    /// Mutable states (for loading a checkpoint).
+    fn states_mut(&mut self) -> &mut [ParamState] {
+        &mut self.group_mut().states
+    }
 
     /// Drops every parameter's gradient (frees the memory, like `set_to_none=True`).
     fn zero_grad(&mut self) {

@@ -1,7 +1,7 @@
 //! SGD with momentum, dampening, Nesterov and weight decay (PyTorch's `torch.optim.SGD`), and
 //! SGLD.
 
-use super::{check_hyper, fused_step, Optimizer, ParamState};
+use super::{check_hyper, Optimizer, ParamGroup, ParamState};
 use crate::backend::ops::OptimUpdate;
 use crate::random::Generator;
 use crate::{no_grad, Error, Result, Tensor};
@@ -32,8 +32,7 @@ impl SgdConfig {
 /// `d = g + wd p; b = m b + (1 - dampening) d` (b = d on the first step);
 /// `d = nesterov ? d + m b : b; p -= lr d`.
 pub struct Sgd {
-    params: Vec<Tensor>,
-    states: Vec<ParamState>,
+    group: ParamGroup,
     pub config: SgdConfig,
 }
 
@@ -53,10 +52,8 @@ impl Sgd {
                 "Nesterov momentum needs momentum > 0 and zero dampening",
             ));
         }
-        let states = vec![ParamState::default(); params.len()];
         Ok(Sgd {
-            params,
-            states,
+            group: ParamGroup::new(params),
             config,
         })
     }
@@ -84,23 +81,15 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        no_grad(|| {
-            for (p, st) in self.params.iter().zip(&mut self.states) {
-                let Some(g) = p.grad() else { continue };
-                let u = Sgd::update(&self.config, st);
-                fused_step(p, &g, st, Sgd::names(&self.config), u)?;
-            }
-            Ok(())
-        })
+        let cfg = self.config;
+        self.group
+            .fused_steps(Sgd::names(&cfg), |st| Sgd::update(&cfg, st))
     }
-    fn params(&self) -> &[Tensor] {
-        &self.params
+    fn group(&self) -> &ParamGroup {
+        &self.group
     }
-    fn states(&self) -> &[ParamState] {
-        &self.states
-    }
-    fn states_mut(&mut self) -> &mut [ParamState] {
-        &mut self.states
+    fn group_mut(&mut self) -> &mut ParamGroup {
+        &mut self.group
     }
     fn lr(&self) -> f64 {
         self.config.lr
@@ -139,11 +128,15 @@ impl Optimizer for Sgld {
     fn step(&mut self) -> Result<()> {
         let cfg = self.inner.config;
         let std = (2.0 * cfg.lr * self.temperature).sqrt();
+        self.inner.step()?;
         no_grad(|| {
-            for (p, st) in self.inner.params.iter().zip(&mut self.inner.states) {
-                let Some(g) = p.grad() else { continue };
-                let u = Sgd::update(&cfg, st);
-                fused_step(p, &g, st, Sgd::names(&cfg), u)?;
+            for p in self
+                .inner
+                .group
+                .params
+                .iter()
+                .filter(|p| p.grad().is_some())
+            {
                 let noise =
                     Tensor::randn_with(p.shape(), 0.0, std, p.dtype(), p.device(), &mut self.gen)?;
                 p.copy_(&p.add(&noise)?)?;
@@ -151,14 +144,11 @@ impl Optimizer for Sgld {
             Ok(())
         })
     }
-    fn params(&self) -> &[Tensor] {
-        &self.inner.params
+    fn group(&self) -> &ParamGroup {
+        &self.inner.group
     }
-    fn states(&self) -> &[ParamState] {
-        &self.inner.states
-    }
-    fn states_mut(&mut self) -> &mut [ParamState] {
-        &mut self.inner.states
+    fn group_mut(&mut self) -> &mut ParamGroup {
+        &mut self.inner.group
     }
     fn lr(&self) -> f64 {
         self.inner.config.lr
