@@ -39,6 +39,15 @@ impl ConvDims {
     }
 }
 
+/// The output columns `ox` whose input column `ox * stride + off - pad` lies in `0..w`.
+fn valid_cols(wo: usize, w: usize, stride: usize, off: usize, pad: usize) -> std::ops::Range<usize> {
+    // ix = ox * stride + off - pad >= 0  <=>  ox >= (pad - off) / stride, rounded up.
+    let lo = if pad > off { (pad - off).div_ceil(stride) } else { 0 };
+    // ix < w  <=>  ox * stride < w + pad - off.
+    let hi = if w + pad > off { (w + pad - off).div_ceil(stride).min(wo) } else { 0 };
+    lo.min(hi)..hi
+}
+
 /// Unfolds one group of an image (`x` starts at its first channel) into `col`, `[kr, ho*wo]`.
 fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F]) {
     let (sh, sw) = (d.p.stride[0], d.p.stride[1]);
@@ -51,21 +60,24 @@ fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F]) {
             for kx in 0..d.kw {
                 let row = (c * d.kh + ky) * d.kw + kx;
                 let dst = &mut col[row * plane..(row + 1) * plane];
+                let cols = valid_cols(d.wo, d.w, sw, kx * dw, pw as usize);
                 for oy in 0..d.ho {
                     let iy = (oy * sh + ky * dh) as isize - ph;
                     let drow = &mut dst[oy * d.wo..(oy + 1) * d.wo];
-                    if iy < 0 || iy >= d.h as isize {
+                    if iy < 0 || iy >= d.h as isize || cols.is_empty() {
                         drow.fill(F::zero());
                         continue;
                     }
                     let xr = &xc[iy as usize * d.w..(iy as usize + 1) * d.w];
-                    for (ox, v) in drow.iter_mut().enumerate() {
-                        let ix = (ox * sw + kx * dw) as isize - pw;
-                        *v = if ix >= 0 && ix < d.w as isize {
-                            xr[ix as usize]
-                        } else {
-                            F::zero()
-                        };
+                    drow[..cols.start].fill(F::zero());
+                    drow[cols.end..].fill(F::zero());
+                    let first = cols.start * sw + kx * dw - pw as usize;
+                    if sw == 1 {
+                        drow[cols.clone()].copy_from_slice(&xr[first..first + cols.len()]);
+                    } else {
+                        for (k, v) in drow[cols.clone()].iter_mut().enumerate() {
+                            *v = xr[first + k * sw];
+                        }
                     }
                 }
             }
@@ -85,17 +97,20 @@ fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F]) {
             for kx in 0..d.kw {
                 let row = (c * d.kh + ky) * d.kw + kx;
                 let src = &col[row * plane..(row + 1) * plane];
+                let cols = valid_cols(d.wo, d.w, sw, kx * dw, pw as usize);
+                if cols.is_empty() {
+                    continue;
+                }
+                let first = cols.start * sw + kx * dw - pw as usize;
                 for oy in 0..d.ho {
                     let iy = (oy * sh + ky * dh) as isize - ph;
                     if iy < 0 || iy >= d.h as isize {
                         continue;
                     }
                     let xr = &mut xc[iy as usize * d.w..(iy as usize + 1) * d.w];
-                    for (ox, &v) in src[oy * d.wo..(oy + 1) * d.wo].iter().enumerate() {
-                        let ix = (ox * sw + kx * dw) as isize - pw;
-                        if ix >= 0 && ix < d.w as isize {
-                            xr[ix as usize] += v;
-                        }
+                    let s = &src[oy * d.wo + cols.start..oy * d.wo + cols.end];
+                    for (k, &v) in s.iter().enumerate() {
+                        xr[first + k * sw] += v;
                     }
                 }
             }
