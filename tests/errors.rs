@@ -131,3 +131,27 @@ fn cuda_is_a_clear_error_until_the_backend_lands() {
     assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
     assert!(Device::parse("tpu").is_err());
 }
+
+#[test]
+fn degenerate_convolutions_are_errors() {
+    let t = ConvTranspose2dOptions::default();
+    assert!(msg(f(&[1, 2, 0, 3]).conv_transpose2d(&f(&[2, 1, 3, 3]), None, t)).contains("empty"));
+    assert!(msg(f(&[1, 2, 3, 3]).conv_transpose2d(&f(&[2, 1, 0, 3]), None, t)).contains("empty"));
+    let big = ConvTranspose2dOptions {
+        padding: [5, 5],
+        ..t
+    };
+    assert!(
+        msg(f(&[1, 2, 2, 2]).conv_transpose2d(&f(&[2, 1, 3, 3]), None, big))
+            .contains("conv_transpose2d")
+    );
+    assert!(
+        msg(f(&[1, 2, 3, 3]).conv2d(&f(&[2, 2, 0, 3]), None, Conv2dOptions::default()))
+            .contains("conv2d")
+    );
+    assert!(msg(f(&[1, 1, 4, 4]).avg_pool2d(AvgPool2dOptions {
+        kernel: [0, 2],
+        ..AvgPool2dOptions::new(2)
+    }))
+    .contains("avg_pool2d"));
+}

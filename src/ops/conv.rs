@@ -230,6 +230,16 @@ impl Tensor {
                 ));
             }
         }
+        if h == 0 || wd == 0 || kh == 0 || kw == 0 {
+            return Err(Error::Empty {
+                op: "conv_transpose2d",
+                shape: if kh == 0 || kw == 0 {
+                    w.shape().to_vec()
+                } else {
+                    x.shape().to_vec()
+                },
+            });
+        }
         let size = |len: usize, i: usize, k: usize| -> Option<usize> {
             ((len - 1) * p.stride[i] + p.dilation[i] * (k - 1) + o.output_padding[i] + 1)
                 .checked_sub(2 * p.padding[i])
@@ -240,11 +250,11 @@ impl Tensor {
                 "padding larger than the output",
             ));
         };
-        if h == 0 || wd == 0 || ho == 0 || wo == 0 {
-            return Err(Error::Empty {
-                op: "conv_transpose2d",
-                shape: x.shape().to_vec(),
-            });
+        if ho == 0 || wo == 0 {
+            return Err(Error::invalid(
+                "conv_transpose2d",
+                "padding leaves an empty output",
+            ));
         }
         // The equivalent convolution maps the output [n, og*g, ho, wo] to the input [n, c, h, w].
         let d = conv_dims(

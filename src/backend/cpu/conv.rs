@@ -40,11 +40,25 @@ impl ConvDims {
 }
 
 /// The output columns `ox` whose input column `ox * stride + off - pad` lies in `0..w`.
-fn valid_cols(wo: usize, w: usize, stride: usize, off: usize, pad: usize) -> std::ops::Range<usize> {
+fn valid_cols(
+    wo: usize,
+    w: usize,
+    stride: usize,
+    off: usize,
+    pad: usize,
+) -> std::ops::Range<usize> {
     // ix = ox * stride + off - pad >= 0  <=>  ox >= (pad - off) / stride, rounded up.
-    let lo = if pad > off { (pad - off).div_ceil(stride) } else { 0 };
+    let lo = if pad > off {
+        (pad - off).div_ceil(stride)
+    } else {
+        0
+    };
     // ix < w  <=>  ox * stride < w + pad - off.
-    let hi = if w + pad > off { (w + pad - off).div_ceil(stride).min(wo) } else { 0 };
+    let hi = if w + pad > off {
+        (w + pad - off).div_ceil(stride).min(wo)
+    } else {
+        0
+    };
     lo.min(hi)..hi
 }
 
