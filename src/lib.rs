@@ -15,6 +15,7 @@
 //! # Ok::<(), mantissa::Error>(())
 //! ```
 
+pub mod amp;
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;

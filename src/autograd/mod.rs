@@ -145,6 +145,8 @@ impl Tensor {
             });
         }
         let _ng = crate::NoGradGuard::new();
+        // Backward ops run in the forward's dtypes, never re-cast by an enclosing autocast.
+        let _ac = crate::amp::autocast_disabled();
         let grad = grad.detach().to_dtype(self.dtype())?;
         let order = topo_order(self);
         let mut grads: HashMap<u64, Tensor> = HashMap::new();

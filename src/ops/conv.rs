@@ -187,7 +187,8 @@ impl Tensor {
             groups: o.groups,
         };
         let d = conv_dims("conv2d", x.shape(), w.shape(), p)?;
-        add_bias("conv2d", conv_fwd(&x, &w, d)?, bias)
+        let bias = super::dispatch_opt(Op::Conv2d, bias)?;
+        add_bias("conv2d", conv_fwd(&x, &w, d)?, bias.as_ref())
     }
 
     /// Transposed 2-D convolution of `self [n, c, h, w]` with `weight [c, o/groups, kh, kw]`
@@ -269,6 +270,11 @@ impl Tensor {
                 "inconsistent output size",
             ));
         }
-        add_bias("conv_transpose2d", conv_bwd_input(&x, &w, d)?, bias)
+        let bias = super::dispatch_opt(Op::ConvTranspose2d, bias)?;
+        add_bias(
+            "conv_transpose2d",
+            conv_bwd_input(&x, &w, d)?,
+            bias.as_ref(),
+        )
     }
 }

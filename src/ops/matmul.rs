@@ -86,6 +86,8 @@ impl Tensor {
     /// Its backward produces the weight gradient directly in the weight's `[out, in]` layout.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let [x, w] = dispatch(Op::Linear, [self, weight])?;
+        let bias = super::dispatch_opt(Op::Linear, bias)?;
+        let bias = bias.as_ref();
         expect_float(Op::Linear, &x)?;
         expect_same_dtype(Op::Linear, &x, &w)?;
         if w.rank() != 2 || x.rank() == 0 || x.shape()[x.rank() - 1] != w.shape()[1] {

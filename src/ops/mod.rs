@@ -174,6 +174,21 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
         }
     }
     let mut out = inputs.map(|t| t.clone());
+    if let Some(low) = crate::amp::active_dtype() {
+        // Autocast: only floating, non-f64 inputs change dtype.
+        let target = match op.cast_policy() {
+            CastPolicy::LowerPrecision => Some(low),
+            CastPolicy::Fp32 => Some(DType::F32),
+            CastPolicy::Promote | CastPolicy::Passthrough => None,
+        };
+        if let Some(target) = target {
+            for t in out.iter_mut() {
+                if t.dtype().is_float() && t.dtype() != DType::F64 && t.dtype() != target {
+                    *t = crate::amp::cache::cast(t, target)?;
+                }
+            }
+        }
+    }
     if op.cast_policy() != CastPolicy::Promote {
         return Ok(out);
     }
@@ -193,6 +208,11 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
         }
     }
     Ok(out)
+}
+
+/// [`dispatch`] for an optional input (a bias).
+pub(crate) fn dispatch_opt(op: Op, t: Option<&Tensor>) -> Result<Option<Tensor>> {
+    t.map(|t| dispatch(op, [t]).map(|[t]| t)).transpose()
 }
 
 /// Errors unless `t` has a float dtype.

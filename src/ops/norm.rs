@@ -102,10 +102,13 @@ impl Tensor {
             Some(w) => xhat.mul(&per_channel(w, r)?)?,
             None => xhat,
         };
-        match bias {
-            Some(b) => y.add(&per_channel(b, r)?),
-            None => Ok(y),
-        }
+        let y = match bias {
+            Some(b) => y.add(&per_channel(b, r)?)?,
+            None => y,
+        };
+        // Statistics and affine parameters may be wider (f32 under autocast); the output keeps
+        // the input's dtype, as cuDNN's batch norm does.
+        y.to_dtype(x.dtype())
     }
 
     /// Layer normalisation over the trailing `normalized_shape` dims (PyTorch's

@@ -1,0 +1,93 @@
+//! Automatic mixed precision: the autocast region.
+//!
+//! Inside [`autocast`] every op applies its [`CastPolicy`](crate::ops::CastPolicy) from the
+//! policy table in `ops/mod.rs` at the one dispatch point: GEMM-like ops run in the region's
+//! low dtype (f16 or bf16), numerically sensitive ops in f32, mixed inputs in the widest
+//! dtype. Only floating, non-f64 inputs are cast. The state is per thread and nests; the
+//! guard restores the previous state when dropped, on every exit path.
+//!
+//! ```
+//! use mantissa::{amp, Tensor, DType, Device};
+//! let x = Tensor::ones(&[2, 3], DType::F32, Device::Cpu)?;
+//! let w = Tensor::ones(&[4, 3], DType::F32, Device::Cpu)?;
+//! let y = amp::with_autocast(DType::BF16, || x.linear(&w, None))??;
+//! assert_eq!(y.dtype(), DType::BF16);
+//! assert_eq!(amp::with_autocast(DType::BF16, || y.softmax(1))??.dtype(), DType::F32);
+//! # Ok::<(), mantissa::Error>(())
+//! ```
+
+pub(crate) mod cache;
+
+pub use cache::cached_casts;
+
+use crate::{DType, Error, Result};
+use std::cell::Cell;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct State {
+    enabled: bool,
+    dtype: DType,
+    depth: usize,
+}
+
+thread_local! {
+    static STATE: Cell<State> = const { Cell::new(State { enabled: false, dtype: DType::F16, depth: 0 }) };
+}
+
+/// Restores the previous autocast state when dropped (and clears the weight-cast cache when
+/// the outermost region ends).
+#[must_use = "autocast lasts as long as the guard"]
+pub struct AutocastGuard {
+    prev: State,
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        STATE.with(|s| s.set(self.prev));
+        if self.prev.depth == 0 {
+            cache::clear();
+        }
+    }
+}
+
+fn enter(enabled: bool, dtype: DType) -> AutocastGuard {
+    let prev = STATE.with(|s| s.get());
+    STATE.with(|s| {
+        s.set(State {
+            enabled,
+            dtype,
+            depth: prev.depth + 1,
+        })
+    });
+    AutocastGuard { prev }
+}
+
+/// Opens an autocast region running GEMM-like ops in `dtype` (F16 or BF16).
+pub fn autocast(dtype: DType) -> Result<AutocastGuard> {
+    if !dtype.is_half() {
+        return Err(Error::DType {
+            op: "autocast",
+            dtype,
+            expected: "F16 or BF16",
+        });
+    }
+    Ok(enter(true, dtype))
+}
+
+/// Opens a region where autocast is off (inside an enabled one: `enabled=False`).
+pub fn autocast_disabled() -> AutocastGuard {
+    let cur = STATE.with(|s| s.get());
+    enter(false, cur.dtype)
+}
+
+/// Runs `f` inside an autocast region; the region ends when `f` returns, whatever it returns.
+pub fn with_autocast<R>(dtype: DType, f: impl FnOnce() -> R) -> Result<R> {
+    let _g = autocast(dtype)?;
+    Ok(f())
+}
+
+/// The low dtype when autocast is active on this thread.
+pub fn active_dtype() -> Option<DType> {
+    let s = STATE.with(|s| s.get());
+    s.enabled.then_some(s.dtype)
+}
