@@ -213,22 +213,29 @@ impl Storage {
         cpu::index_add(d, shape, dim, idx, s, sl)
     }
 
-    /// Applies a fused optimizer update in place (`self` is the parameter).
+    /// Applies a fused optimizer update in place (`self` is the parameter) and counts it in
+    /// `step`, unless `found_inf` holds a nonzero flag.
     pub(crate) fn optim_update(
         &mut self,
         grad: &Storage,
         states: &mut [&mut Storage],
+        step: &mut Storage,
+        found_inf: Option<&Storage>,
         u: &OptimUpdate,
     ) -> Result<()> {
         let Storage::Cpu(p) = self;
         let Storage::Cpu(g) = grad;
+        let Storage::Cpu(step) = step;
+        let found_inf = found_inf.map(|f| match f {
+            Storage::Cpu(c) => c,
+        });
         let mut cpu: Vec<&mut CpuStorage> = states
             .iter_mut()
             .map(|s| match &mut **s {
                 Storage::Cpu(c) => c,
             })
             .collect();
-        cpu::optim_update(p, g, &mut cpu, u)
+        cpu::optim_update(p, g, &mut cpu, step, found_inf, u)
     }
 
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {

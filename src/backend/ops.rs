@@ -342,17 +342,17 @@ mod tests {
 /// PyTorch's; see `crate::optim`). States are passed in the order listed per variant.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum OptimUpdate {
-    /// States: `[momentum_buffer]` when `momentum != 0`, else none. `first` marks the first
-    /// step, where the buffer takes the gradient as it is.
+    /// States: `[momentum_buffer]` when `momentum != 0`, else none. On the first step
+    /// (step count 0) the buffer takes the gradient as it is.
     Sgd {
         lr: f64,
         momentum: f64,
         dampening: f64,
         weight_decay: f64,
         nesterov: bool,
-        first: bool,
     },
-    /// States: `[exp_avg, exp_avg_sq]`; `bc1`, `bc2` are the bias corrections `1 - beta^t`.
+    /// States: `[exp_avg, exp_avg_sq]`; the bias corrections `1 - beta^t` come from the step
+    /// count the kernel reads.
     Adam {
         lr: f64,
         beta1: f64,
@@ -360,8 +360,6 @@ pub enum OptimUpdate {
         eps: f64,
         weight_decay: f64,
         decoupled: bool,
-        bc1: f64,
-        bc2: f64,
     },
     /// States: `[square_avg, acc_delta]`.
     Adadelta {
@@ -381,9 +379,11 @@ impl OptimUpdate {
         }
     }
 
-    /// The constants of the update in the arithmetic type, computed once per call.
-    pub fn prepare<A: Float>(&self) -> Prepared<A> {
+    /// The constants of the update in the arithmetic type, for a parameter that has already
+    /// taken `steps` updates (the kernel reads the count from the step state).
+    pub fn prepare<A: Float>(&self, steps: f64) -> Prepared<A> {
         let c = |v: f64| A::from_f64_(v);
+        let t = steps as i32 + 1;
         match *self {
             OptimUpdate::Sgd {
                 lr,
@@ -391,7 +391,6 @@ impl OptimUpdate {
                 dampening,
                 weight_decay,
                 nesterov,
-                first,
             } => Prepared::Sgd(SgdRule {
                 lr: c(lr),
                 momentum: c(momentum),
@@ -399,7 +398,7 @@ impl OptimUpdate {
                 wd: c(weight_decay),
                 use_momentum: momentum != 0.0,
                 nesterov,
-                first,
+                first: steps == 0.0,
             }),
             OptimUpdate::Adam {
                 lr,
@@ -408,8 +407,6 @@ impl OptimUpdate {
                 eps,
                 weight_decay,
                 decoupled,
-                bc1,
-                bc2,
             } => Prepared::Adam(AdamRule {
                 decay: c(if decoupled {
                     1.0 - lr * weight_decay
@@ -421,9 +418,9 @@ impl OptimUpdate {
                 b1c: c(1.0 - beta1),
                 b2: c(beta2),
                 b2c: c(1.0 - beta2),
-                inv_bc2: c(1.0 / bc2),
+                inv_bc2: c(1.0 / (1.0 - beta2.powi(t))),
                 eps: c(eps),
-                step: c(lr / bc1),
+                step: c(lr / (1.0 - beta1.powi(t))),
             }),
             OptimUpdate::Adadelta {
                 lr,

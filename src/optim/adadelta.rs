@@ -28,7 +28,7 @@ impl Adadelta {
 }
 
 impl Optimizer for Adadelta {
-    fn step(&mut self) -> Result<()> {
+    fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         if !(0.0..=1.0).contains(&self.rho) {
             return Err(Error::invalid(
                 "Adadelta::step",
@@ -41,7 +41,8 @@ impl Optimizer for Adadelta {
             eps: self.eps,
             weight_decay: self.weight_decay,
         };
-        self.group.fused_steps(&["square_avg", "acc_delta"], |_| u)
+        self.group
+            .fused_steps(&["square_avg", "acc_delta"], u, found_inf)
     }
     fn group(&self) -> &ParamGroup {
         &self.group

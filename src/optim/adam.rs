@@ -72,21 +72,18 @@ impl Adam {
 }
 
 impl Optimizer for Adam {
-    fn step(&mut self) -> Result<()> {
+    fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let c = self.config;
-        self.group.fused_steps(&["exp_avg", "exp_avg_sq"], |st| {
-            let t = st.step as i32 + 1;
-            OptimUpdate::Adam {
-                lr: c.lr,
-                beta1: c.beta1,
-                beta2: c.beta2,
-                eps: c.eps,
-                weight_decay: c.weight_decay,
-                decoupled: c.decoupled,
-                bc1: 1.0 - c.beta1.powi(t),
-                bc2: 1.0 - c.beta2.powi(t),
-            }
-        })
+        let u = OptimUpdate::Adam {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+            decoupled: c.decoupled,
+        };
+        self.group
+            .fused_steps(&["exp_avg", "exp_avg_sq"], u, found_inf)
     }
     fn group(&self) -> &ParamGroup {
         &self.group

@@ -18,11 +18,22 @@ use crate::backend::ops::OptimUpdate;
 use crate::{DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
 
-/// State of one parameter: named tensors plus the number of updates applied.
+/// State of one parameter: named tensors. `step` (an f32 scalar on the parameter's device,
+/// as PyTorch keeps it) counts the updates applied; the fused kernel reads and advances it,
+/// so a step skipped on a device-side overflow flag needs no host round trip.
 #[derive(Default, Clone)]
 pub struct ParamState {
     pub tensors: BTreeMap<String, Tensor>,
-    pub step: u64,
+}
+
+impl ParamState {
+    /// Updates applied so far (reads the device counter).
+    pub fn step_count(&self) -> Result<u64> {
+        match self.tensors.get("step") {
+            Some(t) => Ok(t.item()? as u64),
+            None => Ok(0),
+        }
+    }
 }
 
 /// The parameters an optimizer updates and their states.
@@ -38,18 +49,18 @@ impl ParamGroup {
         ParamGroup { params, states }
     }
 
-    /// Applies the fused update `update(state)` to every parameter that has a gradient; the
-    /// update reads and writes the states `names`.
+    /// Applies the fused update `u` to every parameter that has a gradient; the update reads
+    /// and writes the states `names`. With `found_inf`, the kernels skip when it is nonzero.
     pub(crate) fn fused_steps(
         &mut self,
         names: &[&str],
-        update: impl Fn(&ParamState) -> OptimUpdate,
+        u: OptimUpdate,
+        found_inf: Option<&Tensor>,
     ) -> Result<()> {
         crate::no_grad(|| {
             for (p, st) in self.params.iter().zip(&mut self.states) {
                 let Some(g) = p.grad() else { continue };
-                let u = update(st);
-                fused_step(p, &g, st, names, u)?;
+                fused_step(p, &g, st, names, u, found_inf)?;
             }
             Ok(())
         })
@@ -58,13 +69,21 @@ impl ParamGroup {
 
 /// The common interface of the optimizers.
 pub trait Optimizer {
-    /// Applies one update to every parameter that has a gradient.
-    fn step(&mut self) -> Result<()>;
+    /// Applies one update to every parameter that has a gradient, unless `found_inf` (an f32
+    /// scalar on the parameters' device, as [`crate::amp::GradScaler`] keeps it) is nonzero:
+    /// then parameters and states stay bit-unchanged. The decision is taken by the update
+    /// kernels, without reading the flag back to the host.
+    fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()>;
     /// The parameters and their states.
     fn group(&self) -> &ParamGroup;
     fn group_mut(&mut self) -> &mut ParamGroup;
     fn lr(&self) -> f64;
     fn set_lr(&mut self, lr: f64);
+
+    /// Applies one update to every parameter that has a gradient.
+    fn step(&mut self) -> Result<()> {
+        self.step_unless(None)
+    }
 
     /// The parameters, in the order they were given.
     fn params(&self) -> &[Tensor] {
@@ -86,17 +105,13 @@ pub trait Optimizer {
         }
     }
 
-    /// The state as named tensors: `{i}.{name}` per parameter and `{i}.step` (I64).
+    /// The state as named tensors, `{i}.{name}` per parameter (`{i}.step` included).
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for (i, s) in self.states().iter().enumerate() {
             for (k, t) in &s.tensors {
                 out.push((format!("{i}.{k}"), t.clone()));
             }
-            out.push((
-                format!("{i}.step"),
-                Tensor::scalar(s.step as f64, DType::I64, crate::Device::Cpu)?,
-            ));
         }
         Ok(out)
     }
@@ -117,13 +132,9 @@ pub trait Optimizer {
                         format!("unexpected entry {name:?} for {n} parameters"),
                     )
                 })?;
-            if key == "step" {
-                fresh[i].step = t.item()? as u64;
-            } else {
-                fresh[i]
-                    .tensors
-                    .insert(key.to_string(), t.to_device(devices[i])?.copy()?);
-            }
+            fresh[i]
+                .tensors
+                .insert(key.to_string(), t.to_device(devices[i])?.copy()?);
         }
         self.states_mut().clone_from_slice(&fresh);
         Ok(())
@@ -138,6 +149,7 @@ pub(crate) fn fused_step(
     st: &mut ParamState,
     names: &[&str],
     u: OptimUpdate,
+    found_inf: Option<&Tensor>,
 ) -> Result<()> {
     if !p.owns_storage() {
         return Err(Error::invalid(
@@ -180,15 +192,22 @@ pub(crate) fn fused_step(
         st.tensors.insert(n.to_string(), t.clone());
         states.push(t);
     }
+    let step = match st.tensors.get("step") {
+        Some(t) => t.clone(),
+        None => Tensor::zeros(&[], DType::F32, p.device())?,
+    };
+    st.tensors.insert("step".into(), step.clone());
     let gs = g.storage();
-    let mut all: Vec<&Tensor> = vec![p];
+    let flag = found_inf.map(|f| f.to_dtype(DType::F32)).transpose()?;
+    let fs = flag.as_ref().map(|f| f.storage());
+    let mut all: Vec<&Tensor> = vec![p, &step];
     all.extend(states.iter());
     Tensor::write_many("optimizer step", &all, |s| {
-        let (param, rest) = s.split_first_mut().expect("parameter first");
-        param.optim_update(&gs, rest, &u)
-    })?;
-    st.step += 1;
-    Ok(())
+        let [param, step, rest @ ..] = s else {
+            unreachable!("parameter and step come first")
+        };
+        param.optim_update(&gs, rest, step, fs.as_deref(), &u)
+    })
 }
 
 /// Scales the gradients of `params` so that their global L2 norm is at most `max_norm`, and

@@ -1,7 +1,7 @@
 //! SGD with momentum, dampening, Nesterov and weight decay (PyTorch's `torch.optim.SGD`), and
 //! SGLD.
 
-use super::{check_hyper, Optimizer, ParamGroup, ParamState};
+use super::{check_hyper, Optimizer, ParamGroup};
 use crate::backend::ops::OptimUpdate;
 use crate::random::Generator;
 use crate::{no_grad, Error, Result, Tensor};
@@ -58,15 +58,14 @@ impl Sgd {
         })
     }
 
-    /// The fused update for one parameter given its state.
-    fn update(cfg: &SgdConfig, st: &ParamState) -> OptimUpdate {
+    /// The fused update.
+    fn update(cfg: &SgdConfig) -> OptimUpdate {
         OptimUpdate::Sgd {
             lr: cfg.lr,
             momentum: cfg.momentum,
             dampening: cfg.dampening,
             weight_decay: cfg.weight_decay,
             nesterov: cfg.nesterov,
-            first: !st.tensors.contains_key("momentum_buffer"),
         }
     }
 
@@ -80,10 +79,10 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
-    fn step(&mut self) -> Result<()> {
+    fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let cfg = self.config;
         self.group
-            .fused_steps(Sgd::names(&cfg), |st| Sgd::update(&cfg, st))
+            .fused_steps(Sgd::names(&cfg), Sgd::update(&cfg), found_inf)
     }
     fn group(&self) -> &ParamGroup {
         &self.group
@@ -125,10 +124,12 @@ impl Sgld {
 }
 
 impl Optimizer for Sgld {
-    fn step(&mut self) -> Result<()> {
+    fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let cfg = self.inner.config;
         let std = (2.0 * cfg.lr * self.temperature).sqrt();
-        self.inner.step()?;
+        self.inner.step_unless(found_inf)?;
+        // The noise is masked by the flag too, so a skipped step adds none.
+        let keep = found_inf.map(|f| f.rsub(1.0)).transpose()?;
         no_grad(|| {
             for p in self
                 .inner
@@ -137,8 +138,11 @@ impl Optimizer for Sgld {
                 .iter()
                 .filter(|p| p.grad().is_some())
             {
-                let noise =
+                let mut noise =
                     Tensor::randn_with(p.shape(), 0.0, std, p.dtype(), p.device(), &mut self.gen)?;
+                if let Some(k) = &keep {
+                    noise = noise.mul(&k.to_dtype(p.dtype())?)?;
+                }
                 p.copy_(&p.add(&noise)?)?;
             }
             Ok(())

@@ -4,7 +4,8 @@
 use super::{CpuElem, CpuStorage, PAR_MIN};
 use crate::backend::ops::{OptimUpdate, Prepared, UpdateRule};
 use crate::dtype::Float as _;
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 14;
@@ -79,61 +80,84 @@ fn go<T: CpuElem, R: UpdateRule<T::Acc>>(k: R, p: &mut [T], g: &[T], s0: &mut [T
     }
 }
 
-fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUpdate) {
-    match u.prepare::<T::Acc>() {
+fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUpdate, steps: f64) {
+    match u.prepare::<T::Acc>(steps) {
         Prepared::Sgd(k) => go(k, p, g, s0, s1),
         Prepared::Adam(k) => go(k, p, g, s0, s1),
         Prepared::Adadelta(k) => go(k, p, g, s0, s1),
     }
 }
 
+/// Reads a one-element f32 storage.
+fn scalar(s: &CpuStorage) -> Option<f32> {
+    match s {
+        CpuStorage::F32(v) if v.len() == 1 => Some(v[0]),
+        _ => None,
+    }
+}
+
+/// The typed slices of one update, or `None` when dtypes or lengths disagree.
+fn typed<'a, T: CpuElem>(
+    p: &'a mut CpuStorage,
+    g: &'a CpuStorage,
+    states: &'a mut [&mut CpuStorage],
+) -> Option<(&'a mut [T], &'a [T], &'a mut [T], &'a mut [T])> {
+    let g = T::slice(g)?;
+    let p = T::slice_mut(p)?;
+    let mut it = states.iter_mut();
+    let s0: &mut [T] = match it.next() {
+        Some(s) => T::slice_mut(s)?,
+        None => &mut [],
+    };
+    let s1: &mut [T] = match it.next() {
+        Some(s) => T::slice_mut(s)?,
+        None => &mut [],
+    };
+    let n = p.len();
+    let fits = |s: &[T]| s.is_empty() || s.len() == n;
+    (g.len() == n && fits(s0) && fits(s1)).then_some((p, g, s0, s1))
+}
+
 /// Applies `u` to a contiguous parameter with a contiguous gradient of the same dtype and
-/// length, and `u.num_states()` state buffers.
+/// length and `u.num_states()` state buffers, then counts the step in `step` (an f32 scalar).
+/// When `found_inf` (an f32 scalar) is nonzero nothing changes at all: the skip is decided
+/// here, where the flag lives, not by the caller.
 pub(crate) fn optim_update(
     p: &mut CpuStorage,
     g: &CpuStorage,
     states: &mut [&mut CpuStorage],
+    step: &mut CpuStorage,
+    found_inf: Option<&CpuStorage>,
     u: &OptimUpdate,
 ) -> Result<()> {
-    fn go<T: CpuElem>(
-        p: &mut CpuStorage,
-        g: &CpuStorage,
-        states: &mut [&mut CpuStorage],
-        u: &OptimUpdate,
-    ) -> Option<()> {
-        let g = T::slice(g)?;
-        let p = T::slice_mut(p)?;
-        let mut it = states.iter_mut();
-        let s0: &mut [T] = match it.next() {
-            Some(s) => T::slice_mut(s)?,
-            None => &mut [],
-        };
-        let s1: &mut [T] = match it.next() {
-            Some(s) => T::slice_mut(s)?,
-            None => &mut [],
-        };
-        let n = p.len();
-        if g.len() != n || (!s0.is_empty() && s0.len() != n) || (!s1.is_empty() && s1.len() != n) {
-            return None;
+    let bad = |what: &str| {
+        Error::invalid(
+            "optimizer step",
+            format!("{what} must be a one-element F32 tensor"),
+        )
+    };
+    if let Some(f) = found_inf {
+        if scalar(f).ok_or_else(|| bad("found_inf"))? != 0.0 {
+            return Ok(());
         }
-        run(p, g, s0, s1, u);
-        Some(())
     }
-    let dtype = p.dtype();
+    let steps = scalar(step).ok_or_else(|| bad("the step count"))? as f64;
+    let (dtype, n) = (p.dtype(), p.len());
     let ok = match dtype {
-        crate::DType::F32 => go::<f32>(p, g, states, u),
-        crate::DType::F16 => go::<half::f16>(p, g, states, u),
-        crate::DType::BF16 => go::<half::bf16>(p, g, states, u),
-        crate::DType::F64 => go::<f64>(p, g, states, u),
+        DType::F32 => typed::<f32>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
+        DType::F16 => typed::<f16>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
+        DType::BF16 => typed::<bf16>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
+        DType::F64 => typed::<f64>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
         _ => None,
     };
     ok.ok_or_else(|| {
         Error::invalid(
             "optimizer step",
-            format!(
-                "parameter, gradient and states must share dtype {dtype:?} and length {}",
-                p.len()
-            ),
+            format!("parameter, gradient and states must share dtype {dtype:?} and length {n}"),
         )
-    })
+    })?;
+    if let CpuStorage::F32(v) = step {
+        v[0] += 1.0;
+    }
+    Ok(())
 }
