@@ -1,4 +1,4 @@
-//! Automatic mixed precision: the autocast region.
+//! Automatic mixed precision: the autocast region and the loss scaler ([`GradScaler`]).
 //!
 //! Inside [`autocast`] every op applies its [`CastPolicy`](crate::ops::CastPolicy) from the
 //! policy table in `ops/mod.rs` at the one dispatch point: GEMM-like ops run in the region's
@@ -17,8 +17,10 @@
 //! ```
 
 pub(crate) mod cache;
+mod scaler;
 
 pub use cache::cached_casts;
+pub use scaler::{GradScaler, GradScalerConfig};
 
 use crate::{DType, Error, Result};
 use std::cell::Cell;

@@ -96,12 +96,15 @@ fn scalar(s: &CpuStorage) -> Option<f32> {
     }
 }
 
+/// Parameter, gradient and the two state slices of one update.
+type Slices<'a, T> = (&'a mut [T], &'a [T], &'a mut [T], &'a mut [T]);
+
 /// The typed slices of one update, or `None` when dtypes or lengths disagree.
 fn typed<'a, T: CpuElem>(
     p: &'a mut CpuStorage,
     g: &'a CpuStorage,
     states: &'a mut [&mut CpuStorage],
-) -> Option<(&'a mut [T], &'a [T], &'a mut [T], &'a mut [T])> {
+) -> Option<Slices<'a, T>> {
     let g = T::slice(g)?;
     let p = T::slice_mut(p)?;
     let mut it = states.iter_mut();

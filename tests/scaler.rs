@@ -1,0 +1,282 @@
+//! GradScaler: PyTorch's algorithm, skipped steps leave everything bit-unchanged, state
+//! machine errors, clipping after unscale_, accumulation, state round trip.
+
+mod common;
+use common::*;
+use mantissa::amp::{GradScaler, GradScalerConfig};
+use mantissa::optim::*;
+use mantissa::*;
+
+fn param(v: &[f32]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), &[v.len()], Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap()
+}
+
+/// One iteration: loss = sum(w * c) (gradient c), through the scaler.
+fn iteration(scaler: &mut GradScaler, opt: &mut dyn Optimizer, w: &Tensor, c: &[f32]) {
+    let ct = Tensor::from_vec(c.to_vec(), &[c.len()], Device::Cpu).unwrap();
+    opt.zero_grad();
+    scaler
+        .scale(&w.mul(&ct).unwrap().sum_all().unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    scaler.step(opt).unwrap();
+    scaler.update().unwrap();
+}
+
+#[test]
+fn scripted_overflows_follow_the_reference_trajectory() {
+    let cfg = GradScalerConfig {
+        init_scale: 1024.0,
+        growth_interval: 3,
+        ..Default::default()
+    };
+    let mut scaler = GradScaler::new(cfg).unwrap();
+    let w = param(&[1.0, 1.0]);
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.01)).unwrap();
+    let script = [
+        false, false, false, true, false, true, true, false, false, false, false, false, false,
+        true,
+    ];
+    let (mut scale, mut tracker) = (1024.0f64, 0usize);
+    for (i, &overflow) in script.iter().enumerate() {
+        let c = if overflow {
+            [f32::INFINITY, 1.0]
+        } else {
+            [0.5, -0.25]
+        };
+        iteration(&mut scaler, &mut opt, &w, &c);
+        // PyTorch's _amp_update_scale_, written out.
+        if overflow {
+            scale *= 0.5;
+            tracker = 0;
+        } else if tracker + 1 == 3 {
+            scale *= 2.0;
+            tracker = 0;
+        } else {
+            tracker += 1;
+        }
+        assert_eq!(
+            scaler.current_scale().unwrap(),
+            Some(scale),
+            "after step {i}"
+        );
+    }
+    // Growth stops at the largest finite f32 scale.
+    let cfg = GradScalerConfig {
+        init_scale: 2f64.powi(127),
+        growth_interval: 1,
+        ..Default::default()
+    };
+    let mut big = GradScaler::new(cfg).unwrap();
+    let w2 = param(&[1.0]);
+    let mut opt2 = Sgd::new(vec![w2.clone()], SgdConfig::new(0.0)).unwrap();
+    iteration(&mut big, &mut opt2, &w2, &[0.0]);
+    assert_eq!(big.current_scale().unwrap(), Some(2f64.powi(127)));
+}
+
+#[test]
+fn skipped_steps_leave_parameters_and_state_bit_unchanged() {
+    let w = param(&[0.5, -1.5, 2.0]);
+    let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(1e-2)).unwrap();
+    let mut scaler = GradScaler::new(Default::default()).unwrap();
+    iteration(&mut scaler, &mut opt, &w, &[0.1, 0.2, -0.3]);
+    let before_w = w.to_vec::<f32>().unwrap();
+    let before_state: Vec<(String, Vec<f64>)> = opt
+        .state_tensors()
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec_f64()))
+        .collect();
+    iteration(&mut scaler, &mut opt, &w, &[0.1, f32::NAN, 0.3]);
+    assert_eq!(w.to_vec::<f32>().unwrap(), before_w);
+    let after_state: Vec<(String, Vec<f64>)> = opt
+        .state_tensors()
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec_f64()))
+        .collect();
+    assert_eq!(
+        after_state, before_state,
+        "moments and step count untouched"
+    );
+    assert_eq!(opt.states()[0].step_count().unwrap(), 1);
+    // The next clean step continues as if the bad one never happened.
+    iteration(&mut scaler, &mut opt, &w, &[0.1, 0.2, -0.3]);
+    assert_eq!(opt.states()[0].step_count().unwrap(), 2);
+    assert_ne!(w.to_vec::<f32>().unwrap(), before_w);
+    // SGLD adds no noise on a skipped step either.
+    let v = param(&[1.0, 2.0]);
+    let mut sgld = Sgld::new(vec![v.clone()], SgdConfig::new(0.1), 1.0, 3).unwrap();
+    let before = v.to_vec::<f32>().unwrap();
+    iteration(&mut scaler, &mut sgld, &v, &[f32::INFINITY, 0.0]);
+    assert_eq!(v.to_vec::<f32>().unwrap(), before);
+}
+
+#[test]
+fn state_machine_errors_and_f16_gradients() {
+    let w = param(&[1.0]);
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1)).unwrap();
+    let mut s = GradScaler::new(Default::default()).unwrap();
+    assert!(s
+        .unscale_(&mut opt)
+        .unwrap_err()
+        .to_string()
+        .contains("scale() first"));
+    s.scale(&w.sum_all().unwrap()).unwrap().backward().unwrap();
+    s.unscale_(&mut opt).unwrap();
+    assert!(s
+        .unscale_(&mut opt)
+        .unwrap_err()
+        .to_string()
+        .contains("already been called"));
+    s.step(&mut opt).unwrap();
+    assert!(s
+        .step(&mut opt)
+        .unwrap_err()
+        .to_string()
+        .contains("step() has already been called"));
+    assert!(s
+        .unscale_(&mut opt)
+        .unwrap_err()
+        .to_string()
+        .contains("after step()"));
+    s.update().unwrap();
+    assert!(s.update().is_err(), "update without a step");
+    // f16 gradients are refused: the optimizer must hold f32 masters.
+    let h = Tensor::ones(&[2], DType::F16, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let mut hopt = Sgd::new(vec![h.clone()], SgdConfig::new(0.1)).unwrap();
+    s.scale(&h.sum_all().unwrap()).unwrap().backward().unwrap();
+    assert!(s
+        .unscale_(&mut hopt)
+        .unwrap_err()
+        .to_string()
+        .contains("FP16"));
+    assert!(GradScaler::new(GradScalerConfig {
+        growth_factor: 1.0,
+        ..Default::default()
+    })
+    .is_err());
+}
+
+#[test]
+fn disabled_scaler_is_a_no_op() {
+    let w = param(&[1.0, 2.0]);
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.5)).unwrap();
+    let mut s = GradScaler::new(GradScalerConfig {
+        enabled: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let loss = w.sum_all().unwrap();
+    let scaled = s.scale(&loss).unwrap();
+    assert_eq!(scaled.item().unwrap(), loss.item().unwrap());
+    scaled.backward().unwrap();
+    s.step(&mut opt).unwrap();
+    s.update().unwrap();
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.5, 1.5]);
+    assert!(s.state_dict().unwrap().is_empty());
+    assert!(s.current_scale().unwrap().is_none());
+}
+
+#[test]
+fn clipping_after_unscale_equals_f32_clipping() {
+    let grads = [3.0f32, -4.0, 12.0];
+    let run = |scaled: bool| -> Vec<f32> {
+        let w = param(&[1.0, 1.0, 1.0]);
+        let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(1.0)).unwrap();
+        let ct = Tensor::from_vec(grads.to_vec(), &[3], Device::Cpu).unwrap();
+        let loss = w.mul(&ct).unwrap().sum_all().unwrap();
+        if scaled {
+            let mut s = GradScaler::new(Default::default()).unwrap();
+            s.scale(&loss).unwrap().backward().unwrap();
+            s.unscale_(&mut opt).unwrap();
+            let n = clip_grad_norm(opt.params(), 1.0).unwrap();
+            assert!(
+                (n.item().unwrap() - 13.0).abs() < 1e-4,
+                "the norm of the true gradient"
+            );
+            s.step(&mut opt).unwrap();
+            s.update().unwrap();
+        } else {
+            loss.backward().unwrap();
+            clip_grad_norm(opt.params(), 1.0).unwrap();
+            opt.step().unwrap();
+        }
+        w.to_vec::<f32>().unwrap()
+    };
+    assert_eq!(run(true), run(false));
+}
+
+#[test]
+fn accumulating_micro_batches_equals_one_big_batch() {
+    let x = Tensor::randn_with(
+        &[8, 3],
+        0.0,
+        1.0,
+        DType::F32,
+        Device::Cpu,
+        &mut Generator::new(1),
+    )
+    .unwrap();
+    let grad_of = |k: usize| -> Vec<f64> {
+        let w = Tensor::randn_with(
+            &[3, 2],
+            0.0,
+            1.0,
+            DType::F32,
+            Device::Cpu,
+            &mut Generator::new(2),
+        )
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+        let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.0)).unwrap();
+        let mut s = GradScaler::new(Default::default()).unwrap();
+        for part in x.split(8 / k, 0).unwrap() {
+            let loss = amp::with_autocast(DType::BF16, || part.matmul(&w)?.tanh()?.mean_all())
+                .unwrap()
+                .unwrap();
+            s.scale(&loss.div(k as f64).unwrap())
+                .unwrap()
+                .backward()
+                .unwrap();
+        }
+        s.unscale_(&mut opt).unwrap();
+        vals(&w.grad().unwrap())
+    };
+    assert_close(
+        &grad_of(4),
+        &grad_of(1),
+        2e-2,
+        "4 micro-batches vs one batch (bf16 autocast)",
+    );
+}
+
+#[test]
+fn state_dict_round_trips() {
+    let cfg = GradScalerConfig {
+        init_scale: 256.0,
+        growth_interval: 2,
+        ..Default::default()
+    };
+    let mut s = GradScaler::new(cfg).unwrap();
+    let w = param(&[1.0]);
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1)).unwrap();
+    iteration(&mut s, &mut opt, &w, &[1.0]);
+    let sd = s.state_dict().unwrap();
+    let mut t = GradScaler::new(Default::default()).unwrap();
+    t.load_state_dict(&sd).unwrap();
+    // One more clean step grows both (the tracker came along).
+    iteration(&mut s, &mut opt, &w, &[1.0]);
+    iteration(&mut t, &mut opt, &w, &[1.0]);
+    assert_eq!(s.current_scale().unwrap(), Some(512.0));
+    assert_eq!(t.current_scale().unwrap(), Some(512.0));
+    assert!(t.load_state_dict(&[]).is_err());
+}
