@@ -5,6 +5,7 @@
 //! `--checkpoint PATH` (resume with `--resume PATH`).
 
 use clap::{Parser, ValueEnum};
+use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::mnist::{locate_or_fetch, Mnist};
 use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
@@ -67,7 +68,8 @@ struct Args {
     /// auto, cpu or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
-    /// fp32 (fp16 and bf16 arrive with the mixed-precision work).
+    /// fp32, or fp16 / bf16: autocast (GEMMs and convolutions in the low dtype, f32
+    /// parameters), with the dynamic loss scaler for fp16.
     #[arg(long, default_value = "fp32")]
     precision: String,
     /// A fast run for trying things: 10k training and 2k test images, one epoch.
@@ -133,11 +135,11 @@ fn optimizer(kind: Opt, params: Vec<Tensor>, lr: f64, seed: u64) -> Result<Box<d
 }
 
 /// Mean loss and accuracy over a split.
-fn evaluate(net: &Sequential, dl: &mut DataLoader) -> Result<(f64, f64)> {
+fn evaluate(net: &Sequential, dl: &mut DataLoader, low: Option<DType>) -> Result<(f64, f64)> {
     let (mut loss, mut hits, mut n) = (0.0, 0.0, 0.0);
     for b in dl.epoch(0) {
         let b = b?;
-        let logits = no_grad(|| net.forward(&b.x))?;
+        let logits = no_grad(|| autocast(low, || net.forward(&b.x)))?;
         let opts = CrossEntropyOptions {
             reduction: Reduction::Sum,
             ..Default::default()
@@ -154,13 +156,30 @@ fn evaluate(net: &Sequential, dl: &mut DataLoader) -> Result<(f64, f64)> {
     Ok((loss / n, hits / n))
 }
 
+/// Runs `f` under autocast to `low` when set.
+fn autocast<R>(low: Option<DType>, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let _g = low.map(amp::autocast).transpose()?;
+    f()
+}
+
 fn run(args: Args) -> Result<()> {
-    if args.precision != "fp32" {
-        return Err(Error::Invalid {
-            op: "mnist",
-            msg: format!("--precision {} is not available yet (fp16 and bf16 come with the mixed-precision work); use fp32", args.precision),
-        });
-    }
+    let low = match args.precision.as_str() {
+        "fp32" => None,
+        "fp16" => Some(DType::F16),
+        "bf16" => Some(DType::BF16),
+        other => {
+            return Err(Error::Invalid {
+                op: "mnist",
+                msg: format!("unknown --precision {other:?}; use fp32, fp16 or bf16"),
+            })
+        }
+    };
+    let precision = args.precision.as_str();
+    // bf16 keeps f32's exponent range: no loss scaling (as PyTorch practice and llm.c).
+    let mut scaler = GradScaler::new(GradScalerConfig {
+        enabled: low == Some(DType::F16),
+        ..Default::default()
+    })?;
     let device = match args.device.as_str() {
         "auto" => Device::best(),
         d => Device::parse(d)?.check_available()?,
@@ -207,6 +226,14 @@ fn run(args: Args) -> Result<()> {
     let mut start_epoch = 0;
     if let Some(path) = &args.resume {
         let meta = checkpoint::load(path, &mut net, Some(opt.as_mut()))?;
+        let saved: Vec<(String, Tensor)> = checkpoint::read(path)?
+            .0
+            .into_iter()
+            .filter_map(|(k, t)| k.strip_prefix("extra.scaler.").map(|n| (n.to_string(), t)))
+            .collect();
+        if scaler.is_enabled() && !saved.is_empty() {
+            scaler.load_state_dict(&saved)?;
+        }
         start_epoch = meta.get("epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
         if let Ok(text) = std::fs::read_to_string(out.join("metrics.csv")) {
             log = MetricsLog::from_csv(&text, &out.join("metrics.csv"))?;
@@ -215,7 +242,7 @@ fn run(args: Args) -> Result<()> {
         println!("resumed from {} at epoch {start_epoch}", path.display());
     }
     println!(
-        "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision fp32, {} threads",
+        "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision {precision}, {} threads",
         args.model,
         net.num_parameters(),
         args.batch_size,
@@ -241,7 +268,7 @@ fn run(args: Args) -> Result<()> {
         opt.set_lr(epoch_schedule.lr(epoch));
         net.train();
         let mut bar = EpochProgress::new(
-            &format!("epoch {}/{epochs} fp32", epoch + 1),
+            &format!("epoch {}/{epochs} {precision}", epoch + 1),
             train_dl.len(),
         );
         let first_step = epoch * train_dl.len();
@@ -251,11 +278,18 @@ fn run(args: Args) -> Result<()> {
                 opt.set_lr(cycle.lr(first_step + k));
             }
             let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
-            let logits = net.forward(&x)?;
-            let loss = logits.cross_entropy(&y, CrossEntropyOptions::default())?;
+            let (logits, loss) = autocast(low, || {
+                let logits = net.forward(&x)?;
+                let loss = logits.cross_entropy(&y, CrossEntropyOptions::default())?;
+                Ok((logits, loss))
+            })?;
             opt.zero_grad();
-            loss.backward()?;
-            opt.step()?;
+            scaler.scale(&loss)?.backward()?;
+            scaler.step(opt.as_mut())?;
+            scaler.update()?;
+            if scaler.is_enabled() && k % 50 == 0 {
+                bar.set_extra(format!("scale {}", scaler.current_scale()?.unwrap_or(0.0)));
+            }
             let hits = logits
                 .argmax(1, false)?
                 .eq(&y)?
@@ -266,7 +300,7 @@ fn run(args: Args) -> Result<()> {
         }
         bar.finish();
         net.eval();
-        let (test_loss, test_acc) = evaluate(&net, &mut test_dl)?;
+        let (test_loss, test_acc) = evaluate(&net, &mut test_dl, low)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             train_loss: bar.loss(),
@@ -291,10 +325,16 @@ fn run(args: Args) -> Result<()> {
         log.write_csv(&out.join("metrics.csv"))?;
         plot_metrics(&log, &out.join("curves.png"))?;
         if let Some(path) = &args.checkpoint {
-            checkpoint::save(
+            let extra: Vec<(String, Tensor)> = scaler
+                .state_dict()?
+                .into_iter()
+                .map(|(n, t)| (format!("scaler.{n}"), t))
+                .collect();
+            checkpoint::save_with(
                 path,
                 &net,
                 Some(opt.as_ref()),
+                &extra,
                 &[("epoch", (epoch + 1).to_string())],
             )?;
         }

@@ -80,7 +80,22 @@ pub fn save(
     optim: Option<&dyn Optimizer>,
     metadata: &[(&str, String)],
 ) -> Result<()> {
-    let mut named: Vec<(String, Tensor)> = Vec::new();
+    save_with(path, model, optim, &[], metadata)
+}
+
+/// [`save`] plus `extra` tensors stored under `extra.<name>` (a loss scaler's state, say);
+/// [`read`] gives them back.
+pub fn save_with(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optim: Option<&dyn Optimizer>,
+    extra: &[(String, Tensor)],
+    metadata: &[(&str, String)],
+) -> Result<()> {
+    let mut named: Vec<(String, Tensor)> = extra
+        .iter()
+        .map(|(n, t)| (format!("extra.{n}"), t.clone()))
+        .collect();
     model.visit("", &mut |n, t, _| {
         named.push((format!("model.{n}"), t.clone()))
     });

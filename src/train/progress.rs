@@ -12,6 +12,7 @@ pub struct EpochProgress {
     loss_sum: f64,
     hits: f64,
     batches: usize,
+    extra: String,
     #[cfg_attr(feature = "train-ui", allow(dead_code))]
     label: String,
     #[cfg_attr(feature = "train-ui", allow(dead_code))]
@@ -41,6 +42,7 @@ impl EpochProgress {
             loss_sum: 0.0,
             hits: 0.0,
             batches: 0,
+            extra: String::new(),
             label: label.to_string(),
             total: batches,
         }
@@ -55,25 +57,32 @@ impl EpochProgress {
         #[cfg(feature = "train-ui")]
         {
             self.bar.set_message(format!(
-                "loss {:.4} acc {:.2}% {:.0} samples/s",
+                "loss {:.4} acc {:.2}% {:.0} samples/s {}",
                 self.loss(),
                 100.0 * self.accuracy(),
-                self.samples_per_s()
+                self.samples_per_s(),
+                self.extra
             ));
             self.bar.inc(1);
         }
         #[cfg(not(feature = "train-ui"))]
         if self.batches % 100 == 0 || self.batches == self.total {
             eprintln!(
-                "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s",
+                "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s {}",
                 self.label,
                 self.batches,
                 self.total,
                 self.loss(),
                 100.0 * self.accuracy(),
-                self.samples_per_s()
+                self.samples_per_s(),
+                self.extra
             );
         }
+    }
+
+    /// Extra text shown after the figures (e.g. the current loss scale).
+    pub fn set_extra(&mut self, text: impl Into<String>) {
+        self.extra = text.into();
     }
 
     /// Mean loss so far.
