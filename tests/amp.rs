@@ -228,3 +228,23 @@ proptest! {
         compare(&model, &x, &y);
     }
 }
+
+#[test]
+fn autocast_state_is_per_thread_and_fp32_ops_survive_half_overflow() {
+    let _g = amp::autocast(DType::F16).unwrap();
+    let other = std::thread::spawn(amp::active_dtype).join().unwrap();
+    assert_eq!(
+        other, None,
+        "another thread does not see this thread's region"
+    );
+    // 1e5 overflows f16 (max 65504); softmax and cross-entropy run in f32 and stay finite.
+    let big = Tensor::from_vec(vec![1e5f32, 0.0, -1e5], &[1, 3], Device::Cpu).unwrap();
+    assert!(vals(&big.softmax(1).unwrap()).iter().all(|v| v.is_finite()));
+    let t = Tensor::from_vec(vec![0i64], &[1], Device::Cpu).unwrap();
+    assert!(big
+        .cross_entropy(&t, Default::default())
+        .unwrap()
+        .item()
+        .unwrap()
+        .is_finite());
+}

@@ -280,3 +280,42 @@ fn state_dict_round_trips() {
     assert_eq!(t.current_scale().unwrap(), Some(512.0));
     assert!(t.load_state_dict(&[]).is_err());
 }
+
+#[test]
+fn negative_infinity_and_several_optimizers_share_one_backoff() {
+    let (a, b) = (param(&[1.0]), param(&[1.0]));
+    let mut oa = Sgd::new(vec![a.clone()], SgdConfig::new(0.5)).unwrap();
+    let mut ob = Sgd::new(vec![b.clone()], SgdConfig::new(0.5)).unwrap();
+    let mut s = GradScaler::new(GradScalerConfig {
+        init_scale: 8.0,
+        ..Default::default()
+    })
+    .unwrap();
+    let ninf = Tensor::from_vec(vec![f32::NEG_INFINITY], &[1], Device::Cpu).unwrap();
+    let loss = a
+        .mul(&ninf)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .add(&b.sum_all().unwrap())
+        .unwrap();
+    s.scale(&loss).unwrap().backward().unwrap();
+    s.step(&mut oa).unwrap();
+    s.step(&mut ob).unwrap();
+    s.update().unwrap();
+    assert_eq!(
+        a.to_vec::<f32>().unwrap(),
+        vec![1.0],
+        "the overflowing optimizer skipped"
+    );
+    assert_eq!(
+        b.to_vec::<f32>().unwrap(),
+        vec![0.5],
+        "the clean one stepped"
+    );
+    assert_eq!(
+        s.current_scale().unwrap(),
+        Some(4.0),
+        "one backoff for both"
+    );
+}
