@@ -20,13 +20,32 @@ use std::sync::{Arc, Mutex, RwLock};
 pub(crate) struct StorageCell {
     data: RwLock<Arc<Storage>>,
     version: AtomicU64,
+    bytes: usize,
+}
+
+/// Bytes of tensor storage alive in this process (all devices), for memory accounting.
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes held by live tensor storages (a view counts once with its base). Measuring it
+/// before and after a forward pass gives the activations the graph keeps for backward.
+pub fn live_storage_bytes() -> u64 {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+impl Drop for StorageCell {
+    fn drop(&mut self) {
+        LIVE_BYTES.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+    }
 }
 
 impl StorageCell {
     pub(crate) fn new(s: Storage) -> Arc<StorageCell> {
+        let bytes = s.len() * s.dtype().size_in_bytes();
+        LIVE_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
         Arc::new(StorageCell {
             data: RwLock::new(Arc::new(s)),
             version: AtomicU64::new(0),
+            bytes,
         })
     }
     pub(crate) fn read(&self) -> Arc<Storage> {
