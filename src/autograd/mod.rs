@@ -15,28 +15,80 @@ use std::sync::{Arc, Mutex};
 pub(crate) type BackwardFn =
     Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static>;
 
+/// Where the gradient of one op input goes. An edge holds the input's producing node or its
+/// gradient slot, never the input's data: a graph keeps alive only what the backward
+/// closures saved.
+pub(crate) enum Edge {
+    /// The input was made by a recorded op.
+    Node {
+        node: Arc<Node>,
+        shape: Vec<usize>,
+        dtype: crate::DType,
+    },
+    /// The input is a leaf that requires grad.
+    Leaf {
+        grad: Arc<Mutex<Option<Tensor>>>,
+        shape: Vec<usize>,
+        dtype: crate::DType,
+    },
+    /// The input needs no gradient.
+    None,
+}
+
+impl Edge {
+    fn of(t: &Tensor) -> Edge {
+        let (shape, dtype) = (t.shape().to_vec(), t.dtype());
+        match &t.0.node {
+            Some(node) => Edge::Node {
+                node: node.clone(),
+                shape,
+                dtype,
+            },
+            None if t.is_requires_grad() => Edge::Leaf {
+                grad: t.0.grad.clone(),
+                shape,
+                dtype,
+            },
+            None => Edge::None,
+        }
+    }
+}
+
+static NEXT_NODE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// One recorded op.
 pub(crate) struct Node {
+    id: u64,
     pub(crate) name: &'static str,
-    state: Mutex<Option<(Vec<Tensor>, BackwardFn)>>,
+    state: Mutex<Option<(Vec<Edge>, BackwardFn)>>,
 }
 
 impl Node {
-    pub(crate) fn new(name: &'static str, inputs: Vec<Tensor>, f: BackwardFn) -> Node {
+    fn new(name: &'static str, edges: Vec<Edge>, f: BackwardFn) -> Node {
         Node {
+            id: NEXT_NODE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name,
-            state: Mutex::new(Some((inputs, f))),
+            state: Mutex::new(Some((edges, f))),
         }
     }
 
-    fn inputs(&self) -> Vec<Tensor> {
+    /// The nodes this one sends gradients to.
+    fn children(&self) -> Vec<Arc<Node>> {
         lock(&self.state)
             .as_ref()
-            .map(|(i, _)| i.clone())
+            .map(|(edges, _)| {
+                edges
+                    .iter()
+                    .filter_map(|e| match e {
+                        Edge::Node { node, .. } => Some(node.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
-    fn take(&self) -> Option<(Vec<Tensor>, BackwardFn)> {
+    fn take(&self) -> Option<(Vec<Edge>, BackwardFn)> {
         lock(&self.state).take()
     }
 }
@@ -99,7 +151,7 @@ impl Tensor {
         }
         let node = Node::new(
             name,
-            inputs.iter().map(|t| (*t).clone()).collect(),
+            inputs.iter().map(|t| Edge::of(t)).collect(),
             Box::new(backward),
         );
         match Arc::get_mut(&mut self.0) {
@@ -148,95 +200,93 @@ impl Tensor {
         // Backward ops run in the forward's dtypes, never re-cast by an enclosing autocast.
         let _ac = crate::amp::autocast_disabled();
         let grad = grad.detach().to_dtype(self.dtype())?;
-        let order = topo_order(self);
+        let Some(root) = self.0.node.clone() else {
+            // Backward on a leaf: its gradient is the seed.
+            return accumulate(&self.0.grad, grad);
+        };
         let mut grads: HashMap<u64, Tensor> = HashMap::new();
-        grads.insert(self.id(), grad);
-        for t in order {
-            let node =
-                t.0.node
-                    .as_ref()
-                    .expect("topo_order yields tensors with nodes");
-            let Some((inputs, f)) = node.take() else {
+        grads.insert(root.id, grad);
+        for node in topo_order(root) {
+            let Some((edges, f)) = node.take() else {
                 return Err(Error::Autograd(format!(
                     "the graph through `{}` was already freed by an earlier backward()",
                     node.name
                 )));
             };
-            let Some(g) = grads.remove(&t.id()) else {
+            let Some(g) = grads.remove(&node.id) else {
                 continue;
             };
-            let needs: Vec<bool> = inputs.iter().map(|i| i.is_requires_grad()).collect();
+            let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
             let in_grads = f(&g, &needs)?;
-            for ((input, ig), need) in inputs.iter().zip(in_grads).zip(needs) {
-                let (Some(ig), true) = (ig, need) else {
-                    continue;
-                };
-                let ig = conform(node.name, input, ig)?;
-                if input.0.node.is_some() {
-                    match grads.remove(&input.id()) {
-                        Some(prev) => grads.insert(input.id(), prev.add(&ig)?),
-                        None => grads.insert(input.id(), ig),
-                    };
-                } else {
-                    input.accumulate_grad(ig)?;
+            for (edge, ig) in edges.iter().zip(in_grads) {
+                let Some(ig) = ig else { continue };
+                match edge {
+                    Edge::None => {}
+                    Edge::Node {
+                        node: input,
+                        shape,
+                        dtype,
+                    } => {
+                        let ig = conform(node.name, shape, *dtype, ig)?;
+                        let sum = match grads.remove(&input.id) {
+                            Some(prev) => prev.add(&ig)?,
+                            None => ig,
+                        };
+                        grads.insert(input.id, sum);
+                    }
+                    Edge::Leaf { grad, shape, dtype } => {
+                        accumulate(grad, conform(node.name, shape, *dtype, ig)?)?;
+                    }
                 }
             }
         }
-        if self.0.node.is_none() {
-            // Backward on a leaf: its gradient is the seed.
-            if let Some(g) = grads.remove(&self.id()) {
-                self.accumulate_grad(g)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn accumulate_grad(&self, g: Tensor) -> Result<()> {
-        let mut slot = lock(&self.0.grad);
-        *slot = Some(match slot.take() {
-            Some(prev) => prev.add(&g)?,
-            None => g,
-        });
         Ok(())
     }
 }
 
+/// Adds `g` to a leaf's gradient slot.
+fn accumulate(slot: &Mutex<Option<Tensor>>, g: Tensor) -> Result<()> {
+    let mut slot = lock(slot);
+    *slot = Some(match slot.take() {
+        Some(prev) => prev.add(&g)?,
+        None => g,
+    });
+    Ok(())
+}
+
 /// Checks an input gradient's shape and casts it to the input's dtype.
-fn conform(op: &'static str, input: &Tensor, g: Tensor) -> Result<Tensor> {
-    if g.shape() != input.shape() {
+fn conform(op: &'static str, shape: &[usize], dtype: crate::DType, g: Tensor) -> Result<Tensor> {
+    if g.shape() != shape {
         return Err(Error::Autograd(format!(
-            "backward of `{op}` produced a gradient of shape {:?} for an input of shape {:?}",
-            g.shape(),
-            input.shape()
+            "backward of `{op}` produced a gradient of shape {:?} for an input of shape {shape:?}",
+            g.shape()
         )));
     }
-    if g.dtype() != input.dtype() {
-        return g.to_dtype(input.dtype());
+    if g.dtype() != dtype {
+        return g.to_dtype(dtype);
     }
     Ok(g)
 }
 
-/// Tensors with nodes reachable from `root`, each after every tensor that uses it.
-fn topo_order(root: &Tensor) -> Vec<Tensor> {
-    let mut post: Vec<Tensor> = Vec::new();
+/// Nodes reachable from `root`, each after every node that feeds it a gradient.
+fn topo_order(root: Arc<Node>) -> Vec<Arc<Node>> {
+    let mut post: Vec<Arc<Node>> = Vec::new();
     let mut seen: HashSet<u64> = HashSet::new();
     // Iterative DFS (graphs of long sequences are deep).
-    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
-    while let Some((t, expanded)) = stack.pop() {
+    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root, false)];
+    while let Some((n, expanded)) = stack.pop() {
         if expanded {
-            post.push(t);
+            post.push(n);
             continue;
         }
-        let Some(node) = t.0.node.clone() else {
-            continue;
-        };
-        if !seen.insert(t.id()) {
+        if !seen.insert(n.id) {
             continue;
         }
-        stack.push((t, true));
-        for i in node.inputs() {
-            if i.0.node.is_some() && !seen.contains(&i.id()) {
-                stack.push((i, false));
+        let children = n.children();
+        stack.push((n, true));
+        for c in children {
+            if !seen.contains(&c.id) {
+                stack.push((c, false));
             }
         }
     }

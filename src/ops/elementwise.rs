@@ -65,11 +65,26 @@ impl Tensor {
         if !a.dtype().is_float() {
             return Ok(out);
         }
-        let (sa, sb) = (a.clone(), b.clone());
+        let shapes = (a.shape().to_vec(), b.shape().to_vec());
+        // Sums and differences need no input values: keep only the shapes alive.
+        let saved = match op {
+            BinaryOp::Add | BinaryOp::Sub => None,
+            _ => Some((a.clone(), b.clone())),
+        };
         Ok(out.attach(name, &[&a, &b], move |g, needs| {
-            let (ga, gb) = binary_grads(op, &sa, &sb, g, needs)?;
-            let ga = ga.map(|t| t.sum_to(sa.shape())).transpose()?;
-            let gb = gb.map(|t| t.sum_to(sb.shape())).transpose()?;
+            let (ga, gb) = match &saved {
+                Some((sa, sb)) => binary_grads(op, sa, sb, g, needs)?,
+                None => {
+                    let gb = if op == BinaryOp::Sub {
+                        g.neg()?
+                    } else {
+                        g.clone()
+                    };
+                    (needs[0].then(|| g.clone()), needs[1].then_some(gb))
+                }
+            };
+            let ga = ga.map(|t| t.sum_to(&shapes.0)).transpose()?;
+            let gb = gb.map(|t| t.sum_to(&shapes.1)).transpose()?;
             Ok(vec![ga, gb])
         }))
     }
@@ -284,15 +299,15 @@ impl Tensor {
         if !a.dtype().is_float() {
             return Ok(out);
         }
-        let (sa, sb, sc) = (a.clone(), b.clone(), c.clone());
+        let (sa, sb, sc) = (a.shape().to_vec(), b.shape().to_vec(), c.clone());
         Ok(out.attach("where", &[&a, &b], move |g, needs| {
             let zero = Tensor::zeros(&[], g.dtype(), g.device())?;
             let ga = match needs[0] {
-                true => Some(Tensor::where_cond(&sc, g, &zero)?.sum_to(sa.shape())?),
+                true => Some(Tensor::where_cond(&sc, g, &zero)?.sum_to(&sa)?),
                 false => None,
             };
             let gb = match needs[1] {
-                true => Some(Tensor::where_cond(&sc, &zero, g)?.sum_to(sb.shape())?),
+                true => Some(Tensor::where_cond(&sc, &zero, g)?.sum_to(&sb)?),
                 false => None,
             };
             Ok(vec![ga, gb])

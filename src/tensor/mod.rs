@@ -67,7 +67,8 @@ pub(crate) struct Inner {
     device: Device,
     requires_grad: AtomicBool,
     pub(crate) node: Option<Arc<Node>>,
-    pub(crate) grad: Mutex<Option<Tensor>>,
+    /// The accumulated gradient of a leaf, shared with the graph edges that feed it.
+    pub(crate) grad: Arc<Mutex<Option<Tensor>>>,
 }
 
 /// An n-dimensional array on a device, with reverse-mode autograd.
@@ -102,7 +103,7 @@ impl Tensor {
             device,
             requires_grad: AtomicBool::new(false),
             node: None,
-            grad: Mutex::new(None),
+            grad: Arc::new(Mutex::new(None)),
         }))
     }
 
