@@ -195,7 +195,16 @@ impl CpuStorage {
                 DType::U8 => elementwise::cast::<S, u8>(v, l),
             }
         }
-        map_all!(self, v => go(v, layout, dtype))
+        // The casts mixed precision runs every step go through f32 directly (the half crate
+        // uses the hardware conversions there); the rest through f64.
+        use elementwise::map1;
+        match (self, dtype) {
+            (CpuStorage::F32(v), DType::F16) => map1(v, layout, f16::from_f32).into_storage(),
+            (CpuStorage::F32(v), DType::BF16) => map1(v, layout, bf16::from_f32).into_storage(),
+            (CpuStorage::F16(v), DType::F32) => map1(v, layout, f16::to_f32).into_storage(),
+            (CpuStorage::BF16(v), DType::F32) => map1(v, layout, bf16::to_f32).into_storage(),
+            (s, _) => map_all!(s, v => go(v, layout, dtype)),
+        }
     }
 
     /// Copies the elements of `src` (under `src_l`) into the places `dst_l` selects in `self`.
