@@ -1,7 +1,7 @@
 //! Op definitions: forward (through [`crate::backend::Storage`]), backward (recorded with
 //! `attach`), and each op's cast policy. Every op enters through [`dispatch`], the one place
-//! where inputs are checked for device agreement and brought to a common dtype; the autocast
-//! step of the mixed-precision work plugs in there, driven by [`Op::cast_policy`].
+//! where inputs are checked for device agreement, cast by an active autocast region according
+//! to [`Op::cast_policy`], and brought to a common dtype.
 
 mod conv;
 mod elementwise;
@@ -158,9 +158,10 @@ impl Op {
     }
 }
 
-/// The entry of every op: checks that the inputs share a device, and gives the floating inputs
-/// of `Promote` ops a common dtype. Integer and mask inputs (indices, conditions) pass as they
-/// are. The autocast cast step is added here.
+/// The entry of every op: checks that the inputs share a device; inside an autocast region,
+/// casts the floating non-f64 inputs of lower-precision and f32 ops (weights through the
+/// region's cache); and gives the inputs of `Promote` ops a common dtype. Integer and mask
+/// inputs (indices, conditions) pass as they are.
 pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[Tensor; N]> {
     if let Some(first) = inputs.first() {
         for t in &inputs[1..] {
