@@ -7,18 +7,6 @@ use mantissa::nn::*;
 use mantissa::*;
 use proptest::prelude::*;
 
-fn f32s(shape: &[usize], seed: u64) -> Tensor {
-    Tensor::randn_with(
-        shape,
-        0.0,
-        1.0,
-        DType::F32,
-        Device::Cpu,
-        &mut Generator::new(seed),
-    )
-    .unwrap()
-}
-
 #[test]
 fn regions_nest_disable_and_restore_on_every_exit() {
     assert_eq!(amp::active_dtype(), None);

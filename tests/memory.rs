@@ -2,20 +2,10 @@
 //! Alone in its test binary, so no other test allocates while it measures the process-wide
 //! counter.
 
+mod common;
+use common::f32s;
 use mantissa::nn::*;
 use mantissa::*;
-
-fn f32s(shape: &[usize], seed: u64) -> Tensor {
-    Tensor::randn_with(
-        shape,
-        0.0,
-        1.0,
-        DType::F32,
-        Device::Cpu,
-        &mut Generator::new(seed),
-    )
-    .unwrap()
-}
 
 /// Bytes kept alive by the graph of one CNN forward pass (activations saved for backward).
 fn saved_bytes(model: &dyn Module, x: &Tensor, low: Option<DType>) -> u64 {

@@ -12,6 +12,19 @@ pub fn leaf(shape: &[usize], seed: u64) -> Tensor {
         .unwrap()
 }
 
+/// An f32 tensor of normal values (no grad).
+pub fn f32s(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn_with(
+        shape,
+        0.0,
+        1.0,
+        DType::F32,
+        Device::Cpu,
+        &mut Generator::new(seed),
+    )
+    .unwrap()
+}
+
 /// Values of `t` as f64.
 pub fn vals(t: &Tensor) -> Vec<f64> {
     t.to_vec_f64()
