@@ -199,6 +199,19 @@ proptest! {
     }
 
     #[test]
+    fn lstm_gradients_under_autocast_match_f32(batch in 2usize..5, steps in 2usize..6, hidden in 4usize..12, seed in any::<u64>()) {
+        let mut g = Generator::new(seed);
+        let model = Sequential::new()
+            .push(Lstm::new(6, hidden, 2, true, &mut g).unwrap())
+            .push(Flatten)
+            .push(Linear::new(steps * hidden, 3, true, &mut g).unwrap());
+        let x = f32s(&[batch, steps, 6], seed ^ 3);
+        let labels: Vec<i64> = g.next_u32s(batch).iter().map(|v| (v % 3) as i64).collect();
+        let y = Tensor::from_vec(labels, &[batch], Device::Cpu).unwrap();
+        compare(&model, &x, &y);
+    }
+
+    #[test]
     fn cnn_gradients_under_autocast_match_f32(batch in 2usize..5, ch in 2usize..6, seed in any::<u64>()) {
         // Smooth activation and average pooling: a max or ReLU kink may route a gradient
         // elsewhere once the input is rounded, which is correct behaviour but not a rounding
