@@ -72,17 +72,7 @@ impl Tensor {
             _ => Some((a.clone(), b.clone())),
         };
         Ok(out.attach(name, &[&a, &b], move |g, needs| {
-            let (ga, gb) = match &saved {
-                Some((sa, sb)) => binary_grads(op, sa, sb, g, needs)?,
-                None => {
-                    let gb = if op == BinaryOp::Sub {
-                        g.neg()?
-                    } else {
-                        g.clone()
-                    };
-                    (needs[0].then(|| g.clone()), needs[1].then_some(gb))
-                }
-            };
+            let (ga, gb) = binary_grads(op, saved.as_ref(), g, needs)?;
             let ga = ga.map(|t| t.sum_to(&shapes.0)).transpose()?;
             let gb = gb.map(|t| t.sum_to(&shapes.1)).transpose()?;
             Ok(vec![ga, gb])
@@ -330,10 +320,10 @@ impl Tensor {
 }
 
 /// Gradients of `a op b` before reduction to the input shapes.
+/// `saved` holds the inputs for the ops whose gradients need them (all but add and sub).
 fn binary_grads(
     op: BinaryOp,
-    a: &Tensor,
-    b: &Tensor,
+    saved: Option<&(Tensor, Tensor)>,
     g: &Tensor,
     needs: &[bool],
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -344,14 +334,23 @@ fn binary_grads(
             Ok(None)
         }
     };
+    match op {
+        BinaryOp::Add => return Ok((want(0, &|| Ok(g.clone()))?, want(1, &|| Ok(g.clone()))?)),
+        BinaryOp::Sub => return Ok((want(0, &|| Ok(g.clone()))?, want(1, &|| g.neg())?)),
+        _ => {}
+    }
+    let Some((a, b)) = saved else {
+        return Err(Error::Autograd(format!(
+            "backward of {op:?} is missing its saved inputs"
+        )));
+    };
     let dt = g.dtype();
     // Share of the gradient that goes to `a` for max/min: 1 where a wins, 1/2 on ties.
     let share = |win: Tensor| -> Result<Tensor> {
         win.to_dtype(dt)?.add(&a.eq(b)?.to_dtype(dt)?.mul(0.5)?)
     };
     Ok(match op {
-        BinaryOp::Add => (want(0, &|| Ok(g.clone()))?, want(1, &|| Ok(g.clone()))?),
-        BinaryOp::Sub => (want(0, &|| Ok(g.clone()))?, want(1, &|| g.neg())?),
+        BinaryOp::Add | BinaryOp::Sub => unreachable!("returned above"),
         BinaryOp::Mul => (want(0, &|| g.mul(b))?, want(1, &|| g.mul(a))?),
         BinaryOp::Div => (
             want(0, &|| g.div(b))?,
