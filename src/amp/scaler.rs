@@ -152,13 +152,16 @@ impl GradScaler {
             // 1 / scale in f64, rounded to f32 (as PyTorch does).
             let inv = scale.to_dtype(DType::F64)?.recip()?.to_dtype(DType::F32)?;
             let mut found = scalar(0.0, scale.device())?;
+            // With fp32 master weights the unscaled gradients are written in f32 (Apex O2's
+            // master gradients), so f16 gradients are fine there.
+            let masters = opt.master_weights().is_some();
             for p in opt.params() {
                 let Some(g) = p.grad() else { continue };
-                if g.dtype() == DType::F16 {
+                if g.dtype() == DType::F16 && !masters {
                     return Err(Error::DType {
                         op: "GradScaler::unscale_",
                         dtype: DType::F16,
-                        expected: "f32 gradients (attempting to unscale FP16 gradients: keep f32 master parameters)",
+                        expected: "f32 gradients (attempting to unscale FP16 gradients: keep f32 parameters, or turn on Optimizer::use_master_weights)",
                     });
                 }
                 // all finite <=> min over |g| < inf is 1 (NaN compares false).
@@ -168,6 +171,7 @@ impl GradScaler {
                     .to_dtype(DType::F32)?
                     .min_all()?;
                 found = found.maximum(&finite.rsub(1.0)?)?;
+                let g = if masters { g.to_dtype(DType::F32)? } else { g };
                 p.set_grad(Some(g.mul(&inv.to_dtype(g.dtype())?)?))?;
             }
             Ok(found)

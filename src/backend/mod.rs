@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod ops;
+pub mod rounding;
 
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -213,8 +214,9 @@ impl Storage {
         cpu::index_add(d, shape, dim, idx, s, sl)
     }
 
-    /// Applies a fused optimizer update in place (`self` is the parameter) and counts it in
-    /// `step`, unless `found_inf` holds a nonzero flag.
+    /// Applies a fused optimizer update in place (`self` is the parameter, or its f32 master
+    /// when `working` is given: then the f16/bf16 working copy is written in the same pass)
+    /// and counts it in `step`, unless `found_inf` holds a nonzero flag.
     pub(crate) fn optim_update(
         &mut self,
         grad: &Storage,
@@ -222,8 +224,12 @@ impl Storage {
         step: &mut Storage,
         found_inf: Option<&Storage>,
         u: &OptimUpdate,
+        working: Option<(&mut Storage, rounding::Rounding)>,
     ) -> Result<()> {
         let Storage::Cpu(p) = self;
+        let working = working.map(|(w, r)| match w {
+            Storage::Cpu(c) => (c, r),
+        });
         let Storage::Cpu(g) = grad;
         let Storage::Cpu(step) = step;
         let found_inf = found_inf.map(|f| match f {
@@ -235,7 +241,21 @@ impl Storage {
                 Storage::Cpu(c) => c,
             })
             .collect();
-        cpu::optim_update(p, g, &mut cpu, step, found_inf, u)
+        cpu::optim_update(p, g, &mut cpu, step, found_inf, u, working)
+    }
+
+    /// Writes the f32 `master` into this f16/bf16 working copy with `rounding`, drawing the
+    /// stochastic bits of the last update counted in `step` (an f32 scalar), as the update
+    /// kernel did.
+    pub(crate) fn round_from_master(
+        &mut self,
+        master: &Storage,
+        rounding: rounding::Rounding,
+        step: &Storage,
+    ) -> Result<()> {
+        let (_, step) = cpu2!("round_from_master", master, step);
+        let (d, s) = cpu2!("round_from_master", self, master);
+        cpu::round_into(d, s, rounding, step)
     }
 
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {

@@ -6,9 +6,11 @@
 
 mod adadelta;
 mod adam;
+mod master;
 mod schedule;
 mod sgd;
 
+pub use crate::backend::rounding::Rounding;
 pub use adadelta::Adadelta;
 pub use adam::{Adam, AdamConfig};
 pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCycle, StepLr};
@@ -41,12 +43,19 @@ impl ParamState {
 pub struct ParamGroup {
     pub params: Vec<Tensor>,
     pub states: Vec<ParamState>,
+    /// With fp32 master weights on, how working copies are rounded (see
+    /// [`Optimizer::use_master_weights`]).
+    pub(crate) masters: Option<Rounding>,
 }
 
 impl ParamGroup {
     pub fn new(params: Vec<Tensor>) -> ParamGroup {
         let states = vec![ParamState::default(); params.len()];
-        ParamGroup { params, states }
+        ParamGroup {
+            params,
+            states,
+            masters: None,
+        }
     }
 
     /// Applies the fused update `u` to every parameter that has a gradient; the update reads
@@ -58,9 +67,13 @@ impl ParamGroup {
         found_inf: Option<&Tensor>,
     ) -> Result<()> {
         crate::no_grad(|| {
-            for (p, st) in self.params.iter().zip(&mut self.states) {
-                let Some(g) = p.grad() else { continue };
-                fused_step(p, &g, st, names, u, found_inf)?;
+            for i in 0..self.params.len() {
+                let Some(g) = self.params[i].grad() else {
+                    continue;
+                };
+                let (target, working) = self.target(i)?;
+                let st = &mut self.states[i];
+                fused_step(&target, &g, st, names, u, found_inf, working.as_ref())?;
             }
             Ok(())
         })
@@ -79,6 +92,31 @@ pub trait Optimizer {
     fn group_mut(&mut self) -> &mut ParamGroup;
     fn lr(&self) -> f64;
     fn set_lr(&mut self, lr: f64);
+
+    /// Turns on fp32 master weights: every f16/bf16 parameter becomes the working copy of an
+    /// f32 master the optimizer keeps (state `master`, initialised from the parameter), the
+    /// moments are kept in f32, and each update writes master, moments and working copy in
+    /// one pass, rounding the working copy with `rounding` ([`Rounding::Stochastic`] needs
+    /// bf16 parameters). f32 and f64 parameters are their own masters. Gradients may be
+    /// f16/bf16 or f32 (the [`crate::amp::GradScaler`] unscales into f32 in this mode).
+    ///
+    /// ```
+    /// use mantissa::{nn::{Linear, Module}, optim::{Adam, AdamConfig, Optimizer, Rounding}};
+    /// use mantissa::{DType, Generator};
+    /// let mut model = Linear::new(4, 2, true, &mut Generator::new(0))?;
+    /// model.to_dtype(DType::BF16)?;
+    /// let mut opt = Adam::new(model.parameters(), AdamConfig::adamw(1e-3))?;
+    /// opt.use_master_weights(Rounding::Stochastic { seed: 0 })?;
+    /// assert_eq!(opt.states()[0].tensors["master"].dtype(), DType::F32);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    fn use_master_weights(&mut self, rounding: Rounding) -> Result<()> {
+        self.group_mut().use_master_weights(rounding)
+    }
+    /// The working-copy rounding when master weights are on.
+    fn master_weights(&self) -> Option<Rounding> {
+        self.group().masters
+    }
 
     /// Applies one update to every parameter that has a gradient.
     fn step(&mut self) -> Result<()> {
@@ -117,6 +155,8 @@ pub trait Optimizer {
     }
 
     /// Restores a state written by [`Optimizer::state_tensors`]; parameter counts must match.
+    /// With master weights on, the working copies are then regenerated from the masters
+    /// (bit-exactly as the last update wrote them, stochastic rounding included).
     fn load_state_tensors(&mut self, named: &BTreeMap<String, Tensor>) -> Result<()> {
         let devices: Vec<_> = self.params().iter().map(|p| p.device()).collect();
         let n = devices.len();
@@ -136,13 +176,30 @@ pub trait Optimizer {
                 .tensors
                 .insert(key.to_string(), t.to_device(devices[i])?.copy()?);
         }
-        self.states_mut().clone_from_slice(&fresh);
+        let g = self.group_mut();
+        if g.masters.is_none() {
+            if let Some(i) = fresh.iter().position(|s| s.tensors.contains_key("master")) {
+                return Err(Error::invalid(
+                    "load_state_tensors",
+                    format!(
+                        "parameter {i} has a master weight in the state: call \
+                         use_master_weights before loading"
+                    ),
+                ));
+            }
+        }
+        g.states.clone_from_slice(&fresh);
+        if g.masters.is_some() {
+            g.adopt_masters()?;
+            g.sync_working_copies()?;
+        }
         Ok(())
     }
 }
 
-/// Applies the fused update `u` in place to parameter `p` with gradient `g`, creating the
-/// states `names` (zeros, the parameter's shape and dtype) on first use.
+/// Applies the fused update `u` in place to parameter `p` (or f32 master, when `working`
+/// names the f16/bf16 working copy to write in the same pass) with gradient `g`, creating
+/// the states `names` (zeros, the shape and dtype of `p`) on first use.
 pub(crate) fn fused_step(
     p: &Tensor,
     g: &Tensor,
@@ -150,6 +207,7 @@ pub(crate) fn fused_step(
     names: &[&str],
     u: OptimUpdate,
     found_inf: Option<&Tensor>,
+    working: Option<&(Tensor, Rounding)>,
 ) -> Result<()> {
     if !p.owns_storage() {
         return Err(Error::invalid(
@@ -167,7 +225,12 @@ pub(crate) fn fused_step(
             rhs: g.shape().to_vec(),
         });
     }
-    let g = g.to_dtype(p.dtype())?;
+    // An f32 master reads half gradients as they are; anything else in the update's dtype.
+    let g = if p.dtype() == DType::F32 && g.dtype().is_half() {
+        g.clone()
+    } else {
+        g.to_dtype(p.dtype())?
+    };
     let g = if g.owns_storage() { g } else { g.copy()? };
     let mut states = Vec::with_capacity(names.len());
     for &n in names {
@@ -201,12 +264,21 @@ pub(crate) fn fused_step(
     let flag = found_inf.map(|f| f.to_dtype(DType::F32)).transpose()?;
     let fs = flag.as_ref().map(|f| f.storage());
     let mut all: Vec<&Tensor> = vec![p, &step];
+    all.extend(working.map(|w| &w.0));
     all.extend(states.iter());
     Tensor::write_many("optimizer step", &all, |s| {
         let [param, step, rest @ ..] = s else {
             unreachable!("parameter and step come first")
         };
-        param.optim_update(&gs, rest, step, fs.as_deref(), &u)
+        match working {
+            Some((_, rounding)) => {
+                let [w, rest @ ..] = rest else {
+                    unreachable!("the working copy follows the step")
+                };
+                param.optim_update(&gs, rest, step, fs.as_deref(), &u, Some((w, *rounding)))
+            }
+            None => param.optim_update(&gs, rest, step, fs.as_deref(), &u, None),
+        }
     })
 }
 

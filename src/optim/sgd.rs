@@ -131,19 +131,22 @@ impl Optimizer for Sgld {
         // The noise is masked by the flag too, so a skipped step adds none.
         let keep = found_inf.map(|f| f.rsub(1.0)).transpose()?;
         no_grad(|| {
-            for p in self
-                .inner
-                .group
-                .params
-                .iter()
-                .filter(|p| p.grad().is_some())
-            {
+            let group = &mut self.inner.group;
+            for i in 0..group.params.len() {
+                if group.params[i].grad().is_none() {
+                    continue;
+                }
+                // With master weights the noise goes into the master, then the working copy.
+                let (p, working) = group.target(i)?;
                 let mut noise =
                     Tensor::randn_with(p.shape(), 0.0, std, p.dtype(), p.device(), &mut self.gen)?;
                 if let Some(k) = &keep {
                     noise = noise.mul(&k.to_dtype(p.dtype())?)?;
                 }
                 p.copy_(&p.add(&noise)?)?;
+                if working.is_some() {
+                    group.resync(i)?;
+                }
             }
             Ok(())
         })

@@ -267,7 +267,7 @@ impl CpuStorage {
 pub(crate) use elementwise::{binary, cmp, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_select, scatter_add};
 pub(crate) use matmul::matmul;
-pub(crate) use optim::optim_update;
+pub(crate) use optim::{optim_update, round_into};
 pub(crate) use reduce::reduce;
 
 /// Helper to turn a typed vector into storage.

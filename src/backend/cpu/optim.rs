@@ -1,13 +1,16 @@
-//! The fused optimizer kernel: one pass reads parameter, gradient and states, and writes the
-//! parameter and states in place (arithmetic in f32, or f64 for f64).
+//! The fused optimizer kernel: one pass reads parameter (or f32 master), gradient and states,
+//! and writes them in place (arithmetic in f32, or f64 for f64), and with master weights also
+//! writes the f16/bf16 working copy, rounded to nearest or stochastically.
 
 use super::{CpuElem, CpuStorage, PAR_MIN};
 use crate::backend::ops::{OptimUpdate, Prepared, UpdateRule};
+use crate::backend::rounding::{bf16_stochastic, stochastic_bits, stochastic_key, Rounding};
 use crate::dtype::Float as _;
 use crate::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+/// Elements per task; a multiple of 8 so stochastic-rounding blocks never straddle chunks.
 const CHUNK: usize = 1 << 14;
 
 /// `s` cut in chunks, or `chunks` empty pieces when `s` is empty.
@@ -19,56 +22,95 @@ fn pieces<T>(s: &mut [T], chunks: usize) -> Vec<&mut [T]> {
     }
 }
 
-/// One chunk of each of parameter, gradient, state 0 and state 1.
-type Pieces<'a, T> = (((&'a mut [T], &'a [T]), &'a mut [T]), &'a mut [T]);
+/// The working copy an update writes besides the f32 master.
+enum Working<'a> {
+    None,
+    F16(&'a mut [f16]),
+    BF16(&'a mut [bf16]),
+    /// bf16 with stochastic rounding under a Philox key.
+    BF16Stochastic(&'a mut [bf16], [u32; 2]),
+}
 
-/// Runs `f(p, g, s0, s1)` over chunks of the four slices (missing states are empty).
-fn chunked<T: CpuElem>(
-    p: &mut [T],
-    g: &[T],
-    s0: &mut [T],
-    s1: &mut [T],
-    f: impl Fn(&mut [T], &[T], &mut [T], &mut [T]) + Sync,
-) {
-    let chunks = p.len().div_ceil(CHUNK);
-    let (v0, v1) = (pieces(s0, chunks), pieces(s1, chunks));
-    let body = |(((p, g), s0), s1): Pieces<T>| f(p, g, s0, s1);
-    if p.len() < PAR_MIN {
-        p.chunks_mut(CHUNK)
-            .zip(g.chunks(CHUNK))
-            .zip(v0)
-            .zip(v1)
-            .for_each(body);
-    } else {
-        p.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(v0.into_par_iter())
-            .zip(v1.into_par_iter())
-            .for_each(body);
+impl<'a> Working<'a> {
+    fn chunks(self, chunks: usize) -> Vec<Working<'a>> {
+        match self {
+            Working::None => (0..chunks).map(|_| Working::None).collect(),
+            Working::F16(s) => s.chunks_mut(CHUNK).map(Working::F16).collect(),
+            Working::BF16(s) => s.chunks_mut(CHUNK).map(Working::BF16).collect(),
+            Working::BF16Stochastic(s, k) => s
+                .chunks_mut(CHUNK)
+                .map(|c| Working::BF16Stochastic(c, k))
+                .collect(),
+        }
+    }
+
+    /// Writes the rounded `src` (elements `start..` of the tensor) into this copy.
+    fn write<T: CpuElem>(self, src: &[T], start: usize) {
+        let f = |x: &T| x.to_acc().to_f64_() as f32;
+        match self {
+            Working::None => {}
+            Working::F16(d) => d.iter_mut().zip(src).for_each(|(d, s)| {
+                *d = f16::from_f32(f(s));
+            }),
+            Working::BF16(d) => d.iter_mut().zip(src).for_each(|(d, s)| {
+                *d = bf16::from_f32(f(s));
+            }),
+            Working::BF16Stochastic(d, key) => {
+                for (j, (d, s)) in d.chunks_mut(8).zip(src.chunks(8)).enumerate() {
+                    let r = stochastic_bits(key, (start / 8 + j) as u64);
+                    for ((d, s), r) in d.iter_mut().zip(s).zip(r) {
+                        *d = bf16_stochastic(f(s), r);
+                    }
+                }
+            }
+        }
     }
 }
 
-/// The update loop for one rule, written once per state count (monomorphised per rule, so
-/// the inner loops are branch-free).
-fn go<T: CpuElem, R: UpdateRule<T::Acc>>(k: R, p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T]) {
+/// One task: chunks of parameter, gradient, state 0, state 1 and working copy.
+struct Job<'a, T, G> {
+    start: usize,
+    p: &'a mut [T],
+    g: &'a [G],
+    s0: &'a mut [T],
+    s1: &'a mut [T],
+    w: Working<'a>,
+}
+
+/// The update loop for one rule, written once per state count (monomorphised per rule and
+/// gradient type, so the inner loops are branch-free).
+fn update<T, G, R>(k: R, j: Job<T, G>)
+where
+    T: CpuElem,
+    G: CpuElem<Acc = T::Acc>,
+    R: UpdateRule<T::Acc>,
+{
     let z = T::Acc::from_f64_(0.0);
+    let Job {
+        start,
+        p,
+        g,
+        s0,
+        s1,
+        w,
+    } = j;
     match (s0.is_empty(), s1.is_empty()) {
-        (true, _) => chunked(p, g, s0, s1, |p, g, _, _| {
+        (true, _) => {
             for (p, &g) in p.iter_mut().zip(g) {
                 let (mut a, mut st) = (p.to_acc(), [z, z]);
                 k.apply(&mut a, g.to_acc(), &mut st);
                 *p = T::from_acc(a);
             }
-        }),
-        (false, true) => chunked(p, g, s0, s1, |p, g, s0, _| {
+        }
+        (false, true) => {
             for ((p, &g), s0) in p.iter_mut().zip(g).zip(s0) {
                 let (mut a, mut st) = (p.to_acc(), [s0.to_acc(), z]);
                 k.apply(&mut a, g.to_acc(), &mut st);
                 *p = T::from_acc(a);
                 *s0 = T::from_acc(st[0]);
             }
-        }),
-        (false, false) => chunked(p, g, s0, s1, |p, g, s0, s1| {
+        }
+        (false, false) => {
             for (((p, &g), s0), s1) in p.iter_mut().zip(g).zip(s0).zip(s1) {
                 let (mut a, mut st) = (p.to_acc(), [s0.to_acc(), s1.to_acc()]);
                 k.apply(&mut a, g.to_acc(), &mut st);
@@ -76,15 +118,61 @@ fn go<T: CpuElem, R: UpdateRule<T::Acc>>(k: R, p: &mut [T], g: &[T], s0: &mut [T
                 *s0 = T::from_acc(st[0]);
                 *s1 = T::from_acc(st[1]);
             }
-        }),
+        }
+    }
+    w.write(&*p, start);
+}
+
+/// Cuts the slices in chunks and runs `f` on each (in parallel for large tensors).
+fn for_chunks<'a, T: CpuElem, G: CpuElem>(
+    p: &'a mut [T],
+    g: &'a [G],
+    s0: &'a mut [T],
+    s1: &'a mut [T],
+    w: Working<'a>,
+    f: impl Fn(Job<'a, T, G>) + Sync + Send,
+) {
+    let n = p.len();
+    let chunks = n.div_ceil(CHUNK);
+    let (v0, v1, vw) = (pieces(s0, chunks), pieces(s1, chunks), w.chunks(chunks));
+    let jobs = p
+        .chunks_mut(CHUNK)
+        .zip(g.chunks(CHUNK))
+        .zip(v0.into_iter().zip(v1))
+        .zip(vw)
+        .enumerate()
+        .map(|(i, (((p, g), (s0, s1)), w))| Job {
+            start: i * CHUNK,
+            p,
+            g,
+            s0,
+            s1,
+            w,
+        });
+    if n < PAR_MIN {
+        jobs.for_each(f);
+    } else {
+        jobs.collect::<Vec<_>>().into_par_iter().for_each(f);
     }
 }
 
-fn run<T: CpuElem>(p: &mut [T], g: &[T], s0: &mut [T], s1: &mut [T], u: &OptimUpdate, steps: f64) {
+#[allow(clippy::too_many_arguments)]
+fn run<T, G>(
+    p: &mut [T],
+    g: &[G],
+    s0: &mut [T],
+    s1: &mut [T],
+    w: Working,
+    u: &OptimUpdate,
+    steps: f64,
+) where
+    T: CpuElem,
+    G: CpuElem<Acc = T::Acc>,
+{
     match u.prepare::<T::Acc>(steps) {
-        Prepared::Sgd(k) => go(k, p, g, s0, s1),
-        Prepared::Adam(k) => go(k, p, g, s0, s1),
-        Prepared::Adadelta(k) => go(k, p, g, s0, s1),
+        Prepared::Sgd(k) => for_chunks(p, g, s0, s1, w, |j| update(k, j)),
+        Prepared::Adam(k) => for_chunks(p, g, s0, s1, w, |j| update(k, j)),
+        Prepared::Adadelta(k) => for_chunks(p, g, s0, s1, w, |j| update(k, j)),
     }
 }
 
@@ -96,17 +184,10 @@ fn scalar(s: &CpuStorage) -> Option<f32> {
     }
 }
 
-/// Parameter, gradient and the two state slices of one update.
-type Slices<'a, T> = (&'a mut [T], &'a [T], &'a mut [T], &'a mut [T]);
-
-/// The typed slices of one update, or `None` when dtypes or lengths disagree.
-fn typed<'a, T: CpuElem>(
-    p: &'a mut CpuStorage,
-    g: &'a CpuStorage,
+/// The two state slices of one update (empty when absent), or `None` on a dtype mismatch.
+fn state_slices<'a, T: CpuElem>(
     states: &'a mut [&mut CpuStorage],
-) -> Option<Slices<'a, T>> {
-    let g = T::slice(g)?;
-    let p = T::slice_mut(p)?;
+) -> Option<(&'a mut [T], &'a mut [T])> {
     let mut it = states.iter_mut();
     let s0: &mut [T] = match it.next() {
         Some(s) => T::slice_mut(s)?,
@@ -116,13 +197,65 @@ fn typed<'a, T: CpuElem>(
         Some(s) => T::slice_mut(s)?,
         None => &mut [],
     };
-    let n = p.len();
-    let fits = |s: &[T]| s.is_empty() || s.len() == n;
-    (g.len() == n && fits(s0) && fits(s1)).then_some((p, g, s0, s1))
+    Some((s0, s1))
 }
 
-/// Applies `u` to a contiguous parameter with a contiguous gradient of the same dtype and
-/// length and `u.num_states()` state buffers, then counts the step in `step` (an f32 scalar).
+/// Typed slices, length checks and the run; `None` when dtypes or lengths disagree.
+fn typed<T, G>(
+    p: &mut CpuStorage,
+    g: &CpuStorage,
+    states: &mut [&mut CpuStorage],
+    w: Working,
+    u: &OptimUpdate,
+    steps: f64,
+) -> Option<()>
+where
+    T: CpuElem,
+    G: CpuElem<Acc = T::Acc>,
+{
+    let g = G::slice(g)?;
+    let p = T::slice_mut(p)?;
+    let (s0, s1) = state_slices::<T>(states)?;
+    let n = p.len();
+    let fits = |l: usize| l == 0 || l == n;
+    let wl = match &w {
+        Working::None => n,
+        Working::F16(s) => s.len(),
+        Working::BF16(s) | Working::BF16Stochastic(s, _) => s.len(),
+    };
+    if g.len() != n || wl != n || !fits(s0.len()) || !fits(s1.len()) {
+        return None;
+    }
+    run(p, g, s0, s1, w, u, steps);
+    Some(())
+}
+
+/// The working-copy view of `w` for an update that has taken `steps` updates before.
+fn working(w: Option<(&mut CpuStorage, Rounding)>, steps: u64) -> Result<Working<'_>> {
+    Ok(match w {
+        None => Working::None,
+        Some((CpuStorage::F16(v), Rounding::Nearest)) => Working::F16(v),
+        Some((CpuStorage::BF16(v), Rounding::Nearest)) => Working::BF16(v),
+        Some((CpuStorage::BF16(v), Rounding::Stochastic { seed })) => {
+            Working::BF16Stochastic(v, stochastic_key(seed, steps))
+        }
+        Some((s, r)) => {
+            return Err(Error::invalid(
+                "optimizer step",
+                format!(
+                    "a {:?} working copy cannot be written with {r:?} (f16 takes round to \
+                     nearest, bf16 either rounding)",
+                    s.dtype()
+                ),
+            ))
+        }
+    })
+}
+
+/// Applies `u` to a contiguous parameter with a contiguous gradient of the same length and
+/// `u.num_states()` state buffers, then counts the step in `step` (an f32 scalar). The
+/// gradient has the parameter's dtype, or f16/bf16 for an f32 parameter. With `work`, the
+/// parameter is an f32 master and the working copy is written from it in the same pass.
 /// When `found_inf` (an f32 scalar) is nonzero nothing changes at all: the skip is decided
 /// here, where the flag lives, not by the caller.
 pub(crate) fn optim_update(
@@ -132,6 +265,7 @@ pub(crate) fn optim_update(
     step: &mut CpuStorage,
     found_inf: Option<&CpuStorage>,
     u: &OptimUpdate,
+    work: Option<(&mut CpuStorage, Rounding)>,
 ) -> Result<()> {
     let bad = |what: &str| {
         Error::invalid(
@@ -145,22 +279,74 @@ pub(crate) fn optim_update(
         }
     }
     let steps = scalar(step).ok_or_else(|| bad("the step count"))? as f64;
-    let (dtype, n) = (p.dtype(), p.len());
-    let ok = match dtype {
-        DType::F32 => typed::<f32>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
-        DType::F16 => typed::<f16>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
-        DType::BF16 => typed::<bf16>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
-        DType::F64 => typed::<f64>(p, g, states).map(|(p, g, a, b)| run(p, g, a, b, u, steps)),
+    let (dtype, gdtype, n) = (p.dtype(), g.dtype(), p.len());
+    if work.is_some() && dtype != DType::F32 {
+        return Err(Error::invalid(
+            "optimizer step",
+            format!("a master weight must be F32, got {dtype:?}"),
+        ));
+    }
+    let w = working(work, steps as u64)?;
+    use DType::*;
+    let ok = match (dtype, gdtype) {
+        (F32, F32) => typed::<f32, f32>(p, g, states, w, u, steps),
+        (F32, F16) => typed::<f32, f16>(p, g, states, w, u, steps),
+        (F32, BF16) => typed::<f32, bf16>(p, g, states, w, u, steps),
+        (F16, F16) => typed::<f16, f16>(p, g, states, w, u, steps),
+        (BF16, BF16) => typed::<bf16, bf16>(p, g, states, w, u, steps),
+        (F64, F64) => typed::<f64, f64>(p, g, states, w, u, steps),
         _ => None,
     };
     ok.ok_or_else(|| {
         Error::invalid(
             "optimizer step",
-            format!("parameter, gradient and states must share dtype {dtype:?} and length {n}"),
+            format!(
+                "parameter {dtype:?} with gradient {gdtype:?}: states must share the \
+                 parameter's dtype, and everything its length {n}"
+            ),
         )
     })?;
     if let CpuStorage::F32(v) = step {
         v[0] += 1.0;
+    }
+    Ok(())
+}
+
+/// Writes the f32 `master` into its working copy `dst` with `rounding`, with the stochastic
+/// bits of the last update counted in `step` (an f32 scalar), as the update kernel did.
+pub(crate) fn round_into(
+    dst: &mut CpuStorage,
+    master: &CpuStorage,
+    rounding: Rounding,
+    step: &CpuStorage,
+) -> Result<()> {
+    let steps = scalar(step).ok_or_else(|| {
+        Error::invalid(
+            "round_into",
+            "the step count must be a one-element F32 tensor",
+        )
+    })?;
+    let steps = (steps as u64).saturating_sub(1);
+    let n = dst.len();
+    let Some(src) = f32::slice(master).filter(|s| s.len() == n) else {
+        return Err(Error::invalid(
+            "round_into",
+            format!(
+                "the master must be F32 of length {n}, got {:?} of length {}",
+                master.dtype(),
+                master.len()
+            ),
+        ));
+    };
+    let w = working(Some((dst, rounding)), steps)?;
+    let chunks = n.div_ceil(CHUNK);
+    let jobs = w.chunks(chunks).into_iter().enumerate();
+    let f =
+        |(i, w): (usize, Working)| w.write(&src[i * CHUNK..(i * CHUNK + CHUNK).min(n)], i * CHUNK);
+    if n < PAR_MIN {
+        jobs.for_each(f);
+    } else {
+        jobs.collect::<Vec<_>>().into_par_iter().for_each(f);
     }
     Ok(())
 }
