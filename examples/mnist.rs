@@ -72,6 +72,10 @@ struct Args {
     /// parameters), with the dynamic loss scaler for fp16.
     #[arg(long, default_value = "fp32")]
     precision: String,
+    /// With fp16/bf16: the parameters themselves become f16/bf16 working copies of f32
+    /// masters the optimizer keeps (moments in f32; bf16 copies stochastically rounded).
+    #[arg(long)]
+    master_weights: bool,
     /// A fast run for trying things: 10k training and 2k test images, one epoch.
     #[arg(long)]
     quick: bool,
@@ -174,7 +178,16 @@ fn run(args: Args) -> Result<()> {
             })
         }
     };
-    let precision = args.precision.as_str();
+    let precision = match (args.master_weights, low) {
+        (false, _) => args.precision.clone(),
+        (true, Some(_)) => format!("{} master-weights", args.precision),
+        (true, None) => {
+            return Err(Error::Invalid {
+                op: "mnist",
+                msg: "--master-weights needs --precision fp16 or bf16".into(),
+            })
+        }
+    };
     // bf16 keeps f32's exponent range: no loss scaling (as PyTorch practice and llm.c).
     let mut scaler = GradScaler::new(GradScalerConfig {
         enabled: low == Some(DType::F16),
@@ -211,7 +224,17 @@ fn run(args: Args) -> Result<()> {
         Opt::Adam | Opt::Adamw if one_cycle => 3e-3,
         Opt::Adam | Opt::Adamw => 1e-3,
     });
+    if let (true, Some(d)) = (args.master_weights, low) {
+        net.to_dtype(d)?;
+    }
     let mut opt = optimizer(kind, net.parameters(), lr, args.seed)?;
+    match low {
+        Some(DType::BF16) if args.master_weights => {
+            opt.use_master_weights(Rounding::Stochastic { seed: args.seed })?
+        }
+        Some(_) if args.master_weights => opt.use_master_weights(Rounding::Nearest)?,
+        _ => {}
+    }
     let gamma = args.gamma.unwrap_or(if cnn { 0.7 } else { 0.3 });
     let epoch_schedule = StepLr {
         base: lr,
