@@ -167,10 +167,15 @@ fn autocast<R>(low: Option<DType>, f: impl FnOnce() -> Result<R>) -> Result<R> {
 }
 
 fn run(args: Args) -> Result<()> {
+    let device = match args.device.as_str() {
+        "auto" => Device::best(),
+        d => Device::parse(d)?.check_available()?,
+    };
     let low = match args.precision.as_str() {
         "fp32" => None,
         "fp16" => Some(DType::F16),
-        "bf16" => Some(DType::BF16),
+        // bf16 falls back to f16 (with a warning) where the device lacks it.
+        "bf16" => Some(amp::supported_dtype(device, DType::BF16)?),
         other => {
             return Err(Error::Invalid {
                 op: "mnist",
@@ -178,9 +183,14 @@ fn run(args: Args) -> Result<()> {
             })
         }
     };
+    let name = match low {
+        None => "fp32",
+        Some(DType::F16) => "fp16",
+        Some(_) => "bf16",
+    };
     let precision = match (args.master_weights, low) {
-        (false, _) => args.precision.clone(),
-        (true, Some(_)) => format!("{} master-weights", args.precision),
+        (false, _) => name.to_string(),
+        (true, Some(_)) => format!("{name} master-weights"),
         (true, None) => {
             return Err(Error::Invalid {
                 op: "mnist",
@@ -193,10 +203,6 @@ fn run(args: Args) -> Result<()> {
         enabled: low == Some(DType::F16),
         ..Default::default()
     })?;
-    let device = match args.device.as_str() {
-        "auto" => Device::best(),
-        d => Device::parse(d)?.check_available()?,
-    };
     let dir = locate_or_fetch()?;
     let (mut train, mut test) = (Mnist::load(&dir, true)?, Mnist::load(&dir, false)?);
     let mut epochs = args.epochs;

@@ -40,6 +40,17 @@ impl Device {
         }
     }
 
+    /// Whether the device computes in bf16 (autocast falls back to f16 where it does not):
+    /// always on the CPU; on CUDA from compute capability 8.0.
+    pub fn supports_bf16(self) -> Result<bool> {
+        match self {
+            Device::Cpu => Ok(true),
+            // Unreachable until the CUDA backend lands; it answers from the device's compute
+            // capability.
+            Device::Cuda(_) => self.check_available().map(|_| false),
+        }
+    }
+
     /// Parses `cpu`, `cuda`, `cuda:N` (as PyTorch writes devices).
     pub fn parse(s: &str) -> Result<Device> {
         let s = s.trim();

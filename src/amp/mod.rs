@@ -22,7 +22,7 @@ mod scaler;
 pub use cache::cached_casts;
 pub use scaler::{GradScaler, GradScalerConfig};
 
-use crate::{DType, Error, Result};
+use crate::{DType, Device, Error, Result};
 use std::cell::Cell;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,4 +92,64 @@ pub fn with_autocast<R>(dtype: DType, f: impl FnOnce() -> R) -> Result<R> {
 pub fn active_dtype() -> Option<DType> {
     let s = STATE.with(|s| s.get());
     s.enabled.then_some(s.dtype)
+}
+
+/// The low dtype to autocast to on `device`: `dtype` when the device has it; a bf16 request
+/// on a device without bf16 arithmetic (CUDA before compute capability 8.0) falls back to
+/// f16, printing a warning once per process (then use a [`GradScaler`], which bf16 does not
+/// need). The CPU supports both.
+///
+/// ```
+/// use mantissa::{amp, DType, Device};
+/// assert_eq!(amp::supported_dtype(Device::Cpu, DType::BF16)?, DType::BF16);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn supported_dtype(device: Device, dtype: DType) -> Result<DType> {
+    if !dtype.is_half() {
+        return Err(Error::DType {
+            op: "supported_dtype",
+            dtype,
+            expected: "F16 or BF16",
+        });
+    }
+    let (d, warning) = fallback(dtype, device.supports_bf16()?);
+    if let Some(w) = warning {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| eprintln!("warning: {w} (device {device})"));
+    }
+    Ok(d)
+}
+
+/// Opens an autocast region for `device`, with [`supported_dtype`]'s fallback.
+pub fn autocast_on(device: Device, dtype: DType) -> Result<AutocastGuard> {
+    autocast(supported_dtype(device, dtype)?)
+}
+
+/// The dtype used for `dtype` when bf16 is (not) supported, and the warning to print.
+fn fallback(dtype: DType, bf16_supported: bool) -> (DType, Option<&'static str>) {
+    if dtype == DType::BF16 && !bf16_supported {
+        (
+            DType::F16,
+            Some("bf16 autocast is not supported on this device; falling back to f16"),
+        )
+    } else {
+        (dtype, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_falls_back_to_f16_with_a_warning_only_when_unsupported() {
+        assert_eq!(fallback(DType::BF16, true), (DType::BF16, None));
+        assert_eq!(fallback(DType::F16, false), (DType::F16, None));
+        let (d, w) = fallback(DType::BF16, false);
+        assert_eq!(d, DType::F16);
+        assert!(w.unwrap().contains("falling back to f16"));
+        assert_eq!(supported_dtype(Device::Cpu, DType::BF16).unwrap(), DType::BF16);
+        assert!(supported_dtype(Device::Cpu, DType::F32).is_err());
+        assert!(supported_dtype(Device::Cuda(0), DType::BF16).is_err());
+    }
 }
