@@ -267,7 +267,10 @@ fn scaler_with_f16_masters() {
     let g = w.grad().unwrap();
     assert_eq!(g.dtype(), DType::F32);
     assert_close(&vals(&g), &vals(&c), 1e-6, "unscaled gradient");
-    let norm = clip_grad_norm(std::slice::from_ref(&w), 1.0).unwrap().item().unwrap();
+    let norm = clip_grad_norm(std::slice::from_ref(&w), 1.0)
+        .unwrap()
+        .item()
+        .unwrap();
     let want = vals(&c).iter().map(|x| x * x).sum::<f64>().sqrt();
     assert!((norm - want).abs() < 1e-3 * want, "norm {norm} vs {want}");
     scaler.step(&mut opt).unwrap();

@@ -148,7 +148,10 @@ mod tests {
         let (d, w) = fallback(DType::BF16, false);
         assert_eq!(d, DType::F16);
         assert!(w.unwrap().contains("falling back to f16"));
-        assert_eq!(supported_dtype(Device::Cpu, DType::BF16).unwrap(), DType::BF16);
+        assert_eq!(
+            supported_dtype(Device::Cpu, DType::BF16).unwrap(),
+            DType::BF16
+        );
         assert!(supported_dtype(Device::Cpu, DType::F32).is_err());
         assert!(supported_dtype(Device::Cuda(0), DType::BF16).is_err());
     }
