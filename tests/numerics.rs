@@ -101,7 +101,7 @@ impl TinyLm {
         p.extend(self.head.parameters());
         p
     }
-    fn to_dtype(&mut self, d: DType) {
+    fn convert(&mut self, d: DType) {
         self.emb.to_dtype(d).unwrap();
         self.lstm.to_dtype(d).unwrap();
         self.head.to_dtype(d).unwrap();
@@ -129,7 +129,7 @@ impl TinyLm {
 fn losses(low: Option<DType>, masters: bool) -> Vec<f64> {
     let mut m = TinyLm::new(3);
     if masters {
-        m.to_dtype(DType::BF16);
+        m.convert(DType::BF16);
     }
     let mut opt = Adam::new(m.params(), AdamConfig::adamw(1e-2)).unwrap();
     if masters {
