@@ -249,3 +249,43 @@ fn autocast_state_is_per_thread_and_fp32_ops_survive_half_overflow() {
         .unwrap()
         .is_finite());
 }
+
+/// Item 7: the graph keeps half tensors for backward, while gradients of f32 leaves are f32
+/// (the cast's backward widens them) and equal the f32 gradients within f16 rounding.
+#[test]
+fn gradients_of_f32_leaves_are_f32() {
+    let w = f32s(&[5, 4], 21).requires_grad(true).unwrap();
+    let b = f32s(&[5], 22).requires_grad(true).unwrap();
+    let x = f32s(&[3, 4], 23).requires_grad(true).unwrap();
+    let y = amp::with_autocast(DType::F16, || x.linear(&w, Some(&b)).unwrap()).unwrap();
+    assert_eq!(y.dtype(), DType::F16);
+    y.to_dtype(DType::F32)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let low: Vec<_> = [&w, &b, &x].iter().map(|t| t.grad().unwrap()).collect();
+    for t in [&w, &b, &x] {
+        t.zero_grad();
+    }
+    x.linear(&w, Some(&b))
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    for (g, t) in low.iter().zip([&w, &b, &x]) {
+        assert_eq!(g.dtype(), DType::F32);
+        assert_close(
+            &vals(g),
+            &vals(&t.grad().unwrap()),
+            3e-3,
+            "f16 vs f32 gradient",
+        );
+    }
+}
