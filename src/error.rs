@@ -47,6 +47,16 @@ pub enum Error {
     /// The CUDA backend is not available in this build or on this machine.
     #[error("CUDA backend not available ({device}): {reason}")]
     CudaUnavailable { device: Device, reason: String },
+    /// A CUDA library could not be found or loaded; the message says how to install it.
+    #[error("CUDA library {lib} not available: {msg}")]
+    CudaLibrary { lib: &'static str, msg: String },
+    /// NVRTC rejected a kernel source; `log` is its compiler output.
+    #[error("NVRTC could not compile kernel {kernel} for {arch}:\n{log}")]
+    KernelCompile {
+        kernel: String,
+        arch: String,
+        log: String,
+    },
     /// A dimension index is outside `-rank..rank`.
     #[error("{op}: dimension {dim} out of range for a tensor of rank {rank} (shape {shape:?})")]
     DimOutOfRange {

@@ -4,6 +4,8 @@
 //! method; op definitions do not change.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ops;
 pub mod rounding;
 

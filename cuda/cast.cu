@@ -1,0 +1,29 @@
+// Casts between element types: contiguous, or from a strided view into a contiguous output.
+// Every conversion goes through f32 and rounds to nearest even on store.
+
+template <typename S, typename D>
+__device__ void cast_contiguous(const S* __restrict__ src, D* __restrict__ dst, i64 n) {
+    FOR_EACH(i, n) dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+template <typename S, typename D>
+__device__ void cast_strided(const S* __restrict__ src, Strided l, D* __restrict__ dst, i64 n) {
+    FOR_EACH(i, n) dst[i] = from_f32<D>(to_f32(src[strided_index(l, i)]));
+}
+
+#define CAST(S, D)                                                                         \
+    extern "C" __global__ void cast_##S##_##D(const S* src, D* dst, i64 n) {              \
+        cast_contiguous<S, D>(src, dst, n);                                                \
+    }                                                                                      \
+    extern "C" __global__ void cast_strided_##S##_##D(const S* src, Strided l, D* dst, i64 n) { \
+        cast_strided<S, D>(src, l, dst, n);                                                \
+    }
+
+#define CAST_FROM(S) CAST(S, float) CAST(S, f16) CAST(S, bf16)
+CAST_FROM(float)
+CAST_FROM(f16)
+CAST_FROM(bf16)
+CAST_FROM(i64)
+CAST_FROM(u8)
+CAST(float, i64)
+CAST(float, u8)

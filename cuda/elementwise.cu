@@ -1,0 +1,139 @@
+// Elementwise ops on strided (broadcast) inputs into a contiguous output, arithmetic in f32.
+// The op codes follow the order of UnaryOp / BinaryOp / CmpOp in src/backend/ops.rs, and the
+// formulas are the ones written there.
+
+#define SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_C 0.044715f
+#define FRAC_1_SQRT_2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float unary_f(int op, float a, float b, float x) {
+    switch (op) {
+    case 0: return -x;
+    case 1: return fabsf(x);
+    case 2: return expf(x);
+    case 3: return logf(x);
+    case 4: return log1pf(x);
+    case 5: return sqrtf(x);
+    case 6: return rsqrtf(x);
+    case 7: return 1.0f / x;
+    case 8: return sinf(x);
+    case 9: return cosf(x);
+    case 10: return tanhf(x);
+    case 11: return sigmoid(x);
+    case 12: return fmaxf(x, 0.0f);
+    case 13: return x > 0.0f ? x : x * a;
+    case 14: return 0.5f * x * (1.0f + erff(x * FRAC_1_SQRT_2));
+    case 15: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_C * x * x * x)));
+    case 16: return x * sigmoid(x);
+    case 17: return x * a + b;
+    case 18: return a == 2.0f ? x * x : powf(x, a);
+    case 19: return powf(a, x);
+    case 20: return fmaxf(x, a);
+    default: return fminf(x, a);
+    }
+}
+
+// d f / d x at x.
+__device__ __forceinline__ float unary_df(int op, float a, float x) {
+    switch (op) {
+    case 0: return -1.0f;
+    case 1: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+    case 2: return expf(x);
+    case 3: return 1.0f / x;
+    case 4: return 1.0f / (1.0f + x);
+    case 5: return 0.5f / sqrtf(x);
+    case 6: return -0.5f / (x * sqrtf(x));
+    case 7: return -1.0f / (x * x);
+    case 8: return cosf(x);
+    case 9: return -sinf(x);
+    case 10: { float t = tanhf(x); return 1.0f - t * t; }
+    case 11: { float s = sigmoid(x); return s * (1.0f - s); }
+    case 12: return x > 0.0f ? 1.0f : 0.0f;
+    case 13: return x > 0.0f ? 1.0f : a;
+    case 14: return 0.5f * (1.0f + erff(x * FRAC_1_SQRT_2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
+    case 15: {
+        float t = tanhf(SQRT_2_OVER_PI * (x + GELU_C * x * x * x));
+        float dinner = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_C * x * x);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner;
+    }
+    case 16: { float s = sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
+    case 17: return a;
+    case 18: return a == 0.0f ? 0.0f : a * powf(x, a - 1.0f);
+    case 19: return powf(a, x) * logf(a);
+    case 20: return x > a ? 1.0f : 0.0f;
+    default: return x < a ? 1.0f : 0.0f;
+    }
+}
+
+__device__ __forceinline__ float binary_f(int op, float a, float b) {
+    switch (op) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    case 3: return a / b;
+    case 4: return powf(a, b);
+    case 5: return fmaxf(a, b);
+    default: return fminf(a, b);
+    }
+}
+
+__device__ __forceinline__ bool cmp_f(int op, float a, float b) {
+    switch (op) {
+    case 0: return a == b;
+    case 1: return a != b;
+    case 2: return a < b;
+    case 3: return a <= b;
+    case 4: return a > b;
+    default: return a >= b;
+    }
+}
+
+#define ELEMENTWISE(T)                                                                         \
+    /* out[i] = f(x[i]); contiguous input. */                                                   \
+    extern "C" __global__ void unary_##T(int op, float a, float b, const T* x, T* out, i64 n) { \
+        FOR_EACH(i, n) out[i] = from_f32<T>(unary_f(op, a, b, to_f32(x[i])));                  \
+    }                                                                                          \
+    extern "C" __global__ void unary_strided_##T(int op, float a, float b, const T* x,          \
+                                                 Strided lx, T* out, i64 n) {                   \
+        FOR_EACH(i, n) out[i] = from_f32<T>(unary_f(op, a, b, to_f32(x[strided_index(lx, i)]))); \
+    }                                                                                          \
+    /* out[i] = f'(x[i]) * g[i]: the backward of a unary op. */                                \
+    extern "C" __global__ void unary_grad_##T(int op, float a, const T* x, Strided lx,          \
+                                              const T* g, Strided lg, T* out, i64 n) {          \
+        FOR_EACH(i, n) {                                                                       \
+            float xv = to_f32(x[strided_index(lx, i)]);                                        \
+            out[i] = from_f32<T>(unary_df(op, a, xv) * to_f32(g[strided_index(lg, i)]));       \
+        }                                                                                      \
+    }                                                                                          \
+    extern "C" __global__ void binary_##T(int op, const T* x, const T* y, T* out, i64 n) {     \
+        FOR_EACH(i, n) out[i] = from_f32<T>(binary_f(op, to_f32(x[i]), to_f32(y[i])));          \
+    }                                                                                          \
+    extern "C" __global__ void binary_strided_##T(int op, const T* x, Strided lx, const T* y,  \
+                                                  Strided ly, T* out, i64 n) {                  \
+        FOR_EACH(i, n) {                                                                       \
+            float a = to_f32(x[strided_index(lx, i)]), b = to_f32(y[strided_index(ly, i)]);    \
+            out[i] = from_f32<T>(binary_f(op, a, b));                                          \
+        }                                                                                      \
+    }                                                                                          \
+    /* A U8 mask of 0 and 1. */                                                                \
+    extern "C" __global__ void cmp_##T(int op, const T* x, Strided lx, const T* y, Strided ly, \
+                                       u8* out, i64 n) {                                        \
+        FOR_EACH(i, n) {                                                                       \
+            float a = to_f32(x[strided_index(lx, i)]), b = to_f32(y[strided_index(ly, i)]);    \
+            out[i] = cmp_f(op, a, b) ? 1 : 0;                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    /* out = mask ? x : y. */                                                                  \
+    extern "C" __global__ void where_##T(const u8* m, Strided lm, const T* x, Strided lx,      \
+                                         const T* y, Strided ly, T* out, i64 n) {               \
+        FOR_EACH(i, n) {                                                                       \
+            out[i] = m[strided_index(lm, i)] ? x[strided_index(lx, i)] : y[strided_index(ly, i)]; \
+        }                                                                                      \
+    }
+
+ELEMENTWISE(float)
+ELEMENTWISE(f16)
+ELEMENTWISE(bf16)

@@ -1,0 +1,115 @@
+// The fused optimizer update (src/backend/cpu/optim.rs and the rules in src/backend/ops.rs):
+// one pass reads parameter or f32 master, gradient and states, computes in f32, and writes
+// them back, plus the f16/bf16 working copy of a master (round to nearest or stochastic).
+// The step count and the overflow flag are read on the device: a set flag skips everything,
+// and `optim_count` (launched after the update) advances the count, so no host read is needed.
+
+struct OptimArgs {
+    int kind;       // 0 SGD, 1 Adam, 2 Adadelta
+    int flags;      // 1 nesterov, 2 decoupled weight decay, 4 momentum buffer in use
+    int stochastic; // working copy rounding: 0 nearest, 1 stochastic (bf16)
+    float lr, a, b, eps, wd; // SGD: a momentum, b dampening; Adam: a beta1, b beta2; Adadelta: a rho
+    u64 seed;       // stochastic-rounding stream of this parameter
+};
+
+// The key of the update that follows `steps` earlier ones (rounding.rs: stochastic_key).
+__device__ __forceinline__ uint2 stochastic_key(u64 seed, u64 steps) {
+    uint4 r = philox(make_uint4((u32)steps, (u32)(steps >> 32), 0x53524e44u, 0u),
+                     make_uint2((u32)seed, (u32)(seed >> 32)));
+    return make_uint2(r.x, r.y);
+}
+
+// Sixteen random bits for element i (rounding.rs: stochastic_bits, 8 elements per block).
+__device__ __forceinline__ u32 stochastic_bits(uint2 key, i64 i) {
+    u64 block = (u64)i >> 3;
+    uint4 r = philox(make_uint4((u32)block, (u32)(block >> 32), 0u, 0u), key);
+    int j = (int)(i & 7);
+    u32 w = (j < 2) ? r.x : (j < 4) ? r.y : (j < 6) ? r.z : r.w;
+    return (w >> (16 * (j & 1))) & 0xFFFFu;
+}
+
+template <typename W> __device__ __forceinline__ void write_working(W* w, i64 i, float v, bool sr, uint2 key);
+template <> __device__ __forceinline__ void write_working<f16>(f16* w, i64 i, float v, bool, uint2) {
+    w[i] = from_f32<f16>(v);
+}
+template <> __device__ __forceinline__ void write_working<bf16>(bf16* w, i64 i, float v, bool sr, uint2 key) {
+    w[i] = sr ? bf16_stochastic(v, stochastic_bits(key, i)) : from_f32<bf16>(v);
+}
+template <> __device__ __forceinline__ void write_working<float>(float*, i64, float, bool, uint2) {}
+
+template <typename P, typename G, typename W>
+__device__ void optim_update(OptimArgs a, P* p, const G* g, P* s0, P* s1, W* w, const float* step,
+                             const float* found_inf, i64 n) {
+    if (found_inf != nullptr && *found_inf != 0.0f) return;
+    float steps = *step;
+    bool first = steps == 0.0f;
+    float t = steps + 1.0f;
+    uint2 key = stochastic_key(a.seed, (u64)steps);
+    // Adam's constants (ops.rs: AdamRule), computed per thread from the device step count.
+    float decay = (a.flags & 2) ? 1.0f - a.lr * a.wd : 1.0f;
+    float l2 = (a.flags & 2) ? 0.0f : a.wd;
+    float inv_bc2 = 1.0f / (1.0f - powf(a.b, t));
+    float step_size = a.lr / (1.0f - powf(a.a, t));
+    FOR_EACH(i, n) {
+        float x = to_f32(p[i]), gi = to_f32(g[i]);
+        if (a.kind == 0) {
+            float d = gi + a.wd * x;
+            if (a.flags & 4) {
+                float m = first ? d : a.a * to_f32(s0[i]) + (1.0f - a.b) * d;
+                s0[i] = from_f32<P>(m);
+                d = (a.flags & 1) ? d + a.a * m : m;
+            }
+            x = x - a.lr * d;
+        } else if (a.kind == 1) {
+            float gg = gi + l2 * x;
+            float m = a.a * to_f32(s0[i]) + (1.0f - a.a) * gg;
+            float v = a.b * to_f32(s1[i]) + (1.0f - a.b) * gg * gg;
+            s0[i] = from_f32<P>(m);
+            s1[i] = from_f32<P>(v);
+            x = x * decay - step_size * m / (sqrtf(v * inv_bc2) + a.eps);
+        } else {
+            float gg = gi + a.wd * x;
+            float sq = a.a * to_f32(s0[i]) + (1.0f - a.a) * gg * gg;
+            float d = sqrtf(to_f32(s1[i]) + a.eps) / sqrtf(sq + a.eps) * gg;
+            s0[i] = from_f32<P>(sq);
+            s1[i] = from_f32<P>(a.a * to_f32(s1[i]) + (1.0f - a.a) * d * d);
+            x = x - a.lr * d;
+        }
+        p[i] = from_f32<P>(x);
+        if (w != nullptr) write_working<W>(w, i, x, a.stochastic != 0, key);
+    }
+}
+
+#define OPTIM(name, P, G, W)                                                                 \
+    extern "C" __global__ void name(OptimArgs a, P* p, const G* g, P* s0, P* s1, W* w,       \
+                                    const float* step, const float* found_inf, i64 n) {      \
+        optim_update<P, G, W>(a, p, g, s0, s1, w, step, found_inf, n);                       \
+    }
+
+OPTIM(optim_float_float, float, float, float)
+OPTIM(optim_f16_f16, f16, f16, float)
+OPTIM(optim_bf16_bf16, bf16, bf16, float)
+// f32 masters with their working copies, gradients in the working dtype or in f32.
+OPTIM(optim_master_f16_f16, float, f16, f16)
+OPTIM(optim_master_float_f16, float, float, f16)
+OPTIM(optim_master_bf16_bf16, float, bf16, bf16)
+OPTIM(optim_master_float_bf16, float, float, bf16)
+
+// Counts the update, unless it was skipped. One thread.
+extern "C" __global__ void optim_count(float* step, const float* found_inf) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && (found_inf == nullptr || *found_inf == 0.0f)) {
+        *step += 1.0f;
+    }
+}
+
+// Rewrites a working copy from its master with the bits of the last counted update
+// (master.rs: resync; after a checkpoint load or SGLD's noise).
+extern "C" __global__ void round_master_f16(const float* m, f16* w, i64 n) {
+    FOR_EACH(i, n) w[i] = from_f32<f16>(m[i]);
+}
+extern "C" __global__ void round_master_bf16(const float* m, bf16* w, int stochastic, u64 seed,
+                                             const float* step, i64 n) {
+    float s = *step;
+    uint2 key = stochastic_key(seed, s >= 1.0f ? (u64)s - 1 : 0);
+    FOR_EACH(i, n) write_working<bf16>(w, i, m[i], stochastic != 0, key);
+}

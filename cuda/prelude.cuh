@@ -1,0 +1,90 @@
+// mantissa CUDA prelude: prepended to every kernel file before NVRTC compiles it (sm_80+).
+// No CUDA headers: f16 and bf16 are 16-bit storage types converted with inline PTX, and the
+// arithmetic runs in f32 (half is a storage format, as on the CPU backend).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct __align__(2) f16 { u16 bits; };
+struct __align__(2) bf16 { u16 bits; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(double x) { return (float)x; }
+__device__ __forceinline__ float to_f32(f16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
+
+// Round to nearest even, as the CPU backend's `half` conversions do.
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+
+// Philox 4x32-10, the generator of src/random.rs: the same (counter, key) gives the same bits
+// on the CPU and here.
+__device__ __forceinline__ uint4 philox(uint4 c, uint2 k) {
+    #pragma unroll
+    for (int i = 0; i < 10; ++i) {
+        u32 hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        u32 hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        k.x += 0x9E3779B9u;
+        k.y += 0xBB67AE85u;
+    }
+    return c;
+}
+
+// Stochastic rounding of an f32 to bf16 (src/backend/rounding.rs): round up in magnitude when
+// the 16 discarded bits exceed r.
+__device__ __forceinline__ bf16 bf16_stochastic(float x, u32 r) {
+    bf16 out;
+    if (!isfinite(x)) return from_f32<bf16>(x);
+    u32 b = __float_as_uint(x);
+    u32 kept = b & 0xFFFF0000u;
+    out.bits = (u16)((kept + (((b & 0xFFFFu) > (r & 0xFFFFu)) ? 0x10000u : 0u)) >> 16);
+    return out;
+}
+
+// A strided view: element i of the logical (row-major) shape lives at
+// offset + sum_d idx_d * strides[d]. Broadcast dims have stride 0.
+#define MAX_RANK 8
+struct Strided {
+    int rank;
+    i64 offset;
+    i64 shape[MAX_RANK];
+    i64 strides[MAX_RANK];
+};
+
+__device__ __forceinline__ i64 strided_index(const Strided& l, i64 i) {
+    i64 off = l.offset;
+    for (int d = l.rank - 1; d >= 0; --d) {
+        i64 n = l.shape[d];
+        off += (i % n) * l.strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+// A grid-stride loop over n elements.
+#define FOR_EACH(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+// Index and mask types convert through f32 too (class indices are exact below 2^24).
+__device__ __forceinline__ float to_f32(i64 x) { return (float)x; }
+__device__ __forceinline__ float to_f32(u8 x) { return (float)x; }
+template <> __device__ __forceinline__ i64 from_f32<i64>(float x) { return (i64)x; }
+template <> __device__ __forceinline__ u8 from_f32<u8>(float x) { return (u8)(x != 0.0f); }

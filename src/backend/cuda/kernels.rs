@@ -1,0 +1,21 @@
+//! The kernel sources of `cuda/`, embedded in the binary. Each is compiled with the prelude
+//! prepended (a `#line` directive keeps NVRTC's messages pointing at the right file).
+
+/// `cuda/prelude.cuh`: f16/bf16 storage types and conversions, Philox, strided indexing.
+pub const PRELUDE: &str = include_str!("../../../cuda/prelude.cuh");
+
+/// Every kernel file: (name, source).
+pub const KERNELS: &[(&str, &str)] = &[
+    ("cast", include_str!("../../../cuda/cast.cu")),
+    ("elementwise", include_str!("../../../cuda/elementwise.cu")),
+    ("optim", include_str!("../../../cuda/optim.cu")),
+    ("amp", include_str!("../../../cuda/amp.cu")),
+];
+
+/// The full source NVRTC compiles for kernel file `name`, or `None` if there is none.
+pub fn source(name: &str) -> Option<String> {
+    let (_, body) = KERNELS.iter().find(|(n, _)| *n == name)?;
+    Some(format!(
+        "#line 1 \"prelude.cuh\"\n{PRELUDE}\n#line 1 \"{name}.cu\"\n{body}"
+    ))
+}

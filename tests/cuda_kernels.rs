@@ -1,0 +1,64 @@
+//! Every kernel in `cuda/` compiles with NVRTC for sm_80 and sm_90 (no GPU needed). Without
+//! libnvrtc the test prints `skipped` and passes, unless `MANTISSA_REQUIRE_NVRTC` is set (CI
+//! sets it, after installing NVRTC from PyPI).
+#![cfg(feature = "cuda")]
+
+use mantissa::backend::cuda::{kernels, nvrtc};
+use mantissa::Error;
+
+fn nvrtc_or_skip() -> bool {
+    match nvrtc::version() {
+        Ok((major, minor)) => {
+            eprintln!("NVRTC {major}.{minor}");
+            true
+        }
+        Err(e) if std::env::var_os("MANTISSA_REQUIRE_NVRTC").is_some() => {
+            panic!("MANTISSA_REQUIRE_NVRTC is set but NVRTC cannot be loaded: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no NVRTC ({e})");
+            false
+        }
+    }
+}
+
+#[test]
+fn every_kernel_compiles_for_sm80_and_sm90() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    for (name, _) in kernels::KERNELS {
+        let src = kernels::source(name).unwrap();
+        for arch in [80, 90] {
+            let bin = nvrtc::compile(name, &src, arch)
+                .unwrap_or_else(|e| panic!("{name} for sm_{arch}: {e}"));
+            assert_eq!(&bin[..4], b"\x7fELF", "{name} sm_{arch}: not a cubin");
+        }
+    }
+}
+
+#[test]
+fn compile_errors_carry_the_log_and_the_cache_returns_the_same_cubin() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }";
+    match nvrtc::compile("broken", bad, 80) {
+        Err(Error::KernelCompile { kernel, arch, log }) => {
+            assert_eq!((kernel.as_str(), arch.as_str()), ("broken", "sm_80"));
+            assert!(log.contains("undefined_name"), "log: {log}");
+        }
+        other => panic!("expected a compile error, got {:?}", other.map(|b| b.len())),
+    }
+    let dir = std::env::temp_dir().join(format!("mantissa-kcache-{}", std::process::id()));
+    std::env::set_var("MANTISSA_CACHE_DIR", &dir);
+    let src = kernels::source("amp").unwrap();
+    let first = nvrtc::cubin("amp", &src, 90).unwrap();
+    let cached: Vec<_> = std::fs::read_dir(dir.join("kernels"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(cached.len(), 1, "one cache entry");
+    assert_eq!(nvrtc::cubin("amp", &src, 90).unwrap(), first);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
