@@ -4,8 +4,9 @@ use crate::{Error, Result};
 
 /// Where a tensor's storage lives.
 ///
-/// `Cuda(n)` names the n-th GPU. The CUDA backend lands in a later release; until then every
-/// attempt to place data there returns [`Error::CudaUnavailable`].
+/// `Cuda(n)` names the n-th GPU. Tensors on CUDA are not implemented yet: every attempt to
+/// place data there returns [`Error::CudaUnavailable`], whose reason names what is missing
+/// (the driver library, a device) or says that the GPU was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     #[default]
@@ -33,9 +34,15 @@ impl Device {
     pub fn check_available(self) -> Result<Device> {
         match self {
             Device::Cpu => Ok(self),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => Err(Error::CudaUnavailable {
+                device: self,
+                reason: crate::backend::cuda::probe::unavailable_reason(n),
+            }),
+            #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(Error::CudaUnavailable {
                 device: self,
-                reason: "this build has no CUDA backend yet; use Device::Cpu".into(),
+                reason: "built without the `cuda` feature; use Device::Cpu".into(),
             }),
         }
     }

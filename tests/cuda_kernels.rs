@@ -62,3 +62,20 @@ fn compile_errors_carry_the_log_and_the_cache_returns_the_same_cubin() {
     assert_eq!(nvrtc::cubin("amp", &src, 90).unwrap(), first);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn cuda_devices_are_an_error_that_says_why_never_a_panic() {
+    match mantissa::Device::cuda(0) {
+        Err(Error::CudaUnavailable { reason, .. }) => {
+            eprintln!("Device::cuda(0): {reason}");
+            assert!(
+                ["libcuda", "device", "not implemented", "driver"]
+                    .iter()
+                    .any(|w| reason.contains(w)),
+                "unclear reason: {reason}"
+            );
+        }
+        other => panic!("expected CudaUnavailable, got {other:?}"),
+    }
+    assert_eq!(mantissa::Device::best(), mantissa::Device::Cpu);
+}

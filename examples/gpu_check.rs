@@ -1,0 +1,257 @@
+//! Prints the CUDA device report and runs quick checks of what the CUDA backend has so far:
+//! every kernel file compiled by NVRTC for this GPU and loaded, a few kernels against the CPU
+//! backend, a bf16 GEMM TFLOP/s figure (cuBLAS) and a host-to-device copy bandwidth.
+//!
+//! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
+//! machine without a GPU it says what is missing and exits cleanly.
+
+use cudarc::cublas::{sys as bs, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use mantissa::backend::cuda::{kernels, nvrtc, probe};
+use mantissa::backend::rounding::stream_seed;
+use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding};
+use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
+use std::sync::Arc;
+use std::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// `cuda/optim.cu`'s `OptimArgs`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct OptimArgs {
+    kind: i32,
+    flags: i32,
+    stochastic: i32,
+    lr: f32,
+    a: f32,
+    b: f32,
+    eps: f32,
+    wd: f32,
+    seed: u64,
+}
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for OptimArgs {}
+
+fn cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(256).min(65_535), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn rel(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn randn(n: usize, seed: u64) -> Res<Vec<f32>> {
+    let t = Tensor::randn_with(
+        &[n],
+        0.0,
+        1.0,
+        DType::F32,
+        Device::Cpu,
+        &mut Generator::new(seed),
+    )?;
+    Ok(t.to_vec::<f32>()?)
+}
+
+fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) -> Res<()> {
+    let t0 = Instant::now();
+    let mut modules = std::collections::HashMap::new();
+    for (name, _) in kernels::KERNELS {
+        let bin = nvrtc::cubin(name, &kernels::source(name).unwrap(), arch)?;
+        modules.insert(*name, ctx.load_module(Ptx::from_binary(bin))?);
+    }
+    println!(
+        "kernels: {} files compiled for sm_{arch} and loaded in {:.2} s",
+        modules.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let n = 1 << 20;
+    let x = randn(n, 1)?;
+
+    // Cast f32 -> bf16 must round exactly as the CPU does.
+    let f = modules["cast"].load_function("cast_float_bf16")?;
+    let dx = stream.clone_htod(&x)?;
+    let mut dy = stream.alloc_zeros::<bf16>(n)?;
+    let nn = n as i64;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&dx).arg(&mut dy).arg(&nn);
+    unsafe { b.launch(cfg(n)) }?;
+    let got = stream.clone_dtoh(&dy)?;
+    let same = got
+        .iter()
+        .zip(&x)
+        .filter(|(g, x)| g.to_bits() == bf16::from_f32(**x).to_bits())
+        .count();
+    println!("cast f32->bf16: {same}/{n} bit-identical to the CPU");
+
+    // GELU (erf) against the CPU backend.
+    let f = modules["elementwise"].load_function("unary_float")?;
+    let mut dg = stream.alloc_zeros::<f32>(n)?;
+    let (op, a0, b0) = (14i32, 0.0f32, 0.0f32);
+    let mut b = stream.launch_builder(&f);
+    b.arg(&op).arg(&a0).arg(&b0).arg(&dx).arg(&mut dg).arg(&nn);
+    unsafe { b.launch(cfg(n)) }?;
+    let got: Vec<f64> = stream.clone_dtoh(&dg)?.iter().map(|&v| v as f64).collect();
+    let want = Tensor::from_vec(x.clone(), &[n], Device::Cpu)?
+        .gelu()?
+        .to_vec_f64();
+    println!("gelu f32: relative error vs CPU {:.2e}", rel(&got, &want));
+
+    // AdamW with f32 master, bf16 working copy, stochastic rounding: one step against the CPU.
+    let (lr, wd, seed) = (1e-3f32, 0.01f32, 7u64);
+    let w = Tensor::from_vec(x.clone(), &[n], Device::Cpu)?
+        .to_dtype(DType::BF16)?
+        .requires_grad(true)?;
+    let g16 = Tensor::from_vec(randn(n, 2)?, &[n], Device::Cpu)?.to_dtype(DType::BF16)?;
+    let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(lr as f64))?;
+    opt.use_master_weights(Rounding::Stochastic { seed })?;
+    let master0: Vec<f32> = opt.states()[0].tensors["master"].to_vec()?;
+    w.set_grad(Some(g16.clone()))?;
+    opt.step()?;
+    let cpu_master = opt.states()[0].tensors["master"].to_vec_f64();
+    let cpu_w: Vec<u16> = w.to_vec::<bf16>()?.iter().map(|v| v.to_bits()).collect();
+    let f = modules["optim"].load_function("optim_master_bf16_bf16")?;
+    let args = OptimArgs {
+        kind: 1,
+        flags: 2,
+        stochastic: 1,
+        lr,
+        a: 0.9,
+        b: 0.999,
+        eps: 1e-8,
+        wd,
+        seed: stream_seed(seed, 0),
+    };
+    let mut dm = stream.clone_htod(&master0)?;
+    let dgrad = stream.clone_htod(&g16.to_vec::<bf16>()?)?;
+    let (mut s0, mut s1) = (stream.alloc_zeros::<f32>(n)?, stream.alloc_zeros::<f32>(n)?);
+    let mut dw = stream.alloc_zeros::<bf16>(n)?;
+    let mut step = stream.clone_htod(&[0.0f32])?;
+    let null = 0u64; // found_inf: a null pointer
+    let mut b = stream.launch_builder(&f);
+    b.arg(&args)
+        .arg(&mut dm)
+        .arg(&dgrad)
+        .arg(&mut s0)
+        .arg(&mut s1)
+        .arg(&mut dw);
+    b.arg(&step).arg(&null).arg(&nn);
+    unsafe { b.launch(cfg(n)) }?;
+    let count = modules["optim"].load_function("optim_count")?;
+    let mut b = stream.launch_builder(&count);
+    b.arg(&mut step).arg(&null);
+    unsafe { b.launch(cfg(1)) }?;
+    let gm: Vec<f64> = stream.clone_dtoh(&dm)?.iter().map(|&v| v as f64).collect();
+    let gw: Vec<u16> = stream
+        .clone_dtoh(&dw)?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    let same = gw.iter().zip(&cpu_w).filter(|(a, b)| a == b).count();
+    println!(
+        "AdamW master step: master relative error vs CPU {:.2e}; bf16 copies {same}/{n} bit-identical; step count {}",
+        rel(&gm, &cpu_master),
+        stream.clone_dtoh(&step)?[0]
+    );
+
+    // Unscale with the overflow check: one inf among f16 gradients sets the flag.
+    let f = modules["amp"].load_function("amp_unscale_f16_float")?;
+    let mut h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    h[n / 2] = f16::INFINITY;
+    let dh = stream.clone_htod(&h)?;
+    let mut out = stream.alloc_zeros::<f32>(n)?;
+    let inv = stream.clone_htod(&[0.5f32])?;
+    let mut found = stream.clone_htod(&[0.0f32])?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&dh).arg(&mut out).arg(&inv).arg(&mut found).arg(&nn);
+    unsafe { b.launch(cfg(n)) }?;
+    println!(
+        "unscale: found_inf = {} (expected 1)",
+        stream.clone_dtoh(&found)?[0]
+    );
+    Ok(())
+}
+
+fn gemm_tflops(stream: &Arc<CudaStream>) -> Res<f64> {
+    let n = 8192usize;
+    let blas = CudaBlas::new(stream.clone())?;
+    let a = stream.clone_htod(&vec![bf16::from_f32(0.01); n * n])?;
+    let bm = stream.clone_htod(&vec![bf16::from_f32(0.02); n * n])?;
+    let mut c = stream.alloc_zeros::<bf16>(n * n)?;
+    let op = bs::cublasOperation_t::CUBLAS_OP_N;
+    let g = GemmConfig {
+        transa: op,
+        transb: op,
+        m: n as i32,
+        n: n as i32,
+        k: n as i32,
+        alpha: bf16::ONE,
+        lda: n as i32,
+        ldb: n as i32,
+        beta: bf16::ZERO,
+        ldc: n as i32,
+    };
+    for _ in 0..3 {
+        unsafe { blas.gemm(g, &a, &bm, &mut c) }?;
+    }
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let t0 = stream.record_event(flags)?;
+        unsafe { blas.gemm(g, &a, &bm, &mut c) }?;
+        let t1 = stream.record_event(flags)?;
+        times.push(t0.elapsed_ms(&t1)? as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n as f64).powi(3) / (times[5] * 1e-3) / 1e12)
+}
+
+fn copy_gbs(stream: &Arc<CudaStream>) -> Res<f64> {
+    let host = vec![1.0f32; 64 << 20]; // 256 MB
+    let mut dev = stream.alloc_zeros::<f32>(host.len())?;
+    stream.memcpy_htod(&host, &mut dev)?;
+    stream.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        stream.memcpy_htod(&host, &mut dev)?;
+    }
+    stream.synchronize()?;
+    Ok(5.0 * 256e6 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+fn main() {
+    let report = match probe::report(0) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("no usable CUDA device: {e}");
+            return;
+        }
+    };
+    println!("{report}");
+    let run = || -> Res<()> {
+        let ctx = CudaContext::new(0)?;
+        let stream = ctx.default_stream();
+        let (ma, mi) = report.compute_capability;
+        check_kernels(&ctx, &stream, (ma * 10 + mi) as u32)?;
+        println!(
+            "GEMM bf16 8192^3 (cuBLAS): {:.0} TFLOP/s",
+            gemm_tflops(&stream)?
+        );
+        println!(
+            "host-to-device copy, pageable 256 MB: {:.1} GB/s",
+            copy_gbs(&stream)?
+        );
+        Ok(())
+    };
+    if let Err(e) = run() {
+        eprintln!("gpu_check failed: {e}");
+        std::process::exit(1);
+    }
+}
