@@ -1,6 +1,6 @@
 //! Reverse-mode autograd over the dynamic graph the ops record.
 //!
-//! Each op whose inputs need gradients attaches a [`Node`] to its output: the inputs plus a
+//! Each op whose inputs need gradients attaches a `Node` to its output: the inputs plus a
 //! one-shot backward closure. [`Tensor::backward`] sorts the graph, runs the closures in reverse
 //! order under `no_grad`, accumulates into the leaves' `.grad()`, and frees every node it ran
 //! (saved tensors included), as PyTorch does without `retain_graph`.

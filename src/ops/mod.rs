@@ -1,5 +1,5 @@
 //! Op definitions: forward (through [`crate::backend::Storage`]), backward (recorded with
-//! `attach`), and each op's cast policy. Every op enters through [`dispatch`], the one place
+//! `attach`), and each op's cast policy. Every op enters through `dispatch`, the one place
 //! where inputs are checked for device agreement, cast by an active autocast region according
 //! to [`Op::cast_policy`], and brought to a common dtype.
 
@@ -33,7 +33,7 @@ pub enum CastPolicy {
     Passthrough,
 }
 
-/// Every op that goes through [`dispatch`].
+/// Every op that goes through `dispatch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Op {
