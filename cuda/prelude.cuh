@@ -2,6 +2,10 @@
 // No CUDA headers: f16 and bf16 are 16-bit storage types converted with inline PTX, and the
 // arithmetic runs in f32 (half is a storage format, as on the CPU backend).
 
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -88,3 +92,32 @@ __device__ __forceinline__ float to_f32(i64 x) { return (float)x; }
 __device__ __forceinline__ float to_f32(u8 x) { return (float)x; }
 template <> __device__ __forceinline__ i64 from_f32<i64>(float x) { return (i64)x; }
 template <> __device__ __forceinline__ u8 from_f32<u8>(float x) { return (u8)(x != 0.0f); }
+
+// Block-wide reductions for blocks of a multiple of 32 threads (at most 1024); every thread
+// gets the result. `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_min(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// op: 0 sum, 1 max, 2 min.
+__device__ __forceinline__ float warp_reduce(int op, float v) {
+    return op == 0 ? warp_sum(v) : (op == 1 ? warp_max(v) : warp_min(v));
+}
+__device__ float block_reduce(int op, float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_reduce(op, v);
+    __syncthreads(); // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float id = op == 0 ? 0.0f : (op == 1 ? -INFINITY : INFINITY);
+    v = lane < warps ? scratch[lane] : id;
+    return warp_reduce(op, v);
+}

@@ -10,6 +10,8 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),
+    ("reduce", include_str!("../../../cuda/reduce.cu")),
+    ("softmax_xent", include_str!("../../../cuda/softmax_xent.cu")),
 ];
 
 /// The full source NVRTC compiles for kernel file `name`, or `None` if there is none.

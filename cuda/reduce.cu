@@ -1,0 +1,63 @@
+// Row reductions: out[r] = reduce(x[r, 0..cols]) for a contiguous [rows, cols] input (the
+// launcher moves the reduced dims last). One block per row, f32 accumulation (the CPU backend
+// adds compensation; f32 tree sums over a row have error ~log2(cols) ulp).
+// op: 0 sum, 1 max, 2 min, 3 mean.
+
+template <typename T>
+__device__ void reduce_rows(int op, const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 cols) {
+    __shared__ float scratch[32];
+    int bop = op == 3 ? 0 : op;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * cols;
+        float acc = bop == 0 ? 0.0f : (bop == 1 ? -INFINITY : INFINITY);
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = to_f32(row[c]);
+            acc = bop == 0 ? acc + v : (bop == 1 ? fmaxf(acc, v) : fminf(acc, v));
+        }
+        acc = block_reduce(bop, acc, scratch);
+        if (threadIdx.x == 0) out[r] = from_f32<T>(op == 3 ? acc / (float)cols : acc);
+    }
+}
+
+// Index of the first maximum of each row (argmax; NaN counts as the maximum, as on the CPU),
+// as i64. blockDim.x must be a power of two, at most 1024.
+template <typename T>
+__device__ void argmax_rows(const T* __restrict__ x, i64* __restrict__ out, i64 rows, i64 cols) {
+    __shared__ float best_v[1024];
+    __shared__ i64 best_i[1024];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * cols;
+        float bv = -INFINITY;
+        i64 bi = 0;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = to_f32(row[c]);
+            if (v > bv || (isnan(v) && !isnan(bv))) { bv = v; bi = c; }
+        }
+        best_v[threadIdx.x] = bv;
+        best_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                float ov = best_v[threadIdx.x + s];
+                i64 oi = best_i[threadIdx.x + s];
+                float mv = best_v[threadIdx.x];
+                bool take = ov > mv || (ov == mv && oi < best_i[threadIdx.x]) || (isnan(ov) && !isnan(mv));
+                if (take) { best_v[threadIdx.x] = ov; best_i[threadIdx.x] = oi; }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[r] = best_i[0];
+        __syncthreads();
+    }
+}
+
+#define REDUCE(T)                                                                            \
+    extern "C" __global__ void reduce_rows_##T(int op, const T* x, T* out, i64 rows, i64 cols) { \
+        reduce_rows<T>(op, x, out, rows, cols);                                              \
+    }                                                                                        \
+    extern "C" __global__ void argmax_rows_##T(const T* x, i64* out, i64 rows, i64 cols) {  \
+        argmax_rows<T>(x, out, rows, cols);                                                  \
+    }
+REDUCE(float)
+REDUCE(f16)
+REDUCE(bf16)

@@ -1,0 +1,86 @@
+// Softmax / log-softmax over the last dim and the fused cross-entropy (src/ops/nn.rs and
+// src/ops/loss.rs): one block per row, max-subtracted, f32 throughout.
+
+template <typename T>
+__device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 cols, int log) {
+    __shared__ float scratch[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * cols;
+        float m = -INFINITY;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, to_f32(row[c]));
+        m = block_reduce(1, m, scratch);
+        float s = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) s += expf(to_f32(row[c]) - m);
+        s = block_reduce(0, s, scratch);
+        float lse = m + logf(s);
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = to_f32(row[c]);
+            out[r * cols + c] = from_f32<T>(log ? v - lse : expf(v - lse));
+        }
+    }
+}
+
+// Cross-entropy per row with label smoothing `eps` and `ignore_index`:
+// loss = (1 - eps) (lse - x[t]) + eps (lse - mean_j x[j]); 0 for an ignored row. Also writes
+// the row's log-sum-exp for the backward.
+template <typename T>
+__device__ void xent_rows(const T* __restrict__ x, const i64* __restrict__ target, float* __restrict__ loss,
+                          float* __restrict__ lse_out, i64 rows, i64 cols, i64 ignore_index, float eps) {
+    __shared__ float scratch[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * cols;
+        float m = -INFINITY, sum_x = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = to_f32(row[c]);
+            m = fmaxf(m, v);
+            sum_x += v;
+        }
+        m = block_reduce(1, m, scratch);
+        sum_x = block_reduce(0, sum_x, scratch);
+        float s = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) s += expf(to_f32(row[c]) - m);
+        s = block_reduce(0, s, scratch);
+        if (threadIdx.x == 0) {
+            float lse = m + logf(s);
+            i64 t = target[r];
+            lse_out[r] = lse;
+            loss[r] = (t == ignore_index || t < 0 || t >= cols)
+                          ? 0.0f
+                          : (1.0f - eps) * (lse - to_f32(row[t])) + eps * (lse - sum_x / (float)cols);
+        }
+    }
+}
+
+// d loss_r / d x[r, j] = g[r] (softmax_j - (1 - eps) [j == t] - eps / cols); 0 for ignored
+// rows. `g` holds each row's incoming gradient (the reduction's scale folded in).
+template <typename T>
+__device__ void xent_backward(const T* __restrict__ x, const i64* __restrict__ target,
+                              const float* __restrict__ lse, const float* __restrict__ g,
+                              T* __restrict__ dx, i64 rows, i64 cols, i64 ignore_index, float eps) {
+    FOR_EACH(i, rows * cols) {
+        i64 r = i / cols, j = i % cols, t = target[r];
+        float d = 0.0f;
+        if (!(t == ignore_index || t < 0 || t >= cols)) {
+            float p = expf(to_f32(x[i]) - lse[r]);
+            d = g[r] * (p - (j == t ? 1.0f - eps : 0.0f) - eps / (float)cols);
+        }
+        dx[i] = from_f32<T>(d);
+    }
+}
+
+#define SOFTMAX(T)                                                                              \
+    extern "C" __global__ void softmax_rows_##T(const T* x, T* out, i64 rows, i64 cols, int log) { \
+        softmax_rows<T>(x, out, rows, cols, log);                                               \
+    }                                                                                           \
+    extern "C" __global__ void xent_rows_##T(const T* x, const i64* target, float* loss, float* lse, \
+                                             i64 rows, i64 cols, i64 ignore_index, float eps) {     \
+        xent_rows<T>(x, target, loss, lse, rows, cols, ignore_index, eps);                      \
+    }                                                                                           \
+    extern "C" __global__ void xent_backward_##T(const T* x, const i64* target, const float* lse, \
+                                                 const float* g, T* dx, i64 rows, i64 cols,     \
+                                                 i64 ignore_index, float eps) {                 \
+        xent_backward<T>(x, target, lse, g, dx, rows, cols, ignore_index, eps);                 \
+    }
+SOFTMAX(float)
+SOFTMAX(f16)
+SOFTMAX(bf16)
