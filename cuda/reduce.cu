@@ -41,7 +41,9 @@ __device__ void argmax_rows(const T* __restrict__ x, i64* __restrict__ out, i64 
                 float ov = best_v[threadIdx.x + s];
                 i64 oi = best_i[threadIdx.x + s];
                 float mv = best_v[threadIdx.x];
-                bool take = ov > mv || (ov == mv && oi < best_i[threadIdx.x]) || (isnan(ov) && !isnan(mv));
+                i64 mi = best_i[threadIdx.x];
+                bool take = isnan(ov) ? (!isnan(mv) || oi < mi)
+                                      : (!isnan(mv) && (ov > mv || (ov == mv && oi < mi)));
                 if (take) { best_v[threadIdx.x] = ov; best_i[threadIdx.x] = oi; }
             }
             __syncthreads();
