@@ -40,7 +40,7 @@ pub use ops::{
     Operand, Reduction,
 };
 pub use random::{manual_seed, Generator};
-pub use tensor::{live_storage_bytes, Tensor};
+pub use tensor::{host_reads, live_storage_bytes, Tensor};
 
 /// f16 and bf16 element types, re-exported from `half`.
 pub use half::{bf16, f16};

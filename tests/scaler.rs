@@ -319,3 +319,58 @@ fn negative_infinity_and_several_optimizers_share_one_backoff() {
         "one backoff for both"
     );
 }
+
+/// Checklist item 11: a whole scaled step (scale, backward, unscale_, clipping, the fused
+/// optimizer's step, update), with and without an overflow, and with master weights, reads
+/// nothing back to the host: the skip decision and the scale stay on the device.
+#[test]
+fn a_scaled_step_reads_nothing_back_to_the_host() {
+    for masters in [false, true] {
+        let w = if masters {
+            param(&[0.5, -1.0, 2.0])
+                .detach()
+                .to_dtype(DType::F16)
+                .unwrap()
+                .requires_grad(true)
+                .unwrap()
+        } else {
+            param(&[0.5, -1.0, 2.0])
+        };
+        let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(1e-2)).unwrap();
+        if masters {
+            opt.use_master_weights(Rounding::Nearest).unwrap();
+        }
+        // 2^10: the default 2^16 overflows f16 gradients on the first step, as in PyTorch.
+        let cfg = GradScalerConfig {
+            init_scale: 1024.0,
+            ..Default::default()
+        };
+        let mut scaler = GradScaler::new(cfg).unwrap();
+        for c in [
+            [1.0f32, 2.0, 3.0],
+            [f32::INFINITY, 1.0, 1.0],
+            [0.5, 0.5, 0.5],
+        ] {
+            let ct = Tensor::from_vec(c.to_vec(), &[3], Device::Cpu).unwrap();
+            let before = host_reads();
+            opt.zero_grad();
+            let loss = w
+                .mul(&ct.to_dtype(w.dtype()).unwrap())
+                .unwrap()
+                .sum_all()
+                .unwrap();
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            scaler.unscale_(&mut opt).unwrap();
+            clip_grad_norm(std::slice::from_ref(&w), 1.0).unwrap();
+            scaler.step(&mut opt).unwrap();
+            scaler.update().unwrap();
+            assert_eq!(
+                host_reads(),
+                before,
+                "host reads in a step (masters: {masters})"
+            );
+        }
+        // The overflow was skipped: two real steps counted.
+        assert_eq!(opt.states()[0].step_count().unwrap(), 2);
+    }
+}

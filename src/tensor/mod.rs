@@ -241,6 +241,7 @@ impl Tensor {
 
     /// Elements in row-major order converted to f64.
     pub fn to_vec_f64(&self) -> Vec<f64> {
+        count_host_read();
         self.storage().to_f64_vec(self.layout())
     }
 
@@ -288,6 +289,7 @@ impl Tensor {
 
     /// The elements' raw little-endian bytes, row-major (copied to the host).
     pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
+        count_host_read();
         let host = self.to_device(Device::Cpu)?;
         let storage = host.storage();
         let Storage::Cpu(s) = &*storage;
@@ -340,4 +342,31 @@ impl std::fmt::Debug for Tensor {
         }
         Ok(())
     }
+}
+
+thread_local! {
+    static HOST_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count_host_read() {
+    HOST_READS.with(|c| c.set(c.get() + 1));
+}
+
+/// How many times this thread has read tensor data back into host memory (`item`, `to_vec`,
+/// `to_vec_f64`, `to_le_bytes`). On a GPU each such read waits for the device, so a training
+/// step meant to be free of synchronisation can be checked by comparing the count before and
+/// after it (the role of PyTorch's `set_sync_debug_mode`).
+///
+/// ```
+/// use mantissa::{host_reads, Tensor, DType, Device};
+/// let x = Tensor::ones(&[3], DType::F32, Device::Cpu)?;
+/// let before = host_reads();
+/// let y = x.mul(2.0)?.sum_all()?; // no read
+/// assert_eq!(host_reads(), before);
+/// y.item()?;
+/// assert_eq!(host_reads(), before + 1);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn host_reads() -> u64 {
+    HOST_READS.with(|c| c.get())
 }

@@ -11,7 +11,10 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("optim", include_str!("../../../cuda/optim.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),
     ("reduce", include_str!("../../../cuda/reduce.cu")),
-    ("softmax_xent", include_str!("../../../cuda/softmax_xent.cu")),
+    (
+        "softmax_xent",
+        include_str!("../../../cuda/softmax_xent.cu"),
+    ),
 ];
 
 /// The full source NVRTC compiles for kernel file `name`, or `None` if there is none.
