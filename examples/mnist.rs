@@ -373,7 +373,7 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    if let Err(e) = mantissa::in_compute_pool(|| run(Args::parse())) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
