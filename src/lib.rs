@@ -49,15 +49,6 @@ pub use half::{bf16, f16};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn tensors_cross_threads() {
-        fn assert_send_sync<T: Send + Sync>() {}
-        assert_send_sync::<crate::Tensor>();
-        assert_send_sync::<crate::Error>();
-    }
-}
 
 /// Runs `f` on a thread of the compute pool (rayon's global pool) and returns its result.
 ///
@@ -77,4 +68,14 @@ mod tests {
 /// ```
 pub fn in_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tensors_cross_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<crate::Tensor>();
+        assert_send_sync::<crate::Error>();
+    }
 }
