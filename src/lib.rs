@@ -70,6 +70,28 @@ pub fn in_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+/// Asks the C allocator to keep freed memory for reuse instead of returning it to the
+/// system: large tensors are then served from already-mapped pages, without the page faults
+/// and zeroing a fresh mapping costs on every step (about 10% of a small CNN's CPU training
+/// step). It changes the whole process's allocator (glibc `mallopt`: buffers up to 32 MiB
+/// from the heap, no trimming), so it is for training binaries to call at start, not for
+/// libraries; it does nothing on other C libraries. Returns whether the settings took.
+pub fn retain_freed_host_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator tunables; any value is accepted or refused.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) == 1
+                && libc::mallopt(libc::M_TOP_PAD, 64 << 20) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
