@@ -94,8 +94,13 @@ fn per_plane<T: Copy + Send + Sync, U: Copy + Send + Sync + Default>(
     out
 }
 
-fn contiguous<T: CpuElem>(v: &[T], l: &Layout) -> Vec<T> {
-    super::elementwise::map1(v, l, |x| x)
+/// The elements of `(v, l)` in row-major order: borrowed when the layout already is that.
+fn contiguous<'a, T: CpuElem>(v: &'a [T], l: &Layout) -> std::borrow::Cow<'a, [T]> {
+    if l.is_contiguous() {
+        std::borrow::Cow::Borrowed(&v[l.offset()..l.offset() + l.numel()])
+    } else {
+        std::borrow::Cow::Owned(super::elementwise::map1(v, l, |x| x))
+    }
 }
 
 /// Max pooling: values and the flat in-plane index of each maximum (I64).
@@ -112,7 +117,15 @@ pub(crate) fn max_pool2d(
         p: &Pool2dParams,
     ) -> (CpuStorage, CpuStorage) {
         let x = contiguous(v, l);
-        let both = per_plane(&x, d, d.ho * d.wo, |src, dst: &mut [(f64, i64)]| {
+        let out_plane = d.ho * d.wo;
+        let mut vals = vec![T::zero(); d.planes * out_plane];
+        let mut idx = vec![-1i64; d.planes * out_plane];
+        if out_plane == 0 {
+            return (vals.into_storage(), idx.into_storage());
+        }
+        let in_plane = d.h * d.w;
+        let plane = |(pl, (dv, di)): (usize, (&mut [T], &mut [i64]))| {
+            let src = &x[pl * in_plane..(pl + 1) * in_plane];
             for oy in 0..d.ho {
                 for ox in 0..d.wo {
                     let mut best = (T::Acc::neg_infinity(), -1i64);
@@ -135,18 +148,22 @@ pub(crate) fn max_pool2d(
                             }
                         }
                     }
-                    dst[oy * d.wo + ox] = (best.0.to_f64_(), best.1);
+                    dv[oy * d.wo + ox] = T::from_acc(best.0);
+                    di[oy * d.wo + ox] = best.1;
                 }
             }
-        });
-        let vals: Vec<T> = both.iter().map(|&(v, _)| T::from_f64(v)).collect();
-        let idx: Vec<i64> = both.iter().map(|&(_, i)| i).collect();
+        };
+        let jobs = vals.chunks_mut(out_plane).zip(idx.chunks_mut(out_plane));
+        if x.len() >= PAR_MIN {
+            jobs.enumerate().collect::<Vec<_>>().into_par_iter().for_each(plane);
+        } else {
+            jobs.enumerate().for_each(plane);
+        }
         (vals.into_storage(), idx.into_storage())
     }
     Ok(map_float!("max_pool2d", s, v => go(v, l, d, p)))
 }
 
-use crate::dtype::Float as _;
 
 /// The backward of a pooling op: for every plane, `f(plane, g_plane, acc)` adds the output
 /// gradients into an f32 (or f64) accumulator of the input plane, which is then rounded into
