@@ -123,8 +123,15 @@ fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F]) {
                     }
                     let xr = &mut xc[iy as usize * d.w..(iy as usize + 1) * d.w];
                     let s = &src[oy * d.wo + cols.start..oy * d.wo + cols.end];
-                    for (k, &v) in s.iter().enumerate() {
-                        xr[first + k * sw] += v;
+                    if sw == 1 {
+                        // Contiguous on both sides: a plain vectorisable add.
+                        for (a, &v) in xr[first..first + s.len()].iter_mut().zip(s) {
+                            *a += v;
+                        }
+                    } else {
+                        for (k, &v) in s.iter().enumerate() {
+                            xr[first + k * sw] += v;
+                        }
                     }
                 }
             }
