@@ -1,7 +1,7 @@
 //! 2-D convolution by im2col + GEMM: forward, backward to the input, backward to the weight.
 //! Half inputs are computed in f32 and rounded once on store.
 
-use super::matmul::{gemm_into, GemmFloat, MatRef};
+use super::matmul::{gemm_into, overwritten_buffer, GemmFloat, MatRef};
 use super::{CpuStorage, IntoStorage};
 use crate::backend::ops::Conv2dParams;
 use crate::layout::Layout;
@@ -146,10 +146,10 @@ fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
 fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
-    let mut out = vec![F::zero(); d.n * d.o * plane];
+    let mut out = overwritten_buffer(d.n * d.o * plane);
     let par_images = d.n > 1;
     let job = |(n, dst): (usize, &mut [F])| {
-        let mut col = vec![F::zero(); kr * plane];
+        let mut col = overwritten_buffer(kr * plane);
         for g in 0..d.p.groups {
             im2col(&x[n * img_in + g * cg * d.h * d.w..], d, &mut col);
             let dst_g = &mut dst[g * og * plane..(g + 1) * og * plane];
@@ -180,7 +180,7 @@ fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
     let mut gx = vec![F::zero(); d.n * img_in];
     let par_images = d.n > 1;
     let job = |(n, dst): (usize, &mut [F])| {
-        let mut col = vec![F::zero(); kr * plane];
+        let mut col = overwritten_buffer(kr * plane);
         for g in 0..d.p.groups {
             // col (kr x plane) = W_g^T (kr x og) * gy_g (og x plane)
             let wt = mat(w, g * og * kr, 1, kr);
@@ -205,7 +205,7 @@ fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
     let per = d.n.div_ceil(threads).max(1);
     let partial = |images: std::ops::Range<usize>, parallel: bool| -> Vec<F> {
         let mut gw = vec![F::zero(); wlen];
-        let mut col = vec![F::zero(); kr * plane];
+        let mut col = overwritten_buffer(kr * plane);
         for n in images {
             for g in 0..d.p.groups {
                 im2col(&x[n * img_in + g * cg * d.h * d.w..], d, &mut col);
