@@ -37,7 +37,7 @@ fn fill_rows<U: Send, const N: usize>(
 }
 
 /// `out[i] = f(src[l[i]])`.
-pub(crate) fn map1<T: Copy + Sync, U: Copy + Default + Send + Sync>(
+pub(crate) fn map1<T: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
     src: &[T],
     l: &Layout,
     f: impl Fn(T) -> U + Sync,
@@ -51,7 +51,8 @@ pub(crate) fn map1<T: Copy + Sync, U: Copy + Default + Send + Sync>(
         };
     }
     let rows = Rows::new([l]);
-    let mut out = vec![U::default(); l.numel()];
+    // fill_rows writes every row.
+    let mut out = super::matmul::overwritten_buffer(l.numel());
     let st = rows.inner[0];
     fill_rows(&mut out, &rows, |o, [off]| {
         if st == 1 {
@@ -69,7 +70,7 @@ pub(crate) fn map1<T: Copy + Sync, U: Copy + Default + Send + Sync>(
 }
 
 /// `out[i] = f(a[la[i]], b[lb[i]])`; `la` and `lb` have the same shape.
-pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Default + Send + Sync>(
+pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
     a: &[A],
     la: &Layout,
     b: &[B],
@@ -90,7 +91,8 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: Copy + Default + Send + Sy
         };
     }
     let rows = Rows::new([la, lb]);
-    let mut out = vec![U::default(); la.numel()];
+    // fill_rows writes every row.
+    let mut out = super::matmul::overwritten_buffer(la.numel());
     let [sa, sb] = rows.inner;
     fill_rows(&mut out, &rows, |o, [oa, ob]| {
         let n = o.len();

@@ -28,10 +28,10 @@ impl<F> MatRef<'_, F> {
 /// A buffer of `n` floats whose every element the caller writes before reading any (GEMM
 /// outputs without accumulation, im2col columns): skips zeroing memory that is overwritten
 /// anyway, which is most of an allocation's cost for large short-lived buffers.
-pub(crate) fn overwritten_buffer<F: GemmFloat>(n: usize) -> Vec<F> {
+pub(crate) fn overwritten_buffer<F: bytemuck::Pod>(n: usize) -> Vec<F> {
     let mut v = Vec::with_capacity(n);
-    // SAFETY: f32 and f64 have no invalid bit patterns, and callers write every element
-    // before reading it (see above).
+    // SAFETY: Pod types have no invalid bit patterns, and callers write every element before
+    // reading it (see above).
     #[allow(clippy::uninit_vec)]
     unsafe {
         v.set_len(n)
