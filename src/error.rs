@@ -50,6 +50,13 @@ pub enum Error {
     /// A CUDA library could not be found or loaded; the message says how to install it.
     #[error("CUDA library {lib} not available: {msg}")]
     CudaLibrary { lib: &'static str, msg: String },
+    /// A device allocation failed even after the allocator released its cached blocks.
+    #[error("out of memory on {device}: {requested} bytes requested; {stats}")]
+    OutOfMemory {
+        device: Device,
+        requested: usize,
+        stats: String,
+    },
     /// NVRTC rejected a kernel source; `log` is its compiler output.
     #[error("NVRTC could not compile kernel {kernel} for {arch}:\n{log}")]
     KernelCompile {

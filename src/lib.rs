@@ -49,7 +49,6 @@ pub use half::{bf16, f16};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-
 /// Runs `f` on a thread of the compute pool (rayon's global pool) and returns its result.
 ///
 /// CPU kernels split large ops across the pool's threads. Called from an outside thread, each

@@ -3,6 +3,7 @@
 //! (`crate::ops`) into a device's kernels. The CUDA backend adds a variant and an arm per
 //! method; op definitions do not change.
 
+pub mod caching;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -179,7 +179,10 @@ pub(crate) fn max_pool2d(
         };
         let jobs = vals.chunks_mut(out_plane).zip(idx.chunks_mut(out_plane));
         if x.len() >= PAR_MIN {
-            jobs.enumerate().collect::<Vec<_>>().into_par_iter().for_each(plane);
+            jobs.enumerate()
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .for_each(plane);
         } else {
             jobs.enumerate().for_each(plane);
         }
@@ -187,7 +190,6 @@ pub(crate) fn max_pool2d(
     }
     Ok(map_float!("max_pool2d", s, v => go(v, l, d, p)))
 }
-
 
 /// The backward of a pooling op: for every plane, `f(plane, g_plane, acc)` adds the output
 /// gradients into an f32 (or f64) accumulator of the input plane, which is then rounded into
