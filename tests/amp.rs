@@ -259,26 +259,16 @@ fn gradients_of_f32_leaves_are_f32() {
     let x = f32s(&[3, 4], 23).requires_grad(true).unwrap();
     let y = amp::with_autocast(DType::F16, || x.linear(&w, Some(&b)).unwrap()).unwrap();
     assert_eq!(y.dtype(), DType::F16);
-    y.to_dtype(DType::F32)
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
+    let backward = |y: Tensor| {
+        let y = y.to_dtype(DType::F32).unwrap();
+        y.sqr().unwrap().sum_all().unwrap().backward().unwrap()
+    };
+    backward(y);
     let low: Vec<_> = [&w, &b, &x].iter().map(|t| t.grad().unwrap()).collect();
     for t in [&w, &b, &x] {
         t.zero_grad();
     }
-    x.linear(&w, Some(&b))
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
+    backward(x.linear(&w, Some(&b)).unwrap());
     for (g, t) in low.iter().zip([&w, &b, &x]) {
         assert_eq!(g.dtype(), DType::F32);
         assert_close(

@@ -1,8 +1,8 @@
 //! 2-D convolution by im2col + GEMM: forward, backward to the input, backward to the weight.
 //! Half inputs are computed in f32 and rounded once on store.
 
-use super::matmul::{gemm_into, overwritten_buffer, GemmFloat, MatRef};
-use super::{CpuStorage, IntoStorage};
+use super::matmul::{gemm_into, GemmFloat, MatRef};
+use super::{overwritten_buffer, CpuStorage, IntoStorage};
 use crate::backend::ops::Conv2dParams;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};

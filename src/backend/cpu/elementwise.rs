@@ -52,7 +52,7 @@ pub(crate) fn map1<T: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
     }
     let rows = Rows::new([l]);
     // fill_rows writes every row.
-    let mut out = super::matmul::overwritten_buffer(l.numel());
+    let mut out = super::overwritten_buffer(l.numel());
     let st = rows.inner[0];
     fill_rows(&mut out, &rows, |o, [off]| {
         if st == 1 {
@@ -92,7 +92,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: bytemuck::Pod + Send + Syn
     }
     let rows = Rows::new([la, lb]);
     // fill_rows writes every row.
-    let mut out = super::matmul::overwritten_buffer(la.numel());
+    let mut out = super::overwritten_buffer(la.numel());
     let [sa, sb] = rows.inner;
     fill_rows(&mut out, &rows, |o, [oa, ob]| {
         let n = o.len();

@@ -25,20 +25,6 @@ impl<F> MatRef<'_, F> {
     }
 }
 
-/// A buffer of `n` floats whose every element the caller writes before reading any (GEMM
-/// outputs without accumulation, im2col columns): skips zeroing memory that is overwritten
-/// anyway, which is most of an allocation's cost for large short-lived buffers.
-pub(crate) fn overwritten_buffer<F: bytemuck::Pod>(n: usize) -> Vec<F> {
-    let mut v = Vec::with_capacity(n);
-    // SAFETY: Pod types have no invalid bit patterns, and callers write every element before
-    // reading it (see above).
-    #[allow(clippy::uninit_vec)]
-    unsafe {
-        v.set_len(n)
-    };
-    v
-}
-
 /// Floats `gemm` multiplies natively.
 pub(crate) trait GemmFloat: WithDType + std::ops::AddAssign {}
 impl GemmFloat for f32 {}
@@ -114,7 +100,7 @@ fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout) -> Vec<F> {
     };
     let (oa, ob) = (boffs(la), boffs(lb));
     let (sa, sb) = (la.strides(), lb.strides());
-    let mut out = overwritten_buffer(oa.len() * m * n);
+    let mut out = super::overwritten_buffer(oa.len() * m * n);
     let job = |(i, dst): (usize, &mut [F]), parallel: bool| {
         let ma = MatRef {
             data: a,

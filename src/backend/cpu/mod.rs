@@ -264,6 +264,21 @@ impl CpuStorage {
     }
 }
 
+/// A buffer of `n` elements whose every element the caller writes before reading any (GEMM
+/// outputs without accumulation, im2col columns, rows a kernel fills): skips zeroing memory
+/// that is overwritten anyway, which is most of an allocation's cost for large short-lived
+/// buffers.
+pub(crate) fn overwritten_buffer<F: bytemuck::Pod>(n: usize) -> Vec<F> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: Pod types have no invalid bit patterns, and callers write every element before
+    // reading it (see above).
+    #[allow(clippy::uninit_vec)]
+    unsafe {
+        v.set_len(n)
+    };
+    v
+}
+
 pub(crate) use elementwise::{binary, cmp, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_select, scatter_add};
 pub(crate) use matmul::matmul;
