@@ -316,6 +316,38 @@ fn reductions_match_loops() {
     assert!(nan.max_all().unwrap().item().unwrap().is_nan());
 }
 
+/// Sums over leading dims whose kept dims lie side by side in memory (a bias gradient) take
+/// a column-accumulating path; check it small, long (more than one 256-row block), parallel,
+/// over two reduced dims and as a mean, in f64 and f32.
+#[test]
+fn column_sums_match_loops() {
+    for &(b, r, c) in &[(1, 5, 16), (1, 700, 40), (3, 300, 130), (2, 128, 512)] {
+        let x = randv(b * r * c, (b * r + c) as u64);
+        let xt = t(x.clone(), &[b, r, c]);
+        let want = |j: usize| -> f64 {
+            (0..b)
+                .flat_map(|i| (0..r).map(move |k| (i, k)))
+                .map(|(i, k)| x[(i * r + k) * c + j])
+                .sum()
+        };
+        let s = vals(&xt.sum(&[0, 1], false).unwrap());
+        let m = vals(&xt.mean(&[0, 1], false).unwrap());
+        let s32 = vals(&xt.to_dtype(DType::F32).unwrap().sum(&[0, 1], false).unwrap());
+        for j in 0..c {
+            assert!((s[j] - want(j)).abs() < 1e-9, "{b}x{r}x{c} col {j}");
+            assert!((m[j] - want(j) / (b * r) as f64).abs() < 1e-12);
+            let scale: f64 = (0..b * r).map(|i| x[i * c + j].abs()).sum();
+            assert!((s32[j] - want(j)).abs() <= 1e-6 * scale, "f32 {b}x{r}x{c} col {j}");
+        }
+        // Kept dims side by side but not starting at 0: a narrowed view.
+        let v = xt.narrow(2, 3, c - 3).unwrap();
+        let sv = vals(&v.sum(&[0, 1], false).unwrap());
+        for j in 0..c - 3 {
+            assert!((sv[j] - want(j + 3)).abs() < 1e-9);
+        }
+    }
+}
+
 #[test]
 fn indexing_matches_definitions() {
     let x = randv(4 * 3, 14);
