@@ -25,6 +25,14 @@ pub fn philox(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
+/// Block `i` of the stream of `seed`: four u32 words.
+pub(crate) fn philox_block(seed: u64, i: u64) -> [u32; 4] {
+    philox(
+        [i as u32, (i >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    )
+}
+
 /// A random generator: a 64-bit seed and a position in its stream.
 ///
 /// ```
@@ -55,8 +63,15 @@ impl Generator {
     }
 
     fn block(&self, i: u64) -> [u32; 4] {
-        let ctr = [i as u32, (i >> 32) as u32, 0, 0];
-        philox(ctr, [self.seed as u32, (self.seed >> 32) as u32])
+        philox_block(self.seed, i)
+    }
+
+    /// Reserves `blocks` blocks of the stream for a kernel that draws them itself (in
+    /// parallel, or on a device) and returns the first one's index.
+    pub(crate) fn reserve(&mut self, blocks: u64) -> u64 {
+        let start = self.offset;
+        self.offset += blocks;
+        start
     }
 
     /// `n` u32 words, advancing the stream.

@@ -145,6 +145,35 @@ fn seeded_random_tensors_repeat() {
     assert_eq!(e.to_vec::<f32>().unwrap(), vec![1.0; 4]);
 }
 
+/// Dropout's mask follows its stream definition: element `i` is kept when word `i` of the
+/// generator's Philox stream (block `i / 4`, lane `i % 4`, from the generator's offset on) is
+/// at least `p * 2^32`; the generator then moves past those blocks. Checked over several
+/// parallel chunks, for f32 and bf16, and after an earlier draw.
+#[test]
+fn dropout_mask_follows_the_philox_stream() {
+    for (dtype, p, n) in [(DType::F32, 0.3, 50_001), (DType::BF16, 0.75, 9_000)] {
+        let mut g = Generator::new(77);
+        g.next_u32s(8); // two blocks used before
+        let x = Tensor::full(&[n], 2.0, dtype, Device::Cpu).unwrap();
+        let y = x.dropout_with(p, true, &mut g).unwrap();
+        let y = y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(g.offset(), 2 + n.div_ceil(4) as u64);
+        let threshold = (p * 4_294_967_296.0).ceil() as u64;
+        let scaled = half::bf16::from_f64(2.0 / (1.0 - p)).to_f64();
+        for (i, v) in y.iter().enumerate() {
+            let b = 2 + (i / 4) as u64;
+            let w = mantissa::random::philox([b as u32, (b >> 32) as u32, 0, 0], [77, 0])[i % 4];
+            let want = if w as u64 >= threshold { scaled } else { 0.0 };
+            assert!(
+                (*v as f64 - want).abs() <= 0.01 * want,
+                "{dtype:?} element {i}: {v} vs {want}"
+            );
+        }
+        let kept = y.iter().filter(|v| **v != 0.0).count() as f64 / n as f64;
+        assert!((kept - (1.0 - p)).abs() < 0.02, "{dtype:?} kept {kept}");
+    }
+}
+
 #[test]
 fn scalar_conversions_and_item() {
     let x = Tensor::full(&[1, 1], 2.5, DType::BF16, Device::Cpu).unwrap();

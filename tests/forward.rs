@@ -332,12 +332,20 @@ fn column_sums_match_loops() {
         };
         let s = vals(&xt.sum(&[0, 1], false).unwrap());
         let m = vals(&xt.mean(&[0, 1], false).unwrap());
-        let s32 = vals(&xt.to_dtype(DType::F32).unwrap().sum(&[0, 1], false).unwrap());
+        let s32 = vals(
+            &xt.to_dtype(DType::F32)
+                .unwrap()
+                .sum(&[0, 1], false)
+                .unwrap(),
+        );
         for j in 0..c {
             assert!((s[j] - want(j)).abs() < 1e-9, "{b}x{r}x{c} col {j}");
             assert!((m[j] - want(j) / (b * r) as f64).abs() < 1e-12);
             let scale: f64 = (0..b * r).map(|i| x[i * c + j].abs()).sum();
-            assert!((s32[j] - want(j)).abs() <= 1e-6 * scale, "f32 {b}x{r}x{c} col {j}");
+            assert!(
+                (s32[j] - want(j)).abs() <= 1e-6 * scale,
+                "f32 {b}x{r}x{c} col {j}"
+            );
         }
         // Kept dims side by side but not starting at 0: a narrowed view.
         let v = xt.narrow(2, 3, c - 3).unwrap();

@@ -62,6 +62,24 @@ impl Storage {
         }
     }
 
+    /// `n` dropout multipliers (see [`cpu::dropout_mask`]): `scale` where the element's Philox
+    /// word from block `start` of `seed`'s stream is at least `threshold`, else 0.
+    pub(crate) fn dropout_mask(
+        device: Device,
+        n: usize,
+        threshold: u64,
+        scale: f64,
+        stream: (u64, u64),
+        dtype: DType,
+    ) -> Result<Storage> {
+        match device.check_available()? {
+            Device::Cpu => Ok(Storage::Cpu(cpu::dropout_mask(
+                n, threshold, scale, stream, dtype,
+            )?)),
+            d => Err(unavailable(d)),
+        }
+    }
+
     pub(crate) fn from_f64s(
         device: Device,
         values: impl Iterator<Item = f64>,

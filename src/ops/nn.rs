@@ -1,6 +1,7 @@
 //! Softmax, log-softmax and dropout.
 
 use super::{dispatch, expect_float, Op};
+use crate::backend::Storage;
 use crate::layout::normalize_dim;
 use crate::random::{with_default_generator, Generator};
 use crate::{Error, Result, Tensor};
@@ -53,9 +54,20 @@ impl Tensor {
         if p == 1.0 {
             return x.mul(0.0);
         }
-        let u = Tensor::rand_with(x.shape(), 0.0, 1.0, x.dtype(), x.device(), gen)?;
-        let mask = u.ge(p)?.to_dtype(x.dtype())?.mul(1.0 / (1.0 - p))?;
-        x.mul(&mask)
+        // One Philox word per element, kept when the word is at least p * 2^32; the mask
+        // holds 1 / (1 - p) or 0 in x's dtype and is drawn in one parallel pass.
+        let n = x.numel();
+        let start = gen.reserve(n.div_ceil(4) as u64);
+        let threshold = (p * 4_294_967_296.0).ceil() as u64;
+        let storage = Storage::dropout_mask(
+            x.device(),
+            n,
+            threshold,
+            1.0 / (1.0 - p),
+            (gen.seed(), start),
+            x.dtype(),
+        )?;
+        x.mul(&Tensor::from_storage(storage, x.shape()))
     }
 
     /// Dropout drawing from this thread's default generator.

@@ -2,11 +2,12 @@
 //! Half inputs are computed in f32 and rounded once on store.
 
 use super::matmul::{gemm_into, GemmFloat, MatRef};
-use super::{overwritten_buffer, CpuStorage, IntoStorage};
+use super::{contiguous, overwritten_buffer, CpuStorage, IntoStorage};
 use crate::backend::ops::Conv2dParams;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
 /// output `[n, o, ho, wo]`.
@@ -234,42 +235,29 @@ fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
     gw
 }
 
-/// The compute type of a storage: f32 for f32/f16/bf16, f64 for f64.
-enum Wide {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
+/// An operand in its compute type (f32 for f32/f16/bf16, f64 for f64), contiguous: borrowed
+/// when the storage already is that, so f32 and f64 convolutions copy nothing.
+enum Wide<'a> {
+    F32(Cow<'a, [f32]>),
+    F64(Cow<'a, [f64]>),
 }
 
-fn widen(op: &'static str, s: &CpuStorage, l: &Layout) -> Result<Wide> {
-    Ok(match s.dtype() {
-        DType::F64 => match s.copy_strided(l) {
-            CpuStorage::F64(v) => Wide::F64(v),
-            _ => unreachable!(),
+fn widen<'a>(op: &'static str, s: &'a CpuStorage, l: &Layout) -> Result<Wide<'a>> {
+    Ok(match s {
+        CpuStorage::F64(v) => Wide::F64(contiguous(v, l)),
+        CpuStorage::F32(v) => Wide::F32(contiguous(v, l)),
+        CpuStorage::F16(_) | CpuStorage::BF16(_) => match s.to_dtype(l, DType::F32) {
+            CpuStorage::F32(v) => Wide::F32(Cow::Owned(v)),
+            _ => unreachable!("to_dtype(F32) gives F32"),
         },
-        DType::F32 | DType::F16 | DType::BF16 => match s.to_dtype(l, DType::F32) {
-            CpuStorage::F32(v) => Wide::F32(v),
-            _ => unreachable!(),
-        },
-        dtype => {
+        _ => {
             return Err(Error::DType {
                 op,
-                dtype,
+                dtype: s.dtype(),
                 expected: "a float dtype",
             })
         }
     })
-}
-
-fn narrow(v: Wide, dtype: DType) -> CpuStorage {
-    let s = match v {
-        Wide::F32(v) => v.into_storage(),
-        Wide::F64(v) => v.into_storage(),
-    };
-    if s.dtype() == dtype {
-        s
-    } else {
-        s.to_dtype(&Layout::contiguous(&[s.len()]), dtype)
-    }
 }
 
 /// Runs `f32_fn` or `f64_fn` on the widened operands and narrows the result back.
@@ -288,11 +276,15 @@ fn run2(
         });
     }
     let out = match (widen(op, a.0, a.1)?, widen(op, b.0, b.1)?) {
-        (Wide::F32(x), Wide::F32(y)) => Wide::F32(f32_fn(&x, &y)),
-        (Wide::F64(x), Wide::F64(y)) => Wide::F64(f64_fn(&x, &y)),
+        (Wide::F32(x), Wide::F32(y)) => f32_fn(&x, &y).into_storage(),
+        (Wide::F64(x), Wide::F64(y)) => f64_fn(&x, &y).into_storage(),
         _ => unreachable!("same dtype widens alike"),
     };
-    Ok(narrow(out, a.0.dtype()))
+    Ok(if out.dtype() == a.0.dtype() {
+        out
+    } else {
+        out.to_dtype(&Layout::contiguous(&[out.len()]), a.0.dtype())
+    })
 }
 
 /// Forward convolution; output contiguous `[n, o, ho, wo]`.

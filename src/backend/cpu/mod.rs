@@ -294,3 +294,60 @@ impl<T: CpuElem> IntoStorage for Vec<T> {
         T::wrap(self)
     }
 }
+
+/// The elements of `(v, l)` in row-major order: borrowed when the layout already is that.
+pub(crate) fn contiguous<'a, T: CpuElem>(v: &'a [T], l: &Layout) -> std::borrow::Cow<'a, [T]> {
+    if l.is_contiguous() {
+        std::borrow::Cow::Borrowed(&v[l.offset()..l.offset() + l.numel()])
+    } else {
+        std::borrow::Cow::Owned(elementwise::map1(v, l, |x| x))
+    }
+}
+
+/// `n` dropout multipliers of `dtype`: element `i` is `scale` when word `i` of the Philox
+/// stream of `seed` from block `start` on (four words a block) is at least `threshold`, else
+/// 0. Chunks of the output are drawn in parallel; the result does not depend on the split.
+pub(crate) fn dropout_mask(
+    n: usize,
+    threshold: u64,
+    scale: f64,
+    (seed, start): (u64, u64),
+    dtype: DType,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem + bytemuck::Pod>(
+        n: usize,
+        threshold: u64,
+        scale: f64,
+        (seed, start): (u64, u64),
+    ) -> Vec<T> {
+        use rayon::prelude::*;
+        let (keep, drop) = (T::from_f64(scale), T::from_f64(0.0));
+        let mut out = overwritten_buffer::<T>(n);
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let first = (c * CHUNK / 4) as u64;
+                for (b, quad) in chunk.chunks_mut(4).enumerate() {
+                    let words = crate::random::philox_block(seed, start + first + b as u64);
+                    for (o, w) in quad.iter_mut().zip(words) {
+                        *o = if w as u64 >= threshold { keep } else { drop };
+                    }
+                }
+            });
+        out
+    }
+    let args = (n, threshold, scale, (seed, start));
+    Ok(match dtype {
+        DType::F32 => go::<f32>(args.0, args.1, args.2, args.3).into_storage(),
+        DType::F16 => go::<f16>(args.0, args.1, args.2, args.3).into_storage(),
+        DType::BF16 => go::<bf16>(args.0, args.1, args.2, args.3).into_storage(),
+        DType::F64 => go::<f64>(args.0, args.1, args.2, args.3).into_storage(),
+        dtype => {
+            return Err(Error::DType {
+                op: "dropout",
+                dtype,
+                expected: "a float dtype",
+            })
+        }
+    })
+}

@@ -1,6 +1,6 @@
 //! Softmax and pooling kernels. Math runs in the accumulation type (f32 for half storage).
 
-use super::{map_float, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
+use super::{contiguous, map_float, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
 use crate::layout::Layout;
 use crate::Result;
@@ -92,15 +92,6 @@ fn per_plane<T: Copy + Send + Sync, U: Copy + Send + Sync + Default>(
         out.chunks_mut(out_plane).enumerate().for_each(job);
     }
     out
-}
-
-/// The elements of `(v, l)` in row-major order: borrowed when the layout already is that.
-fn contiguous<'a, T: CpuElem>(v: &'a [T], l: &Layout) -> std::borrow::Cow<'a, [T]> {
-    if l.is_contiguous() {
-        std::borrow::Cow::Borrowed(&v[l.offset()..l.offset() + l.numel()])
-    } else {
-        std::borrow::Cow::Owned(super::elementwise::map1(v, l, |x| x))
-    }
 }
 
 /// Max pooling: values and the flat in-plane index of each maximum (I64).
