@@ -350,8 +350,8 @@ fn column_sums_match_loops() {
         // Kept dims side by side but not starting at 0: a narrowed view.
         let v = xt.narrow(2, 3, c - 3).unwrap();
         let sv = vals(&v.sum(&[0, 1], false).unwrap());
-        for j in 0..c - 3 {
-            assert!((sv[j] - want(j + 3)).abs() < 1e-9);
+        for (j, got) in sv.iter().enumerate() {
+            assert!((got - want(j + 3)).abs() < 1e-9);
         }
     }
 }
