@@ -167,6 +167,43 @@ fn conv_transpose2d_is_the_adjoint_of_conv2d() {
     );
 }
 
+/// The unrolled 2x2 / stride-2 max pool picks the same cells as the general loop (reached here
+/// through `ceil_mode`, which changes nothing on even sizes): the first maximum on ties, and
+/// the first NaN. The gradient shows which cell was picked.
+#[test]
+fn max_pool_2x2_picks_like_the_general_loop() {
+    // Few distinct values, so windows tie; a NaN in two windows (once in each position).
+    let mut x: Vec<f64> = (0..2 * 6 * 8).map(|i| ((i * 7) % 3) as f64).collect();
+    x[9] = f64::NAN;
+    x[2 * 8 + 4] = f64::NAN;
+    x[2 * 8 + 5] = f64::NAN;
+    let run = |ceil_mode: bool| {
+        let xt = t(x.clone(), &[1, 2, 6, 8]).requires_grad(true).unwrap();
+        let o = MaxPool2dOptions {
+            ceil_mode,
+            ..MaxPool2dOptions::new(2)
+        };
+        let y = xt.max_pool2d(o).unwrap();
+        let w = t((0..y.numel()).map(|i| i as f64 + 1.0).collect(), y.shape());
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        (vals(&y), vals(&xt.grad().unwrap()))
+    };
+    let (fast, general) = (run(false), run(true));
+    let same = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .all(|(p, q)| p == q || p.is_nan() && q.is_nan())
+    };
+    assert!(same(&fast.0, &general.0), "{:?} vs {:?}", fast.0, general.0);
+    assert_eq!(fast.1, general.1);
+    assert!(fast.0[0].is_nan() && fast.0[6].is_nan());
+    assert_eq!(
+        (fast.1[20], fast.1[21]),
+        (7.0, 0.0),
+        "the first NaN of a window is picked"
+    );
+}
+
 #[test]
 fn pooling_matches_definitions() {
     let x: Vec<f64> = randv(2 * 5 * 6, 11);

@@ -1,6 +1,6 @@
 //! Softmax and pooling kernels. Math runs in the accumulation type (f32 for half storage).
 
-use super::{contiguous, map_float, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
+use super::{contiguous, map_float, overwritten_buffer, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
 use crate::layout::Layout;
 use crate::Result;
@@ -101,7 +101,7 @@ pub(crate) fn max_pool2d(
     d: &PoolDims,
     p: &Pool2dParams,
 ) -> Result<(CpuStorage, CpuStorage)> {
-    fn go<T: CpuElem>(
+    fn go<T: CpuElem + bytemuck::Pod>(
         v: &[T],
         l: &Layout,
         d: &PoolDims,
@@ -109,17 +109,23 @@ pub(crate) fn max_pool2d(
     ) -> (CpuStorage, CpuStorage) {
         let x = contiguous(v, l);
         let out_plane = d.ho * d.wo;
-        let mut vals = vec![T::zero(); d.planes * out_plane];
-        let mut idx = vec![-1i64; d.planes * out_plane];
+        // Every output cell is written below (an empty window writes -inf and index -1).
+        let mut vals = overwritten_buffer::<T>(d.planes * out_plane);
+        let mut idx = overwritten_buffer::<i64>(d.planes * out_plane);
         if out_plane == 0 {
             return (vals.into_storage(), idx.into_storage());
         }
         let in_plane = d.h * d.w;
         // Without padding, dilation or ceil mode every window lies inside the plane: no
-        // bounds tests.
+        // bounds tests; the common 2x2 window with stride 2 has its own unrolled loop.
         let plain = p.padding == [0, 0] && p.dilation == [1, 1] && !p.ceil_mode;
+        let two_by_two = plain && p.kernel == [2, 2] && p.stride == [2, 2];
         let plane = |(pl, (dv, di)): (usize, (&mut [T], &mut [i64]))| {
             let src = &x[pl * in_plane..(pl + 1) * in_plane];
+            if two_by_two {
+                max_pool_2x2(src, d, dv, di);
+                return;
+            }
             if plain {
                 let [kh, kw] = p.kernel;
                 for oy in 0..d.ho {
@@ -182,10 +188,39 @@ pub(crate) fn max_pool2d(
     Ok(map_float!("max_pool2d", s, v => go(v, l, d, p)))
 }
 
+/// One plane of a 2x2, stride-2 max pool without padding: the same choice as the general loop
+/// (the first maximum in row-major window order; a NaN wins and the first NaN is kept), with
+/// the window unrolled.
+fn max_pool_2x2<T: CpuElem>(src: &[T], d: &PoolDims, dv: &mut [T], di: &mut [i64]) {
+    #[inline(always)]
+    fn pick<A: Float>(a: (A, usize), b: (A, usize)) -> (A, usize) {
+        if b.0 > a.0 || b.0.is_nan() && !a.0.is_nan() {
+            b
+        } else {
+            a
+        }
+    }
+    for oy in 0..d.ho {
+        let top = 2 * oy * d.w;
+        let (r0, r1) = (&src[top..top + d.w], &src[top + d.w..top + 2 * d.w]);
+        let dv = &mut dv[oy * d.wo..(oy + 1) * d.wo];
+        let di = &mut di[oy * d.wo..(oy + 1) * d.wo];
+        for (ox, (v, i)) in dv.iter_mut().zip(di.iter_mut()).enumerate() {
+            let x = 2 * ox;
+            let upper = pick((r0[x].to_acc(), top + x), (r0[x + 1].to_acc(), top + x + 1));
+            let lower = (r1[x].to_acc(), top + d.w + x);
+            let lower = pick(lower, (r1[x + 1].to_acc(), top + d.w + x + 1));
+            let best = pick(upper, lower);
+            *v = T::from_acc(best.0);
+            *i = best.1 as i64;
+        }
+    }
+}
+
 /// The backward of a pooling op: for every plane, `f(plane, g_plane, acc)` adds the output
 /// gradients into an f32 (or f64) accumulator of the input plane, which is then rounded into
 /// the input gradient.
-fn scatter_planes<T: CpuElem>(
+fn scatter_planes<T: CpuElem + bytemuck::Pod>(
     g: &[T],
     lg: &Layout,
     d: &PoolDims,
@@ -193,7 +228,8 @@ fn scatter_planes<T: CpuElem>(
 ) -> CpuStorage {
     let g = contiguous(g, lg);
     let (in_plane, out_plane) = (d.h * d.w, d.ho * d.wo);
-    let mut gx = vec![T::zero(); d.planes * in_plane];
+    // Every plane is written whole from its accumulator.
+    let mut gx = overwritten_buffer::<T>(d.planes * in_plane);
     if in_plane > 0 {
         gx.par_chunks_mut(in_plane)
             .enumerate()
