@@ -176,6 +176,26 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
         "unscale: found_inf = {} (expected 1)",
         stream.clone_dtoh(&found)?[0]
     );
+
+    // Dropout: the same generator state gives the same mask as the CPU, element for element.
+    let p = 0.3;
+    let mut gen = Generator::new(11);
+    gen.next_u32s(8);
+    let cpu = Tensor::ones(&[n], DType::F32, Device::Cpu)?
+        .dropout_with(p, true, &mut gen)?
+        .to_vec::<f32>()?;
+    let f = modules["random"].load_function("dropout_mask_float")?;
+    let (seed, start) = (11u64, 2u64);
+    let threshold = (p * 4_294_967_296.0f64).ceil() as u64;
+    let scale = (1.0 / (1.0 - p)) as f32;
+    let mut dm = stream.alloc_zeros::<f32>(n)?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&seed).arg(&start).arg(&threshold).arg(&scale);
+    b.arg(&mut dm).arg(&nn);
+    unsafe { b.launch(cfg(n / 4)) }?;
+    let got = stream.clone_dtoh(&dm)?;
+    let same = got.iter().zip(&cpu).filter(|(a, b)| a == b).count();
+    println!("dropout mask p={p}: {same}/{n} identical to the CPU");
     Ok(())
 }
 

@@ -10,6 +10,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),
+    ("random", include_str!("../../../cuda/random.cu")),
     ("reduce", include_str!("../../../cuda/reduce.cu")),
     (
         "softmax_xent",
