@@ -44,6 +44,45 @@ fn main() -> Result<()> {
             flops / s / 1e9
         );
     }
+    // The eight products of one W1 training step (MLP 784-512-512-10, batch 128), with the
+    // layouts training uses: `x . W^T` forward, `g . W` and `g^T . x` backward. The peer is
+    // `bench/gemm_peer.py`.
+    let w1_step: [(usize, usize, usize, bool, bool); 8] = [
+        (128, 512, 784, false, true),
+        (128, 512, 512, false, true),
+        (128, 10, 512, false, true),
+        (128, 512, 10, false, false),
+        (10, 512, 128, true, false),
+        (128, 512, 512, false, false),
+        (512, 512, 128, true, false),
+        (512, 784, 128, true, false),
+    ];
+    let mut operands = Vec::new();
+    for (i, &(m, n, k, ta, tb)) in w1_step.iter().enumerate() {
+        let seed = 10 + 2 * i as u64;
+        let a = match ta {
+            true => randn(&[k, m], DType::F32, seed)?.t()?,
+            false => randn(&[m, k], DType::F32, seed)?,
+        };
+        let b = match tb {
+            true => randn(&[n, k], DType::F32, seed + 1)?.t()?,
+            false => randn(&[k, n], DType::F32, seed + 1)?,
+        };
+        operands.push((a, b));
+    }
+    let flops: usize = w1_step.iter().map(|&(m, n, k, _, _)| 2 * m * n * k).sum();
+    let s = time(15, || {
+        for (a, b) in &operands {
+            a.matmul(b)?;
+        }
+        Ok(())
+    })?;
+    println!(
+        "{:<44} {:>10.2} {:>10.1}",
+        "W1 step's 8 matmuls F32",
+        s * 1e3,
+        flops as f64 / s / 1e9
+    );
     // conv2d: a ResNet stage-1 layer and the MNIST CNN's second layer.
     let cases = [
         (

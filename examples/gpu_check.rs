@@ -199,6 +199,22 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
     Ok(())
 }
 
+/// The runtime's caching allocator: a freed block comes back from the cache, and a request
+/// larger than the device is an `Err` naming the request and the statistics.
+fn check_allocator(total: usize) -> Res<()> {
+    let rt = mantissa::backend::cuda::runtime::runtime(0)?;
+    let (p, _) = rt.alloc(256 << 20)?;
+    rt.free(p)?;
+    let (q, _) = rt.alloc(256 << 20)?;
+    println!("allocator: block reused {}; {}", p == q, rt.memory_stats());
+    rt.free(q)?;
+    match rt.alloc(2 * total) {
+        Err(e) => println!("allocator: 2x device memory -> Err: {e}"),
+        Ok(_) => println!("allocator: 2x device memory was granted (unexpected)"),
+    }
+    Ok(())
+}
+
 fn gemm_tflops(stream: &Arc<CudaStream>) -> Res<f64> {
     let n = 8192usize;
     let blas = CudaBlas::new(stream.clone())?;
@@ -260,6 +276,7 @@ fn main() {
         let stream = ctx.default_stream();
         let (ma, mi) = report.compute_capability;
         check_kernels(&ctx, &stream, (ma * 10 + mi) as u32)?;
+        check_allocator(report.total_memory)?;
         println!(
             "GEMM bf16 8192^3 (cuBLAS): {:.0} TFLOP/s",
             gemm_tflops(&stream)?

@@ -47,6 +47,14 @@ pub enum Error {
     /// The CUDA backend is not available in this build or on this machine.
     #[error("CUDA backend not available ({device}): {reason}")]
     CudaUnavailable { device: Device, reason: String },
+    /// A CUDA driver call failed on a device that is otherwise available (a launch, a copy,
+    /// loading a module).
+    #[error("{op} on {device}: CUDA driver error: {msg}")]
+    CudaDriver {
+        op: &'static str,
+        device: Device,
+        msg: String,
+    },
     /// A CUDA library could not be found or loaded; the message says how to install it.
     #[error("CUDA library {lib} not available: {msg}")]
     CudaLibrary { lib: &'static str, msg: String },

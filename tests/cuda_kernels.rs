@@ -79,3 +79,47 @@ fn cuda_devices_are_an_error_that_says_why_never_a_panic() {
     }
     assert_eq!(mantissa::Device::best(), mantissa::Device::Cpu);
 }
+
+/// The device runtime: on a machine without a GPU an error that names what is missing; with
+/// one, a kernel loads, a freed block is reused from the cache and the statistics count it,
+/// and a request larger than the device is `Error::OutOfMemory` naming the request.
+/// (The GPU branch has not run yet: no GPU was available when it was written.)
+#[test]
+fn the_device_runtime_loads_kernels_and_caches_memory() {
+    use mantissa::backend::cuda::{probe, runtime};
+    let has_gpu = probe::device_count().map(|n| n > 0).unwrap_or(false);
+    if !has_gpu {
+        match runtime::runtime(0) {
+            Err(Error::CudaUnavailable { reason, .. }) => eprintln!("runtime(0): {reason}"),
+            Err(e) => panic!("expected CudaUnavailable, got {e}"),
+            Ok(_) => panic!("a runtime without a GPU"),
+        }
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let rt = runtime::runtime(0).unwrap();
+    rt.function("cast", "cast_float_bf16").unwrap();
+    assert!(rt.function("cast", "no_such_kernel").is_err());
+    let before = rt.memory_stats();
+    let (p, size) = rt.alloc(3 << 20).unwrap();
+    assert!(size >= 3 << 20);
+    rt.free(p).unwrap();
+    let (q, _) = rt.alloc(3 << 20).unwrap();
+    let after = rt.memory_stats();
+    assert_eq!(q, p, "the freed block is reused");
+    assert_eq!(after.cache_hits, before.cache_hits + 1);
+    assert!(after.allocated >= size && after.peak_allocated >= size);
+    rt.free(q).unwrap();
+    let total = probe::report(0).unwrap().total_memory;
+    match rt.alloc(2 * total) {
+        Err(Error::OutOfMemory {
+            requested, stats, ..
+        }) => {
+            assert_eq!(requested, 2 * total);
+            assert!(stats.contains("reserved"), "{stats}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    rt.empty_cache().unwrap();
+    assert_eq!(rt.memory_stats().reserved, rt.memory_stats().allocated);
+}

@@ -1,0 +1,198 @@
+//! One CUDA device in use: its context and compute stream, the kernel modules loaded so far
+//! (compiled by NVRTC for the device's own architecture, through the disk cache), and the
+//! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
+//!
+//! Unverified: written against cudarc 0.19's API and compiled, not yet run on a GPU.
+
+use super::{kernels, nvrtc, probe};
+use crate::backend::caching::{CachingAllocator, MemoryStats, RawMemory};
+use crate::{Device, Error, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// Device memory straight from the driver, for the caching allocator.
+pub struct DriverMemory {
+    ctx: Arc<CudaContext>,
+}
+
+impl RawMemory for DriverMemory {
+    type Ptr = sys::CUdeviceptr;
+
+    fn alloc(&mut self, bytes: usize) -> std::result::Result<Self::Ptr, String> {
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: the context is current on this thread; the block is freed by `free`.
+        unsafe { result::malloc_sync(bytes) }.map_err(|e| e.to_string())
+    }
+
+    fn free(&mut self, ptr: Self::Ptr) {
+        // A failure here leaves the block to the driver's teardown; there is nothing better
+        // to do with it, and the error is sticky, so the next checked call reports it.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from `alloc` and the allocator frees it once.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+}
+
+/// A device's context, stream, loaded kernels and memory.
+pub struct CudaRuntime {
+    device: Device,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// `sm_XY` as XY.
+    arch: u32,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    memory: Mutex<CachingAllocator<DriverMemory>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave these maps half-updated in a way that
+    // matters more than losing the device, so a poisoned lock is used as is.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The runtime of device `ordinal`, created on first use and shared afterwards. Errors (never
+/// panics) when the driver, the device or NVRTC is missing.
+///
+/// ```no_run
+/// # fn main() -> mantissa::Result<()> {
+/// let rt = mantissa::backend::cuda::runtime::runtime(0)?;
+/// let f = rt.function("cast", "cast_float_bf16")?;
+/// println!("{}", rt.memory_stats());
+/// # Ok(()) }
+/// ```
+pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
+    static RUNTIMES: OnceLock<Mutex<HashMap<usize, Arc<CudaRuntime>>>> = OnceLock::new();
+    let mut all = lock(RUNTIMES.get_or_init(Default::default));
+    if let Some(rt) = all.get(&ordinal) {
+        return Ok(rt.clone());
+    }
+    let report = probe::report(ordinal)?;
+    nvrtc::version()?;
+    let device = Device::Cuda(ordinal);
+    let ctx = CudaContext::new(ordinal).map_err(|e| Error::CudaDriver {
+        op: "creating the context",
+        device,
+        msg: e.to_string(),
+    })?;
+    let stream = ctx.new_stream().map_err(|e| Error::CudaDriver {
+        op: "creating the compute stream",
+        device,
+        msg: e.to_string(),
+    })?;
+    let (major, minor) = report.compute_capability;
+    let rt = Arc::new(CudaRuntime {
+        device,
+        memory: Mutex::new(CachingAllocator::new(
+            DriverMemory { ctx: ctx.clone() },
+            device,
+        )),
+        ctx,
+        stream,
+        arch: (major * 10 + minor) as u32,
+        modules: Mutex::new(HashMap::new()),
+    });
+    all.insert(ordinal, rt.clone());
+    Ok(rt)
+}
+
+impl CudaRuntime {
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every op of this device runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device's architecture, `sm_XY` as XY.
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
+    /// Kernel `name` of the kernel file `file` (a name in [`kernels::KERNELS`]), compiling and
+    /// loading the file on first use.
+    pub fn function(&self, file: &str, name: &str) -> Result<CudaFunction> {
+        let module = {
+            let mut modules = lock(&self.modules);
+            match modules.get(file) {
+                Some(m) => m.clone(),
+                None => {
+                    let (key, _) = kernels::KERNELS
+                        .iter()
+                        .find(|(n, _)| *n == file)
+                        .ok_or_else(|| {
+                            Error::invalid(
+                                "CudaRuntime::function",
+                                format!("no kernel file {file}"),
+                            )
+                        })?;
+                    let src = kernels::source(key).expect("listed kernel files have a source");
+                    let bin = nvrtc::cubin(key, &src, self.arch)?;
+                    let m = self
+                        .ctx
+                        .load_module(Ptx::from_binary(bin))
+                        .map_err(|e| self.driver("loading a kernel module", e))?;
+                    modules.insert(key, m.clone());
+                    m
+                }
+            }
+        };
+        module
+            .load_function(name)
+            .map_err(|e| self.driver("finding a kernel", e))
+    }
+
+    /// A device block of at least `bytes` from the caching allocator, for this runtime's
+    /// stream; [`Error::OutOfMemory`] (naming the request and the statistics) when even an
+    /// emptied cache cannot serve it.
+    pub fn alloc(&self, bytes: usize) -> Result<(sys::CUdeviceptr, usize)> {
+        lock(&self.memory).alloc(bytes, 0)
+    }
+
+    /// Returns a block from [`CudaRuntime::alloc`] to the cache. Work on the stream that
+    /// still reads it is ordered before any later use of the block, since every op runs on
+    /// the same stream.
+    pub fn free(&self, ptr: sys::CUdeviceptr) -> Result<()> {
+        lock(&self.memory).free(ptr)
+    }
+
+    /// Allocated, reserved and peak bytes, as `torch.cuda.memory_stats` counts them.
+    pub fn memory_stats(&self) -> MemoryStats {
+        lock(&self.memory).stats()
+    }
+
+    pub fn reset_peak_stats(&self) {
+        lock(&self.memory).reset_peak_stats()
+    }
+
+    /// Gives the cached blocks back to the driver (`torch.cuda.empty_cache`), after the
+    /// stream has finished with them.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.synchronize()?;
+        lock(&self.memory).empty_cache();
+        Ok(())
+    }
+
+    /// Waits for all work queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| self.driver("synchronize", e))
+    }
+
+    fn driver(&self, op: &'static str, e: cudarc::driver::DriverError) -> Error {
+        Error::CudaDriver {
+            op,
+            device: self.device,
+            msg: e.to_string(),
+        }
+    }
+}
