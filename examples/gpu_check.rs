@@ -215,12 +215,21 @@ fn check_allocator(total: usize) -> Res<()> {
     Ok(())
 }
 
-fn gemm_tflops(stream: &Arc<CudaStream>) -> Res<f64> {
-    let n = 8192usize;
+/// TFLOP/s of an `n^3` cuBLAS GEMM (M1 of DESIGN.md §7): median of 10 event-timed runs after
+/// 3 warm-ups, on N(0, 1) operands; f32 with TF32 tensor cores allowed.
+fn gemm_tflops<T>(stream: &Arc<CudaStream>, n: usize, to: impl Fn(f32) -> T) -> Res<f64>
+where
+    T: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + From<u8>,
+    CudaBlas: Gemm<T>,
+{
     let blas = CudaBlas::new(stream.clone())?;
-    let a = stream.clone_htod(&vec![bf16::from_f32(0.01); n * n])?;
-    let bm = stream.clone_htod(&vec![bf16::from_f32(0.02); n * n])?;
-    let mut c = stream.alloc_zeros::<bf16>(n * n)?;
+    // SAFETY: a valid handle; TF32 only affects f32 GEMMs (the M1 "f32 with TF32" row).
+    unsafe { bs::cublasSetMathMode(*blas.handle(), bs::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH) }
+        .result()?;
+    let host: Vec<T> = randn(n * n, 5)?.into_iter().map(&to).collect();
+    let a = stream.clone_htod(&host)?;
+    let bm = stream.clone_htod(&host)?;
+    let mut c = stream.alloc_zeros::<T>(n * n)?;
     let op = bs::cublasOperation_t::CUBLAS_OP_N;
     let g = GemmConfig {
         transa: op,
@@ -228,10 +237,10 @@ fn gemm_tflops(stream: &Arc<CudaStream>) -> Res<f64> {
         m: n as i32,
         n: n as i32,
         k: n as i32,
-        alpha: bf16::ONE,
+        alpha: T::from(1),
         lda: n as i32,
         ldb: n as i32,
-        beta: bf16::ZERO,
+        beta: T::from(0),
         ldc: n as i32,
     };
     for _ in 0..3 {
@@ -277,9 +286,12 @@ fn main() {
         let (ma, mi) = report.compute_capability;
         check_kernels(&ctx, &stream, (ma * 10 + mi) as u32)?;
         check_allocator(report.total_memory)?;
+        let n = 8192;
+        let bf = gemm_tflops(&stream, n, bf16::from_f32)?;
+        let hf = gemm_tflops(&stream, n, f16::from_f32)?;
+        let tf = gemm_tflops(&stream, n, |x| x)?;
         println!(
-            "GEMM bf16 8192^3 (cuBLAS): {:.0} TFLOP/s",
-            gemm_tflops(&stream)?
+            "GEMM {n}^3 (cuBLAS, f32 accumulate): bf16 {bf:.0} TFLOP/s, fp16 {hf:.0} TFLOP/s, f32 with TF32 {tf:.0} TFLOP/s"
         );
         println!(
             "host-to-device copy, pageable 256 MB: {:.1} GB/s",
