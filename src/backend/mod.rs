@@ -176,7 +176,22 @@ impl Storage {
 
     pub(crate) fn matmul(&self, l: &Layout, rhs: &Storage, lr: &Layout) -> Result<Storage> {
         let (a, b) = cpu2!("matmul", self, rhs);
-        Ok(Storage::Cpu(cpu::matmul(a, l, b, lr)?))
+        Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, None)?))
+    }
+
+    /// `self @ rhs + bias` with the bias added in the product's accumulator (a GEMM epilogue
+    /// on CUDA): `bias` has as many elements as the product has columns.
+    pub(crate) fn matmul_bias(
+        &self,
+        l: &Layout,
+        rhs: &Storage,
+        lr: &Layout,
+        bias: &Storage,
+        lb: &Layout,
+    ) -> Result<Storage> {
+        let (a, b) = cpu2!("linear", self, rhs);
+        let (_, c) = cpu2!("linear", self, bias);
+        Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, Some((c, lb)))?))
     }
 
     /// Reads an I64 index tensor, checking each entry lies in `0..size`.

@@ -98,34 +98,54 @@ impl Tensor {
             });
         }
         let (inputs, outputs) = (w.shape()[1], w.shape()[0]);
+        if let Some(b) = bias.filter(|b| b.shape() != [outputs]) {
+            return Err(Error::ShapeMismatch {
+                op: "linear (bias)",
+                lhs: w.shape().to_vec(),
+                rhs: b.shape().to_vec(),
+            });
+        }
         let x2 = x.reshape(&[x.numel() / inputs, inputs])?;
         let wt = w.layout().permute("linear", &[1, 0])?;
-        let s = x2.storage().matmul(x2.layout(), &w.storage(), &wt)?;
+        // A bias of the same dtype is added in the product's accumulator (one pass, as
+        // PyTorch's addmm and cuBLASLt's bias epilogue do); another dtype is added after,
+        // with the usual promotion.
+        let fused = bias.filter(|b| b.dtype() == x.dtype());
+        let s = match fused {
+            Some(b) => x2.storage().matmul_bias(
+                x2.layout(),
+                &w.storage(),
+                &wt,
+                &b.storage(),
+                b.layout(),
+            )?,
+            None => x2.storage().matmul(x2.layout(), &w.storage(), &wt)?,
+        };
         let (xs, ws) = (x2.clone(), w.clone());
-        let y = Tensor::from_storage(s, &[x2.shape()[0], outputs]).attach(
-            "linear",
-            &[&x2, &w],
-            move |g, needs| {
-                let gx = if needs[0] { Some(g.matmul(&ws)?) } else { None };
-                let gw = if needs[1] {
-                    Some(g.t()?.matmul(&xs)?)
-                } else {
-                    None
-                };
-                Ok(vec![gx, gw])
-            },
-        );
+        let backward = move |g: &Tensor, needs: &[bool]| {
+            let gx = if needs[0] { Some(g.matmul(&ws)?) } else { None };
+            let gw = if needs[1] {
+                Some(g.t()?.matmul(&xs)?)
+            } else {
+                None
+            };
+            let gb = match needs.get(2) {
+                Some(true) => Some(g.sum(&[0], false)?),
+                _ => None,
+            };
+            Ok(vec![gx, gw, gb])
+        };
+        let out = Tensor::from_storage(s, &[x2.shape()[0], outputs]);
+        let y = match fused {
+            Some(b) => out.attach("linear", &[&x2, &w, b], backward),
+            None => out.attach("linear", &[&x2, &w], backward),
+        };
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank >= 1") = outputs;
         let y = y.reshape(&shape)?;
         match bias {
-            Some(b) if b.shape() != [outputs] => Err(Error::ShapeMismatch {
-                op: "linear (bias)",
-                lhs: w.shape().to_vec(),
-                rhs: b.shape().to_vec(),
-            }),
-            Some(b) => y.add(b),
-            None => Ok(y),
+            Some(b) if fused.is_none() => y.add(b),
+            _ => Ok(y),
         }
     }
 }

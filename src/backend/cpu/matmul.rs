@@ -139,7 +139,9 @@ unsafe fn gemm_block<F: GemmFloat>(
     )
 }
 
-fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout) -> Vec<F> {
+/// `a @ b` over the batch dims; with `bias` (`n` values), every output row starts from it and
+/// the product is accumulated onto it (one pass instead of a product and an add).
+fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout, bias: Option<&[F]>) -> Vec<F> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch_shape = &la.shape()[..r - 2];
@@ -168,7 +170,12 @@ fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout) -> Vec<F> {
             rs: sb[r - 2],
             cs: sb[r - 1],
         };
-        gemm_into(m, n, k, dst, false, ma, mb, parallel);
+        if let Some(bias) = bias {
+            for row in dst.chunks_mut(n) {
+                row.copy_from_slice(bias);
+            }
+        }
+        gemm_into(m, n, k, dst, bias.is_some(), ma, mb, parallel);
     };
     if m * n == 0 {
         return out;
@@ -185,40 +192,70 @@ fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout) -> Vec<F> {
 }
 
 /// Batched product of `[..., m, k]` and `[..., k, n]` layouts with equal batch dims (stride 0
-/// for broadcast batches allowed). Output is contiguous `[..., m, n]`.
+/// for broadcast batches allowed). Output is contiguous `[..., m, n]`. With `bias` (a
+/// storage and layout of `n` elements, same dtype) each output row is `bias + a_row @ b`,
+/// accumulated in the compute type and rounded once.
 pub(crate) fn matmul(
     a: &CpuStorage,
     la: &Layout,
     b: &CpuStorage,
     lb: &Layout,
+    bias: Option<(&CpuStorage, &Layout)>,
 ) -> Result<CpuStorage> {
+    if a.dtype() != b.dtype() || bias.is_some_and(|(s, _)| s.dtype() != a.dtype()) {
+        return Err(Error::DTypeMismatch {
+            op: "matmul",
+            lhs: a.dtype(),
+            rhs: if a.dtype() != b.dtype() {
+                b.dtype()
+            } else {
+                bias.map_or(b.dtype(), |(s, _)| s.dtype())
+            },
+        });
+    }
+    let n = lb.shape()[lb.rank() - 1];
+    if let Some((_, l)) = bias {
+        if l.numel() != n {
+            return Err(Error::ShapeMismatch {
+                op: "matmul (bias)",
+                lhs: lb.shape().to_vec(),
+                rhs: l.shape().to_vec(),
+            });
+        }
+    }
+    let dtype = a.dtype();
+    // f32 and f64 multiply natively; halves are widened to f32 (operands and bias) and the
+    // result rounded once on store.
+    let wide = |s: &CpuStorage, l: &Layout| match s.to_dtype(l, crate::DType::F32) {
+        CpuStorage::F32(v) => v,
+        _ => unreachable!("to_dtype(F32) gives F32"),
+    };
     Ok(match (a, b) {
-        (CpuStorage::F32(x), CpuStorage::F32(y)) => batched(x, la, y, lb).into_storage(),
-        (CpuStorage::F64(x), CpuStorage::F64(y)) => batched(x, la, y, lb).into_storage(),
-        (x, y) if x.dtype() == y.dtype() && x.dtype().is_half() => {
-            let wide = |s: &CpuStorage, l: &Layout| match s.to_dtype(l, crate::DType::F32) {
-                CpuStorage::F32(v) => v,
-                _ => unreachable!("to_dtype(F32) gives F32"),
-            };
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => {
+            let bias = bias.map(|(s, l)| wide(s, l));
+            batched(x, la, y, lb, bias.as_deref()).into_storage()
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(y)) => {
+            let bias = bias.map(|(s, l)| match s.to_dtype(l, crate::DType::F64) {
+                CpuStorage::F64(v) => v,
+                _ => unreachable!("to_dtype(F64) gives F64"),
+            });
+            batched(x, la, y, lb, bias.as_deref()).into_storage()
+        }
+        (x, y) if dtype.is_half() => {
             let (xa, xb) = (wide(x, la), wide(y, lb));
             let (ca, cb) = (
                 Layout::contiguous(la.shape()),
                 Layout::contiguous(lb.shape()),
             );
-            let out = CpuStorage::F32(batched(&xa, &ca, &xb, &cb));
-            out.to_dtype(&Layout::contiguous(&[out.len()]), x.dtype())
+            let bias = bias.map(|(s, l)| wide(s, l));
+            let out = CpuStorage::F32(batched(&xa, &ca, &xb, &cb, bias.as_deref()));
+            out.to_dtype(&Layout::contiguous(&[out.len()]), dtype)
         }
-        (x, y) if x.dtype() != y.dtype() => {
-            return Err(Error::DTypeMismatch {
-                op: "matmul",
-                lhs: x.dtype(),
-                rhs: y.dtype(),
-            })
-        }
-        (x, _) => {
+        _ => {
             return Err(Error::DType {
                 op: "matmul",
-                dtype: x.dtype(),
+                dtype,
                 expected: "a float dtype",
             })
         }
