@@ -101,7 +101,7 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
     let got: Vec<f64> = stream.clone_dtoh(&dg)?.iter().map(|&v| v as f64).collect();
     let want = Tensor::from_vec(x.clone(), &[n], Device::Cpu)?
         .gelu()?
-        .to_vec_f64();
+        .to_vec_f64()?;
     println!("gelu f32: relative error vs CPU {:.2e}", rel(&got, &want));
 
     // AdamW with f32 master, bf16 working copy, stochastic rounding: one step against the CPU.
@@ -115,7 +115,7 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
     let master0: Vec<f32> = opt.states()[0].tensors["master"].to_vec()?;
     w.set_grad(Some(g16.clone()))?;
     opt.step()?;
-    let cpu_master = opt.states()[0].tensors["master"].to_vec_f64();
+    let cpu_master = opt.states()[0].tensors["master"].to_vec_f64()?;
     let cpu_w: Vec<u16> = w.to_vec::<bf16>()?.iter().map(|v| v.to_bits()).collect();
     let f = modules["optim"].load_function("optim_master_bf16_bf16")?;
     let args = OptimArgs {

@@ -98,15 +98,17 @@ impl Storage {
         }
     }
 
-    pub(crate) fn copy_strided(&self, l: &Layout) -> Storage {
+    // The copies and conversions below cannot fail on the CPU; they return `Result` because
+    // a device's can (a launch or a copy).
+    pub(crate) fn copy_strided(&self, l: &Layout) -> Result<Storage> {
         match self {
-            Storage::Cpu(s) => Storage::Cpu(s.copy_strided(l)),
+            Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(l))),
         }
     }
 
-    pub(crate) fn to_dtype(&self, l: &Layout, dtype: DType) -> Storage {
+    pub(crate) fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Storage> {
         match self {
-            Storage::Cpu(s) => Storage::Cpu(s.to_dtype(l, dtype)),
+            Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(l, dtype))),
         }
     }
 
@@ -116,9 +118,9 @@ impl Storage {
     }
 
     /// Every selected element as f64, row-major (used for `to_vec` and printing).
-    pub(crate) fn to_f64_vec(&self, l: &Layout) -> Vec<f64> {
+    pub(crate) fn to_f64_vec(&self, l: &Layout) -> Result<Vec<f64>> {
         match self {
-            Storage::Cpu(s) => s.to_f64_vec(l),
+            Storage::Cpu(s) => Ok(s.to_f64_vec(l)),
         }
     }
 
@@ -207,9 +209,9 @@ impl Storage {
         }
     }
 
-    pub(crate) fn index_select(&self, l: &Layout, dim: usize, idx: &[usize]) -> Storage {
+    pub(crate) fn index_select(&self, l: &Layout, dim: usize, idx: &[usize]) -> Result<Storage> {
         match self {
-            Storage::Cpu(s) => Storage::Cpu(cpu::index_select(s, l, dim, idx)),
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::index_select(s, l, dim, idx))),
         }
     }
 

@@ -94,7 +94,7 @@ impl Tensor {
         let ids = idx
             .storage()
             .indices("index_select", idx.layout(), d, x.shape()[d])?;
-        let s = x.storage().index_select(x.layout(), d, &ids);
+        let s = x.storage().index_select(x.layout(), d, &ids)?;
         let mut shape = x.shape().to_vec();
         shape[d] = ids.len();
         let in_shape = x.shape().to_vec();
@@ -139,7 +139,7 @@ impl Tensor {
         let ids = idx
             .storage()
             .indices("scatter_add", idx.layout(), d, x.shape()[d])?;
-        let mut s = x.storage().copy_strided(x.layout());
+        let mut s = x.storage().copy_strided(x.layout())?;
         s.scatter_add(
             x.shape(),
             d,

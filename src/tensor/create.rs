@@ -12,7 +12,7 @@ impl Tensor {
     /// ```
     /// use mantissa::{Tensor, DType, Device};
     /// let t = Tensor::full(&[2, 3], 1.5, DType::F16, Device::Cpu)?;
-    /// assert_eq!(t.to_vec_f64(), vec![1.5; 6]);
+    /// assert_eq!(t.to_vec_f64()?, vec![1.5; 6]);
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
@@ -165,7 +165,8 @@ impl Tensor {
             return Ok(self.clone());
         }
         let src = self.dtype();
-        let out = Tensor::from_storage(self.storage().to_dtype(self.layout(), dtype), self.shape());
+        let out =
+            Tensor::from_storage(self.storage().to_dtype(self.layout(), dtype)?, self.shape());
         if !dtype.is_float() {
             return Ok(out);
         }

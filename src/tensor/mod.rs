@@ -236,11 +236,11 @@ impl Tensor {
                 rhs: T::DTYPE,
             });
         }
-        Ok(self.to_vec_f64().into_iter().map(T::from_f64).collect())
+        Ok(self.to_vec_f64()?.into_iter().map(T::from_f64).collect())
     }
 
     /// Elements in row-major order converted to f64.
-    pub fn to_vec_f64(&self) -> Vec<f64> {
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
         count_host_read();
         self.storage().to_f64_vec(self.layout())
     }
@@ -253,7 +253,7 @@ impl Tensor {
                 format!("needs exactly one element, shape is {:?}", self.shape()),
             ));
         }
-        Ok(self.to_vec_f64()[0])
+        Ok(self.to_vec_f64()?[0])
     }
 
     /// Copies `src` into this tensor's elements in place (no graph is recorded; shapes must
@@ -326,16 +326,23 @@ impl Tensor {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let v = self.to_vec_f64();
-        let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
+        let values = match self.to_vec_f64() {
+            Ok(v) => {
+                let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
+                format!(
+                    "[{}{}]",
+                    shown.join(", "),
+                    if v.len() > 8 { ", ..." } else { "" }
+                )
+            }
+            Err(e) => format!("<values unreadable: {e}>"),
+        };
         write!(
             f,
-            "Tensor[{:?}, {:?}, {}]([{}{}])",
+            "Tensor[{:?}, {:?}, {}]({values})",
             self.shape(),
             self.dtype(),
             self.device(),
-            shown.join(", "),
-            if v.len() > 8 { ", ..." } else { "" }
         )?;
         if let Some(op) = self.op_name() {
             write!(f, " grad_fn={op}")?;

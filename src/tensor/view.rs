@@ -10,7 +10,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let s = self.storage().copy_strided(self.layout());
+        let s = self.storage().copy_strided(self.layout())?;
         Ok(Tensor::from_storage(s, self.shape())
             .attach("contiguous", &[self], |g, _| Ok(vec![Some(g.clone())])))
     }
@@ -233,7 +233,7 @@ impl Tensor {
 impl Tensor {
     /// A contiguous copy with its own storage (PyTorch's `clone()`; differentiable).
     pub fn copy(&self) -> Result<Tensor> {
-        let s = self.storage().copy_strided(self.layout());
+        let s = self.storage().copy_strided(self.layout())?;
         Ok(Tensor::from_storage(s, self.shape())
             .attach("copy", &[self], |g, _| Ok(vec![Some(g.clone())])))
     }

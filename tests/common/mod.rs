@@ -27,7 +27,7 @@ pub fn f32s(shape: &[usize], seed: u64) -> Tensor {
 
 /// Values of `t` as f64.
 pub fn vals(t: &Tensor) -> Vec<f64> {
-    t.to_vec_f64()
+    t.to_vec_f64().unwrap()
 }
 
 /// `||a - b|| / max(||b||, 1e-12)`.
