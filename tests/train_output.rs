@@ -53,3 +53,35 @@ fn plot_writes_a_png() {
     assert!(mantissa::train::plot_metrics(&MetricsLog::default(), &p).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Running figures kept as tensors agree with the host-side path, and are read back once per
+/// 25 steps (and at the end), not once per step.
+#[test]
+fn progress_reads_device_sums_every_few_steps() {
+    use mantissa::train::EpochProgress;
+    use mantissa::{host_reads, DType, Device, Tensor};
+    let steps = 60;
+    let (mut host, mut dev) = (
+        EpochProgress::new("h", steps),
+        EpochProgress::new("d", steps),
+    );
+    let reads = host_reads();
+    for k in 0..steps {
+        let (loss, hits, batch) = (0.25 + 0.01 * k as f64, (k % 7) as f64, 8 + k % 3);
+        host.step(batch, loss, hits);
+        let l = Tensor::scalar(loss, DType::F32, Device::Cpu).unwrap();
+        let h = Tensor::scalar(hits, DType::F32, Device::Cpu).unwrap();
+        dev.step_tensors(batch, &l, &h).unwrap();
+    }
+    // Reads after steps 25 and 50, and at the last step.
+    assert_eq!(host_reads() - reads, 3);
+    dev.finish().unwrap();
+    host.finish().unwrap();
+    assert!(
+        (host.loss() - dev.loss()).abs() < 1e-6,
+        "{} vs {}",
+        host.loss(),
+        dev.loss()
+    );
+    assert_eq!(host.accuracy(), dev.accuracy());
+}

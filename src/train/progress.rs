@@ -1,7 +1,12 @@
 //! A per-epoch progress bar: ETA, samples/s, running loss and accuracy (plain log lines
 //! without the `train-ui` feature or when output is not a terminal).
 
+use crate::{Result, Tensor};
 use std::time::Instant;
+
+/// Steps between host reads of the running sums that [`EpochProgress::step_tensors`] keeps on
+/// the device.
+const READ_EVERY: usize = 25;
 
 /// Progress of one epoch.
 pub struct EpochProgress {
@@ -12,6 +17,11 @@ pub struct EpochProgress {
     loss_sum: f64,
     hits: f64,
     batches: usize,
+    /// Samples whose loss and hits are in `loss_sum` and `hits` (the rest are pending).
+    counted: usize,
+    /// Loss sum (weighted by batch size) and correct count not yet read back, their steps
+    /// and their samples.
+    pending: Option<(Tensor, Tensor, usize, usize)>,
     extra: String,
     #[cfg_attr(feature = "train-ui", allow(dead_code))]
     label: String,
@@ -42,6 +52,8 @@ impl EpochProgress {
             loss_sum: 0.0,
             hits: 0.0,
             batches: 0,
+            counted: 0,
+            pending: None,
             extra: String::new(),
             label: label.to_string(),
             total: batches,
@@ -52,19 +64,81 @@ impl EpochProgress {
     pub fn step(&mut self, batch: usize, loss: f64, correct: f64) {
         self.samples += batch;
         self.batches += 1;
+        self.counted += batch;
         self.loss_sum += loss * batch as f64;
         self.hits += correct;
-        #[cfg(feature = "train-ui")]
-        {
-            self.bar.set_message(format!(
-                "loss {:.4} acc {:.2}% {:.0} samples/s {}",
-                self.loss(),
-                100.0 * self.accuracy(),
-                self.samples_per_s(),
-                self.extra
-            ));
-            self.bar.inc(1);
+        self.refresh();
+        self.tick();
+    }
+
+    /// Records one step from one-element tensors (mean loss, correct count) without reading
+    /// them: the sums stay on the tensors' device and are read back every 25 steps and by
+    /// [`EpochProgress::flush`] / [`EpochProgress::finish`], so a GPU step does not wait for
+    /// the host. The figures shown lag by at most that many steps.
+    ///
+    /// ```
+    /// # use mantissa::{train::EpochProgress, DType, Device, Tensor};
+    /// let mut bar = EpochProgress::new("epoch 1", 2);
+    /// for _ in 0..2 {
+    ///     let loss = Tensor::scalar(0.5, DType::F32, Device::Cpu)?;
+    ///     let correct = Tensor::scalar(3.0, DType::F32, Device::Cpu)?;
+    ///     bar.step_tensors(4, &loss, &correct)?;
+    /// }
+    /// bar.finish()?;
+    /// assert_eq!((bar.loss(), bar.accuracy()), (0.5, 0.75));
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn step_tensors(&mut self, batch: usize, loss: &Tensor, correct: &Tensor) -> Result<()> {
+        let weighted = loss
+            .detach()
+            .to_dtype(crate::DType::F32)?
+            .mul(batch as f64)?;
+        let correct = correct.detach().to_dtype(crate::DType::F32)?;
+        let pending = match self.pending.take() {
+            Some((l, c, steps, n)) => (l.add(&weighted)?, c.add(&correct)?, steps + 1, n + batch),
+            None => (weighted, correct, 1, batch),
+        };
+        self.samples += batch;
+        self.batches += 1;
+        let due = pending.2 >= READ_EVERY || self.batches == self.total;
+        self.pending = Some(pending);
+        if due {
+            self.flush()?;
         }
+        self.tick();
+        Ok(())
+    }
+
+    /// Reads the sums [`EpochProgress::step_tensors`] kept on the device (one host read) and
+    /// updates the figures.
+    pub fn flush(&mut self) -> Result<()> {
+        if let Some((l, c, _, n)) = self.pending.take() {
+            let both = Tensor::cat(&[&l.reshape(&[1])?, &c.reshape(&[1])?], 0)?;
+            let v = both.to_vec_f64()?;
+            self.loss_sum += v[0];
+            self.hits += v[1];
+            self.counted += n;
+            self.refresh();
+        }
+        Ok(())
+    }
+
+    /// Shows the current figures on the bar.
+    fn refresh(&self) {
+        #[cfg(feature = "train-ui")]
+        self.bar.set_message(format!(
+            "loss {:.4} acc {:.2}% {:.0} samples/s {}",
+            self.loss(),
+            100.0 * self.accuracy(),
+            self.samples_per_s(),
+            self.extra
+        ));
+    }
+
+    /// Advances the bar by one step (a log line every 100 steps without `train-ui`).
+    fn tick(&self) {
+        #[cfg(feature = "train-ui")]
+        self.bar.inc(1);
         #[cfg(not(feature = "train-ui"))]
         if self.batches % 100 == 0 || self.batches == self.total {
             eprintln!(
@@ -85,13 +159,13 @@ impl EpochProgress {
         self.extra = text.into();
     }
 
-    /// Mean loss so far.
+    /// Mean loss over the steps read so far (all of them after [`EpochProgress::flush`]).
     pub fn loss(&self) -> f64 {
-        self.loss_sum / self.samples.max(1) as f64
+        self.loss_sum / self.counted.max(1) as f64
     }
-    /// Accuracy so far.
+    /// Accuracy over the steps read so far.
     pub fn accuracy(&self) -> f64 {
-        self.hits / self.samples.max(1) as f64
+        self.hits / self.counted.max(1) as f64
     }
     pub fn seconds(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
@@ -100,9 +174,11 @@ impl EpochProgress {
         self.samples as f64 / self.seconds().max(1e-9)
     }
 
-    /// Ends the bar (leaves it on screen).
-    pub fn finish(&self) {
+    /// Reads what is pending and ends the bar (leaves it on screen).
+    pub fn finish(&mut self) -> Result<()> {
+        self.flush()?;
         #[cfg(feature = "train-ui")]
         self.bar.finish();
+        Ok(())
     }
 }
