@@ -69,8 +69,9 @@ pub(crate) fn gemm_into<F: GemmFloat>(
     // partial vector; narrow outputs are split by rows instead.
     let col_block = n.div_ceil(threads).next_multiple_of(16);
     let dst_ptr = SendPtr(dst.as_mut_ptr());
-    let block = |i: usize, rows: bool| {
-        let (r, c) = if rows {
+    let by_rows = n < 32 * threads;
+    let block = |i: usize| {
+        let (r, c) = if by_rows {
             let step = m.div_ceil(threads);
             ((i * step).min(m)..((i + 1) * step).min(m), 0..n)
         } else {
@@ -82,8 +83,7 @@ pub(crate) fn gemm_into<F: GemmFloat>(
             unsafe { gemm_block(r, c, k, dst_ptr.get(), n, accumulate, a, b) };
         }
     };
-    let by_rows = n < 32 * threads;
-    (0..threads).into_par_iter().for_each(|i| block(i, by_rows));
+    (0..threads).into_par_iter().for_each(block);
 }
 
 /// A raw destination pointer shared by the threads that write disjoint blocks of it.

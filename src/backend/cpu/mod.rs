@@ -336,12 +336,12 @@ pub(crate) fn dropout_mask(
             });
         out
     }
-    let args = (n, threshold, scale, (seed, start));
+    let stream = (seed, start);
     Ok(match dtype {
-        DType::F32 => go::<f32>(args.0, args.1, args.2, args.3).into_storage(),
-        DType::F16 => go::<f16>(args.0, args.1, args.2, args.3).into_storage(),
-        DType::BF16 => go::<bf16>(args.0, args.1, args.2, args.3).into_storage(),
-        DType::F64 => go::<f64>(args.0, args.1, args.2, args.3).into_storage(),
+        DType::F32 => go::<f32>(n, threshold, scale, stream).into_storage(),
+        DType::F16 => go::<f16>(n, threshold, scale, stream).into_storage(),
+        DType::BF16 => go::<bf16>(n, threshold, scale, stream).into_storage(),
+        DType::F64 => go::<f64>(n, threshold, scale, stream).into_storage(),
         dtype => {
             return Err(Error::DType {
                 op: "dropout",

@@ -276,9 +276,11 @@ pub(crate) fn reduce(
                 fold_rows(op, v, bases[row], starts, (len, inner), 0)
             }
         };
-        let side_by_side = o >= 16 && r > 1 && bases.windows(2).all(|w| w[1] == w[0] + 1);
-        let rows: Vec<Acc<T::Acc>> = if side_by_side && matches!(op, ReduceOp::Sum | ReduceOp::Mean)
-        {
+        let column_sums = matches!(op, ReduceOp::Sum | ReduceOp::Mean)
+            && o >= 16
+            && r > 1
+            && bases.windows(2).all(|w| w[1] == w[0] + 1);
+        let rows: Vec<Acc<T::Acc>> = if column_sums {
             sum_columns(v, bases[0], o, starts, (len, inner))
         } else if o * r >= PAR_MIN && o > 1 {
             (0..o).into_par_iter().map(one).collect()
