@@ -32,22 +32,26 @@ fn matmul_matches_triple_loop_with_broadcast_batches() {
         }
     }
     assert_close(&got, &want, 1e-14, "batched matmul");
-    // f32 large enough to take the parallel path, transposed operand.
-    let (m, k, n) = (70, 65, 90);
-    let a = randv(m * k, 3);
-    let w = randv(n * k, 4);
-    let af = t(a.clone(), &[m, k]).to_dtype(DType::F32).unwrap();
-    let wf = t(w.clone(), &[n, k]).to_dtype(DType::F32).unwrap();
-    let got = vals(&af.matmul(&wf.t().unwrap()).unwrap());
-    let mut want = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            want[i * n + j] = (0..k)
-                .map(|p| a[i * k + p] as f32 as f64 * (w[j * k + p] as f32 as f64))
-                .sum();
+    // f32 products large enough (m*n*k >= 2^20) to be split across threads: by columns
+    // (m < 256, n >= 64), by rows because m >= 256, by rows because n < 64; uneven blocks
+    // and a transposed operand.
+    for (m, k, n) in [(70, 130, 150), (300, 65, 90), (130, 200, 50)] {
+        let a = randv(m * k, 3);
+        let w = randv(n * k, 4);
+        let af = t(a.clone(), &[m, k]).to_dtype(DType::F32).unwrap();
+        let wf = t(w.clone(), &[n, k]).to_dtype(DType::F32).unwrap();
+        let got = vals(&af.matmul(&wf.t().unwrap()).unwrap());
+        let mut want = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k)
+                    .map(|p| a[i * k + p] as f32 as f64 * (w[j * k + p] as f32 as f64))
+                    .sum();
+            }
         }
+        let what = format!("f32 {m}x{k}x{n} matmul with transposed rhs");
+        assert_close(&got, &want, 1e-6, &what);
     }
-    assert_close(&got, &want, 1e-6, "f32 matmul with transposed rhs");
 }
 
 /// Direct convolution by definition.
