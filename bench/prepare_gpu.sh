@@ -7,7 +7,7 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/ex
 rm -rf .gpu && mkdir -p .gpu/tests
 cargo build --release --example gpu_check
 cp target/release/examples/gpu_check .gpu/
-for t in cuda_kernels; do
+for t in cuda_kernels cuda_parity; do
     bin=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:

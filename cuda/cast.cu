@@ -27,3 +27,13 @@ CAST_FROM(i64)
 CAST_FROM(u8)
 CAST(float, i64)
 CAST(float, u8)
+
+// Same-type copies of a strided view into a contiguous output, by element width.
+#define COPY(T)                                                                            \
+    extern "C" __global__ void copy_strided_##T(const T* src, Strided l, T* dst, i64 n) { \
+        FOR_EACH(i, n) dst[i] = src[strided_index(l, i)];                                  \
+    }
+COPY(u8)
+COPY(u16)
+COPY(u32)
+COPY(u64)

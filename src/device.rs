@@ -4,9 +4,11 @@ use crate::{Error, Result};
 
 /// Where a tensor's storage lives.
 ///
-/// `Cuda(n)` names the n-th GPU. Tensors on CUDA are not implemented yet: every attempt to
-/// place data there returns [`Error::CudaUnavailable`], whose reason names what is missing
-/// (the driver library, a device) or says that the GPU was found.
+/// `Cuda(n)` names the n-th GPU. Where there is none (no driver library, no device, no
+/// NVRTC), placing data there returns [`Error::CudaUnavailable`], whose reason names what is
+/// missing. The CUDA backend is in progress and unverified on a GPU: elementwise ops, casts,
+/// reductions, softmax, dropout and matrix products have kernels; the other ops run on a
+/// host copy of their inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     #[default]
@@ -19,15 +21,19 @@ impl Device {
     ///
     /// ```
     /// use mantissa::Device;
-    /// assert!(Device::cuda(0).is_err()); // no CUDA backend in this build yet
+    /// match Device::cuda(0) {
+    ///     Ok(d) => println!("using {d}"),
+    ///     Err(e) => println!("no GPU: {e}"),
+    /// }
     /// ```
     pub fn cuda(n: usize) -> Result<Device> {
         Device::Cuda(n).check_available()
     }
 
-    /// The best device available: a GPU when there is one, otherwise the CPU.
+    /// The best device available. The CPU until the CUDA backend has been verified on a GPU;
+    /// ask for `Device::cuda(n)` explicitly to use it meanwhile.
     pub fn best() -> Device {
-        Device::cuda(0).unwrap_or(Device::Cpu)
+        Device::Cpu
     }
 
     /// Returns `self` when the device can hold tensors, an error otherwise.
@@ -35,10 +41,7 @@ impl Device {
         match self {
             Device::Cpu => Ok(self),
             #[cfg(feature = "cuda")]
-            Device::Cuda(n) => Err(Error::CudaUnavailable {
-                device: self,
-                reason: crate::backend::cuda::probe::unavailable_reason(n),
-            }),
+            Device::Cuda(n) => crate::backend::cuda::runtime::runtime(n).map(|_| self),
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(Error::CudaUnavailable {
                 device: self,
@@ -52,8 +55,9 @@ impl Device {
     pub fn supports_bf16(self) -> Result<bool> {
         match self {
             Device::Cpu => Ok(true),
-            // Unreachable until the CUDA backend lands; it answers from the device's compute
-            // capability.
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => Ok(crate::backend::cuda::runtime::runtime(n)?.arch() >= 80),
+            #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => self.check_available().map(|_| false),
         }
     }

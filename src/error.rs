@@ -58,6 +58,15 @@ pub enum Error {
     /// A CUDA library could not be found or loaded; the message says how to install it.
     #[error("CUDA library {lib} not available: {msg}")]
     CudaLibrary { lib: &'static str, msg: String },
+    /// The op has no kernel on this device yet (the CUDA backend is being filled in).
+    #[error(
+        "{op} is not implemented on {device} yet ({what}); move the tensors to the CPU for it"
+    )]
+    NotOnDevice {
+        op: &'static str,
+        device: Device,
+        what: String,
+    },
     /// A device allocation failed even after the allocator released its cached blocks.
     #[error("out of memory on {device}: {requested} bytes requested; {stats}")]
     OutOfMemory {

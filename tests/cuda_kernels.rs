@@ -65,6 +65,19 @@ fn compile_errors_carry_the_log_and_the_cache_returns_the_same_cubin() {
 
 #[test]
 fn cuda_devices_are_an_error_that_says_why_never_a_panic() {
+    use mantissa::backend::cuda::probe;
+    if probe::device_count().map(|n| n > 0).unwrap_or(false) {
+        assert_eq!(
+            mantissa::Device::cuda(0).unwrap(),
+            mantissa::Device::Cuda(0)
+        );
+        let n = probe::device_count().unwrap();
+        match mantissa::Device::cuda(n) {
+            Err(Error::CudaUnavailable { reason, .. }) => assert!(reason.contains("device")),
+            other => panic!("cuda:{n} of {n} devices: expected CudaUnavailable, got {other:?}"),
+        }
+        return;
+    }
     match mantissa::Device::cuda(0) {
         Err(Error::CudaUnavailable { reason, .. }) => {
             eprintln!("Device::cuda(0): {reason}");

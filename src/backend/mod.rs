@@ -14,33 +14,68 @@ use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
 use cpu::CpuStorage;
 pub(crate) use cpu::{ConvDims, PoolDims};
+#[cfg(feature = "cuda")]
+use cuda::storage::CudaStorage;
 use ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 
 /// A tensor's data on some device.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
+    /// Unverified: no GPU has run this variant yet.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaStorage),
 }
 
-/// Unwraps same-device storages, or returns a device-mismatch error naming the op.
-macro_rules! cpu2 {
-    ($op:expr, $a:expr, $b:expr) => {
-        match ($a, $b) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => (a, b),
-        }
-    };
+/// Unwraps two same-device storages into `Cpu(a, b)` or `Cuda(a, b)`, or returns a
+/// device-mismatch error naming the op.
+enum Pair<'a> {
+    Cpu(&'a CpuStorage, &'a CpuStorage),
+    #[cfg(feature = "cuda")]
+    Cuda(&'a CudaStorage, &'a CudaStorage),
+}
+
+fn pair<'a>(op: &'static str, a: &'a Storage, b: &'a Storage) -> Result<Pair<'a>> {
+    #[allow(unreachable_patterns)]
+    match (a, b) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Pair::Cpu(x, y)),
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(x), Storage::Cuda(y)) if x.device() == y.device() => Ok(Pair::Cuda(x, y)),
+        _ => Err(Error::DeviceMismatch {
+            op,
+            lhs: a.device(),
+            rhs: b.device(),
+        }),
+    }
+}
+
+/// The one device of `storages`, or a device-mismatch error naming the op.
+fn common_device(op: &'static str, storages: &[&Storage]) -> Result<Device> {
+    let d = storages[0].device();
+    match storages.iter().find(|s| s.device() != d) {
+        Some(other) => Err(Error::DeviceMismatch {
+            op,
+            lhs: d,
+            rhs: other.device(),
+        }),
+        None => Ok(d),
+    }
 }
 
 impl Storage {
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.device(),
         }
     }
 
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.dtype(),
         }
     }
 
@@ -48,6 +83,8 @@ impl Storage {
     pub fn len(&self) -> usize {
         match self {
             Storage::Cpu(s) => s.len(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.len(),
         }
     }
 
@@ -55,11 +92,63 @@ impl Storage {
         self.len() == 0
     }
 
-    pub(crate) fn full(device: Device, value: f64, n: usize, dtype: DType) -> Result<Storage> {
-        match device.check_available()? {
-            Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(value, n, dtype))),
+    /// The host storage, if this is one.
+    pub(crate) fn as_cpu(&self) -> Option<&CpuStorage> {
+        match self {
+            Storage::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    pub(crate) fn as_cpu_mut(&mut self) -> Option<&mut CpuStorage> {
+        match self {
+            Storage::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// A copy of the whole storage on the same device (copy-on-write of a shared tensor).
+    pub(crate) fn try_clone(&self) -> Result<Storage> {
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(s.clone())),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.try_clone()?)),
+        }
+    }
+
+    /// The whole storage on the host: borrowed on the CPU, downloaded from a device. Ops
+    /// without a device kernel yet run on the host this way and [`Storage::place`] their
+    /// result back (correct, and slow: a transfer each way).
+    fn host(&self) -> Result<std::borrow::Cow<'_, CpuStorage>> {
+        match self {
+            Storage::Cpu(s) => Ok(std::borrow::Cow::Borrowed(s)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(std::borrow::Cow::Owned(
+                s.to_cpu(&Layout::contiguous(&[s.len()]))?,
+            )),
+        }
+    }
+
+    /// A host storage moved to `device` (whole, in order).
+    fn place(s: CpuStorage, device: Device) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(s)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => Ok(Storage::Cuda(CudaStorage::from_cpu(
+                &s,
+                &Layout::contiguous(&[s.len()]),
+                n,
+            )?)),
+            #[cfg(not(feature = "cuda"))]
             d => Err(unavailable(d)),
         }
+    }
+
+    pub(crate) fn full(device: Device, value: f64, n: usize, dtype: DType) -> Result<Storage> {
+        let device = device.check_available()?;
+        Storage::place(CpuStorage::full(value, n, dtype), device)
     }
 
     /// `n` dropout multipliers (see [`cpu::dropout_mask`]): `scale` where the element's Philox
@@ -76,6 +165,11 @@ impl Storage {
             Device::Cpu => Ok(Storage::Cpu(cpu::dropout_mask(
                 n, threshold, scale, stream, dtype,
             )?)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(o) => Ok(Storage::Cuda(cuda::ops::dropout_mask(
+                o, n, threshold, scale, stream, dtype,
+            )?)),
+            #[cfg(not(feature = "cuda"))]
             d => Err(unavailable(d)),
         }
     }
@@ -85,48 +179,78 @@ impl Storage {
         values: impl Iterator<Item = f64>,
         dtype: DType,
     ) -> Result<Storage> {
-        match device.check_available()? {
-            Device::Cpu => Ok(Storage::Cpu(CpuStorage::from_f64s(values, dtype))),
-            d => Err(unavailable(d)),
-        }
+        let device = device.check_available()?;
+        Storage::place(CpuStorage::from_f64s(values, dtype), device)
     }
 
     pub(crate) fn to_device(&self, layout: &Layout, device: Device) -> Result<Storage> {
         match (self, device.check_available()?) {
             (Storage::Cpu(s), Device::Cpu) => Ok(Storage::Cpu(s.copy_strided(layout))),
+            #[cfg(feature = "cuda")]
+            (Storage::Cpu(s), Device::Cuda(n)) => {
+                Ok(Storage::Cuda(CudaStorage::from_cpu(s, layout, n)?))
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(s), Device::Cpu) => Ok(Storage::Cpu(s.to_cpu(layout)?)),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(s), d) if d == s.device() => Ok(Storage::Cuda(s.copy_strided(layout)?)),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(s), Device::Cuda(n)) => Ok(Storage::Cuda(CudaStorage::from_cpu(
+                &s.to_cpu(layout)?,
+                &Layout::contiguous(layout.shape()),
+                n,
+            )?)),
+            #[cfg(not(feature = "cuda"))]
             (_, d) => Err(unavailable(d)),
         }
     }
 
-    // The copies and conversions below cannot fail on the CPU; they return `Result` because
-    // a device's can (a launch or a copy).
     pub(crate) fn copy_strided(&self, l: &Layout) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(l))),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.copy_strided(l)?)),
         }
     }
 
     pub(crate) fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(l, dtype))),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.to_dtype(l, dtype)?)),
         }
     }
 
     pub(crate) fn copy_into(&mut self, dl: &Layout, src: &Storage, sl: &Layout) -> Result<()> {
-        let (d, s) = cpu2!("copy", self, src);
-        d.copy_into(dl, s, sl)
+        #[allow(unreachable_patterns)]
+        match (&mut *self, src) {
+            (Storage::Cpu(d), Storage::Cpu(s)) => d.copy_into(dl, s, sl),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(d), Storage::Cuda(s)) if d.device() == s.device() => {
+                d.copy_into(dl, s, sl)
+            }
+            (d, s) => Err(Error::DeviceMismatch {
+                op: "copy",
+                lhs: d.device(),
+                rhs: s.device(),
+            }),
+        }
     }
 
     /// Every selected element as f64, row-major (used for `to_vec` and printing).
     pub(crate) fn to_f64_vec(&self, l: &Layout) -> Result<Vec<f64>> {
         match self {
             Storage::Cpu(s) => Ok(s.to_f64_vec(l)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(s.to_cpu(l)?.to_f64_vec(&Layout::contiguous(l.shape()))),
         }
     }
 
     pub(crate) fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::unary(s, l, op)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::ops::unary(s, l, op)?)),
         }
     }
 
@@ -137,8 +261,11 @@ impl Storage {
         lg: &Layout,
         op: UnaryOp,
     ) -> Result<Storage> {
-        let (x, g) = cpu2!("unary_grad", self, g);
-        Ok(Storage::Cpu(cpu::unary_grad(x, l, g, lg, op)?))
+        match pair("unary_grad", self, g)? {
+            Pair::Cpu(x, g) => Ok(Storage::Cpu(cpu::unary_grad(x, l, g, lg, op)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(x, g) => Ok(Storage::Cuda(cuda::ops::unary_grad(x, l, g, lg, op)?)),
+        }
     }
 
     pub(crate) fn binary(
@@ -148,13 +275,19 @@ impl Storage {
         lr: &Layout,
         op: BinaryOp,
     ) -> Result<Storage> {
-        let (a, b) = cpu2!("binary", self, rhs);
-        Ok(Storage::Cpu(cpu::binary(a, l, b, lr, op)?))
+        match pair("binary", self, rhs)? {
+            Pair::Cpu(a, b) => Ok(Storage::Cpu(cpu::binary(a, l, b, lr, op)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(a, b) => Ok(Storage::Cuda(cuda::ops::binary(a, l, b, lr, op)?)),
+        }
     }
 
     pub(crate) fn cmp(&self, l: &Layout, rhs: &Storage, lr: &Layout, op: CmpOp) -> Result<Storage> {
-        let (a, b) = cpu2!("cmp", self, rhs);
-        Ok(Storage::Cpu(cpu::cmp(a, l, b, lr, op)?))
+        match pair("cmp", self, rhs)? {
+            Pair::Cpu(a, b) => Ok(Storage::Cpu(cpu::cmp(a, l, b, lr, op)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(a, b) => Ok(Storage::Cuda(cuda::ops::cmp(a, l, b, lr, op)?)),
+        }
     }
 
     pub(crate) fn where_cond(
@@ -165,24 +298,39 @@ impl Storage {
         b: &Storage,
         lb: &Layout,
     ) -> Result<Storage> {
-        let (c, a) = cpu2!("where", self, a);
-        let Storage::Cpu(b) = b;
-        Ok(Storage::Cpu(cpu::where_cond(c, l, a, la, b, lb)?))
+        common_device("where", &[self, a, b])?;
+        match (pair("where", self, a)?, b) {
+            (Pair::Cpu(c, a), Storage::Cpu(b)) => {
+                Ok(Storage::Cpu(cpu::where_cond(c, l, a, la, b, lb)?))
+            }
+            #[cfg(feature = "cuda")]
+            (Pair::Cuda(c, a), Storage::Cuda(b)) => {
+                Ok(Storage::Cuda(cuda::ops::where_cond(c, l, a, la, b, lb)?))
+            }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
     }
 
     pub(crate) fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::reduce(s, l, dims, op)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::ops::reduce(s, l, dims, op)?)),
         }
     }
 
     pub(crate) fn matmul(&self, l: &Layout, rhs: &Storage, lr: &Layout) -> Result<Storage> {
-        let (a, b) = cpu2!("matmul", self, rhs);
-        Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, None)?))
+        match pair("matmul", self, rhs)? {
+            Pair::Cpu(a, b) => Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, None)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(a, b) => Ok(Storage::Cuda(cuda::ops::matmul(a, l, b, lr, None)?)),
+        }
     }
 
-    /// `self @ rhs + bias` with the bias added in the product's accumulator (a GEMM epilogue
-    /// on CUDA): `bias` has as many elements as the product has columns.
+    /// `self @ rhs + bias` with the bias added in the product's accumulator (on CUDA the
+    /// output starts as the bias rows and cuBLAS adds the product, `beta = 1`): `bias` has as
+    /// many elements as the product has columns.
     pub(crate) fn matmul_bias(
         &self,
         l: &Layout,
@@ -191,9 +339,22 @@ impl Storage {
         bias: &Storage,
         lb: &Layout,
     ) -> Result<Storage> {
-        let (a, b) = cpu2!("linear", self, rhs);
-        let (_, c) = cpu2!("linear", self, bias);
-        Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, Some((c, lb)))?))
+        common_device("linear", &[self, rhs, bias])?;
+        match (pair("linear", self, rhs)?, bias) {
+            (Pair::Cpu(a, b), Storage::Cpu(c)) => {
+                Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, Some((c, lb)))?))
+            }
+            #[cfg(feature = "cuda")]
+            (Pair::Cuda(a, b), Storage::Cuda(c)) => Ok(Storage::Cuda(cuda::ops::matmul(
+                a,
+                l,
+                b,
+                lr,
+                Some((c, lb)),
+            )?)),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
     }
 
     /// Reads an I64 index tensor, checking each entry lies in `0..size`.
@@ -204,15 +365,17 @@ impl Storage {
         dim: usize,
         size: usize,
     ) -> Result<Vec<usize>> {
-        match self {
-            Storage::Cpu(s) => cpu::index::indices(op, s, l, dim, size),
-        }
+        cpu::index::indices(op, &*self.host()?, l, dim, size)
     }
 
+    // The index, optimizer, convolution and pooling ops below have no CUDA kernels yet: on a
+    // device they run on the host copy of their inputs (`host` / `place`).
+
     pub(crate) fn index_select(&self, l: &Layout, dim: usize, idx: &[usize]) -> Result<Storage> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::index_select(s, l, dim, idx))),
-        }
+        Storage::place(
+            cpu::index_select(&*self.host()?, l, dim, idx),
+            self.device(),
+        )
     }
 
     pub(crate) fn gather(
@@ -221,9 +384,25 @@ impl Storage {
         dim: usize,
         idx: &[usize],
         idx_shape: &[usize],
-    ) -> Storage {
+    ) -> Result<Storage> {
+        Storage::place(
+            cpu::gather(&*self.host()?, l, dim, idx, idx_shape),
+            self.device(),
+        )
+    }
+
+    /// Runs an in-place host op on this storage (a device storage is downloaded, updated and
+    /// uploaded again).
+    fn update_on_host(&mut self, f: impl FnOnce(&mut CpuStorage) -> Result<()>) -> Result<()> {
         match self {
-            Storage::Cpu(s) => Storage::Cpu(cpu::gather(s, l, dim, idx, idx_shape)),
+            Storage::Cpu(s) => f(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => {
+                let mut host = self.host()?.into_owned();
+                f(&mut host)?;
+                *self = Storage::place(host, self.device())?;
+                Ok(())
+            }
         }
     }
 
@@ -236,8 +415,9 @@ impl Storage {
         src: &Storage,
         sl: &Layout,
     ) -> Result<()> {
-        let (d, s) = cpu2!("scatter_add", self, src);
-        cpu::scatter_add(d, shape, dim, idx, idx_shape, s, sl)
+        common_device("scatter_add", &[self, src])?;
+        let s = src.host()?;
+        self.update_on_host(|d| cpu::scatter_add(d, shape, dim, idx, idx_shape, &s, sl))
     }
 
     pub(crate) fn index_add(
@@ -248,8 +428,9 @@ impl Storage {
         src: &Storage,
         sl: &Layout,
     ) -> Result<()> {
-        let (d, s) = cpu2!("index_add", self, src);
-        cpu::index_add(d, shape, dim, idx, s, sl)
+        common_device("index_add", &[self, src])?;
+        let s = src.host()?;
+        self.update_on_host(|d| cpu::index_add(d, shape, dim, idx, &s, sl))
     }
 
     /// Applies a fused optimizer update in place (`self` is the parameter, or its f32 master
@@ -264,22 +445,56 @@ impl Storage {
         u: &OptimUpdate,
         working: Option<(&mut Storage, rounding::Rounding)>,
     ) -> Result<()> {
-        let Storage::Cpu(p) = self;
-        let working = working.map(|(w, r)| match w {
-            Storage::Cpu(c) => (c, r),
-        });
-        let Storage::Cpu(g) = grad;
-        let Storage::Cpu(step) = step;
-        let found_inf = found_inf.map(|f| match f {
-            Storage::Cpu(c) => c,
-        });
-        let mut cpu: Vec<&mut CpuStorage> = states
-            .iter_mut()
-            .map(|s| match &mut **s {
-                Storage::Cpu(c) => c,
-            })
-            .collect();
-        cpu::optim_update(p, g, &mut cpu, step, found_inf, u, working)
+        let mut all: Vec<&Storage> = vec![&*self, grad, &*step];
+        all.extend(states.iter().map(|s| &**s));
+        all.extend(found_inf);
+        if let Some((w, _)) = &working {
+            all.push(&**w);
+        }
+        let device = common_device("optim_update", &all)?;
+        if device == Device::Cpu {
+            const ALL_CPU: &str = "common_device: all on the CPU";
+            let g = grad.as_cpu().expect(ALL_CPU);
+            let found_inf = found_inf.map(|f| f.as_cpu().expect(ALL_CPU));
+            let step = step.as_cpu_mut().expect(ALL_CPU);
+            let p = self.as_cpu_mut().expect(ALL_CPU);
+            let working = working.map(|(w, r)| (w.as_cpu_mut().expect(ALL_CPU), r));
+            let mut host: Vec<&mut CpuStorage> = states
+                .iter_mut()
+                .map(|s| s.as_cpu_mut().expect(ALL_CPU))
+                .collect();
+            return cpu::optim_update(p, g, &mut host, step, found_inf, u, working);
+        }
+        // On a device: the whole update on host copies, written back afterwards.
+        let g = grad.host()?;
+        let found = match found_inf {
+            Some(f) => Some(f.host()?),
+            None => None,
+        };
+        let mut p = self.host()?.into_owned();
+        let mut st = step.host()?.into_owned();
+        let mut hs: Vec<CpuStorage> = states
+            .iter()
+            .map(|s| s.host().map(|h| h.into_owned()))
+            .collect::<Result<_>>()?;
+        let (mut w, r) = match &working {
+            Some((w, r)) => (Some(w.host()?.into_owned()), Some(*r)),
+            None => (None, None),
+        };
+        {
+            let mut refs: Vec<&mut CpuStorage> = hs.iter_mut().collect();
+            let wk = w.as_mut().zip(r);
+            cpu::optim_update(&mut p, &g, &mut refs, &mut st, found.as_deref(), u, wk)?;
+        }
+        *self = Storage::place(p, device)?;
+        *step = Storage::place(st, device)?;
+        for (s, h) in states.iter_mut().zip(hs) {
+            **s = Storage::place(h, device)?;
+        }
+        if let (Some((dst, _)), Some(h)) = (working, w) {
+            *dst = Storage::place(h, device)?;
+        }
+        Ok(())
     }
 
     /// Writes the f32 `master` into this f16/bf16 working copy with `rounding`, drawing the
@@ -291,15 +506,17 @@ impl Storage {
         rounding: rounding::Rounding,
         step: &Storage,
     ) -> Result<()> {
-        let (_, step) = cpu2!("round_from_master", master, step);
-        let (d, s) = cpu2!("round_from_master", self, master);
-        cpu::round_into(d, s, rounding, step)
+        common_device("round_from_master", &[self, master, step])?;
+        let (m, st) = (master.host()?, step.host()?);
+        self.update_on_host(|d| cpu::round_into(d, &m, rounding, &st))
     }
 
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {
         match self {
             Storage::Cpu(s) if log => Ok(Storage::Cpu(cpu::log_softmax(s, l, dim)?)),
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::softmax(s, l, dim)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::ops::softmax(s, l, dim, log)?)),
         }
     }
 
@@ -310,8 +527,9 @@ impl Storage {
         lw: &Layout,
         d: &ConvDims,
     ) -> Result<Storage> {
-        let (x, w) = cpu2!("conv2d", self, w);
-        Ok(Storage::Cpu(cpu::conv2d(x, l, w, lw, d)?))
+        let device = common_device("conv2d", &[self, w])?;
+        let out = cpu::conv2d(&*self.host()?, l, &*w.host()?, lw, d)?;
+        Storage::place(out, device)
     }
 
     pub(crate) fn conv2d_backward_input(
@@ -321,8 +539,9 @@ impl Storage {
         lw: &Layout,
         d: &ConvDims,
     ) -> Result<Storage> {
-        let (g, w) = cpu2!("conv2d_backward_input", self, w);
-        Ok(Storage::Cpu(cpu::conv2d_backward_input(g, l, w, lw, d)?))
+        let device = common_device("conv2d_backward_input", &[self, w])?;
+        let out = cpu::conv2d_backward_input(&*self.host()?, l, &*w.host()?, lw, d)?;
+        Storage::place(out, device)
     }
 
     pub(crate) fn conv2d_backward_weight(
@@ -332,8 +551,9 @@ impl Storage {
         lg: &Layout,
         d: &ConvDims,
     ) -> Result<Storage> {
-        let (x, g) = cpu2!("conv2d_backward_weight", self, gy);
-        Ok(Storage::Cpu(cpu::conv2d_backward_weight(x, l, g, lg, d)?))
+        let device = common_device("conv2d_backward_weight", &[self, gy])?;
+        let out = cpu::conv2d_backward_weight(&*self.host()?, l, &*gy.host()?, lg, d)?;
+        Storage::place(out, device)
     }
 
     pub(crate) fn max_pool2d(
@@ -342,12 +562,11 @@ impl Storage {
         d: &PoolDims,
         p: &Pool2dParams,
     ) -> Result<(Storage, Storage)> {
-        match self {
-            Storage::Cpu(s) => {
-                let (v, i) = cpu::max_pool2d(s, l, d, p)?;
-                Ok((Storage::Cpu(v), Storage::Cpu(i)))
-            }
-        }
+        let (v, i) = cpu::max_pool2d(&*self.host()?, l, d, p)?;
+        Ok((
+            Storage::place(v, self.device())?,
+            Storage::place(i, self.device())?,
+        ))
     }
 
     pub(crate) fn max_pool2d_backward(
@@ -356,21 +575,22 @@ impl Storage {
         idx: &Storage,
         d: &PoolDims,
     ) -> Result<Storage> {
-        let (g, i) = cpu2!("max_pool2d_backward", self, idx);
-        let CpuStorage::I64(i) = i else {
+        let device = common_device("max_pool2d_backward", &[self, idx])?;
+        let i = idx.host()?;
+        let CpuStorage::I64(i) = &*i else {
             return Err(Error::DType {
                 op: "max_pool2d_backward",
                 dtype: i.dtype(),
                 expected: "I64 indices",
             });
         };
-        Ok(Storage::Cpu(cpu::max_pool2d_backward(g, l, i, d)?))
+        let out = cpu::max_pool2d_backward(&*self.host()?, l, i, d)?;
+        Storage::place(out, device)
     }
 
     pub(crate) fn avg_pool2d(&self, l: &Layout, d: &PoolDims, p: &Pool2dParams) -> Result<Storage> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::avg_pool2d(s, l, d, p)?)),
-        }
+        let out = cpu::avg_pool2d(&*self.host()?, l, d, p)?;
+        Storage::place(out, self.device())
     }
 
     pub(crate) fn avg_pool2d_backward(
@@ -379,9 +599,8 @@ impl Storage {
         d: &PoolDims,
         p: &Pool2dParams,
     ) -> Result<Storage> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::avg_pool2d_backward(s, l, d, p)?)),
-        }
+        let out = cpu::avg_pool2d_backward(&*self.host()?, l, d, p)?;
+        Storage::place(out, self.device())
     }
 
     pub(crate) fn adaptive_avg_pool2d(
@@ -390,15 +609,16 @@ impl Storage {
         d: &PoolDims,
         backward: bool,
     ) -> Result<Storage> {
-        match self {
-            Storage::Cpu(s) if backward => {
-                Ok(Storage::Cpu(cpu::adaptive_avg_pool2d_backward(s, l, d)?))
-            }
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::adaptive_avg_pool2d(s, l, d)?)),
-        }
+        let s = self.host()?;
+        let out = match backward {
+            true => cpu::adaptive_avg_pool2d_backward(&s, l, d)?,
+            false => cpu::adaptive_avg_pool2d(&s, l, d)?,
+        };
+        Storage::place(out, self.device())
     }
 }
 
+#[cfg(not(feature = "cuda"))]
 fn unavailable(device: Device) -> Error {
     Error::CudaUnavailable {
         device,

@@ -118,7 +118,7 @@ impl Tensor {
         let ids = idx
             .storage()
             .indices("gather", idx.layout(), d, x.shape()[d])?;
-        let s = x.storage().gather(x.layout(), d, &ids, idx.shape());
+        let s = x.storage().gather(x.layout(), d, &ids, idx.shape())?;
         let (in_shape, saved) = (x.shape().to_vec(), idx.clone());
         Ok(
             Tensor::from_storage(s, idx.shape()).attach("gather", &[&x], move |g, _| {

@@ -52,11 +52,20 @@ impl StorageCell {
         self.data.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
     /// Runs `f` on the storage for writing and bumps the version.
-    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut Storage) -> R) -> R {
+    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut Storage) -> Result<R>) -> Result<R> {
         let mut g = self.data.write().unwrap_or_else(|e| e.into_inner());
         self.version.fetch_add(1, Ordering::Relaxed);
-        f(Arc::make_mut(&mut g))
+        f(unique(&mut g)?)
     }
+}
+
+/// The storage behind `arc` for writing, copied first when a reader's snapshot shares it
+/// (copy-on-write; the copy is on the storage's device and can fail there).
+fn unique(arc: &mut Arc<Storage>) -> Result<&mut Storage> {
+    if Arc::get_mut(arc).is_none() {
+        *arc = Arc::new(arc.try_clone()?);
+    }
+    Ok(Arc::get_mut(arc).expect("just made unique"))
 }
 
 pub(crate) struct Inner {
@@ -292,7 +301,9 @@ impl Tensor {
         count_host_read();
         let host = self.to_device(Device::Cpu)?;
         let storage = host.storage();
-        let Storage::Cpu(s) = &*storage;
+        let s = storage
+            .as_cpu()
+            .expect("to_device(Cpu) gives a host storage");
         Ok(s.to_le_bytes(host.layout()))
     }
 
@@ -318,8 +329,10 @@ impl Tensor {
                 t.0.storage.data.write().unwrap_or_else(|e| e.into_inner())
             })
             .collect();
-        let mut refs: Vec<&mut Storage> =
-            guards.iter_mut().map(|g| Arc::make_mut(&mut **g)).collect();
+        let mut refs: Vec<&mut Storage> = guards
+            .iter_mut()
+            .map(|g| unique(g))
+            .collect::<Result<_>>()?;
         f(&mut refs)
     }
 }

@@ -96,7 +96,10 @@ pub fn device_count() -> Result<usize> {
 /// Describes device `n` (creating its primary context).
 pub fn report(n: usize) -> Result<DeviceReport> {
     let d = Device::Cuda(n);
-    let count = device_count()?;
+    let count = device_count().map_err(|e| match e {
+        Error::CudaUnavailable { reason, .. } => unavailable(d, reason),
+        e => e,
+    })?;
     if n >= count {
         return Err(unavailable(d, format!("{count} CUDA device(s) found")));
     }
@@ -129,17 +132,4 @@ pub fn report(n: usize) -> Result<DeviceReport> {
                 .map(|_| cudarc::cudnn::result::get_version()),
         })
     })
-}
-
-/// Why `Device::Cuda(n)` cannot hold tensors in this build: the missing library or device,
-/// or, with a usable GPU, that the CUDA storage backend is still being written.
-pub fn unavailable_reason(n: usize) -> String {
-    match report(n) {
-        Err(Error::CudaUnavailable { reason, .. }) => reason,
-        Err(e) => e.to_string(),
-        Ok(r) => format!(
-            "found {} (sm_{}{}), but tensors on CUDA are not implemented yet in this build",
-            r.name, r.compute_capability.0, r.compute_capability.1
-        ),
-    }
 }

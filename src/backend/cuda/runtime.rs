@@ -7,6 +7,7 @@
 use super::{kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, MemoryStats, RawMemory};
 use crate::{Device, Error, Result};
+use cudarc::cublas::{sys as bs, CudaBlas};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -45,6 +46,8 @@ pub struct CudaRuntime {
     arch: u32,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     memory: Mutex<CachingAllocator<DriverMemory>>,
+    /// The cuBLAS handle on `stream`, created at the first product.
+    blas: Mutex<Option<CudaBlas>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,6 +96,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         stream,
         arch: (major * 10 + minor) as u32,
         modules: Mutex::new(HashMap::new()),
+        blas: Mutex::new(None),
     });
     all.insert(ordinal, rt.clone());
     Ok(rt)
@@ -179,6 +183,23 @@ impl CudaRuntime {
         self.synchronize()?;
         lock(&self.memory).empty_cache();
         Ok(())
+    }
+
+    /// Runs `f` with this device's cuBLAS handle (bound to the compute stream; calls are
+    /// serialised, as a handle is not safe to share between threads).
+    pub fn with_blas<R>(&self, f: impl FnOnce(bs::cublasHandle_t) -> R) -> Result<R> {
+        let mut blas = lock(&self.blas);
+        if blas.is_none() {
+            let handle = CudaBlas::new(self.stream.clone()).map_err(|e| Error::CudaLibrary {
+                lib: "cuBLAS",
+                msg: format!("creating a handle on {}: {e:?}", self.device),
+            })?;
+            *blas = Some(handle);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))?;
+        Ok(f(*blas.as_ref().expect("set above").handle()))
     }
 
     /// Waits for all work queued on the stream.

@@ -1,0 +1,581 @@
+//! Launchers for the kernels of `cuda/`: elementwise, reductions, softmax, dropout, and the
+//! cuBLAS GEMM. Each takes device storages and layouts as the CPU backend's functions do and
+//! returns a contiguous result.
+//!
+//! Unverified: compiled against cudarc 0.19, not yet run on a GPU.
+
+use super::storage::{float_kname, grid, CudaStorage, Strided};
+use crate::backend::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::cublas::{result as blas_result, sys as bs};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static ALLOW_TF32: AtomicBool = AtomicBool::new(false);
+
+/// Lets f32 matrix products use TF32 tensor cores (10-bit mantissa products, f32
+/// accumulation), as `torch.backends.cuda.matmul.allow_tf32 = True` does. Off by default:
+/// f32 products are exact f32 unless the user allows this.
+///
+/// ```
+/// mantissa::backend::cuda::ops::set_allow_tf32(true);
+/// assert!(mantissa::backend::cuda::ops::allow_tf32());
+/// mantissa::backend::cuda::ops::set_allow_tf32(false);
+/// ```
+pub fn set_allow_tf32(allow: bool) {
+    ALLOW_TF32.store(allow, Ordering::Relaxed);
+}
+
+/// Whether f32 products may use TF32 (see [`set_allow_tf32`]).
+pub fn allow_tf32() -> bool {
+    ALLOW_TF32.load(Ordering::Relaxed)
+}
+
+/// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
+/// given as references to locals (cudarc stores argument pointers until the launch).
+macro_rules! launch {
+    ($s:expr, $file:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        let name: String = $name;
+        let f = $s.function($file, &name)?;
+        let mut b = $s.rt().stream().launch_builder(&f);
+        $( b.arg($arg); )+
+        // SAFETY: the arguments match the kernel's parameter list in `cuda/`, and the
+        // pointers address device blocks that hold the elements the kernel touches.
+        unsafe { b.launch($cfg) }.map_err(|e| Error::CudaDriver {
+            op: "launching a kernel",
+            device: $s.device(),
+            msg: format!("{name}: {e}"),
+        })?;
+    }};
+}
+
+/// The kernel's op code and scalar parameters (`unary_f` in `cuda/elementwise.cu`).
+fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
+    match op {
+        UnaryOp::Neg => (0, 0.0, 0.0),
+        UnaryOp::Abs => (1, 0.0, 0.0),
+        UnaryOp::Exp => (2, 0.0, 0.0),
+        UnaryOp::Log => (3, 0.0, 0.0),
+        UnaryOp::Log1p => (4, 0.0, 0.0),
+        UnaryOp::Sqrt => (5, 0.0, 0.0),
+        UnaryOp::Rsqrt => (6, 0.0, 0.0),
+        UnaryOp::Recip => (7, 0.0, 0.0),
+        UnaryOp::Sin => (8, 0.0, 0.0),
+        UnaryOp::Cos => (9, 0.0, 0.0),
+        UnaryOp::Tanh => (10, 0.0, 0.0),
+        UnaryOp::Sigmoid => (11, 0.0, 0.0),
+        UnaryOp::Relu => (12, 0.0, 0.0),
+        UnaryOp::LeakyRelu(s) => (13, s as f32, 0.0),
+        UnaryOp::GeluErf => (14, 0.0, 0.0),
+        UnaryOp::GeluTanh => (15, 0.0, 0.0),
+        UnaryOp::Silu => (16, 0.0, 0.0),
+        UnaryOp::Affine { mul, add } => (17, mul as f32, add as f32),
+        UnaryOp::PowScalar(p) => (18, p as f32, 0.0),
+        UnaryOp::ScalarPow(s) => (19, s as f32, 0.0),
+        UnaryOp::MaxScalar(s) => (20, s as f32, 0.0),
+        UnaryOp::MinScalar(s) => (21, s as f32, 0.0),
+    }
+}
+
+fn binary_code(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Pow => 4,
+        BinaryOp::Max => 5,
+        BinaryOp::Min => 6,
+    }
+}
+
+fn cmp_code(op: CmpOp) -> i32 {
+    match op {
+        CmpOp::Eq => 0,
+        CmpOp::Ne => 1,
+        CmpOp::Lt => 2,
+        CmpOp::Le => 3,
+        CmpOp::Gt => 4,
+        CmpOp::Ge => 5,
+    }
+}
+
+fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
+    let t = float_kname("unary", x.dtype())?;
+    let n = l.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let ((code, a, b), dst, n64) = (unary_code(op), out.ptr(), n as i64);
+    if l.is_contiguous() {
+        let src = x.ptr_at(l.offset());
+        launch!(
+            x,
+            "elementwise",
+            format!("unary_{t}"),
+            grid(n),
+            &code,
+            &a,
+            &b,
+            &src,
+            &dst,
+            &n64
+        );
+    } else {
+        let (src, st) = (x.ptr(), Strided::new("unary", l)?);
+        let name = format!("unary_strided_{t}");
+        launch!(
+            x,
+            "elementwise",
+            name,
+            grid(n),
+            &code,
+            &a,
+            &b,
+            &src,
+            &st,
+            &dst,
+            &n64
+        );
+    }
+    Ok(out)
+}
+
+pub(crate) fn unary_grad(
+    x: &CudaStorage,
+    lx: &Layout,
+    g: &CudaStorage,
+    lg: &Layout,
+    op: UnaryOp,
+) -> Result<CudaStorage> {
+    same_dtype("unary_grad", x, g)?;
+    let t = float_kname("unary_grad", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let ((code, a, _), dst, n64) = (unary_code(op), out.ptr(), n as i64);
+    let (xp, sx, gp, sg) = (
+        x.ptr(),
+        Strided::new("unary_grad", lx)?,
+        g.ptr(),
+        Strided::new("unary_grad", lg)?,
+    );
+    let name = format!("unary_grad_{t}");
+    launch!(
+        x,
+        "elementwise",
+        name,
+        grid(n),
+        &code,
+        &a,
+        &xp,
+        &sx,
+        &gp,
+        &sg,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
+
+pub(crate) fn binary(
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    op: BinaryOp,
+) -> Result<CudaStorage> {
+    same_dtype("binary", x, y)?;
+    let t = float_kname("binary", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let (code, dst, n64) = (binary_code(op), out.ptr(), n as i64);
+    if lx.is_contiguous() && ly.is_contiguous() {
+        let (a, b) = (x.ptr_at(lx.offset()), y.ptr_at(ly.offset()));
+        launch!(
+            x,
+            "elementwise",
+            format!("binary_{t}"),
+            grid(n),
+            &code,
+            &a,
+            &b,
+            &dst,
+            &n64
+        );
+    } else {
+        let (a, sa) = (x.ptr(), Strided::new("binary", lx)?);
+        let (b, sb) = (y.ptr(), Strided::new("binary", ly)?);
+        let name = format!("binary_strided_{t}");
+        launch!(
+            x,
+            "elementwise",
+            name,
+            grid(n),
+            &code,
+            &a,
+            &sa,
+            &b,
+            &sb,
+            &dst,
+            &n64
+        );
+    }
+    Ok(out)
+}
+
+pub(crate) fn cmp(
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    op: CmpOp,
+) -> Result<CudaStorage> {
+    same_dtype("cmp", x, y)?;
+    let t = float_kname("cmp", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), DType::U8, n)?;
+    let (code, dst, n64) = (cmp_code(op), out.ptr(), n as i64);
+    let (a, sa) = (x.ptr(), Strided::new("cmp", lx)?);
+    let (b, sb) = (y.ptr(), Strided::new("cmp", ly)?);
+    let name = format!("cmp_{t}");
+    launch!(
+        x,
+        "elementwise",
+        name,
+        grid(n),
+        &code,
+        &a,
+        &sa,
+        &b,
+        &sb,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
+
+pub(crate) fn where_cond(
+    c: &CudaStorage,
+    lc: &Layout,
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+) -> Result<CudaStorage> {
+    if c.dtype() != DType::U8 {
+        return Err(Error::DType {
+            op: "where",
+            dtype: c.dtype(),
+            expected: "U8 (a mask)",
+        });
+    }
+    same_dtype("where", x, y)?;
+    let t = float_kname("where", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let (dst, n64) = (out.ptr(), n as i64);
+    let (m, sm) = (c.ptr(), Strided::new("where", lc)?);
+    let (a, sa) = (x.ptr(), Strided::new("where", lx)?);
+    let (b, sb) = (y.ptr(), Strided::new("where", ly)?);
+    let name = format!("where_{t}");
+    launch!(
+        x,
+        "elementwise",
+        name,
+        grid(n),
+        &m,
+        &sm,
+        &a,
+        &sa,
+        &b,
+        &sb,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
+
+/// One block of 256 threads per row (at most 65,535 blocks; the kernels loop over rows).
+fn rows_grid(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The view with `last` moved to the end (the others in order), as a contiguous storage.
+fn with_dims_last(x: &CudaStorage, l: &Layout, last: &[usize]) -> Result<CudaStorage> {
+    let mut perm: Vec<usize> = (0..l.rank()).filter(|d| !last.contains(d)).collect();
+    perm.extend_from_slice(last);
+    x.copy_strided(&l.permute("reduce", &perm)?)
+}
+
+pub(crate) fn reduce(
+    x: &CudaStorage,
+    l: &Layout,
+    dims: &[usize],
+    op: ReduceOp,
+) -> Result<CudaStorage> {
+    let t = float_kname("reduce", x.dtype())?;
+    let cols: usize = dims.iter().map(|&d| l.shape()[d]).product();
+    let rows = l.numel() / cols.max(1);
+    let dense = with_dims_last(x, l, dims)?;
+    let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
+    let code = match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Max => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Mean => 3,
+        ReduceOp::ArgMax => {
+            let out = CudaStorage::alloc_on(x.rt(), DType::I64, rows)?;
+            let dst = out.ptr();
+            let name = format!("argmax_rows_{t}");
+            launch!(x, "reduce", name, rows_grid(rows), &src, &dst, &r64, &c64);
+            return Ok(out);
+        }
+        ReduceOp::ArgMin => {
+            return Err(Error::NotOnDevice {
+                op: "argmin",
+                device: x.device(),
+                what: "no kernel yet".into(),
+            })
+        }
+    };
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), rows)?;
+    let dst = out.ptr();
+    let name = format!("reduce_rows_{t}");
+    launch!(
+        x,
+        "reduce",
+        name,
+        rows_grid(rows),
+        &code,
+        &src,
+        &dst,
+        &r64,
+        &c64
+    );
+    Ok(out)
+}
+
+/// Softmax or log-softmax along `dim`, output contiguous in the view's shape.
+pub(crate) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Result<CudaStorage> {
+    let t = float_kname("softmax", x.dtype())?;
+    let cols = l.shape()[dim];
+    let rows = l.numel() / cols.max(1);
+    let dense = with_dims_last(x, l, &[dim])?;
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), l.numel())?;
+    let (src, dst, r64, c64, lg) = (dense.ptr(), out.ptr(), rows as i64, cols as i64, log as i32);
+    let name = format!("softmax_rows_{t}");
+    launch!(
+        x,
+        "softmax_xent",
+        name,
+        rows_grid(rows),
+        &src,
+        &dst,
+        &r64,
+        &c64,
+        &lg
+    );
+    if dim + 1 == l.rank() {
+        return Ok(out);
+    }
+    // Back from [kept..., dim] to the view's order.
+    let mut moved: Vec<usize> = (0..l.rank()).filter(|&d| d != dim).collect();
+    moved.push(dim);
+    let shape: Vec<usize> = moved.iter().map(|&d| l.shape()[d]).collect();
+    let mut inverse = vec![0; l.rank()];
+    for (i, &d) in moved.iter().enumerate() {
+        inverse[d] = i;
+    }
+    out.copy_strided(&Layout::contiguous(&shape).permute("softmax", &inverse)?)
+}
+
+/// `n` dropout multipliers from the Philox stream (the CPU's definition, element for element).
+pub(crate) fn dropout_mask(
+    ordinal: usize,
+    n: usize,
+    threshold: u64,
+    scale: f64,
+    (seed, start): (u64, u64),
+    dtype: DType,
+) -> Result<CudaStorage> {
+    let t = float_kname("dropout", dtype)?;
+    let out = CudaStorage::alloc(ordinal, dtype, n)?;
+    let (dst, n64, sc) = (out.ptr(), n as i64, scale as f32);
+    let name = format!("dropout_mask_{t}");
+    launch!(
+        out,
+        "random",
+        name,
+        grid(n.div_ceil(4)),
+        &seed,
+        &start,
+        &threshold,
+        &sc,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
+
+/// How cuBLAS reads one operand: its batch stride and, per matrix, whether it is stored
+/// row-major (`false`) or as the transpose of a row-major matrix (`true`), with the leading
+/// dimension.
+struct Operand {
+    ptr: u64,
+    batch_stride: i64,
+    transposed: bool,
+    ld: i64,
+}
+
+/// `l` as a batch of matrices cuBLAS can read in place, or `None` when a copy is needed.
+fn operand(s: &CudaStorage, l: &Layout) -> Option<Operand> {
+    let r = l.rank();
+    let (rows, cols) = (l.shape()[r - 2], l.shape()[r - 1]);
+    let (rs, cs) = (l.strides()[r - 2], l.strides()[r - 1]);
+    let (transposed, ld) = if cs == 1 && rs >= cols.max(1) {
+        (false, rs)
+    } else if rs == 1 && cs >= rows.max(1) {
+        (true, cs)
+    } else {
+        return None;
+    };
+    // The batch dims must step by one stride (0 for a broadcast operand).
+    let batch: Vec<(usize, usize)> = l.shape()[..r - 2]
+        .iter()
+        .zip(&l.strides()[..r - 2])
+        .filter(|(&n, _)| n > 1)
+        .map(|(&n, &st)| (n, st))
+        .collect();
+    let stride = batch.last().map_or(0, |&(_, st)| st);
+    let mut expect = stride;
+    for &(n, st) in batch.iter().rev() {
+        if st != expect {
+            return None;
+        }
+        expect = st * n;
+    }
+    Some(Operand {
+        ptr: s.ptr_at(l.offset()),
+        batch_stride: stride as i64,
+        transposed,
+        ld: ld as i64,
+    })
+}
+
+/// `a @ b` over the batch dims through cuBLAS (`cublasGemmStridedBatchedEx`, f32
+/// accumulation; f16/bf16 on tensor cores, f32 exact or TF32 when allowed). With `bias`
+/// (`n` elements), every output row starts from it and the product is added (`beta = 1`).
+pub(crate) fn matmul(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    bias: Option<(&CudaStorage, &Layout)>,
+) -> Result<CudaStorage> {
+    same_dtype("matmul", a, b)?;
+    float_kname("matmul", a.dtype())?;
+    let r = la.rank();
+    let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
+    let batch: usize = la.shape()[..r - 2].iter().product();
+    let (ca, cb);
+    let oa = match operand(a, la) {
+        Some(o) => o,
+        None => {
+            ca = a.copy_strided(la)?;
+            operand(&ca, &Layout::contiguous(la.shape())).expect("contiguous is readable")
+        }
+    };
+    let ob = match operand(b, lb) {
+        Some(o) => o,
+        None => {
+            cb = b.copy_strided(lb)?;
+            operand(&cb, &Layout::contiguous(lb.shape())).expect("contiguous is readable")
+        }
+    };
+    let out = match bias {
+        Some((s, l)) => {
+            same_dtype("matmul (bias)", a, s)?;
+            // Every output row starts as the bias: a broadcast copy (row stride 0).
+            let dense = s.contiguous(l)?;
+            dense.copy_strided(&Layout::new(vec![batch * m, n], vec![0, 1], 0))?
+        }
+        None => CudaStorage::alloc_on(a.rt(), a.dtype(), batch * m * n)?,
+    };
+    if m * n * batch == 0 {
+        return Ok(out);
+    }
+    let (ty, compute) = match a.dtype() {
+        DType::F32 if allow_tf32() => (
+            bs::cudaDataType_t::CUDA_R_32F,
+            bs::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        ),
+        DType::F32 => (
+            bs::cudaDataType_t::CUDA_R_32F,
+            bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        DType::F16 => (
+            bs::cudaDataType_t::CUDA_R_16F,
+            bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        _ => (
+            bs::cudaDataType_t::CUDA_R_16BF,
+            bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+    };
+    let op = |t: bool| match t {
+        true => bs::cublasOperation_t::CUBLAS_OP_T,
+        false => bs::cublasOperation_t::CUBLAS_OP_N,
+    };
+    let (alpha, beta) = (1.0f32, if bias.is_some() { 1.0f32 } else { 0.0 });
+    // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand is b.
+    // SAFETY: the pointers address `batch` matrices of the stated shapes and strides on this
+    // device; the handle's stream is the runtime's stream.
+    a.rt()
+        .with_blas(|handle| unsafe {
+            blas_result::gemm_strided_batched_ex(
+                handle,
+                op(ob.transposed),
+                op(oa.transposed),
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const _,
+                ob.ptr as *const _,
+                ty,
+                ob.ld as i32,
+                ob.batch_stride,
+                oa.ptr as *const _,
+                ty,
+                oa.ld as i32,
+                oa.batch_stride,
+                &beta as *const f32 as *const _,
+                out.ptr() as *mut _,
+                ty,
+                n as i32,
+                (m * n) as i64,
+                batch as i32,
+                compute,
+                bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        })?
+        .map_err(|e| Error::CudaDriver {
+            op: "cublasGemmStridedBatchedEx",
+            device: a.device(),
+            msg: format!("{e:?} ({m}x{k} @ {k}x{n}, batch {batch}, {:?})", a.dtype()),
+        })?;
+    Ok(out)
+}

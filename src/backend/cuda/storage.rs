@@ -1,0 +1,372 @@
+//! Tensor storage on a CUDA device: a block from the runtime's caching allocator, its dtype
+//! and element count, and the transfers and copies every op builds on.
+//!
+//! Unverified: compiled against cudarc 0.19, not yet run on a GPU.
+
+use super::runtime::{runtime, CudaRuntime};
+use crate::backend::cpu::CpuStorage;
+use crate::layout::Layout;
+use crate::{DType, Device, Error, Result};
+use cudarc::driver::{result, sys, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+use std::sync::Arc;
+
+/// A device block, returned to the cache when the last storage using it is dropped.
+struct Block {
+    rt: Arc<CudaRuntime>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // Every op runs on the runtime's one stream, so work still queued on this block is
+        // ordered before any later use of it; a failed free only leaves it to the driver.
+        let _ = self.rt.free(self.ptr);
+    }
+}
+
+/// `len` elements of `dtype` on one CUDA device (f32, f16, bf16, and i64 / u8 for indices
+/// and masks).
+pub struct CudaStorage {
+    block: Block,
+    dtype: DType,
+    len: usize,
+}
+
+impl std::fmt::Debug for CudaStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaStorage({} x {:?} on {})",
+            self.len,
+            self.dtype,
+            self.rt().device()
+        )
+    }
+}
+
+/// The kernel-name suffix of a dtype (the C type in `cuda/prelude.cuh`).
+pub(crate) fn kname(op: &'static str, dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "float",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I64 => "i64",
+        DType::U8 => "u8",
+        DType::F64 => {
+            return Err(Error::DType {
+                op,
+                dtype,
+                expected: "f32, f16, bf16, i64 or u8 (no f64 on CUDA)",
+            })
+        }
+    })
+}
+
+/// A float dtype's kernel suffix; integer storages are refused.
+pub(crate) fn float_kname(op: &'static str, dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => kname(op, dtype),
+        _ => Err(Error::DType {
+            op,
+            dtype,
+            expected: "f32, f16 or bf16",
+        }),
+    }
+}
+
+/// A contiguous storage: the original, or a copy made for the op.
+pub(crate) enum Dense<'a> {
+    Borrowed(&'a CudaStorage),
+    Owned(CudaStorage),
+}
+
+impl std::ops::Deref for Dense<'_> {
+    type Target = CudaStorage;
+    fn deref(&self) -> &CudaStorage {
+        match self {
+            Dense::Borrowed(s) => s,
+            Dense::Owned(s) => s,
+        }
+    }
+}
+
+/// `cuda/prelude.cuh`'s `Strided`: a view's shape, strides and offset, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Strided {
+    rank: i32,
+    offset: i64,
+    shape: [i64; 8],
+    strides: [i64; 8],
+}
+// SAFETY: plain old data with the C layout the kernels declare (int, then 8-aligned i64s).
+unsafe impl DeviceRepr for Strided {}
+
+impl Strided {
+    pub(crate) fn new(op: &'static str, l: &Layout) -> Result<Strided> {
+        if l.rank() > 8 {
+            return Err(Error::NotOnDevice {
+                op,
+                device: Device::Cuda(0),
+                what: format!("views of rank {} (at most 8)", l.rank()),
+            });
+        }
+        let mut s = Strided {
+            rank: l.rank() as i32,
+            offset: l.offset() as i64,
+            shape: [1; 8],
+            strides: [0; 8],
+        };
+        for (d, (&n, &st)) in l.shape().iter().zip(l.strides()).enumerate() {
+            s.shape[d] = n as i64;
+            s.strides[d] = st as i64;
+        }
+        Ok(s)
+    }
+}
+
+/// One thread per element in blocks of 256, at most 65,535 blocks (kernels loop over the
+/// rest).
+pub(crate) fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n.max(1) as u64).div_ceil(256).min(65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaStorage {
+    /// An uninitialised storage of `len` elements on device `ordinal`.
+    pub(crate) fn alloc(ordinal: usize, dtype: DType, len: usize) -> Result<CudaStorage> {
+        let rt = runtime(ordinal)?;
+        Self::alloc_on(&rt, dtype, len)
+    }
+
+    pub(crate) fn alloc_on(rt: &Arc<CudaRuntime>, dtype: DType, len: usize) -> Result<CudaStorage> {
+        let (ptr, _) = rt.alloc((len * dtype.size_in_bytes()).max(1))?;
+        Ok(CudaStorage {
+            block: Block {
+                rt: rt.clone(),
+                ptr,
+            },
+            dtype,
+            len,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn device(&self) -> Device {
+        self.rt().device()
+    }
+
+    pub(crate) fn rt(&self) -> &Arc<CudaRuntime> {
+        &self.block.rt
+    }
+
+    /// The address of element `offset`.
+    pub(crate) fn ptr_at(&self, offset: usize) -> sys::CUdeviceptr {
+        self.block.ptr + (offset * self.dtype.size_in_bytes()) as u64
+    }
+
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.block.ptr
+    }
+
+    fn driver(&self, op: &'static str, e: cudarc::driver::DriverError) -> Error {
+        Error::CudaDriver {
+            op,
+            device: self.device(),
+            msg: e.to_string(),
+        }
+    }
+
+    /// Kernel `name` of kernel file `file`, with the context bound to this thread.
+    pub(crate) fn function(&self, file: &str, name: &str) -> Result<CudaFunction> {
+        self.rt()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))?;
+        self.rt().function(file, name)
+    }
+
+    /// Copies the selected elements of a host storage to device `ordinal`, row-major.
+    pub(crate) fn from_cpu(s: &CpuStorage, l: &Layout, ordinal: usize) -> Result<CudaStorage> {
+        let rt = runtime(ordinal)?;
+        let host = if l.is_contiguous() && l.offset() == 0 && l.numel() == s.len() {
+            std::borrow::Cow::Borrowed(s)
+        } else {
+            std::borrow::Cow::Owned(s.copy_strided(l))
+        };
+        let out = Self::alloc_on(&rt, host.dtype(), l.numel())?;
+        kname("to_device", host.dtype())?;
+        rt.context()
+            .bind_to_thread()
+            .map_err(|e| out.driver("binding the context", e))?;
+        let stream = rt.stream().cu_stream();
+        // SAFETY: `out` holds `numel` elements of the host's dtype; a pageable source is
+        // staged by the driver before the call returns.
+        let r = unsafe {
+            match &*host {
+                CpuStorage::F32(v) => result::memcpy_htod_async(out.ptr(), v, stream),
+                CpuStorage::F16(v) => result::memcpy_htod_async(out.ptr(), v, stream),
+                CpuStorage::BF16(v) => result::memcpy_htod_async(out.ptr(), v, stream),
+                CpuStorage::I64(v) => result::memcpy_htod_async(out.ptr(), v, stream),
+                CpuStorage::U8(v) => result::memcpy_htod_async(out.ptr(), v, stream),
+                CpuStorage::F64(_) => unreachable!("refused by kname above"),
+            }
+        };
+        r.map_err(|e| out.driver("copying to the device", e))?;
+        Ok(out)
+    }
+
+    /// The selected elements, row-major, copied to the host (waits for the stream).
+    pub(crate) fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
+        let dense = self.contiguous(l)?;
+        let src = dense.ptr();
+        let stream = self.rt().stream().cu_stream();
+        fn read<T: Clone + Default>(
+            s: &CudaStorage,
+            src: sys::CUdeviceptr,
+            n: usize,
+            stream: sys::CUstream,
+        ) -> Result<Vec<T>> {
+            let mut v = vec![T::default(); n];
+            // SAFETY: `src` holds `n` elements of T; the copy into pageable memory completes
+            // before the call returns, and the synchronize below covers any queued work.
+            unsafe { result::memcpy_dtoh_async(&mut v, src, stream) }
+                .map_err(|e| s.driver("copying to the host", e))?;
+            s.rt().synchronize()?;
+            Ok(v)
+        }
+        let n = l.numel();
+        Ok(match self.dtype {
+            DType::F32 => CpuStorage::F32(read::<f32>(self, src, n, stream)?),
+            DType::F16 => CpuStorage::F16(read::<f16>(self, src, n, stream)?),
+            DType::BF16 => CpuStorage::BF16(read::<bf16>(self, src, n, stream)?),
+            DType::I64 => CpuStorage::I64(read::<i64>(self, src, n, stream)?),
+            DType::U8 => CpuStorage::U8(read::<u8>(self, src, n, stream)?),
+            DType::F64 => unreachable!("no f64 storage on CUDA"),
+        })
+    }
+
+    /// A device copy of the whole storage (copy-on-write of a shared tensor).
+    pub(crate) fn try_clone(&self) -> Result<CudaStorage> {
+        let out = Self::alloc_on(self.rt(), self.dtype, self.len)?;
+        self.dtod(out.ptr(), self.ptr(), self.len)?;
+        Ok(out)
+    }
+
+    fn dtod(&self, dst: sys::CUdeviceptr, src: sys::CUdeviceptr, n: usize) -> Result<()> {
+        self.rt()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))?;
+        let bytes = n * self.dtype.size_in_bytes();
+        // SAFETY: both ranges hold `n` elements on this device; the copy is stream-ordered.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.rt().stream().cu_stream()) }
+            .map_err(|e| self.driver("copying on the device", e))
+    }
+
+    /// The view `l` as a new contiguous storage (a device copy, or a strided-copy kernel).
+    pub(crate) fn copy_strided(&self, l: &Layout) -> Result<CudaStorage> {
+        let n = l.numel();
+        let out = Self::alloc_on(self.rt(), self.dtype, n)?;
+        if l.is_contiguous() {
+            self.dtod(out.ptr(), self.ptr_at(l.offset()), n)?;
+            return Ok(out);
+        }
+        let width = match self.dtype.size_in_bytes() {
+            1 => "u8",
+            2 => "u16",
+            4 => "u32",
+            _ => "u64",
+        };
+        let f = self.function("cast", &format!("copy_strided_{width}"))?;
+        let (src, st, dst, n64) = (self.ptr(), Strided::new("copy", l)?, out.ptr(), n as i64);
+        let mut b = self.rt().stream().launch_builder(&f);
+        b.arg(&src).arg(&st).arg(&dst).arg(&n64);
+        // SAFETY: the kernel reads the view's elements and writes `n` of the same width.
+        unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching copy_strided", e))?;
+        Ok(out)
+    }
+
+    /// `self` when the view is the whole storage in order, otherwise a contiguous copy.
+    pub(crate) fn contiguous(&self, l: &Layout) -> Result<Dense<'_>> {
+        if l.is_contiguous() && l.offset() == 0 && l.numel() == self.len {
+            Ok(Dense::Borrowed(self))
+        } else {
+            Ok(Dense::Owned(self.copy_strided(l)?))
+        }
+    }
+
+    /// The view converted to `dtype` (round to nearest even), contiguous.
+    pub(crate) fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<CudaStorage> {
+        if dtype == self.dtype {
+            return self.copy_strided(l);
+        }
+        let (from, to) = (kname("to_dtype", self.dtype)?, kname("to_dtype", dtype)?);
+        let direct = matches!(self.dtype, DType::F32 | DType::F16 | DType::BF16)
+            && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+            || matches!(self.dtype, DType::I64 | DType::U8)
+                && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+            || self.dtype == DType::F32;
+        if !direct {
+            // Half to an integer type goes through f32, as on the CPU.
+            let wide = self.to_dtype(l, DType::F32)?;
+            return wide.to_dtype(&Layout::contiguous(&[wide.len]), dtype);
+        }
+        let n = l.numel();
+        let out = Self::alloc_on(self.rt(), dtype, n)?;
+        let (dst, n64) = (out.ptr(), n as i64);
+        if l.is_contiguous() {
+            let f = self.function("cast", &format!("cast_{from}_{to}"))?;
+            let src = self.ptr_at(l.offset());
+            let mut b = self.rt().stream().launch_builder(&f);
+            b.arg(&src).arg(&dst).arg(&n64);
+            // SAFETY: `n` elements in, `n` out, of the kernel's types.
+            unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching cast", e))?;
+        } else {
+            let f = self.function("cast", &format!("cast_strided_{from}_{to}"))?;
+            let (src, st) = (self.ptr(), Strided::new("to_dtype", l)?);
+            let mut b = self.rt().stream().launch_builder(&f);
+            b.arg(&src).arg(&st).arg(&dst).arg(&n64);
+            // SAFETY: as above, reading through the view.
+            unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching cast", e))?;
+        }
+        Ok(out)
+    }
+
+    /// Writes `src` (viewed by `sl`) into the view `dl` of this storage. Device-side when
+    /// `dl` is contiguous; otherwise through the host (unverified, slow path).
+    pub(crate) fn copy_into(&mut self, dl: &Layout, src: &CudaStorage, sl: &Layout) -> Result<()> {
+        let dense = src.to_dtype(sl, self.dtype)?;
+        if dl.is_contiguous() {
+            return self.dtod(self.ptr_at(dl.offset()), dense.ptr(), dl.numel());
+        }
+        let mut host = self.to_cpu(&Layout::contiguous(&[self.len]))?;
+        let vals = dense.to_cpu(&Layout::contiguous(&[dense.len]))?;
+        host.copy_into(dl, &vals, &Layout::contiguous(&[dense.len]))?;
+        let back = Self::from_cpu(&host, &Layout::contiguous(&[self.len]), self.ordinal())?;
+        *self = back;
+        Ok(())
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        match self.device() {
+            Device::Cuda(n) => n,
+            Device::Cpu => unreachable!("a CUDA storage is on a CUDA device"),
+        }
+    }
+}

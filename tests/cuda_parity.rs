@@ -1,0 +1,292 @@
+//! CPU-vs-CUDA parity: every op, forward and backward, on the same inputs on both devices,
+//! compared norm-wise within a band per dtype (transfers, casts and dropout masks bit for
+//! bit). Without a GPU each test prints `skipped: no CUDA device` and passes.
+//!
+//! Written without a GPU: none of these has run on one yet.
+#![cfg(feature = "cuda")]
+// `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
+mod common;
+use common::*;
+use mantissa::optim::Optimizer;
+use mantissa::*;
+
+fn gpu() -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Norm-wise band between the two devices: f32 differs by summation order only; a half
+/// result may round the other way once.
+fn band(dt: DType) -> f64 {
+    match dt {
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        _ => 1.6e-2,
+    }
+}
+
+fn input(shape: &[usize], dt: DType, seed: u64) -> Tensor {
+    f32s(shape, seed).to_dtype(dt).unwrap()
+}
+
+/// Runs `f` on CPU and on GPU copies of `inputs` (float ones require grad), back-propagates
+/// `sum(out * w)` for fixed weights `w`, and compares the outputs and every input gradient.
+fn parity(what: &str, gpu: Device, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let run = |d: Device| -> (Vec<f64>, Vec<Option<Vec<f64>>>, DType) {
+        let xs: Vec<Tensor> = inputs
+            .iter()
+            .map(|x| {
+                let float = x.dtype().is_float();
+                x.to_device(d).unwrap().requires_grad(float).unwrap()
+            })
+            .collect();
+        let y = f(&xs).unwrap_or_else(|e| panic!("{what} on {d}: {e}"));
+        assert_eq!(y.device(), d, "{what}: output device");
+        if y.dtype().is_float() {
+            let w = input(y.shape(), y.dtype(), 99).to_device(d).unwrap();
+            let loss = y.mul(&w).unwrap().sum_all().unwrap();
+            loss.backward()
+                .unwrap_or_else(|e| panic!("{what} backward on {d}: {e}"));
+        }
+        let grads = xs.iter().map(|x| x.grad().map(|g| vals(&g))).collect();
+        (vals(&y), grads, y.dtype())
+    };
+    let (want, want_g, dt) = run(Device::Cpu);
+    let (got, got_g, _) = run(gpu);
+    let tol = band(dt);
+    assert_close(&got, &want, tol, &format!("{what} forward ({dt:?})"));
+    for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
+        match (g, w) {
+            (Some(g), Some(w)) => assert_close(g, w, tol, &format!("{what} grad {i} ({dt:?})")),
+            (None, None) => {}
+            _ => panic!("{what}: gradient {i} present on one device only"),
+        }
+    }
+}
+
+#[test]
+fn transfers_and_casts_are_bit_identical() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let x = input(&[3, 5, 7], dt, 1);
+        let back = x.to_device(d).unwrap().to_device(Device::Cpu).unwrap();
+        assert_eq!(
+            back.to_le_bytes().unwrap(),
+            x.to_le_bytes().unwrap(),
+            "{dt:?}"
+        );
+        // A strided view crosses as its selected elements.
+        let v = x.permute(&[2, 0, 1]).unwrap().narrow(1, 1, 2).unwrap();
+        let vb = v.to_device(d).unwrap().to_device(Device::Cpu).unwrap();
+        assert_eq!(vals(&vb), vals(&v), "{dt:?} view");
+        for to in FLOATS {
+            let on_gpu = x.to_device(d).unwrap().to_dtype(to).unwrap();
+            let host = on_gpu.to_device(Device::Cpu).unwrap();
+            let want = x.to_dtype(to).unwrap();
+            assert_eq!(
+                host.to_le_bytes().unwrap(),
+                want.to_le_bytes().unwrap(),
+                "{dt:?}->{to:?}"
+            );
+        }
+    }
+    let idx = Tensor::from_vec(vec![3i64, -1, 7], &[3], Device::Cpu).unwrap();
+    let back = idx.to_device(d).unwrap().to_device(Device::Cpu).unwrap();
+    assert_eq!(back.to_vec::<i64>().unwrap(), vec![3, -1, 7]);
+}
+
+#[test]
+fn unary_ops_match_forward_and_backward() {
+    let Some(d) = gpu() else { return };
+    type Op = fn(&Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op); 16] = [
+        ("neg", |x| x.neg()),
+        ("abs", |x| x.abs()),
+        ("exp", |x| x.exp()),
+        ("log", |x| x.abs()?.add(0.5)?.log()),
+        ("sqrt", |x| x.abs()?.add(0.5)?.sqrt()),
+        ("rsqrt", |x| x.abs()?.add(0.5)?.rsqrt()),
+        ("recip", |x| x.abs()?.add(0.5)?.recip()),
+        ("sin", |x| x.sin()),
+        ("tanh", |x| x.tanh()),
+        ("sigmoid", |x| x.sigmoid()),
+        ("relu", |x| x.relu()),
+        ("leaky_relu", |x| x.leaky_relu(0.1)),
+        ("gelu", |x| x.gelu()),
+        ("gelu_tanh", |x| x.gelu_tanh()),
+        ("silu", |x| x.silu()),
+        ("clamp", |x| x.clamp(-0.5, 0.7)),
+    ];
+    for dt in FLOATS {
+        let x = input(&[33, 65], dt, 2);
+        for (name, op) in ops {
+            parity(name, d, &[x.clone()], |xs| op(&xs[0]));
+            // Through a transposed (strided) view too.
+            parity(name, d, &[x.clone()], |xs| op(&xs[0].t()?));
+        }
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_and_compare() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let (a, b) = (input(&[4, 1, 37], dt, 3), input(&[5, 37], dt, 4));
+        parity("add", d, &[a.clone(), b.clone()], |x| x[0].add(&x[1]));
+        parity("sub", d, &[a.clone(), b.clone()], |x| x[0].sub(&x[1]));
+        parity("mul", d, &[a.clone(), b.clone()], |x| x[0].mul(&x[1]));
+        parity("div", d, &[a.clone(), b.clone()], |x| {
+            x[0].div(&x[1].abs()?.add(0.5)?)
+        });
+        parity("maximum", d, &[a.clone(), b.clone()], |x| {
+            x[0].maximum(&x[1])
+        });
+        parity("where", d, &[a.clone(), b.clone()], |x| {
+            Tensor::where_cond(&x[0].gt(&x[1])?, &x[0], &x[1])
+        });
+        parity("gt", d, &[a.clone(), b.clone()], |x| x[0].gt(&x[1]));
+        parity("add transposed", d, &[b.clone(), b.clone()], |x| {
+            x[0].t()?.add(&x[1].t()?.mul(2.0)?)
+        });
+    }
+}
+
+#[test]
+fn reductions_and_softmax_match() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let x = input(&[6, 50, 9], dt, 5);
+        parity("sum last", d, &[x.clone()], |x| x[0].sum(&[-1], false));
+        parity("sum middle", d, &[x.clone()], |x| x[0].sum(&[1], true));
+        parity("mean two dims", d, &[x.clone()], |x| {
+            x[0].mean(&[0, 2], false)
+        });
+        parity("sum all", d, &[x.clone()], |x| x[0].sum_all());
+        parity("max", d, &[x.clone()], |x| Ok(x[0].max(1, false)?.0));
+        parity("argmax", d, &[x.clone()], |x| x[0].argmax(-1, false));
+        parity("softmax last", d, &[x.clone()], |x| x[0].softmax(-1));
+        parity("softmax middle", d, &[x.clone()], |x| x[0].softmax(1));
+        parity("log_softmax", d, &[x.clone()], |x| x[0].log_softmax(-1));
+    }
+}
+
+#[test]
+fn matrix_products_match_in_every_layout() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let (a, b) = (input(&[70, 130], dt, 6), input(&[130, 90], dt, 7));
+        parity("matmul", d, &[a.clone(), b.clone()], |x| x[0].matmul(&x[1]));
+        let w = input(&[90, 130], dt, 8);
+        let bias = input(&[90], dt, 9);
+        parity("x W^T", d, &[a.clone(), w.clone()], |x| {
+            x[0].matmul(&x[1].t()?)
+        });
+        parity("linear", d, &[a.clone(), w.clone(), bias], |x| {
+            x[0].linear(&x[1], Some(&x[2]))
+        });
+        parity("a^T b", d, &[b.clone(), input(&[130, 40], dt, 10)], |x| {
+            x[0].t()?.matmul(&x[1])
+        });
+        let (p, q) = (input(&[3, 17, 33], dt, 11), input(&[3, 33, 29], dt, 12));
+        parity("batched", d, &[p.clone(), q], |x| x[0].matmul(&x[1]));
+        parity("broadcast batch", d, &[p, input(&[33, 29], dt, 13)], |x| {
+            x[0].matmul(&x[1])
+        });
+    }
+}
+
+#[test]
+fn dropout_masks_are_identical() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let x = Tensor::ones(&[1001], dt, Device::Cpu).unwrap();
+        let cpu = x.dropout_with(0.3, true, &mut Generator::new(7)).unwrap();
+        let xg = x.to_device(d).unwrap();
+        let gpu = xg.dropout_with(0.3, true, &mut Generator::new(7)).unwrap();
+        let host = gpu.to_device(Device::Cpu).unwrap();
+        assert_eq!(
+            host.to_le_bytes().unwrap(),
+            cpu.to_le_bytes().unwrap(),
+            "{dt:?}"
+        );
+    }
+}
+
+#[test]
+fn host_fallback_ops_match() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let x = input(&[2, 3, 10, 10], dt, 14);
+        let w = input(&[4, 3, 3, 3], dt, 15);
+        parity("conv2d", d, &[x.clone(), w], |x| {
+            x[0].conv2d(&x[1], None, Conv2dOptions::default())
+        });
+        parity("max_pool2d", d, &[x.clone()], |x| {
+            x[0].max_pool2d(MaxPool2dOptions::new(2))
+        });
+        let logits = input(&[8, 10], dt, 16);
+        let target = Tensor::from_vec(vec![1i64, 0, 9, 3, 3, 7, 2, 5], &[8], Device::Cpu).unwrap();
+        parity("cross_entropy", d, &[logits.clone(), target.clone()], |x| {
+            x[0].cross_entropy(&x[1], Default::default())
+        });
+        parity("index_select", d, &[logits, target], |x| {
+            x[0].index_select(0, &x[1])
+        });
+    }
+}
+
+/// One SGD step of a small MLP on both devices gives the same parameters.
+#[test]
+fn an_sgd_step_matches() {
+    let Some(d) = gpu() else { return };
+    let x = input(&[16, 20], DType::F32, 17);
+    let (w1, w2) = (
+        input(&[32, 20], DType::F32, 18),
+        input(&[5, 32], DType::F32, 19),
+    );
+    let target = Tensor::from_vec(
+        vec![0i64, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0],
+        &[16],
+        Device::Cpu,
+    )
+    .unwrap();
+    let step = |dev: Device| -> Vec<Vec<f64>> {
+        let ps: Vec<Tensor> = [&w1, &w2]
+            .iter()
+            .map(|p| p.to_device(dev).unwrap().requires_grad(true).unwrap())
+            .collect();
+        let config = optim::SgdConfig {
+            momentum: 0.9,
+            ..optim::SgdConfig::new(0.1)
+        };
+        let mut opt = optim::Sgd::new(ps.clone(), config).unwrap();
+        let h = x
+            .to_device(dev)
+            .unwrap()
+            .linear(&ps[0], None)
+            .unwrap()
+            .relu()
+            .unwrap();
+        let loss = h
+            .linear(&ps[1], None)
+            .unwrap()
+            .cross_entropy(&target.to_device(dev).unwrap(), Default::default())
+            .unwrap();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        ps.iter().map(vals).collect()
+    };
+    let (want, got) = (step(Device::Cpu), step(d));
+    for (g, w) in got.iter().zip(&want) {
+        assert_close(g, w, 1e-5, "parameters after one SGD step");
+    }
+}
