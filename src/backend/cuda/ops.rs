@@ -213,22 +213,7 @@ pub(crate) fn binary(
             &n64
         );
     } else {
-        let (a, sa) = (x.ptr(), Strided::new("binary", lx)?);
-        let (b, sb) = (y.ptr(), Strided::new("binary", ly)?);
-        let name = format!("binary_strided_{t}");
-        launch!(
-            x,
-            "elementwise",
-            name,
-            grid(n),
-            &code,
-            &a,
-            &sa,
-            &b,
-            &sb,
-            &dst,
-            &n64
-        );
+        strided_pair(x, lx, y, ly, code, format!("binary_strided_{t}"), &out)?;
     }
     Ok(out)
 }
@@ -242,12 +227,26 @@ pub(crate) fn cmp(
 ) -> Result<CudaStorage> {
     same_dtype("cmp", x, y)?;
     let t = float_kname("cmp", x.dtype())?;
+    let out = CudaStorage::alloc_on(x.rt(), DType::U8, lx.numel())?;
+    strided_pair(x, lx, y, ly, cmp_code(op), format!("cmp_{t}"), &out)?;
+    Ok(out)
+}
+
+/// Launches a two-input kernel `name(op, x, lx, y, ly, out, n)` over strided views (the
+/// `binary_strided_*` and `cmp_*` kernels).
+fn strided_pair(
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    code: i32,
+    name: String,
+    out: &CudaStorage,
+) -> Result<()> {
     let n = lx.numel();
-    let out = CudaStorage::alloc_on(x.rt(), DType::U8, n)?;
-    let (code, dst, n64) = (cmp_code(op), out.ptr(), n as i64);
-    let (a, sa) = (x.ptr(), Strided::new("cmp", lx)?);
-    let (b, sb) = (y.ptr(), Strided::new("cmp", ly)?);
-    let name = format!("cmp_{t}");
+    let (dst, n64) = (out.ptr(), n as i64);
+    let (a, sa) = (x.ptr(), Strided::new("binary", lx)?);
+    let (b, sb) = (y.ptr(), Strided::new("binary", ly)?);
     launch!(
         x,
         "elementwise",
@@ -261,7 +260,7 @@ pub(crate) fn cmp(
         &dst,
         &n64
     );
-    Ok(out)
+    Ok(())
 }
 
 pub(crate) fn where_cond(

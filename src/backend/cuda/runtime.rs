@@ -45,6 +45,8 @@ pub struct CudaRuntime {
     /// `sm_XY` as XY.
     arch: u32,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Kernels looked up so far, by "file/name" (one driver lookup per kernel, not per launch).
+    functions: Mutex<HashMap<String, CudaFunction>>,
     memory: Mutex<CachingAllocator<DriverMemory>>,
     /// The cuBLAS handle on `stream`, created at the first product.
     blas: Mutex<Option<CudaBlas>>,
@@ -96,6 +98,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         stream,
         arch: (major * 10 + minor) as u32,
         modules: Mutex::new(HashMap::new()),
+        functions: Mutex::new(HashMap::new()),
         blas: Mutex::new(None),
     });
     all.insert(ordinal, rt.clone());
@@ -124,6 +127,10 @@ impl CudaRuntime {
     /// Kernel `name` of the kernel file `file` (a name in [`kernels::KERNELS`]), compiling and
     /// loading the file on first use.
     pub fn function(&self, file: &str, name: &str) -> Result<CudaFunction> {
+        let key = format!("{file}/{name}");
+        if let Some(f) = lock(&self.functions).get(&key) {
+            return Ok(f.clone());
+        }
         let module = {
             let mut modules = lock(&self.modules);
             match modules.get(file) {
@@ -149,9 +156,11 @@ impl CudaRuntime {
                 }
             }
         };
-        module
+        let f = module
             .load_function(name)
-            .map_err(|e| self.driver("finding a kernel", e))
+            .map_err(|e| self.driver("finding a kernel", e))?;
+        lock(&self.functions).insert(key, f.clone());
+        Ok(f)
     }
 
     /// A device block of at least `bytes` from the caching allocator, for this runtime's
