@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds what bench/gpu_session.sh runs on the GPU machine into .gpu/ (git-ignored): the
-# gpu_check example and the test binaries that touch CUDA, stripped.
+# gpu_check and mnist examples, MNIST, and the test binaries that touch CUDA, stripped.
 set -eu
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu/tests
-cargo build --release --example gpu_check
-cp target/release/examples/gpu_check .gpu/
+cargo build --release --example gpu_check --example mnist
+cp target/release/examples/gpu_check target/release/examples/mnist .gpu/
+# The GPU machine has no network: MNIST travels gzip-compressed (MNIST_DIR=.gpu/data there).
+mkdir -p .gpu/data
+for f in data/mnist/*-ubyte; do gzip -c "$f" > ".gpu/data/$(basename "$f").gz"; done
 for t in cuda_kernels cuda_parity; do
     bin=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
@@ -15,5 +18,5 @@ for l in sys.stdin:
     if m.get("profile", {}).get("test") and m.get("executable"): print(m["executable"])' | tail -n1)
     cp "$bin" ".gpu/tests/$t"
 done
-strip .gpu/gpu_check .gpu/tests/*
+strip .gpu/gpu_check .gpu/mnist .gpu/tests/*
 du -sh .gpu

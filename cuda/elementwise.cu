@@ -80,7 +80,7 @@ __device__ __forceinline__ float binary_f(int op, float a, float b) {
     }
 }
 
-__device__ __forceinline__ bool cmp_f(int op, float a, float b) {
+template <typename V> __device__ __forceinline__ bool cmp_v(int op, V a, V b) {
     switch (op) {
     case 0: return a == b;
     case 1: return a != b;
@@ -117,13 +117,20 @@ __device__ __forceinline__ bool cmp_f(int op, float a, float b) {
             float a = to_f32(x[strided_index(lx, i)]), b = to_f32(y[strided_index(ly, i)]);    \
             out[i] = from_f32<T>(binary_f(op, a, b));                                          \
         }                                                                                      \
-    }                                                                                          \
-    /* A U8 mask of 0 and 1. */                                                                \
+    }
+
+ELEMENTWISE(float)
+ELEMENTWISE(f16)
+ELEMENTWISE(bf16)
+
+/* A U8 mask of 0 and 1; floats compare as f32, integers exactly. `V` is the compared type. */
+#define COMPARE(T, V)                                                                          \
     extern "C" __global__ void cmp_##T(int op, const T* x, Strided lx, const T* y, Strided ly, \
                                        u8* out, i64 n) {                                        \
         FOR_EACH(i, n) {                                                                       \
-            float a = to_f32(x[strided_index(lx, i)]), b = to_f32(y[strided_index(ly, i)]);    \
-            out[i] = cmp_f(op, a, b) ? 1 : 0;                                                  \
+            V a = (V)compared(x[strided_index(lx, i)]);                                  \
+            V b = (V)compared(y[strided_index(ly, i)]);                                  \
+            out[i] = cmp_v<V>(op, a, b) ? 1 : 0;                                               \
         }                                                                                      \
     }                                                                                          \
     /* out = mask ? x : y. */                                                                  \
@@ -134,6 +141,14 @@ __device__ __forceinline__ bool cmp_f(int op, float a, float b) {
         }                                                                                      \
     }
 
-ELEMENTWISE(float)
-ELEMENTWISE(f16)
-ELEMENTWISE(bf16)
+__device__ __forceinline__ float compared(f16 x) { return to_f32(x); }
+__device__ __forceinline__ float compared(bf16 x) { return to_f32(x); }
+__device__ __forceinline__ float compared(float x) { return x; }
+__device__ __forceinline__ i64 compared(i64 x) { return x; }
+__device__ __forceinline__ int compared(u8 x) { return x; }
+
+COMPARE(float, float)
+COMPARE(f16, float)
+COMPARE(bf16, float)
+COMPARE(i64, i64)
+COMPARE(u8, int)

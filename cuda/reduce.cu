@@ -19,10 +19,11 @@ __device__ void reduce_rows(int op, const T* __restrict__ x, T* __restrict__ out
     }
 }
 
-// Index of the first maximum of each row (argmax; NaN counts as the maximum, as on the CPU),
-// as i64. blockDim.x must be a power of two, at most 1024.
+// Index of the first maximum of each row of sign * x (argmax with sign 1, argmin with -1; NaN
+// counts as the extreme, as on the CPU), as i64. blockDim.x must be a power of two, <= 1024.
 template <typename T>
-__device__ void argmax_rows(const T* __restrict__ x, i64* __restrict__ out, i64 rows, i64 cols) {
+__device__ void argmax_rows(float sign, const T* __restrict__ x, i64* __restrict__ out, i64 rows,
+                            i64 cols) {
     __shared__ float best_v[1024];
     __shared__ i64 best_i[1024];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -30,7 +31,7 @@ __device__ void argmax_rows(const T* __restrict__ x, i64* __restrict__ out, i64 
         float bv = -INFINITY;
         i64 bi = 0;
         for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            float v = to_f32(row[c]);
+            float v = sign * to_f32(row[c]);
             if (v > bv || (isnan(v) && !isnan(bv))) { bv = v; bi = c; }
         }
         best_v[threadIdx.x] = bv;
@@ -57,8 +58,9 @@ __device__ void argmax_rows(const T* __restrict__ x, i64* __restrict__ out, i64 
     extern "C" __global__ void reduce_rows_##T(int op, const T* x, T* out, i64 rows, i64 cols) { \
         reduce_rows<T>(op, x, out, rows, cols);                                              \
     }                                                                                        \
-    extern "C" __global__ void argmax_rows_##T(const T* x, i64* out, i64 rows, i64 cols) {  \
-        argmax_rows<T>(x, out, rows, cols);                                                  \
+    extern "C" __global__ void argmax_rows_##T(float sign, const T* x, i64* out, i64 rows,  \
+                                               i64 cols) {                                   \
+        argmax_rows<T>(sign, x, out, rows, cols);                                            \
     }
 REDUCE(float)
 REDUCE(f16)

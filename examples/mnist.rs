@@ -139,19 +139,25 @@ fn optimizer(kind: Opt, params: Vec<Tensor>, lr: f64, seed: u64) -> Result<Box<d
 }
 
 /// Mean loss and accuracy over a split.
-fn evaluate(net: &Sequential, dl: &mut DataLoader, low: Option<DType>) -> Result<(f64, f64)> {
+fn evaluate(
+    net: &Sequential,
+    dl: &mut DataLoader,
+    device: Device,
+    low: Option<DType>,
+) -> Result<(f64, f64)> {
     let (mut loss, mut hits, mut n) = (0.0, 0.0, 0.0);
     for b in dl.epoch(0) {
         let b = b?;
-        let logits = no_grad(|| autocast(low, || net.forward(&b.x)))?;
+        let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
+        let logits = no_grad(|| autocast(low, || net.forward(&x)))?;
         let opts = CrossEntropyOptions {
             reduction: Reduction::Sum,
             ..Default::default()
         };
-        loss += logits.cross_entropy(&b.y, opts)?.item()?;
+        loss += logits.cross_entropy(&y, opts)?.item()?;
         hits += logits
             .argmax(1, false)?
-            .eq(&b.y)?
+            .eq(&y)?
             .to_dtype(DType::F32)?
             .sum_all()?
             .item()?;
@@ -329,7 +335,7 @@ fn run(args: Args) -> Result<()> {
         }
         bar.finish()?;
         net.eval();
-        let (test_loss, test_acc) = evaluate(&net, &mut test_dl, low)?;
+        let (test_loss, test_acc) = evaluate(&net, &mut test_dl, device, low)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             train_loss: bar.loss(),

@@ -34,6 +34,13 @@ fn band(dt: DType) -> f64 {
     }
 }
 
+/// A copy of `x` on `d` that owns its storage: `to_device` to the same device returns `x`
+/// itself (as PyTorch's `.to` does), and marking that as requiring grad, or stepping an
+/// optimizer on it, would change the shared input.
+fn own(x: &Tensor, d: Device) -> Tensor {
+    x.to_device(d).unwrap().copy().unwrap()
+}
+
 fn input(shape: &[usize], dt: DType, seed: u64) -> Tensor {
     f32s(shape, seed).to_dtype(dt).unwrap()
 }
@@ -46,7 +53,7 @@ fn parity(what: &str, gpu: Device, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> R
             .iter()
             .map(|x| {
                 let float = x.dtype().is_float();
-                x.to_device(d).unwrap().requires_grad(float).unwrap()
+                own(x, d).requires_grad(float).unwrap()
             })
             .collect();
         let y = f(&xs).unwrap_or_else(|e| panic!("{what} on {d}: {e}"));
@@ -173,6 +180,21 @@ fn reductions_and_softmax_match() {
         parity("sum all", d, &[x.clone()], |x| x[0].sum_all());
         parity("max", d, &[x.clone()], |x| Ok(x[0].max(1, false)?.0));
         parity("argmax", d, &[x.clone()], |x| x[0].argmax(-1, false));
+        parity("min", d, &[x.clone()], |x| Ok(x[0].min(1, true)?.0));
+        parity("argmin", d, &[x.clone()], |x| x[0].argmin(1, false));
+        // Ties: the first index wins on both devices.
+        let ties = Tensor::from_vec(
+            vec![1.0f32, 3.0, 3.0, 0.0, 0.0, 2.0, 5.0, 5.0],
+            &[2, 4],
+            Device::Cpu,
+        )
+        .unwrap()
+        .to_dtype(dt)
+        .unwrap();
+        parity("argmax ties", d, &[ties.clone()], |x| {
+            x[0].argmax(-1, false)
+        });
+        parity("argmin ties", d, &[ties], |x| x[0].argmin(-1, false));
         parity("softmax last", d, &[x.clone()], |x| x[0].softmax(-1));
         parity("softmax middle", d, &[x.clone()], |x| x[0].softmax(1));
         parity("log_softmax", d, &[x.clone()], |x| x[0].log_softmax(-1));
@@ -239,7 +261,7 @@ fn host_fallback_ops_match() {
             x[0].cross_entropy(&x[1], Default::default())
         });
         parity("index_select", d, &[logits, target], |x| {
-            x[0].index_select(0, &x[1])
+            x[0].index_select(1, &x[1])
         });
     }
 }
@@ -262,7 +284,7 @@ fn an_sgd_step_matches() {
     let step = |dev: Device| -> Vec<Vec<f64>> {
         let ps: Vec<Tensor> = [&w1, &w2]
             .iter()
-            .map(|p| p.to_device(dev).unwrap().requires_grad(true).unwrap())
+            .map(|p| own(p, dev).requires_grad(true).unwrap())
             .collect();
         let config = optim::SgdConfig {
             momentum: 0.9,

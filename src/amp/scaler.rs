@@ -149,8 +149,10 @@ impl GradScaler {
         };
         let found = no_grad(|| -> Result<Tensor> {
             let _ac = crate::amp::autocast_disabled();
-            // 1 / scale in f64, rounded to f32 (as PyTorch does).
-            let inv = scale.to_dtype(DType::F64)?.recip()?.to_dtype(DType::F32)?;
+            // PyTorch takes 1 / scale in f64 and rounds it to f32; an IEEE f32 division
+            // gives the same bits (a correctly rounded quotient survives double rounding
+            // from f64), and works on devices without f64.
+            let inv = scale.recip()?;
             let mut found = scalar(0.0, scale.device())?;
             // With fp32 master weights the unscaled gradients are written in f32 (Apex O2's
             // master gradients), so f16 gradients are fine there.

@@ -4,7 +4,7 @@
 //!
 //! Unverified: compiled against cudarc 0.19, not yet run on a GPU.
 
-use super::storage::{float_kname, grid, CudaStorage, Strided};
+use super::storage::{float_kname, grid, kname, CudaStorage, Strided};
 use crate::backend::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -226,7 +226,7 @@ pub(crate) fn cmp(
     op: CmpOp,
 ) -> Result<CudaStorage> {
     same_dtype("cmp", x, y)?;
-    let t = float_kname("cmp", x.dtype())?;
+    let t = kname("cmp", x.dtype())?;
     let out = CudaStorage::alloc_on(x.rt(), DType::U8, lx.numel())?;
     strided_pair(x, lx, y, ly, cmp_code(op), format!("cmp_{t}"), &out)?;
     Ok(out)
@@ -279,7 +279,7 @@ pub(crate) fn where_cond(
         });
     }
     same_dtype("where", x, y)?;
-    let t = float_kname("where", x.dtype())?;
+    let t = kname("where", x.dtype())?;
     let n = lx.numel();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     let (dst, n64) = (out.ptr(), n as i64);
@@ -336,19 +336,23 @@ pub(crate) fn reduce(
         ReduceOp::Max => 1,
         ReduceOp::Min => 2,
         ReduceOp::Mean => 3,
-        ReduceOp::ArgMax => {
+        ReduceOp::ArgMax | ReduceOp::ArgMin => {
+            let sign: f32 = if op == ReduceOp::ArgMax { 1.0 } else { -1.0 };
             let out = CudaStorage::alloc_on(x.rt(), DType::I64, rows)?;
             let dst = out.ptr();
             let name = format!("argmax_rows_{t}");
-            launch!(x, "reduce", name, rows_grid(rows), &src, &dst, &r64, &c64);
+            launch!(
+                x,
+                "reduce",
+                name,
+                rows_grid(rows),
+                &sign,
+                &src,
+                &dst,
+                &r64,
+                &c64
+            );
             return Ok(out);
-        }
-        ReduceOp::ArgMin => {
-            return Err(Error::NotOnDevice {
-                op: "argmin",
-                device: x.device(),
-                what: "no kernel yet".into(),
-            })
         }
     };
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), rows)?;
