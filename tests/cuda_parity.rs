@@ -244,6 +244,39 @@ fn dropout_masks_are_identical() {
 }
 
 #[test]
+fn convolutions_match_in_every_mode() {
+    use mantissa::backend::cuda::conv::{set_cudnn_benchmark, set_cudnn_deterministic};
+    let Some(d) = gpu() else { return };
+    let opts = Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    // (heuristic, timed, deterministic) choices of algorithm give the same results.
+    for (bench, det) in [(false, false), (true, false), (false, true)] {
+        set_cudnn_benchmark(bench);
+        set_cudnn_deterministic(det);
+        for dt in FLOATS {
+            let x = input(&[3, 4, 9, 11], dt, 20);
+            let w = input(&[6, 2, 3, 3], dt, 21);
+            let b = input(&[6], dt, 22);
+            let what = format!("conv2d strided grouped (benchmark {bench}, deterministic {det})");
+            parity(&what, d, &[x.clone(), w.clone(), b], |x| {
+                x[0].conv2d(&x[1], Some(&x[2]), opts)
+            });
+            // A transposed view as the input: made contiguous before cuDNN sees it.
+            let xt = input(&[3, 4, 11, 9], dt, 23);
+            parity("conv2d of a transposed view", d, &[xt, w], |x| {
+                x[0].transpose(2, 3)?.conv2d(&x[1], None, opts)
+            });
+        }
+    }
+    set_cudnn_benchmark(false);
+    set_cudnn_deterministic(false);
+}
+
+#[test]
 fn host_fallback_ops_match() {
     let Some(d) = gpu() else { return };
     for dt in FLOATS {

@@ -527,9 +527,11 @@ impl Storage {
         lw: &Layout,
         d: &ConvDims,
     ) -> Result<Storage> {
-        let device = common_device("conv2d", &[self, w])?;
-        let out = cpu::conv2d(&*self.host()?, l, &*w.host()?, lw, d)?;
-        Storage::place(out, device)
+        match pair("conv2d", self, w)? {
+            Pair::Cpu(x, y) => Ok(Storage::Cpu(cpu::conv2d(x, l, y, lw, d)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(x, y) => Ok(Storage::Cuda(cuda::conv::conv2d(x, l, y, lw, d)?)),
+        }
     }
 
     pub(crate) fn conv2d_backward_input(
@@ -539,9 +541,13 @@ impl Storage {
         lw: &Layout,
         d: &ConvDims,
     ) -> Result<Storage> {
-        let device = common_device("conv2d_backward_input", &[self, w])?;
-        let out = cpu::conv2d_backward_input(&*self.host()?, l, &*w.host()?, lw, d)?;
-        Storage::place(out, device)
+        match pair("conv2d_backward_input", self, w)? {
+            Pair::Cpu(x, y) => Ok(Storage::Cpu(cpu::conv2d_backward_input(x, l, y, lw, d)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(x, y) => Ok(Storage::Cuda(cuda::conv::conv2d_backward_input(
+                x, l, y, lw, d,
+            )?)),
+        }
     }
 
     pub(crate) fn conv2d_backward_weight(
@@ -551,9 +557,13 @@ impl Storage {
         lg: &Layout,
         d: &ConvDims,
     ) -> Result<Storage> {
-        let device = common_device("conv2d_backward_weight", &[self, gy])?;
-        let out = cpu::conv2d_backward_weight(&*self.host()?, l, &*gy.host()?, lg, d)?;
-        Storage::place(out, device)
+        match pair("conv2d_backward_weight", self, gy)? {
+            Pair::Cpu(x, y) => Ok(Storage::Cpu(cpu::conv2d_backward_weight(x, l, y, lg, d)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(x, y) => Ok(Storage::Cuda(cuda::conv::conv2d_backward_weight(
+                x, l, y, lg, d,
+            )?)),
+        }
     }
 
     pub(crate) fn max_pool2d(

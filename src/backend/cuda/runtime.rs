@@ -4,6 +4,7 @@
 //!
 //! Unverified: written against cudarc 0.19's API and compiled, not yet run on a GPU.
 
+use super::libs::{self, Lib};
 use super::{kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, MemoryStats, RawMemory};
 use crate::{Device, Error, Result};
@@ -50,6 +51,21 @@ pub struct CudaRuntime {
     memory: Mutex<CachingAllocator<DriverMemory>>,
     /// The cuBLAS handle on `stream`, created at the first product.
     blas: Mutex<Option<CudaBlas>>,
+    /// The cuDNN handle on `stream`, created at the first convolution.
+    dnn: Mutex<Option<DnnHandle>>,
+}
+
+/// A cuDNN handle, destroyed on drop. Used only under its runtime's lock, one thread at a time.
+struct DnnHandle(cudarc::cudnn::sys::cudnnHandle_t);
+
+// SAFETY: a cuDNN handle may move between threads; the mutex around it keeps uses serial.
+unsafe impl Send for DnnHandle {}
+
+impl Drop for DnnHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `with_cudnn` and is destroyed once, here.
+        let _ = unsafe { cudarc::cudnn::result::destroy_handle(self.0) };
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,6 +116,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         modules: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
         blas: Mutex::new(None),
+        dnn: Mutex::new(None),
     });
     all.insert(ordinal, rt.clone());
     Ok(rt)
@@ -209,6 +226,33 @@ impl CudaRuntime {
             .bind_to_thread()
             .map_err(|e| self.driver("binding the context", e))?;
         Ok(f(*blas.as_ref().expect("set above").handle()))
+    }
+
+    /// Runs `f` with this device's cuDNN handle (bound to the compute stream; calls are
+    /// serialised). Errors, naming the library and how to install it, when cuDNN is missing.
+    pub fn with_cudnn<R>(
+        &self,
+        f: impl FnOnce(cudarc::cudnn::sys::cudnnHandle_t) -> R,
+    ) -> Result<R> {
+        let mut dnn = lock(&self.dnn);
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))?;
+        if dnn.is_none() {
+            libs::load(Lib::Cudnn)?;
+            let err = |what: &str, e: cudarc::cudnn::result::CudnnError| Error::CudaLibrary {
+                lib: "cuDNN",
+                msg: format!("{what} on {}: {e:?}", self.device),
+            };
+            let h =
+                cudarc::cudnn::result::create_handle().map_err(|e| err("creating a handle", e))?;
+            let h = DnnHandle(h);
+            // SAFETY: the handle was just created; the stream lives as long as this runtime.
+            unsafe { cudarc::cudnn::result::set_stream(h.0, self.stream.cu_stream() as _) }
+                .map_err(|e| err("setting the stream", e))?;
+            *dnn = Some(h);
+        }
+        Ok(f(dnn.as_ref().expect("set above").0))
     }
 
     /// Waits for all work queued on the stream.

@@ -1,0 +1,498 @@
+//! 2-D convolution through cuDNN: forward, backward data and backward filter, with the
+//! algorithm for each shape chosen once and cached. By default cuDNN's heuristics choose;
+//! [`set_cudnn_benchmark`] times the candidates instead (PyTorch's `cudnn.benchmark = True`),
+//! and [`set_cudnn_deterministic`] keeps only deterministic algorithms. Workspaces come from
+//! the caching allocator, so a step reuses the previous step's blocks.
+//!
+//! f32 convolutions are exact f32 (FMA math) unless [`super::ops::set_allow_tf32`] allows
+//! TF32; f16 and bf16 use tensor cores with f32 accumulation.
+
+use super::ops::allow_tf32;
+use super::storage::{float_kname, CudaStorage};
+use crate::backend::cpu::ConvDims;
+use crate::layout::Layout;
+use crate::{DType, Device, Error, Result};
+use cudarc::cudnn::{result as dnn, sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+static BENCHMARK: AtomicBool = AtomicBool::new(false);
+static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
+
+/// Times cuDNN's candidate algorithms at the first convolution of each shape and keeps the
+/// fastest (PyTorch's `torch.backends.cudnn.benchmark = True`). Off by default: cuDNN's
+/// heuristics choose without running anything.
+///
+/// ```
+/// mantissa::backend::cuda::conv::set_cudnn_benchmark(true);
+/// assert!(mantissa::backend::cuda::conv::cudnn_benchmark());
+/// mantissa::backend::cuda::conv::set_cudnn_benchmark(false);
+/// ```
+pub fn set_cudnn_benchmark(on: bool) {
+    BENCHMARK.store(on, Ordering::Relaxed);
+}
+
+/// Whether convolution algorithms are chosen by timing (see [`set_cudnn_benchmark`]).
+pub fn cudnn_benchmark() -> bool {
+    BENCHMARK.load(Ordering::Relaxed)
+}
+
+/// Restricts convolutions to deterministic algorithms, so a run repeats bit for bit
+/// (PyTorch's `torch.backends.cudnn.deterministic = True`). Off by default.
+pub fn set_cudnn_deterministic(on: bool) {
+    DETERMINISTIC.store(on, Ordering::Relaxed);
+}
+
+/// Whether only deterministic convolution algorithms are used.
+pub fn cudnn_deterministic() -> bool {
+    DETERMINISTIC.load(Ordering::Relaxed)
+}
+
+/// Which of the three convolution passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Pass {
+    Forward,
+    Data,
+    Filter,
+}
+
+impl Pass {
+    fn op(self) -> &'static str {
+        match self {
+            Pass::Forward => "conv2d",
+            Pass::Data => "conv2d_backward_input",
+            Pass::Filter => "conv2d_backward_weight",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// One algorithm cuDNN offers for a problem.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    algo: Algo,
+    workspace: usize,
+    deterministic: bool,
+}
+
+/// Everything the algorithm choice depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    device: Device,
+    pass: Pass,
+    dtype: DType,
+    dims: [usize; 9],
+    params: [usize; 7],
+    tf32: bool,
+    benchmark: bool,
+    deterministic: bool,
+}
+
+fn chosen() -> &'static Mutex<HashMap<Key, Candidate>> {
+    static CHOSEN: OnceLock<Mutex<HashMap<Key, Candidate>>> = OnceLock::new();
+    CHOSEN.get_or_init(Default::default)
+}
+
+/// The tensor, filter and convolution descriptors of one problem, destroyed on drop.
+struct Descriptors {
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `Descriptors::new` and is destroyed once;
+        // a null one (creation failed part-way) is skipped.
+        unsafe {
+            if !self.x.is_null() {
+                let _ = dnn::destroy_tensor_descriptor(self.x);
+            }
+            if !self.y.is_null() {
+                let _ = dnn::destroy_tensor_descriptor(self.y);
+            }
+            if !self.w.is_null() {
+                let _ = dnn::destroy_filter_descriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                let _ = dnn::destroy_convolution_descriptor(self.conv);
+            }
+        }
+    }
+}
+
+fn dnn_err(pass: Pass, device: Device, what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::CudaLibrary {
+        lib: "cuDNN",
+        msg: format!("{} on {device}: {what}: {e:?}", pass.op()),
+    }
+}
+
+fn int(pass: Pass, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(pass.op(), format!("size {v} exceeds i32")))
+}
+
+impl Descriptors {
+    fn new(pass: Pass, device: Device, dtype: DType, d: &ConvDims) -> Result<Descriptors> {
+        let err = |what: &str, e: sys::cudnnStatus_t| dnn_err(pass, device, what, e);
+        let data = match dtype {
+            DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
+            _ => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        };
+        let math = match dtype {
+            DType::F32 if allow_tf32() => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+            _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        };
+        let i = |v: usize| int(pass, v);
+        let p = &d.p;
+        let mut s = Descriptors {
+            x: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+        };
+        let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        s.x = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
+        s.y = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
+        s.w = dnn::create_filter_descriptor().map_err(|e| err("filter descriptor", e.0))?;
+        s.conv =
+            dnn::create_convolution_descriptor().map_err(|e| err("convolution descriptor", e.0))?;
+        // SAFETY: the descriptors were created above and are alive.
+        unsafe {
+            dnn::set_tensor4d_descriptor(s.x, nchw, data, [i(d.n)?, i(d.c)?, i(d.h)?, i(d.w)?])
+                .map_err(|e| err("input descriptor", e.0))?;
+            dnn::set_tensor4d_descriptor(s.y, nchw, data, [i(d.n)?, i(d.o)?, i(d.ho)?, i(d.wo)?])
+                .map_err(|e| err("output descriptor", e.0))?;
+            let cg = d.c / p.groups;
+            dnn::set_filter4d_descriptor(s.w, data, nchw, [i(d.o)?, i(cg)?, i(d.kh)?, i(d.kw)?])
+                .map_err(|e| err("filter descriptor", e.0))?;
+            dnn::set_convolution2d_descriptor(
+                s.conv,
+                i(p.padding[0])?,
+                i(p.padding[1])?,
+                i(p.stride[0])?,
+                i(p.stride[1])?,
+                i(p.dilation[0])?,
+                i(p.dilation[1])?,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+            .map_err(|e| err("convolution descriptor", e.0))?;
+            dnn::set_convolution_math_type(s.conv, math).map_err(|e| err("math type", e.0))?;
+            dnn::set_convolution_group_count(s.conv, i(p.groups)?)
+                .map_err(|e| err("group count", e.0))?;
+        }
+        Ok(s)
+    }
+}
+
+/// Up to this many candidates are asked for (cuDNN has at most 8 per pass).
+const MAX_ALGOS: usize = 10;
+
+/// Runs a cuDNN `Get*_v7` (heuristic) or `Find*` (timed) query `$f($args.., n, count, perf)`
+/// and lists the candidates that can run, best first.
+macro_rules! candidates {
+    ($perf:ty, $variant:path, $f:path, $($arg:expr),+) => {{
+        // SAFETY: the perf structs are plain C data (all-zero is a valid value of each field);
+        // the handle and descriptors in the arguments are alive and the buffer holds
+        // MAX_ALGOS entries.
+        let mut perf: Vec<$perf> = vec![unsafe { std::mem::zeroed() }; MAX_ALGOS];
+        let mut count = 0i32;
+        let status = unsafe { $f($($arg),+, MAX_ALGOS as i32, &mut count, perf.as_mut_ptr()) };
+        let list = perf[..count.max(0) as usize]
+            .iter()
+            .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+            .map(|p| Candidate {
+                algo: $variant(p.algo),
+                workspace: p.memory,
+                deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
+            })
+            .collect::<Vec<Candidate>>();
+        (status, list)
+    }};
+}
+
+fn list(
+    h: sys::cudnnHandle_t,
+    pass: Pass,
+    s: &Descriptors,
+    timed: bool,
+) -> (sys::cudnnStatus_t, Vec<Candidate>) {
+    use sys::{
+        cudnnConvolutionBwdDataAlgoPerf_t as DataPerf,
+        cudnnConvolutionBwdFilterAlgoPerf_t as FilterPerf,
+        cudnnConvolutionFwdAlgoPerf_t as FwdPerf,
+    };
+    let (x, w, y, c) = (s.x, s.w, s.y, s.conv);
+    match (pass, timed) {
+        (Pass::Forward, false) => candidates!(
+            FwdPerf,
+            Algo::Forward,
+            sys::cudnnGetConvolutionForwardAlgorithm_v7,
+            h,
+            x,
+            w,
+            c,
+            y
+        ),
+        (Pass::Forward, true) => candidates!(
+            FwdPerf,
+            Algo::Forward,
+            sys::cudnnFindConvolutionForwardAlgorithm,
+            h,
+            x,
+            w,
+            c,
+            y
+        ),
+        (Pass::Data, false) => candidates!(
+            DataPerf,
+            Algo::Data,
+            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7,
+            h,
+            w,
+            y,
+            c,
+            x
+        ),
+        (Pass::Data, true) => candidates!(
+            DataPerf,
+            Algo::Data,
+            sys::cudnnFindConvolutionBackwardDataAlgorithm,
+            h,
+            w,
+            y,
+            c,
+            x
+        ),
+        (Pass::Filter, false) => candidates!(
+            FilterPerf,
+            Algo::Filter,
+            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+            h,
+            x,
+            y,
+            c,
+            w
+        ),
+        (Pass::Filter, true) => candidates!(
+            FilterPerf,
+            Algo::Filter,
+            sys::cudnnFindConvolutionBackwardFilterAlgorithm,
+            h,
+            x,
+            y,
+            c,
+            w
+        ),
+    }
+}
+
+/// Runs one pass: `a` and `b` are the two inputs (forward: x, w; data: dy, w; filter: x, dy),
+/// `out` the result, all contiguous NCHW on one device.
+fn run(
+    pass: Pass,
+    d: &ConvDims,
+    a: &CudaStorage,
+    b: &CudaStorage,
+    out: &CudaStorage,
+) -> Result<()> {
+    let (device, dtype, rt) = (a.device(), a.dtype(), a.rt().clone());
+    let s = Descriptors::new(pass, device, dtype, d)?;
+    let p = &d.p;
+    let key = Key {
+        device,
+        pass,
+        dtype,
+        dims: [d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ho, d.wo],
+        params: [
+            p.stride[0],
+            p.stride[1],
+            p.padding[0],
+            p.padding[1],
+            p.dilation[0],
+            p.dilation[1],
+            p.groups,
+        ],
+        tf32: dtype == DType::F32 && allow_tf32(),
+        benchmark: cudnn_benchmark(),
+        deterministic: cudnn_deterministic(),
+    };
+    let known = chosen()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .copied();
+    rt.with_cudnn(|h| -> Result<()> {
+        let candidates = match known {
+            Some(c) => vec![c],
+            None => {
+                let (status, mut list) = list(h, pass, &s, key.benchmark);
+                if status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                    return Err(dnn_err(pass, device, "choosing an algorithm", status));
+                }
+                if key.deterministic {
+                    list.retain(|c| c.deterministic);
+                }
+                list
+            }
+        };
+        let mut last = None;
+        for c in candidates {
+            // A workspace the device cannot hold rules the algorithm out; the next one may
+            // need less.
+            let ws = match CudaStorage::alloc_on(&rt, DType::U8, c.workspace.max(1)) {
+                Ok(ws) => ws,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            let (one, zero) = (1.0f32, 0.0f32);
+            let (alpha, beta) = (
+                &one as *const f32 as *const c_void,
+                &zero as *const f32 as *const c_void,
+            );
+            let (pa, pb, po) = (
+                a.ptr() as *const c_void,
+                b.ptr() as *const c_void,
+                out.ptr() as *mut c_void,
+            );
+            let wsp = ws.ptr() as *mut c_void;
+            // SAFETY: the pointers address contiguous NCHW buffers of the shapes in the
+            // descriptors, on this device; the workspace holds `c.workspace` bytes; the
+            // handle's stream is the runtime's stream, which orders these buffers' uses.
+            let status = unsafe {
+                match c.algo {
+                    Algo::Forward(al) => sys::cudnnConvolutionForward(
+                        h,
+                        alpha,
+                        s.x,
+                        pa,
+                        s.w,
+                        pb,
+                        s.conv,
+                        al,
+                        wsp,
+                        c.workspace,
+                        beta,
+                        s.y,
+                        po,
+                    ),
+                    Algo::Data(al) => sys::cudnnConvolutionBackwardData(
+                        h,
+                        alpha,
+                        s.w,
+                        pb,
+                        s.y,
+                        pa,
+                        s.conv,
+                        al,
+                        wsp,
+                        c.workspace,
+                        beta,
+                        s.x,
+                        po,
+                    ),
+                    Algo::Filter(al) => sys::cudnnConvolutionBackwardFilter(
+                        h,
+                        alpha,
+                        s.x,
+                        pa,
+                        s.y,
+                        pb,
+                        s.conv,
+                        al,
+                        wsp,
+                        c.workspace,
+                        beta,
+                        s.w,
+                        po,
+                    ),
+                }
+            };
+            if status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                chosen()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone(), c);
+                return Ok(());
+            }
+            last = Some(dnn_err(pass, device, &format!("{:?}", c.algo), status));
+        }
+        Err(last.unwrap_or_else(|| {
+            dnn_err(
+                pass,
+                device,
+                "no algorithm available",
+                format!("{dtype:?} {d:?} deterministic={}", key.deterministic),
+            )
+        }))
+    })?
+}
+
+/// Forward convolution; output contiguous `[n, o, ho, wo]`.
+pub(crate) fn conv2d(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    d: &ConvDims,
+) -> Result<CudaStorage> {
+    pass(Pass::Forward, (x, lx), (w, lw), d.n * d.o * d.ho * d.wo, d)
+}
+
+/// Gradient with respect to the input, contiguous `[n, c, h, w]`.
+pub(crate) fn conv2d_backward_input(
+    gy: &CudaStorage,
+    lgy: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    d: &ConvDims,
+) -> Result<CudaStorage> {
+    pass(Pass::Data, (gy, lgy), (w, lw), d.n * d.c * d.h * d.w, d)
+}
+
+/// Gradient with respect to the weight, contiguous `[o, c / groups, kh, kw]`.
+pub(crate) fn conv2d_backward_weight(
+    x: &CudaStorage,
+    lx: &Layout,
+    gy: &CudaStorage,
+    lgy: &Layout,
+    d: &ConvDims,
+) -> Result<CudaStorage> {
+    let n = d.o * (d.c / d.p.groups) * d.kh * d.kw;
+    pass(Pass::Filter, (x, lx), (gy, lgy), n, d)
+}
+
+fn pass(
+    pass: Pass,
+    (a, la): (&CudaStorage, &Layout),
+    (b, lb): (&CudaStorage, &Layout),
+    out_len: usize,
+    d: &ConvDims,
+) -> Result<CudaStorage> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: pass.op(),
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        });
+    }
+    float_kname(pass.op(), a.dtype())?;
+    let (a, b) = (a.contiguous(la)?, b.contiguous(lb)?);
+    let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
+    run(pass, d, &a, &b, &out)?;
+    Ok(out)
+}
