@@ -6,9 +6,9 @@ use crate::{Error, Result};
 ///
 /// `Cuda(n)` names the n-th GPU. Where there is none (no driver library, no device, no
 /// NVRTC), placing data there returns [`Error::CudaUnavailable`], whose reason names what is
-/// missing. The CUDA backend is in progress and unverified on a GPU: elementwise ops, casts,
-/// reductions, softmax, dropout and matrix products have kernels; the other ops run on a
-/// host copy of their inputs.
+/// missing. On CUDA, elementwise ops, casts, reductions, softmax, dropout, matrix products
+/// (cuBLAS), convolutions (cuDNN) and optimizer updates have device kernels; pooling and
+/// indexing still run on a host copy of their inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     #[default]
@@ -30,10 +30,15 @@ impl Device {
         Device::Cuda(n).check_available()
     }
 
-    /// The best device available. The CPU until the CUDA backend has been verified on a GPU;
-    /// ask for `Device::cuda(n)` explicitly to use it meanwhile.
+    /// The best device available: `cuda:0` when it can be used, else the CPU.
+    ///
+    /// ```
+    /// use mantissa::Device;
+    /// let d = Device::best();
+    /// assert!(d == Device::Cpu || d == Device::Cuda(0));
+    /// ```
     pub fn best() -> Device {
-        Device::Cpu
+        Device::Cuda(0).check_available().unwrap_or(Device::Cpu)
     }
 
     /// Returns `self` when the device can hold tensors, an error otherwise.

@@ -71,6 +71,7 @@ fn cuda_devices_are_an_error_that_says_why_never_a_panic() {
             mantissa::Device::cuda(0).unwrap(),
             mantissa::Device::Cuda(0)
         );
+        assert_eq!(mantissa::Device::best(), mantissa::Device::Cuda(0));
         let n = probe::device_count().unwrap();
         match mantissa::Device::cuda(n) {
             Err(Error::CudaUnavailable { reason, .. }) => assert!(reason.contains("device")),

@@ -345,3 +345,89 @@ fn an_sgd_step_matches() {
         assert_close(g, w, 1e-5, "parameters after one SGD step");
     }
 }
+
+/// Three steps of each optimizer on both devices from the same parameters and gradients:
+/// SGD (momentum, nesterov, weight decay, and without momentum), Adam, AdamW, Adadelta, in
+/// f32, f16 and bf16, and with f32 master weights behind f16 and bf16 (stochastic rounding)
+/// working copies; a step whose found_inf flag is set changes nothing on either device.
+#[test]
+fn optimizer_updates_match() {
+    use optim::{Adadelta, Adam, AdamConfig, Rounding, Sgd, SgdConfig};
+    let Some(d) = gpu() else { return };
+    type Make = fn(Vec<Tensor>) -> Box<dyn Optimizer>;
+    let makers: [(&str, Make); 5] = [
+        ("sgd", |p| {
+            Box::new(
+                Sgd::new(
+                    p,
+                    SgdConfig {
+                        momentum: 0.9,
+                        nesterov: true,
+                        weight_decay: 0.01,
+                        ..SgdConfig::new(0.05)
+                    },
+                )
+                .unwrap(),
+            )
+        }),
+        ("sgd plain", |p| {
+            Box::new(Sgd::new(p, SgdConfig::new(0.05)).unwrap())
+        }),
+        ("adam", |p| {
+            Box::new(
+                Adam::new(
+                    p,
+                    AdamConfig {
+                        weight_decay: 0.01,
+                        ..AdamConfig::adam(1e-2)
+                    },
+                )
+                .unwrap(),
+            )
+        }),
+        ("adamw", |p| {
+            Box::new(Adam::new(p, AdamConfig::adamw(1e-2)).unwrap())
+        }),
+        ("adadelta", |p| Box::new(Adadelta::new(p, 1.0).unwrap())),
+    ];
+    let grads: Vec<Tensor> = (0..3).map(|s| f32s(&[40, 33], 40 + s)).collect();
+    let cases = [
+        (DType::F32, None),
+        (DType::F16, None),
+        (DType::BF16, None),
+        (DType::F16, Some(Rounding::Nearest)),
+        (DType::BF16, Some(Rounding::Stochastic { seed: 5 })),
+    ];
+    for (name, make) in makers {
+        for (dt, master) in cases {
+            let run = |dev: Device| -> Vec<f64> {
+                let p = own(&input(&[40, 33], dt, 30), dev)
+                    .requires_grad(true)
+                    .unwrap();
+                let mut opt = make(vec![p.clone()]);
+                if let Some(r) = master {
+                    opt.use_master_weights(r).unwrap();
+                }
+                for g in &grads {
+                    p.set_grad(Some(g.to_dtype(dt).unwrap().to_device(dev).unwrap()))
+                        .unwrap();
+                    opt.step().unwrap();
+                }
+                vals(&p)
+            };
+            let what = format!("{name} {dt:?} master {master:?}: parameters after 3 steps");
+            assert_close(&run(d), &run(Device::Cpu), band(dt), &what);
+        }
+    }
+    // found_inf set: the step is skipped on the device, parameters and count unchanged.
+    let p = own(&input(&[40, 33], DType::F32, 31), d)
+        .requires_grad(true)
+        .unwrap();
+    let before = vals(&p);
+    let mut opt = Adam::new(vec![p.clone()], AdamConfig::adam(1e-2)).unwrap();
+    let mut scaler = amp::GradScaler::new(Default::default()).unwrap();
+    let loss = p.mul(f64::INFINITY).unwrap().sum_all().unwrap();
+    scaler.scale(&loss).unwrap().backward().unwrap();
+    scaler.step(&mut opt).unwrap();
+    assert_eq!(vals(&p), before, "an overflowing step must change nothing");
+}

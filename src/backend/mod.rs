@@ -22,7 +22,7 @@ use ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 #[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
-    /// Unverified: no GPU has run this variant yet.
+    /// Run on an H100 through tests/cuda_parity.rs.
     #[cfg(feature = "cuda")]
     Cuda(CudaStorage),
 }
@@ -106,6 +106,22 @@ impl Storage {
             Storage::Cpu(s) => Some(s),
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => None,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn as_cuda(&self) -> Option<&CudaStorage> {
+        match self {
+            Storage::Cuda(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn as_cuda_mut(&mut self) -> Option<&mut CudaStorage> {
+        match self {
+            Storage::Cuda(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -443,7 +459,10 @@ impl Storage {
         step: &mut Storage,
         found_inf: Option<&Storage>,
         u: &OptimUpdate,
-        working: Option<(&mut Storage, rounding::Rounding)>,
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))] mut working: Option<(
+            &mut Storage,
+            rounding::Rounding,
+        )>,
     ) -> Result<()> {
         let mut all: Vec<&Storage> = vec![&*self, grad, &*step];
         all.extend(states.iter().map(|s| &**s));
@@ -465,7 +484,29 @@ impl Storage {
                 .collect();
             return cpu::optim_update(p, g, &mut host, step, found_inf, u, working);
         }
-        // On a device: the whole update on host copies, written back afterwards.
+        #[cfg(feature = "cuda")]
+        {
+            const ALL_CUDA: &str = "common_device: all on one CUDA device";
+            let mut st: Vec<&mut CudaStorage> = states
+                .iter_mut()
+                .map(|s| s.as_cuda_mut().expect(ALL_CUDA))
+                .collect();
+            let done = cuda::optim::optim_update(
+                self.as_cuda_mut().expect(ALL_CUDA),
+                grad.as_cuda().expect(ALL_CUDA),
+                &mut st,
+                step.as_cuda_mut().expect(ALL_CUDA),
+                found_inf.map(|f| f.as_cuda().expect(ALL_CUDA)),
+                u,
+                working
+                    .as_mut()
+                    .map(|(w, r)| (w.as_cuda_mut().expect(ALL_CUDA), *r)),
+            )?;
+            if done {
+                return Ok(());
+            }
+        }
+        // No kernel for these dtypes: the whole update on host copies, written back.
         let g = grad.host()?;
         let found = match found_inf {
             Some(f) => Some(f.host()?),
@@ -507,6 +548,13 @@ impl Storage {
         step: &Storage,
     ) -> Result<()> {
         common_device("round_from_master", &[self, master, step])?;
+        #[cfg(feature = "cuda")]
+        if let (Storage::Cuda(w), Storage::Cuda(m), Storage::Cuda(st)) = (&mut *self, master, step)
+        {
+            if cuda::optim::round_from_master(w, m, rounding, st)? {
+                return Ok(());
+            }
+        }
         let (m, st) = (master.host()?, step.host()?);
         self.update_on_host(|d| cpu::round_into(d, &m, rounding, &st))
     }

@@ -2,7 +2,7 @@
 //! (compiled by NVRTC for the device's own architecture, through the disk cache), and the
 //! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
 //!
-//! Unverified: written against cudarc 0.19's API and compiled, not yet run on a GPU.
+//! Run on an H100 (gpu_check, tests/cuda_kernels.rs and tests/cuda_parity.rs).
 
 use super::libs::{self, Lib};
 use super::{kernels, nvrtc, probe};
