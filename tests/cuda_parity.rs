@@ -431,3 +431,68 @@ fn optimizer_updates_match() {
     scaler.step(&mut opt).unwrap();
     assert_eq!(vals(&p), before, "an overflowing step must change nothing");
 }
+
+/// Pooling windows of every kind: overlapping, padded, dilated, ceil mode, with and without
+/// padded cells in the average's divisor, and adaptive to a coarser and a finer grid.
+#[test]
+fn pooling_matches() {
+    let Some(d) = gpu() else { return };
+    let max_opts = [
+        MaxPool2dOptions::new(2),
+        MaxPool2dOptions {
+            kernel: [3, 2],
+            stride: Some([2, 1]),
+            padding: [1, 1],
+            dilation: [1, 2],
+            ceil_mode: true,
+        },
+    ];
+    let avg_opts = [
+        AvgPool2dOptions::new(2),
+        AvgPool2dOptions {
+            kernel: [3, 3],
+            stride: Some([2, 2]),
+            padding: [1, 1],
+            ceil_mode: true,
+            count_include_pad: false,
+        },
+        AvgPool2dOptions {
+            kernel: [3, 2],
+            stride: Some([1, 2]),
+            padding: [1, 0],
+            ceil_mode: false,
+            count_include_pad: true,
+        },
+    ];
+    for dt in FLOATS {
+        let x = input(&[2, 3, 9, 10], dt, 50);
+        for o in max_opts {
+            parity(&format!("max_pool2d {o:?}"), d, &[x.clone()], |x| {
+                x[0].max_pool2d(o)
+            });
+        }
+        for o in avg_opts {
+            parity(&format!("avg_pool2d {o:?}"), d, &[x.clone()], |x| {
+                x[0].avg_pool2d(o)
+            });
+        }
+        for out in [[3, 4], [1, 1], [13, 11]] {
+            parity(
+                &format!("adaptive_avg_pool2d {out:?}"),
+                d,
+                &[x.clone()],
+                |x| x[0].adaptive_avg_pool2d(out),
+            );
+        }
+        // Ties inside a window: the first index wins on both devices, so the gradient lands
+        // on the same cell.
+        let ties = input(&[1, 2, 6, 6], dt, 51)
+            .mul(0.0)
+            .unwrap()
+            .add(1.0)
+            .unwrap();
+        parity("max_pool2d ties", d, &[ties], |x| {
+            x[0].max_pool2d(max_opts[1])
+        });
+    }
+}

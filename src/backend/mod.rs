@@ -620,11 +620,17 @@ impl Storage {
         d: &PoolDims,
         p: &Pool2dParams,
     ) -> Result<(Storage, Storage)> {
-        let (v, i) = cpu::max_pool2d(&*self.host()?, l, d, p)?;
-        Ok((
-            Storage::place(v, self.device())?,
-            Storage::place(i, self.device())?,
-        ))
+        match self {
+            Storage::Cpu(s) => {
+                let (v, i) = cpu::max_pool2d(s, l, d, p)?;
+                Ok((Storage::Cpu(v), Storage::Cpu(i)))
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => {
+                let (v, i) = cuda::pool::max_pool2d(s, l, d, p)?;
+                Ok((Storage::Cuda(v), Storage::Cuda(i)))
+            }
+        }
     }
 
     pub(crate) fn max_pool2d_backward(
@@ -632,23 +638,39 @@ impl Storage {
         l: &Layout,
         idx: &Storage,
         d: &PoolDims,
+        #[cfg_attr(not(feature = "cuda"), allow(unused))] p: &Pool2dParams,
     ) -> Result<Storage> {
-        let device = common_device("max_pool2d_backward", &[self, idx])?;
-        let i = idx.host()?;
-        let CpuStorage::I64(i) = &*i else {
-            return Err(Error::DType {
-                op: "max_pool2d_backward",
-                dtype: i.dtype(),
-                expected: "I64 indices",
-            });
-        };
-        let out = cpu::max_pool2d_backward(&*self.host()?, l, i, d)?;
-        Storage::place(out, device)
+        match pair("max_pool2d_backward", self, idx)? {
+            Pair::Cpu(g, i) => {
+                let CpuStorage::I64(i) = i else {
+                    return Err(Error::DType {
+                        op: "max_pool2d_backward",
+                        dtype: i.dtype(),
+                        expected: "I64 indices",
+                    });
+                };
+                Ok(Storage::Cpu(cpu::max_pool2d_backward(g, l, i, d)?))
+            }
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(g, i) => Ok(Storage::Cuda(cuda::pool::max_pool2d_backward(
+                g, l, i, d, p,
+            )?)),
+        }
     }
 
     pub(crate) fn avg_pool2d(&self, l: &Layout, d: &PoolDims, p: &Pool2dParams) -> Result<Storage> {
-        let out = cpu::avg_pool2d(&*self.host()?, l, d, p)?;
-        Storage::place(out, self.device())
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::avg_pool2d(s, l, d, p)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::pool::avg_pool2d(
+                s,
+                l,
+                d,
+                cuda::pool::Pool::Avg,
+                Some(p),
+                false,
+            )?)),
+        }
     }
 
     pub(crate) fn avg_pool2d_backward(
@@ -657,8 +679,18 @@ impl Storage {
         d: &PoolDims,
         p: &Pool2dParams,
     ) -> Result<Storage> {
-        let out = cpu::avg_pool2d_backward(&*self.host()?, l, d, p)?;
-        Storage::place(out, self.device())
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::avg_pool2d_backward(s, l, d, p)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::pool::avg_pool2d(
+                s,
+                l,
+                d,
+                cuda::pool::Pool::Avg,
+                Some(p),
+                true,
+            )?)),
+        }
     }
 
     pub(crate) fn adaptive_avg_pool2d(
@@ -667,12 +699,21 @@ impl Storage {
         d: &PoolDims,
         backward: bool,
     ) -> Result<Storage> {
-        let s = self.host()?;
-        let out = match backward {
-            true => cpu::adaptive_avg_pool2d_backward(&s, l, d)?,
-            false => cpu::adaptive_avg_pool2d(&s, l, d)?,
-        };
-        Storage::place(out, self.device())
+        match self {
+            Storage::Cpu(s) if backward => {
+                Ok(Storage::Cpu(cpu::adaptive_avg_pool2d_backward(s, l, d)?))
+            }
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::adaptive_avg_pool2d(s, l, d)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::pool::avg_pool2d(
+                s,
+                l,
+                d,
+                cuda::pool::Pool::Adaptive,
+                None,
+                backward,
+            )?)),
+        }
     }
 }
 

@@ -122,7 +122,7 @@ impl Tensor {
         let in_shape = s.to_vec();
         Ok(
             Tensor::from_storage(v, &shape).attach("max_pool2d", &[&x], move |g, _| {
-                let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d)?;
+                let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d, &p)?;
                 Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
             }),
         )

@@ -9,6 +9,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("cast", include_str!("../../../cuda/cast.cu")),
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
+    ("pool", include_str!("../../../cuda/pool.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),
     ("random", include_str!("../../../cuda/random.cu")),
     ("reduce", include_str!("../../../cuda/reduce.cu")),

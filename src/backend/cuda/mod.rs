@@ -1,13 +1,13 @@
 //! The CUDA backend (feature `cuda`): library discovery, device probing and report, the NVRTC
 //! kernel compiler with its disk cache, a per-device runtime (context, stream, loaded kernels,
 //! caching allocator, cuBLAS and cuDNN handles), device storage with transfers and casts,
-//! kernels for elementwise ops, reductions, softmax, dropout and optimizer updates, cuBLAS
-//! products and cuDNN convolutions. Pooling and indexing still run on a host copy of their
-//! inputs until they get kernels.
+//! kernels for elementwise ops, reductions, softmax, dropout, pooling and optimizer updates,
+//! cuBLAS products and cuDNN convolutions. Indexing still runs on a host copy of its inputs
+//! until it gets kernels.
 //!
 //! Run on an H100 (tests/cuda_parity.rs passing): transfers, casts, elementwise ops,
 //! reductions, softmax, dropout, products and the host fallbacks. Written since and not yet
-//! run on a GPU: the cuDNN convolutions and the optimizer-update wiring.
+//! run on a GPU: the cuDNN convolutions, the pooling kernels and the optimizer-update wiring.
 
 /// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
 /// given as references to locals (cudarc stores argument pointers until the launch).
@@ -33,6 +33,7 @@ pub mod libs;
 pub mod nvrtc;
 pub mod ops;
 pub mod optim;
+pub mod pool;
 pub mod probe;
 pub mod runtime;
 pub mod storage;

@@ -1,0 +1,192 @@
+// 2-D pooling over contiguous [planes, h, w] inputs (src/backend/cpu/nn.rs gives the same
+// results): max pooling with the flat in-plane index of each maximum, average pooling, and
+// adaptive average pooling. The backward kernels gather: one thread per input cell sums the
+// output cells whose window holds it, in the order the CPU adds them, so they need no atomics
+// and repeat bit for bit.
+
+struct PoolArgs {
+    i64 planes, h, w, ho, wo;
+    i64 kh, kw, sh, sw, ph, pw, dh, dw;
+    int count_include_pad;
+};
+
+// The first output index along one axis whose window (start o*s - p, taps every d) can
+// reach input i, and the last; the caller checks each tap exactly.
+__device__ __forceinline__ void reach(i64 i, i64 k, i64 s, i64 p, i64 d, i64 out, i64* lo, i64* hi) {
+    i64 top = i + p;                  // o*s + t*d == top for some tap t in [0, k)
+    i64 first = top - (k - 1) * d;    // smallest o*s
+    *lo = first <= 0 ? 0 : (first + s - 1) / s;
+    *hi = top / s;
+    if (*hi > out - 1) *hi = out - 1;
+}
+
+template <typename T>
+__device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
+    i64 n = a.planes * a.ho * a.wo;
+    FOR_EACH(o, n) {
+        i64 ox = o % a.wo, oy = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
+        const T* src = x + pl * a.h * a.w;
+        float best = -INFINITY;
+        i64 bi = -1;
+        for (i64 ky = 0; ky < a.kh; ky++) {
+            i64 iy = oy * a.sh + ky * a.dh - a.ph;
+            if (iy < 0 || iy >= a.h) continue;
+            for (i64 kx = 0; kx < a.kw; kx++) {
+                i64 ix = ox * a.sw + kx * a.dw - a.pw;
+                if (ix < 0 || ix >= a.w) continue;
+                i64 k = iy * a.w + ix;
+                float v = to_f32(src[k]);
+                if (bi < 0 || v > best || (isnan(v) && !isnan(best))) { best = v; bi = k; }
+            }
+        }
+        y[o] = from_f32<T>(best);
+        idx[o] = bi;
+    }
+}
+
+template <typename T>
+__device__ void max_pool_backward(const T* g, const i64* idx, T* gx, PoolArgs a) {
+    i64 n = a.planes * a.h * a.w;
+    FOR_EACH(i, n) {
+        i64 ix = i % a.w, iy = (i / a.w) % a.h, pl = i / (a.w * a.h);
+        i64 k = iy * a.w + ix, y0, y1, x0, x1;
+        reach(iy, a.kh, a.sh, a.ph, a.dh, a.ho, &y0, &y1);
+        reach(ix, a.kw, a.sw, a.pw, a.dw, a.wo, &x0, &x1);
+        float acc = 0.0f;
+        for (i64 oy = y0; oy <= y1; oy++) {
+            for (i64 ox = x0; ox <= x1; ox++) {
+                i64 o = (pl * a.ho + oy) * a.wo + ox;
+                if (idx[o] == k) acc += to_f32(g[o]);
+            }
+        }
+        gx[i] = from_f32<T>(acc);
+    }
+}
+
+// Average window of output o along one axis: [*a0, *a1) inside the input, *full the length
+// before clipping to the input (the divisor with count_include_pad).
+__device__ __forceinline__ void avg_window(i64 o, i64 k, i64 s, i64 p, i64 len, i64* a0, i64* a1,
+                                           i64* full) {
+    i64 start = o * s - p;
+    i64 end = start + k < len + p ? start + k : len + p;
+    *full = end - start;
+    *a0 = start > 0 ? start : 0;
+    i64 e = end < len ? end : len;
+    *a1 = e > *a0 ? e : *a0;
+}
+
+__device__ __forceinline__ float avg_divisor(PoolArgs a, i64 y0, i64 y1, i64 fy, i64 x0, i64 x1, i64 fx) {
+    if (a.count_include_pad) return (float)(fy * fx);
+    i64 c = (y1 - y0) * (x1 - x0);
+    return (float)(c > 1 ? c : 1);
+}
+
+template <typename T>
+__device__ void avg_pool(const T* x, T* y, PoolArgs a) {
+    i64 n = a.planes * a.ho * a.wo;
+    FOR_EACH(o, n) {
+        i64 ox = o % a.wo, oy = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
+        const T* src = x + pl * a.h * a.w;
+        i64 y0, y1, fy, x0, x1, fx;
+        avg_window(oy, a.kh, a.sh, a.ph, a.h, &y0, &y1, &fy);
+        avg_window(ox, a.kw, a.sw, a.pw, a.w, &x0, &x1, &fx);
+        float sum = 0.0f;
+        for (i64 iy = y0; iy < y1; iy++)
+            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(src[iy * a.w + ix]);
+        y[o] = from_f32<T>(sum / avg_divisor(a, y0, y1, fy, x0, x1, fx));
+    }
+}
+
+template <typename T>
+__device__ void avg_pool_backward(const T* g, T* gx, PoolArgs a) {
+    i64 n = a.planes * a.h * a.w;
+    FOR_EACH(i, n) {
+        i64 ix = i % a.w, iy = (i / a.w) % a.h, pl = i / (a.w * a.h);
+        i64 ylo, yhi, xlo, xhi;
+        reach(iy, a.kh, a.sh, a.ph, 1, a.ho, &ylo, &yhi);
+        reach(ix, a.kw, a.sw, a.pw, 1, a.wo, &xlo, &xhi);
+        float acc = 0.0f;
+        for (i64 oy = ylo; oy <= yhi; oy++) {
+            i64 y0, y1, fy;
+            avg_window(oy, a.kh, a.sh, a.ph, a.h, &y0, &y1, &fy);
+            if (iy < y0 || iy >= y1) continue;
+            for (i64 ox = xlo; ox <= xhi; ox++) {
+                i64 x0, x1, fx;
+                avg_window(ox, a.kw, a.sw, a.pw, a.w, &x0, &x1, &fx);
+                if (ix < x0 || ix >= x1) continue;
+                float div = avg_divisor(a, y0, y1, fy, x0, x1, fx);
+                acc += to_f32(g[(pl * a.ho + oy) * a.wo + ox]) / div;
+            }
+        }
+        gx[i] = from_f32<T>(acc);
+    }
+}
+
+// Adaptive window of output o: [o*len/out, ceil((o+1)*len/out)).
+__device__ __forceinline__ i64 adaptive_start(i64 o, i64 out, i64 len) { return (o * len) / out; }
+__device__ __forceinline__ i64 adaptive_end(i64 o, i64 out, i64 len) {
+    return ((o + 1) * len + out - 1) / out;
+}
+
+template <typename T>
+__device__ void adaptive_avg_pool(const T* x, T* y, PoolArgs a) {
+    i64 n = a.planes * a.ho * a.wo;
+    FOR_EACH(o, n) {
+        i64 ox = o % a.wo, oy = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
+        const T* src = x + pl * a.h * a.w;
+        i64 y0 = adaptive_start(oy, a.ho, a.h), y1 = adaptive_end(oy, a.ho, a.h);
+        i64 x0 = adaptive_start(ox, a.wo, a.w), x1 = adaptive_end(ox, a.wo, a.w);
+        float sum = 0.0f;
+        for (i64 iy = y0; iy < y1; iy++)
+            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(src[iy * a.w + ix]);
+        y[o] = from_f32<T>(sum / (float)((y1 - y0) * (x1 - x0)));
+    }
+}
+
+template <typename T>
+__device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
+    i64 n = a.planes * a.h * a.w;
+    FOR_EACH(i, n) {
+        i64 ix = i % a.w, iy = (i / a.w) % a.h, pl = i / (a.w * a.h);
+        // Outputs whose window holds iy: floor(iy*ho/h) .. ceil((iy+1)*ho/h) - 1.
+        i64 ylo = (iy * a.ho) / a.h, yhi = ((iy + 1) * a.ho + a.h - 1) / a.h - 1;
+        i64 xlo = (ix * a.wo) / a.w, xhi = ((ix + 1) * a.wo + a.w - 1) / a.w - 1;
+        float acc = 0.0f;
+        for (i64 oy = ylo; oy <= yhi && oy < a.ho; oy++) {
+            i64 y0 = adaptive_start(oy, a.ho, a.h), y1 = adaptive_end(oy, a.ho, a.h);
+            if (iy < y0 || iy >= y1) continue;
+            for (i64 ox = xlo; ox <= xhi && ox < a.wo; ox++) {
+                i64 x0 = adaptive_start(ox, a.wo, a.w), x1 = adaptive_end(ox, a.wo, a.w);
+                if (ix < x0 || ix >= x1) continue;
+                float cnt = (float)((y1 - y0) * (x1 - x0));
+                acc += to_f32(g[(pl * a.ho + oy) * a.wo + ox]) / cnt;
+            }
+        }
+        gx[i] = from_f32<T>(acc);
+    }
+}
+
+#define POOL(T)                                                                                 \
+    extern "C" __global__ void max_pool2d_##T(const T* x, T* y, i64* idx, PoolArgs a) {         \
+        max_pool<T>(x, y, idx, a);                                                              \
+    }                                                                                           \
+    extern "C" __global__ void max_pool2d_backward_##T(const T* g, const i64* idx, T* gx,       \
+                                                       PoolArgs a) {                            \
+        max_pool_backward<T>(g, idx, gx, a);                                                    \
+    }                                                                                           \
+    extern "C" __global__ void avg_pool2d_##T(const T* x, T* y, PoolArgs a) {                   \
+        avg_pool<T>(x, y, a);                                                                   \
+    }                                                                                           \
+    extern "C" __global__ void avg_pool2d_backward_##T(const T* g, T* gx, PoolArgs a) {         \
+        avg_pool_backward<T>(g, gx, a);                                                         \
+    }                                                                                           \
+    extern "C" __global__ void adaptive_avg_pool2d_##T(const T* x, T* y, PoolArgs a) {          \
+        adaptive_avg_pool<T>(x, y, a);                                                          \
+    }                                                                                           \
+    extern "C" __global__ void adaptive_avg_pool2d_backward_##T(const T* g, T* gx, PoolArgs a) { \
+        adaptive_avg_pool_backward<T>(g, gx, a);                                                \
+    }
+
+POOL(float)
+POOL(f16)
+POOL(bf16)

@@ -1,0 +1,152 @@
+//! Launchers for `cuda/pool.cu`: max, average and adaptive average 2-D pooling and their
+//! backward passes over contiguous NCHW inputs (a strided view is copied first).
+//!
+//! Unverified: written after the GPU session ended; not yet run on a GPU.
+
+use super::storage::{float_kname, grid, CudaStorage};
+use crate::backend::cpu::PoolDims;
+use crate::backend::ops::Pool2dParams;
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+/// `cuda/pool.cu`'s `PoolArgs`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct PoolArgs {
+    planes: i64,
+    h: i64,
+    w: i64,
+    ho: i64,
+    wo: i64,
+    kh: i64,
+    kw: i64,
+    sh: i64,
+    sw: i64,
+    ph: i64,
+    pw: i64,
+    dh: i64,
+    dw: i64,
+    count_include_pad: i32,
+}
+
+// SAFETY: plain old data with the C layout the kernels declare.
+unsafe impl DeviceRepr for PoolArgs {}
+
+fn args(d: &PoolDims, p: Option<&Pool2dParams>) -> PoolArgs {
+    let i = |v: usize| v as i64;
+    let p = p.copied().unwrap_or(Pool2dParams {
+        kernel: [1, 1],
+        stride: [1, 1],
+        padding: [0, 0],
+        dilation: [1, 1],
+        ceil_mode: false,
+        count_include_pad: false,
+    });
+    PoolArgs {
+        planes: i(d.planes),
+        h: i(d.h),
+        w: i(d.w),
+        ho: i(d.ho),
+        wo: i(d.wo),
+        kh: i(p.kernel[0]),
+        kw: i(p.kernel[1]),
+        sh: i(p.stride[0]),
+        sw: i(p.stride[1]),
+        ph: i(p.padding[0]),
+        pw: i(p.padding[1]),
+        dh: i(p.dilation[0]),
+        dw: i(p.dilation[1]),
+        count_include_pad: p.count_include_pad as i32,
+    }
+}
+
+/// Which pooling: the kernel's name stem and whether it takes window parameters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pool {
+    Avg,
+    Adaptive,
+}
+
+/// Max pooling: values and the flat in-plane index of each maximum (I64), as on the CPU.
+pub(crate) fn max_pool2d(
+    x: &CudaStorage,
+    l: &Layout,
+    d: &PoolDims,
+    p: &Pool2dParams,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let t = float_kname("max_pool2d", x.dtype())?;
+    let x = x.contiguous(l)?;
+    let n = d.planes * d.ho * d.wo;
+    let (y, idx) = (
+        CudaStorage::alloc_on(x.rt(), x.dtype(), n)?,
+        CudaStorage::alloc_on(x.rt(), DType::I64, n)?,
+    );
+    let (a, xp, yp, ip) = (args(d, Some(p)), x.ptr(), y.ptr(), idx.ptr());
+    launch!(
+        x,
+        "pool",
+        format!("max_pool2d_{t}"),
+        grid(n),
+        &xp,
+        &yp,
+        &ip,
+        &a
+    );
+    Ok((y, idx))
+}
+
+/// Backward of max pooling: each input cell gathers the gradients of the outputs whose index
+/// names it.
+pub(crate) fn max_pool2d_backward(
+    g: &CudaStorage,
+    lg: &Layout,
+    idx: &CudaStorage,
+    d: &PoolDims,
+    p: &Pool2dParams,
+) -> Result<CudaStorage> {
+    let t = float_kname("max_pool2d_backward", g.dtype())?;
+    if idx.dtype() != DType::I64 || idx.len() != d.planes * d.ho * d.wo {
+        return Err(Error::DType {
+            op: "max_pool2d_backward",
+            dtype: idx.dtype(),
+            expected: "I64 indices, one per output cell",
+        });
+    }
+    let g = g.contiguous(lg)?;
+    let n = d.planes * d.h * d.w;
+    let gx = CudaStorage::alloc_on(g.rt(), g.dtype(), n)?;
+    let (a, gp, ip, xp) = (args(d, Some(p)), g.ptr(), idx.ptr(), gx.ptr());
+    let name = format!("max_pool2d_backward_{t}");
+    launch!(g, "pool", name, grid(n), &gp, &ip, &xp, &a);
+    Ok(gx)
+}
+
+/// Average (`p` given) or adaptive average (`p` `None`) pooling, forward or backward.
+pub(crate) fn avg_pool2d(
+    x: &CudaStorage,
+    l: &Layout,
+    d: &PoolDims,
+    kind: Pool,
+    p: Option<&Pool2dParams>,
+    backward: bool,
+) -> Result<CudaStorage> {
+    let stem = match kind {
+        Pool::Avg => "avg_pool2d",
+        Pool::Adaptive => "adaptive_avg_pool2d",
+    };
+    let t = float_kname(stem, x.dtype())?;
+    let x = x.contiguous(l)?;
+    let n = match backward {
+        true => d.planes * d.h * d.w,
+        false => d.planes * d.ho * d.wo,
+    };
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let (a, xp, op) = (args(d, p), x.ptr(), out.ptr());
+    let name = match backward {
+        true => format!("{stem}_backward_{t}"),
+        false => format!("{stem}_{t}"),
+    };
+    launch!(x, "pool", name, grid(n), &xp, &op, &a);
+    Ok(out)
+}
