@@ -177,6 +177,10 @@ fn run(args: Args) -> Result<()> {
         "auto" => Device::best(),
         d => Device::parse(d)?.check_available()?,
     };
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(n) = device {
+        println!("{}", mantissa::backend::cuda::probe::report(n)?);
+    }
     let low = match args.precision.as_str() {
         "fp32" => None,
         "fp16" => Some(DType::F16),
