@@ -7,8 +7,8 @@ use crate::{Error, Result};
 /// `Cuda(n)` names the n-th GPU. Where there is none (no driver library, no device, no
 /// NVRTC), placing data there returns [`Error::CudaUnavailable`], whose reason names what is
 /// missing. On CUDA, elementwise ops, casts, reductions, softmax, dropout, matrix products
-/// (cuBLAS), convolutions (cuDNN), pooling and optimizer updates have device kernels;
-/// indexing still runs on a host copy of its inputs.
+/// (cuBLAS), convolutions (cuDNN), pooling, indexing and optimizer updates have device
+/// kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     #[default]

@@ -496,3 +496,69 @@ fn pooling_matches() {
         });
     }
 }
+
+/// Indexing on the device: index_select along each dim and of a transposed view (its
+/// backward adds repeated rows in order), gather and scatter_add with repeated indices,
+/// embedding (forward and the weight's gradient), and integer tensors taken by width.
+#[test]
+fn indexing_matches() {
+    let Some(d) = gpu() else { return };
+    let idx = |v: Vec<i64>| Tensor::from_vec(v.clone(), &[v.len()], Device::Cpu).unwrap();
+    for dt in FLOATS {
+        let x = input(&[6, 7], dt, 60);
+        let rows = idx(vec![5, 0, 0, 3, 5, 5, 1]);
+        parity("index_select dim 0", d, &[x.clone(), rows.clone()], |x| {
+            x[0].index_select(0, &x[1])
+        });
+        parity(
+            "index_select dim 1",
+            d,
+            &[x.clone(), idx(vec![6, 2, 2])],
+            |x| x[0].index_select(1, &x[1]),
+        );
+        parity(
+            "index_select of a transposed view",
+            d,
+            &[x.clone(), rows.clone()],
+            |x| x[0].t()?.index_select(1, &x[1]),
+        );
+        let g = Tensor::from_vec(
+            vec![0i64, 6, 6, 1, 2, 2, 3, 3, 3, 4, 5, 0],
+            &[4, 3],
+            Device::Cpu,
+        )
+        .unwrap();
+        parity("gather dim 1", d, &[x.clone(), g.clone()], |x| {
+            x[0].gather(1, &x[1])
+        });
+        let g0 = Tensor::from_vec(vec![5i64, 5, 0, 1, 1, 1, 2, 4], &[2, 4], Device::Cpu).unwrap();
+        parity("gather dim 0", d, &[x.clone(), g0.clone()], |x| {
+            x[0].gather(0, &x[1])
+        });
+        let src = input(&[2, 4], dt, 61);
+        parity("scatter_add dim 0", d, &[x.clone(), g0, src], |x| {
+            x[0].scatter_add(0, &x[1], &x[2])
+        });
+        let table = input(&[9, 5], dt, 62);
+        let tokens = Tensor::from_vec(vec![8i64, 1, 1, 0, 8, 3], &[2, 3], Device::Cpu).unwrap();
+        parity("embedding", d, &[tokens, table], |x| {
+            Tensor::embedding(&x[0], &x[1])
+        });
+    }
+    for (name, t) in [
+        (
+            "i64",
+            Tensor::from_vec((0..42i64).collect(), &[6, 7], Device::Cpu).unwrap(),
+        ),
+        (
+            "u8",
+            Tensor::from_vec((0..42u8).collect(), &[6, 7], Device::Cpu).unwrap(),
+        ),
+    ] {
+        let want = t.index_select(0, &idx(vec![4, 4, 1])).unwrap();
+        let got = own(&t, d)
+            .index_select(0, &idx(vec![4, 4, 1]).to_device(d).unwrap())
+            .unwrap();
+        assert_eq!(vals(&got), vals(&want), "index_select of {name}");
+    }
+}

@@ -384,14 +384,12 @@ impl Storage {
         cpu::index::indices(op, &*self.host()?, l, dim, size)
     }
 
-    // The index, optimizer, convolution and pooling ops below have no CUDA kernels yet: on a
-    // device they run on the host copy of their inputs (`host` / `place`).
-
     pub(crate) fn index_select(&self, l: &Layout, dim: usize, idx: &[usize]) -> Result<Storage> {
-        Storage::place(
-            cpu::index_select(&*self.host()?, l, dim, idx),
-            self.device(),
-        )
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::index_select(s, l, dim, idx))),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::index::index_select(s, l, dim, idx)?)),
+        }
     }
 
     pub(crate) fn gather(
@@ -401,10 +399,13 @@ impl Storage {
         idx: &[usize],
         idx_shape: &[usize],
     ) -> Result<Storage> {
-        Storage::place(
-            cpu::gather(&*self.host()?, l, dim, idx, idx_shape),
-            self.device(),
-        )
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::gather(s, l, dim, idx, idx_shape))),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::index::gather(
+                s, l, dim, idx, idx_shape,
+            )?)),
+        }
     }
 
     /// Runs an in-place host op on this storage (a device storage is downloaded, updated and
@@ -432,6 +433,13 @@ impl Storage {
         sl: &Layout,
     ) -> Result<()> {
         common_device("scatter_add", &[self, src])?;
+        #[cfg(feature = "cuda")]
+        if let (Storage::Cuda(d), Storage::Cuda(s)) = (&mut *self, src) {
+            if d.dtype().is_float() {
+                return cuda::index::scatter_add(d, shape, dim, idx, idx_shape, s, sl);
+            }
+        }
+        // Integer sums on a device go through the host.
         let s = src.host()?;
         self.update_on_host(|d| cpu::scatter_add(d, shape, dim, idx, idx_shape, &s, sl))
     }
@@ -445,6 +453,13 @@ impl Storage {
         sl: &Layout,
     ) -> Result<()> {
         common_device("index_add", &[self, src])?;
+        #[cfg(feature = "cuda")]
+        if let (Storage::Cuda(d), Storage::Cuda(s)) = (&mut *self, src) {
+            if d.dtype().is_float() {
+                return cuda::index::index_add(d, shape, dim, idx, s, sl);
+            }
+        }
+        // Integer sums on a device go through the host.
         let s = src.host()?;
         self.update_on_host(|d| cpu::index_add(d, shape, dim, idx, &s, sl))
     }

@@ -38,7 +38,7 @@ pub(crate) fn indices(
 
 /// Storage offset, under `l`, of the element at multi-index `pos` with `pos[dim]` replaced by
 /// `at`.
-fn offset_with(l: &Layout, pos: &[usize], dim: usize, at: usize) -> usize {
+pub(crate) fn offset_with(l: &Layout, pos: &[usize], dim: usize, at: usize) -> usize {
     let mut o = l.offset();
     for (d, (&p, &s)) in pos.iter().zip(l.strides()).enumerate() {
         o += if d == dim { at } else { p } * s;
@@ -47,7 +47,7 @@ fn offset_with(l: &Layout, pos: &[usize], dim: usize, at: usize) -> usize {
 }
 
 /// Advances a row-major multi-index over `shape`.
-fn step(pos: &mut [usize], shape: &[usize]) {
+pub(crate) fn step(pos: &mut [usize], shape: &[usize]) {
     for d in (0..shape.len()).rev() {
         pos[d] += 1;
         if pos[d] < shape[d] {

@@ -8,6 +8,7 @@ pub const PRELUDE: &str = include_str!("../../../cuda/prelude.cuh");
 pub const KERNELS: &[(&str, &str)] = &[
     ("cast", include_str!("../../../cuda/cast.cu")),
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
+    ("index", include_str!("../../../cuda/index.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
     ("pool", include_str!("../../../cuda/pool.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),

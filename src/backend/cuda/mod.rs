@@ -1,13 +1,14 @@
 //! The CUDA backend (feature `cuda`): library discovery, device probing and report, the NVRTC
 //! kernel compiler with its disk cache, a per-device runtime (context, stream, loaded kernels,
 //! caching allocator, cuBLAS and cuDNN handles), device storage with transfers and casts,
-//! kernels for elementwise ops, reductions, softmax, dropout, pooling and optimizer updates,
-//! cuBLAS products and cuDNN convolutions. Indexing still runs on a host copy of its inputs
-//! until it gets kernels.
+//! kernels for elementwise ops, reductions, softmax, dropout, pooling, indexing and optimizer
+//! updates, cuBLAS products and cuDNN convolutions. Index tensors are checked on the host
+//! (one read of the indices, not of the data); integer scatter sums still go through the host.
 //!
 //! Run on an H100 (tests/cuda_parity.rs passing): transfers, casts, elementwise ops,
-//! reductions, softmax, dropout, products and the host fallbacks. Written since and not yet
-//! run on a GPU: the cuDNN convolutions, the pooling kernels and the optimizer-update wiring.
+//! reductions, softmax, dropout, products, and convolution, pooling, indexing and optimizer
+//! updates through host copies. Written since and not yet run on a GPU: the cuDNN
+//! convolutions and the device kernels for pooling, indexing and optimizer updates.
 
 /// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
 /// given as references to locals (cudarc stores argument pointers until the launch).
@@ -28,6 +29,7 @@ macro_rules! launch {
 }
 
 pub mod conv;
+pub mod index;
 pub mod kernels;
 pub mod libs;
 pub mod nvrtc;
