@@ -2,13 +2,19 @@
 //! compared norm-wise within a band per dtype (transfers, casts and dropout masks bit for
 //! bit). Without a GPU each test prints `skipped: no CUDA device` and passes.
 //!
-//! Written without a GPU: none of these has run on one yet.
+//! Ran and passed on an H100 (2026-11-22): transfers_and_casts, unary, binary, reductions,
+//! matrix products, dropout, host_fallback_ops (convolution, pooling, cross-entropy and
+//! index_select, then on host copies) and the SGD step. Written after that run and not yet
+//! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
+//! indexing_matches and composite_ops_match (each was run with the CPU standing in for the
+//! GPU, which checks the tests themselves, not the device code).
 #![cfg(feature = "cuda")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
 mod common;
 use common::*;
+use mantissa::nn::Module;
 use mantissa::optim::Optimizer;
 use mantissa::*;
 
@@ -560,5 +566,125 @@ fn indexing_matches() {
             .index_select(0, &idx(vec![4, 4, 1]).to_device(d).unwrap())
             .unwrap();
         assert_eq!(vals(&got), vals(&want), "index_select of {name}");
+    }
+}
+
+/// The ops not covered above, most of them built from the device primitives: joins and views
+/// (cat, stack, split, narrow, expand, copy_ into a strided view), masked_fill, pow, var,
+/// batch and layer norm, the losses, conv_transpose2d and a two-layer LSTM.
+#[test]
+fn composite_ops_match() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let (a, b) = (input(&[4, 6], dt, 70), input(&[4, 6], dt, 71));
+        parity("cat", d, &[a.clone(), b.clone()], |x| {
+            Tensor::cat(&[&x[0], &x[1].t()?.t()?], 1)
+        });
+        parity("stack", d, &[a.clone(), b.clone()], |x| {
+            Tensor::stack(&[&x[0], &x[1]], 0)
+        });
+        parity("split and narrow", d, &[a.clone()], |x| {
+            let parts = x[0].split(4, 1)?;
+            parts[1].mul(&x[0].narrow(1, 0, 2)?)
+        });
+        parity("expand", d, &[input(&[4, 1], dt, 72)], |x| {
+            x[0].expand(&[4, 5])?.mul(2.0)
+        });
+        parity("masked_fill", d, &[a.clone(), b.clone()], |x| {
+            x[0].masked_fill(&x[1].gt(0.0)?, -3.0)
+        });
+        parity("pow", d, &[a.clone(), b.clone()], |x| {
+            x[0].abs()?.add(0.5)?.pow(&x[1])
+        });
+        parity("scalar pow", d, &[a.clone()], |x| {
+            x[0].abs()?.add(0.5)?.pow(1.7)
+        });
+        parity("var", d, &[a.clone()], |x| x[0].var(&[1], 1, false));
+        parity("minimum, min", d, &[a.clone(), b.clone()], |x| {
+            Ok(x[0].minimum(&x[1])?.min(0, false)?.0)
+        });
+        parity("cos", d, &[a.clone()], |x| x[0].cos());
+
+        let img = input(&[3, 4, 5, 5], dt, 73);
+        let (gamma, beta) = (input(&[4], dt, 74), input(&[4], dt, 75));
+        parity(
+            "batch_norm (batch statistics)",
+            d,
+            &[img.clone(), gamma.clone(), beta.clone()],
+            |x| x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5),
+        );
+        let seq = input(&[3, 7, 8], dt, 76);
+        let (lw, lb) = (input(&[7, 8], dt, 77), input(&[7, 8], dt, 78));
+        parity("layer_norm", d, &[seq.clone(), lw, lb], |x| {
+            x[0].layer_norm(&[7, 8], Some(&x[1]), Some(&x[2]), 1e-5)
+        });
+
+        let logits = input(&[6, 5], dt, 79);
+        let target = Tensor::from_vec(vec![4i64, -100, 0, 2, 2, 1], &[6], Device::Cpu).unwrap();
+        let opts = CrossEntropyOptions {
+            label_smoothing: 0.1,
+            ..Default::default()
+        };
+        parity(
+            "cross_entropy (smoothing, ignore_index)",
+            d,
+            &[logits.clone(), target],
+            |x| x[0].cross_entropy(&x[1], opts),
+        );
+        let y = input(&[6, 5], dt, 80);
+        parity("mse_loss", d, &[logits.clone(), y.clone()], |x| {
+            x[0].mse_loss(&x[1], Reduction::Mean)
+        });
+        parity("bce_with_logits", d, &[logits.clone(), y], |x| {
+            x[0].bce_with_logits(&x[1].sigmoid()?, Reduction::Sum)
+        });
+
+        let w = input(&[4, 3, 3, 3], dt, 81);
+        let topts = ConvTranspose2dOptions {
+            stride: [2, 2],
+            padding: [1, 1],
+            output_padding: [1, 0],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        parity("conv_transpose2d", d, &[img.clone(), w], |x| {
+            x[0].conv_transpose2d(&x[1], None, topts)
+        });
+    }
+    // A two-layer LSTM, batch first, from a given state: output and final state on both
+    // devices (f32; the cell is built from the device primitives).
+    let mut gen = Generator::new(3);
+    let mut lstm = nn::Lstm::new(6, 5, 2, true, &mut gen).unwrap();
+    let x = input(&[3, 4, 6], DType::F32, 82);
+    let (h0, c0) = (
+        input(&[2, 3, 5], DType::F32, 83),
+        input(&[2, 3, 5], DType::F32, 84),
+    );
+    let run = |lstm: &nn::Lstm, dev: Device| -> Vec<Vec<f64>> {
+        let (y, (h, c)) = lstm
+            .forward_with_state(
+                &x.to_device(dev).unwrap(),
+                Some((&h0.to_device(dev).unwrap(), &c0.to_device(dev).unwrap())),
+            )
+            .unwrap();
+        y.sum_all().unwrap().backward().unwrap();
+        let grads: Vec<f64> = lstm
+            .parameters()
+            .iter()
+            .flat_map(|p| vals(&p.grad().unwrap()))
+            .collect();
+        vec![vals(&y), vals(&h), vals(&c), grads]
+    };
+    let want = run(&lstm, Device::Cpu);
+    lstm.zero_grad();
+    lstm.to_device(d).unwrap();
+    let got = run(&lstm, d);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(
+            g,
+            w,
+            1e-5,
+            &format!("lstm output {i} (y, h, c, parameter grads)"),
+        );
     }
 }
