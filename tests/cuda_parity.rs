@@ -571,7 +571,8 @@ fn indexing_matches() {
 
 /// The ops not covered above, most of them built from the device primitives: joins and views
 /// (cat, stack, split, narrow, expand, copy_ into a strided view), masked_fill, pow, var,
-/// batch and layer norm, the losses, conv_transpose2d and a two-layer LSTM.
+/// batch and layer norm, the losses, conv_transpose2d, the fused LSTM cell and a two-layer
+/// LSTM.
 #[test]
 fn composite_ops_match() {
     let Some(d) = gpu() else { return };
@@ -639,6 +640,11 @@ fn composite_ops_match() {
             x[0].bce_with_logits(&x[1].sigmoid()?, Reduction::Sum)
         });
 
+        let (gates, cell) = (input(&[5, 24], dt, 85), input(&[5, 12], dt, 86));
+        parity("lstm_cell (h and c', strided c)", d, &[gates, cell], |x| {
+            let (h, c2) = Tensor::lstm_cell(&x[0], &x[1].narrow(1, 3, 6)?)?;
+            Tensor::cat(&[&h, &c2], 1)
+        });
         let w = input(&[4, 3, 3, 3], dt, 81);
         let topts = ConvTranspose2dOptions {
             stride: [2, 2],
@@ -651,8 +657,8 @@ fn composite_ops_match() {
             x[0].conv_transpose2d(&x[1], None, topts)
         });
     }
-    // A two-layer LSTM, batch first, from a given state: output and final state on both
-    // devices (f32; the cell is built from the device primitives).
+    // A two-layer LSTM, batch first, from a given state: output, final state and parameter
+    // gradients on both devices (f32).
     let mut gen = Generator::new(3);
     let mut lstm = nn::Lstm::new(6, 5, 2, true, &mut gen).unwrap();
     let x = input(&[3, 4, 6], DType::F32, 82);

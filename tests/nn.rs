@@ -179,3 +179,83 @@ fn lstm_gradients_match_finite_differences() {
         y.sum_all()?.add(&h.mul(&c)?.sum_all()?)
     });
 }
+
+/// The fused LSTM cell against finite differences (f64, both outputs used, the cell state a
+/// strided view), against the unfused gate equations built from elementwise ops in every
+/// float dtype, and its shape errors.
+#[test]
+fn fused_lstm_cell_matches_the_unfused_equations_and_finite_differences() {
+    let gates = leaf(&[3, 8], 11);
+    let c_wide = leaf(&[3, 4], 12);
+    gradcheck(&[gates.clone(), c_wide.clone()], |x| {
+        let c = x[1].narrow(1, 1, 2)?;
+        let (h, c2) = Tensor::lstm_cell(&x[0], &c)?;
+        h.mul(&c2.add(1.5)?)?.sum_all()
+    });
+    let unfused = |g: &Tensor, c: &Tensor| -> mantissa::Result<(Tensor, Tensor)> {
+        let hs = c.shape()[1];
+        let gate = |k: usize| g.narrow(1, k * hs, hs);
+        let (i, f) = (gate(0)?.sigmoid()?, gate(1)?.sigmoid()?);
+        let (gg, o) = (gate(2)?.tanh()?, gate(3)?.sigmoid()?);
+        let c2 = f.mul(c)?.add(&i.mul(&gg)?)?;
+        Ok((o.mul(&c2.tanh()?)?, c2))
+    };
+    for (dt, tol) in [
+        (DType::F64, 1e-12),
+        (DType::F32, 1e-6),
+        (DType::BF16, 1e-2),
+        (DType::F16, 2e-3),
+    ] {
+        let run = |fused: bool| -> Vec<Vec<f64>> {
+            let g = f32s(&[5, 24], 13)
+                .to_dtype(dt)
+                .unwrap()
+                .requires_grad(true)
+                .unwrap();
+            let c = f32s(&[5, 6], 14)
+                .to_dtype(dt)
+                .unwrap()
+                .requires_grad(true)
+                .unwrap();
+            let (h, c2) = if fused {
+                Tensor::lstm_cell(&g, &c).unwrap()
+            } else {
+                unfused(&g, &c).unwrap()
+            };
+            let w = f32s(&[5, 6], 15).to_dtype(dt).unwrap();
+            h.mul(&w)
+                .unwrap()
+                .add(&c2.mul(&w.sin().unwrap()).unwrap())
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            vec![
+                vals(&h),
+                vals(&c2),
+                vals(&g.grad().unwrap()),
+                vals(&c.grad().unwrap()),
+            ]
+        };
+        let (got, want) = (run(true), run(false));
+        for (k, what) in ["h", "c'", "d gates", "d c"].iter().enumerate() {
+            assert_close(
+                &got[k],
+                &want[k],
+                tol,
+                &format!("lstm_cell {what} ({dt:?})"),
+            );
+        }
+    }
+    let z = |s: &[usize]| Tensor::zeros(s, DType::F32, Device::Cpu).unwrap();
+    assert!(
+        Tensor::lstm_cell(&z(&[2, 12]), &z(&[2, 4])).is_err(),
+        "4H != 12"
+    );
+    assert!(
+        Tensor::lstm_cell(&z(&[2, 12]), &z(&[3, 3])).is_err(),
+        "batch differs"
+    );
+    assert!(Tensor::lstm_cell(&z(&[2, 12]), &z(&[2, 3]).to_dtype(DType::F16).unwrap()).is_err());
+}

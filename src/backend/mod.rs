@@ -583,6 +583,38 @@ impl Storage {
         }
     }
 
+    /// The fused LSTM cell: `[h | c']` from gates `[B, 4H]` and the cell state `[B, H]`.
+    pub(crate) fn lstm_cell(&self, lg: &Layout, c: &Storage, lc: &Layout) -> Result<Storage> {
+        match pair("lstm_cell", self, c)? {
+            Pair::Cpu(g, c) => Ok(Storage::Cpu(cpu::lstm_cell(g, lg, c, lc)?)),
+            #[cfg(feature = "cuda")]
+            Pair::Cuda(g, c) => Ok(Storage::Cuda(cuda::rnn::lstm_cell(g, lg, c, lc)?)),
+        }
+    }
+
+    /// `[d gates | d c]` `[B, 5H]` of the fused LSTM cell from the gradient of `[h | c']`.
+    pub(crate) fn lstm_cell_backward(
+        &self,
+        lg: &Layout,
+        c: &Storage,
+        lc: &Layout,
+        d: &Storage,
+        ld: &Layout,
+    ) -> Result<Storage> {
+        common_device("lstm_cell backward", &[self, c, d])?;
+        match (self, c, d) {
+            (Storage::Cpu(g), Storage::Cpu(c), Storage::Cpu(d)) => {
+                Ok(Storage::Cpu(cpu::lstm_cell_backward(g, lg, c, lc, d, ld)?))
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(g), Storage::Cuda(c), Storage::Cuda(d)) => Ok(Storage::Cuda(
+                cuda::rnn::lstm_cell_backward(g, lg, c, lc, d, ld)?,
+            )),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
+    }
+
     pub(crate) fn conv2d(
         &self,
         l: &Layout,

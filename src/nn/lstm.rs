@@ -102,7 +102,6 @@ impl Lstm {
                 (z.clone(), z)
             }
         };
-        let hs = self.hidden;
         let mut seq = x;
         let (mut hn, mut cn) = (Vec::new(), Vec::new());
         for (l, layer) in self.layers.iter().enumerate() {
@@ -118,11 +117,7 @@ impl Lstm {
                     .narrow(0, t, 1)?
                     .squeeze(0)?
                     .add(&h.matmul(&layer.w_hh.t()?)?)?;
-                let gate = |k: usize| gates.narrow(1, k * hs, hs);
-                let (i, f) = (gate(0)?.sigmoid()?, gate(1)?.sigmoid()?);
-                let (g, o) = (gate(2)?.tanh()?, gate(3)?.sigmoid()?);
-                c = f.mul(&c)?.add(&i.mul(&g)?)?;
-                h = o.mul(&c.tanh()?)?;
+                (h, c) = Tensor::lstm_cell(&gates, &c)?;
                 outs.push(h.clone());
             }
             let refs: Vec<&Tensor> = outs.iter().collect();

@@ -12,6 +12,7 @@ mod nn;
 mod norm;
 mod pool;
 mod reduce;
+mod rnn;
 
 pub use conv::{Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
@@ -79,6 +80,7 @@ pub enum Op {
     BatchNorm,
     LayerNorm,
     Dropout,
+    LstmCell,
 }
 
 impl Op {
@@ -86,7 +88,7 @@ impl Op {
     pub fn cast_policy(self) -> CastPolicy {
         use Op::*;
         match self {
-            Matmul | Linear | Conv2d | ConvTranspose2d => CastPolicy::LowerPrecision,
+            Matmul | Linear | Conv2d | ConvTranspose2d | LstmCell => CastPolicy::LowerPrecision,
             Exp | Log | Log1p | Rsqrt | Recip | Pow | PowScalar | Sum | Softmax | LogSoftmax
             | CrossEntropy | NllLoss | MseLoss | BceWithLogits | LayerNorm | Var => {
                 CastPolicy::Fp32
@@ -154,6 +156,7 @@ impl Op {
             BatchNorm => "batch_norm",
             LayerNorm => "layer_norm",
             Dropout => "dropout",
+            LstmCell => "lstm_cell",
         }
     }
 }

@@ -10,12 +10,14 @@ mod matmul;
 mod nn;
 mod optim;
 mod reduce;
+mod rnn;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight, ConvDims};
 pub(crate) use nn::{
     adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
     log_softmax, max_pool2d, max_pool2d_backward, softmax, PoolDims,
 };
+pub(crate) use rnn::{lstm_cell, lstm_cell_backward};
 
 use crate::dtype::WithDType;
 use crate::layout::Layout;

@@ -14,6 +14,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("amp", include_str!("../../../cuda/amp.cu")),
     ("random", include_str!("../../../cuda/random.cu")),
     ("reduce", include_str!("../../../cuda/reduce.cu")),
+    ("rnn", include_str!("../../../cuda/rnn.cu")),
     (
         "softmax_xent",
         include_str!("../../../cuda/softmax_xent.cu"),

@@ -37,5 +37,6 @@ pub mod ops;
 pub mod optim;
 pub mod pool;
 pub mod probe;
+pub mod rnn;
 pub mod runtime;
 pub mod storage;

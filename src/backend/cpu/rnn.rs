@@ -1,0 +1,117 @@
+//! The LSTM cell's pointwise part, fused: from the gate pre-activations `[B, 4H]` (input,
+//! forget, cell, output blocks, PyTorch's order) and the previous cell state `[B, H]` to
+//! `[h | c]` `[B, 2H]`, and back. Math runs in the accumulation type (f32 for half storage);
+//! the activations are recomputed in the backward pass rather than saved.
+
+use super::{contiguous, map_pair, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
+use crate::layout::Layout;
+use crate::Result;
+use num_traits::Float;
+use rayon::prelude::*;
+
+fn sigmoid<A: Float>(x: A) -> A {
+    A::one() / (A::one() + (-x).exp())
+}
+
+/// The four activations of element `j` of a row of gates.
+fn acts<T: CpuElem>(row: &[T], h: usize, j: usize) -> [T::Acc; 4] {
+    [
+        sigmoid(row[j].to_acc()),
+        sigmoid(row[h + j].to_acc()),
+        row[2 * h + j].to_acc().tanh(),
+        sigmoid(row[3 * h + j].to_acc()),
+    ]
+}
+
+/// Runs `f(b, gates_row, c_row, out_row)` over the batch rows `b`, in parallel when large.
+fn rows<T: CpuElem, U: Copy + Send + Sync + Default>(
+    batch: usize,
+    width: usize,
+    g: &[T],
+    c: &[T],
+    h: usize,
+    f: impl Fn(usize, &[T], &[T], &mut [U]) + Sync,
+) -> Vec<U> {
+    let mut out = vec![U::default(); batch * width];
+    if width == 0 {
+        return out;
+    }
+    let job =
+        |(b, o): (usize, &mut [U])| f(b, &g[b * 4 * h..(b + 1) * 4 * h], &c[b * h..(b + 1) * h], o);
+    if g.len() >= PAR_MIN {
+        out.par_chunks_mut(width).enumerate().for_each(job);
+    } else {
+        out.chunks_mut(width).enumerate().for_each(job);
+    }
+    out
+}
+
+/// `[h | c']` with `c' = f c + i g` and `h = o tanh(c')`.
+pub(crate) fn lstm_cell(
+    gates: &CpuStorage,
+    lg: &Layout,
+    c: &CpuStorage,
+    lc: &Layout,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(g: &[T], lg: &Layout, c: &[T], lc: &Layout) -> CpuStorage {
+        let (g, c) = (contiguous(g, lg), contiguous(c, lc));
+        let (batch, h) = (lc.shape()[0], lc.shape()[1]);
+        rows(batch, 2 * h, &g, &c, h, |_, gr, cr, out: &mut [T]| {
+            for j in 0..h {
+                let [i, f, gg, o] = acts(gr, h, j);
+                let c2 = f * cr[j].to_acc() + i * gg;
+                out[j] = T::from_acc(o * c2.tanh());
+                out[h + j] = T::from_acc(c2);
+            }
+        })
+        .into_storage()
+    }
+    Ok(map_pair!("lstm_cell", gates, c, g, cs => go(g, lg, cs, lc)))
+}
+
+/// Gradients of the gates `[B, 4H]` and of the previous cell state `[B, H]`, concatenated as
+/// `[B, 5H]`, from the gradient of `[h | c']` (`dhc`, `[B, 2H]`).
+pub(crate) fn lstm_cell_backward(
+    gates: &CpuStorage,
+    lg: &Layout,
+    c: &CpuStorage,
+    lc: &Layout,
+    dhc: &CpuStorage,
+    ld: &Layout,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(
+        g: &[T],
+        lg: &Layout,
+        c: &[T],
+        lc: &Layout,
+        dhc: &CpuStorage,
+        ld: &Layout,
+    ) -> Result<CpuStorage> {
+        let d = T::slice(dhc).ok_or(crate::Error::DTypeMismatch {
+            op: "lstm_cell backward",
+            lhs: T::DTYPE,
+            rhs: dhc.dtype(),
+        })?;
+        let (g, c, d) = (contiguous(g, lg), contiguous(c, lc), contiguous(d, ld));
+        let (batch, h) = (lc.shape()[0], lc.shape()[1]);
+        let one = <T::Acc as num_traits::One>::one();
+        Ok(rows(batch, 5 * h, &g, &c, h, |b, gr, cr, out: &mut [T]| {
+            let dr = &d[b * 2 * h..(b + 1) * 2 * h];
+            for j in 0..h {
+                let [i, f, gg, o] = acts(gr, h, j);
+                let cp = cr[j].to_acc();
+                let c2 = f * cp + i * gg;
+                let th = c2.tanh();
+                let (dh, dc2) = (dr[j].to_acc(), dr[h + j].to_acc());
+                let dc = dc2 + dh * o * (one - th * th);
+                out[j] = T::from_acc(dc * gg * i * (one - i));
+                out[h + j] = T::from_acc(dc * cp * f * (one - f));
+                out[2 * h + j] = T::from_acc(dc * i * (one - gg * gg));
+                out[3 * h + j] = T::from_acc(dh * th * o * (one - o));
+                out[4 * h + j] = T::from_acc(dc * f);
+            }
+        })
+        .into_storage())
+    }
+    Ok(map_pair!("lstm_cell backward", gates, c, g, cs => go(g, lg, cs, lc, dhc, ld)?))
+}
