@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (the device tool): puts the CUDA libraries on the loader path,
-# then runs gpu_check, the CUDA tests and the M1 peer, writing logs under $OUT.
-# Prepare here first with `bash bench/prepare_gpu.sh`, then run with `.gpu` carried:
-#   bash bench/gpu_session.sh
+# One call on the GPU machine (the device tool) that runs every GPU check and writes logs
+# under $OUT: gpu_check, the CUDA test binaries, the M1 GEMM peer, and the MNIST CNN on the
+# GPU side by side with its PyTorch peer (fp16 autocast, cudnn.benchmark). Prepare here first
+# with `bash bench/prepare_gpu.sh`, then run with `.gpu` carried:
+#   bash bench/gpu_session.sh            # everything (about 5 minutes)
+#   bash bench/gpu_session.sh quick      # gpu_check and the tests only
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-dirs=$(find / \( -name 'libcudnn.so.9' -o -name 'libcublasLt.so.13' -o -name 'libcublas.so.13' \
-    -o -name 'libnvrtc.so.13' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
-export LD_LIBRARY_PATH="${dirs}${LD_LIBRARY_PATH:-}"
-export MANTISSA_CACHE_DIR=/tmp/mantissa-kernels
+cd "$(dirname "$0")/.."
+source bench/gpu_env.sh
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$OUT/env.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.log"
-run() { # name, command...
-    local name=$1; shift
+PY=python3
+[ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
+run() { # name, limit in seconds, command...
+    local name=$1 limit=$2; shift 2
     echo "== $name"
-    ( "$@" ) >"$OUT/$name.log" 2>&1
+    ( timeout "$limit" "$@" ) >"$OUT/$name.log" 2>&1
     echo "rc=$?" >>"$OUT/$name.log"
-    tail -n 25 "$OUT/$name.log"
+    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |GEMM|error|rc=|thread|panicked)" | tail -n 40
 }
-run gpu_check .gpu/gpu_check
-for t in .gpu/tests/*; do run "test-$(basename "$t")" "$t" --test-threads 1; done
-run matmul_peer python3 bench/matmul_peer_cuda.py --n 8192
+run gpu_check 120 .gpu/gpu_check
+for t in .gpu/tests/*; do run "test-$(basename "$t")" 240 "$t" --test-threads 1; done
+[ "${1:-}" = quick ] && exit 0
+run matmul_peer 120 $PY bench/matmul_peer_cuda.py --n 8192
+run mnist-cnn-fp16 300 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --precision fp16 \
+    --cudnn-benchmark --out /tmp/r
+run peer-cnn-fp16 300 $PY bench/mnist_peer.py --model cnn --optimizer adam --lr 3e-3 --one-cycle \
+    --epochs 3 --device cuda --amp fp16 --cudnn-benchmark

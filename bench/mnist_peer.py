@@ -67,6 +67,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--gamma", type=float, default=None, help="StepLR factor per epoch (default 0.7 cnn, 0.3 mlp)")
     ap.add_argument("--one-cycle", action="store_true", help="OneCycleLR per step with max lr = --lr")
+    ap.add_argument("--amp", default=None, choices=["fp16", "bf16"],
+                    help="autocast to this dtype (fp16 with a GradScaler), as mantissa's --precision")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -74,6 +77,9 @@ def main():
     xtr, ytr = load(root, True)
     xte, yte = load(root, False)
     dev = torch.device(a.device)
+    torch.backends.cudnn.benchmark = a.cudnn_benchmark
+    low = {"fp16": torch.float16, "bf16": torch.bfloat16, None: None}[a.amp]
+    scaler = torch.amp.GradScaler(dev.type, enabled=a.amp == "fp16")
     xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
     model = (Cnn() if a.model == "cnn" else mlp()).to(dev)
     kind = a.optimizer or ("adadelta" if a.model == "cnn" else "sgd")
@@ -96,10 +102,12 @@ def main():
         for i in range(0, n, a.batch_size):
             idx_ = perm[i:i + a.batch_size]
             x, y = xtr[idx_], ytr[idx_]
-            loss = F.cross_entropy(model(x), y)
+            with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
+                loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             if cycle is not None:
                 cycle.step()
             seen += y.numel()
@@ -109,9 +117,9 @@ def main():
         if cycle is None:
             sched.step()
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
             acc = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item() for i in range(0, 10000, 1000)) / 10000
-        print(f"torch {torch.__version__} {a.model} {kind} epoch {epoch + 1}: {seen / dt:.0f} samples/s, {dt:.1f} s, test acc {100 * acc:.2f}% ({a.threads} threads)")
+        print(f"torch {torch.__version__} {a.model} {kind} epoch {epoch + 1}: {seen / dt:.0f} samples/s, {dt:.1f} s, test acc {100 * acc:.2f}% ({a.threads} threads, {a.device}, {a.amp or 'fp32'})")
 
 
 if __name__ == "__main__":

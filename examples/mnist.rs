@@ -76,6 +76,11 @@ struct Args {
     /// masters the optimizer keeps (moments in f32; bf16 copies stochastically rounded).
     #[arg(long)]
     master_weights: bool,
+    /// On a GPU: time cuDNN's convolution algorithms once per shape and keep the fastest
+    /// (PyTorch's `cudnn.benchmark = True`).
+    #[arg(long)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cudnn_benchmark: bool,
     /// A fast run for trying things: 10k training and 2k test images, one epoch.
     #[arg(long)]
     quick: bool,
@@ -180,6 +185,7 @@ fn run(args: Args) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(n) = device {
         println!("{}", mantissa::backend::cuda::probe::report(n)?);
+        mantissa::backend::cuda::conv::set_cudnn_benchmark(args.cudnn_benchmark);
     }
     let low = match args.precision.as_str() {
         "fp32" => None,
