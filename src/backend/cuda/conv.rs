@@ -81,6 +81,9 @@ struct Candidate {
     algo: Algo,
     workspace: usize,
     deterministic: bool,
+    /// The math type cuDNN chose the algorithm with; set on the descriptor before it runs
+    /// (cuDNN picks tensor-core kernels from the algorithm and this together).
+    math: sys::cudnnMathType_t,
 }
 
 /// Everything the algorithm choice depends on.
@@ -217,6 +220,7 @@ macro_rules! candidates {
                 algo: $variant(p.algo),
                 workspace: p.memory,
                 deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
+                math: p.mathType,
             })
             .collect::<Vec<Candidate>>();
         (status, list)
@@ -309,6 +313,9 @@ fn run(
     out: &CudaStorage,
 ) -> Result<()> {
     let (device, dtype, rt) = (a.device(), a.dtype(), a.rt().clone());
+    // Before any cuDNN call: cudarc would otherwise open the library by name only, and panic
+    // where the loader path lacks it.
+    super::libs::load(super::libs::Lib::Cudnn)?;
     let s = Descriptors::new(pass, device, dtype, d)?;
     let p = &d.p;
     let key = Key {
@@ -345,11 +352,18 @@ fn run(
                 if key.deterministic {
                     list.retain(|c| c.deterministic);
                 }
+                // Exact f32 was asked for: no algorithm that would round operands to TF32.
+                if dtype == DType::F32 && !key.tf32 {
+                    list.retain(|c| c.math == sys::cudnnMathType_t::CUDNN_FMA_MATH);
+                }
                 list
             }
         };
         let mut last = None;
         for c in candidates {
+            // SAFETY: the descriptor is alive.
+            unsafe { dnn::set_convolution_math_type(s.conv, c.math) }
+                .map_err(|e| dnn_err(pass, device, "math type", e.0))?;
             // A workspace the device cannot hold rules the algorithm out; the next one may
             // need less.
             let ws = match CudaStorage::alloc_on(&rt, DType::U8, c.workspace.max(1)) {

@@ -216,6 +216,9 @@ impl CudaRuntime {
     pub fn with_blas<R>(&self, f: impl FnOnce(bs::cublasHandle_t) -> R) -> Result<R> {
         let mut blas = lock(&self.blas);
         if blas.is_none() {
+            // Found first where the loader path lacks it (cudarc opens it by name only).
+            libs::load(Lib::CublasLt)?;
+            libs::load(Lib::Cublas)?;
             let handle = CudaBlas::new(self.stream.clone()).map_err(|e| Error::CudaLibrary {
                 lib: "cuBLAS",
                 msg: format!("creating a handle on {}: {e:?}", self.device),
