@@ -83,6 +83,41 @@ fn main() -> Result<()> {
         s * 1e3,
         flops as f64 / s / 1e9
     );
+    // One W1 step's forward and backward (three linear layers, ReLU, a summed output), run
+    // inside the compute pool as the mnist example runs its loop: the products and the work
+    // between them, without the loader, the loss or the optimizer.
+    let x = randn(&[128, 784], DType::F32, 40)?;
+    let mut params = Vec::new();
+    for (i, &(o, n)) in [(512, 784), (512, 512), (10, 512)].iter().enumerate() {
+        let seed = 41 + 2 * i as u64;
+        params.push((
+            randn(&[o, n], DType::F32, seed)?.requires_grad(true)?,
+            randn(&[o], DType::F32, seed + 1)?.requires_grad(true)?,
+        ));
+    }
+    let s = mantissa::in_compute_pool(|| {
+        time(101, || {
+            let mut h = x.clone();
+            for (i, (w, b)) in params.iter().enumerate() {
+                h = h.linear(w, Some(b))?;
+                if i < 2 {
+                    h = h.relu()?;
+                }
+            }
+            h.sum_all()?.backward()?;
+            for (w, b) in &params {
+                w.zero_grad();
+                b.zero_grad();
+            }
+            Ok(())
+        })
+    })?;
+    println!(
+        "{:<44} {:>10.2} {:>10}",
+        "W1 step forward+backward F32",
+        s * 1e3,
+        "-"
+    );
     // conv2d: a ResNet stage-1 layer and the MNIST CNN's second layer.
     let cases = [
         (

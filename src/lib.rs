@@ -27,6 +27,7 @@ pub mod layout;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+mod parallel;
 pub mod random;
 mod tensor;
 pub mod train;

@@ -190,3 +190,72 @@ fn scalar_conversions_and_item() {
         .unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 1, 2]);
 }
+
+/// Gradients of products large enough that the backward runs its two products side by side
+/// on the CPU equal those computed directly in f64, from the test thread, from inside the
+/// compute pool and with autocast active around the backward call (backward ops run in the
+/// forward's dtypes).
+#[test]
+fn matmul_gradients_computed_side_by_side_are_exact() {
+    let mut gen = Generator::new(7);
+    let mut r = |s: &[usize]| Tensor::randn_with(s, 0.0, 1.0, DType::F32, Device::Cpu, &mut gen);
+    let (x, w, b, wy) = (
+        r(&[128, 512]).unwrap(),
+        r(&[384, 512]).unwrap(),
+        r(&[384]).unwrap(),
+        r(&[128, 384]).unwrap(),
+    );
+    let (a3, b3, wz) = (
+        r(&[4, 64, 128]).unwrap(),
+        r(&[4, 128, 256]).unwrap(),
+        r(&[4, 64, 256]).unwrap(),
+    );
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    let close = |got: &Tensor, want: Tensor, what: &str| {
+        let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
+        assert_eq!(got.shape(), want.shape(), "{what}");
+        let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b).powi(2)).sum();
+        let den: f64 = w.iter().map(|b| b * b).sum();
+        let err = (num / den).sqrt();
+        assert!(err < 1e-6, "{what}: relative error {err:e}");
+    };
+    // d/dx sum(wy * (x w^T + b)) = wy w, d/dw = wy^T x, d/db = column sums of wy; for
+    // sum(wz * (a3 @ b3)): wz b3^T and a3^T wz.
+    let want = [
+        f64s(&wy).matmul(&f64s(&w)).unwrap(),
+        f64s(&wy).t().unwrap().matmul(&f64s(&x)).unwrap(),
+        f64s(&wy).sum(&[0], false).unwrap(),
+        f64s(&wz)
+            .matmul(&f64s(&b3).transpose(1, 2).unwrap())
+            .unwrap(),
+        f64s(&a3)
+            .transpose(1, 2)
+            .unwrap()
+            .matmul(&f64s(&wz))
+            .unwrap(),
+    ];
+    let run = |in_autocast: bool| {
+        let leaves = [&x, &w, &b, &a3, &b3].map(|t| t.detach().requires_grad(true).unwrap());
+        let y = leaves[0].linear(&leaves[1], Some(&leaves[2])).unwrap();
+        let z = leaves[3].matmul(&leaves[4]).unwrap();
+        let loss = y.mul(&wy).unwrap().sum_all().unwrap();
+        let loss = loss.add(&z.mul(&wz).unwrap().sum_all().unwrap()).unwrap();
+        match in_autocast {
+            true => amp::with_autocast(DType::BF16, || loss.backward()).unwrap(),
+            false => loss.backward(),
+        }
+        .unwrap();
+        leaves.map(|l| l.grad().unwrap())
+    };
+    let names = ["x", "w", "bias", "a", "b"];
+    for (mode, grads) in [
+        ("test thread", run(false)),
+        ("compute pool", in_compute_pool(|| run(false))),
+        ("backward under autocast", run(true)),
+    ] {
+        for ((g, want), name) in grads.iter().zip(want.clone()).zip(names) {
+            assert_eq!(g.dtype(), DType::F32, "{mode}: {name}");
+            close(g, want, &format!("{mode}: gradient of {name}"));
+        }
+    }
+}

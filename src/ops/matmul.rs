@@ -2,7 +2,12 @@
 
 use super::{dispatch, expect_float, expect_same_dtype, Op};
 use crate::layout::broadcast_shapes;
-use crate::{Error, Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
+
+/// Multiply-adds per gradient product from which a backward runs its two products side by side
+/// on the CPU; smaller ones stay on one thread each, one after the other (waking a second
+/// thread for two 128 x 512 x 10 products cost more than it saved).
+const SIDE_BY_SIDE_WORK: usize = 1 << 20;
 
 impl Tensor {
     /// Product of `[..., m, k]` and `[..., k, n]` with equal batch dims.
@@ -16,13 +21,16 @@ impl Tensor {
         let (a, b) = (self.clone(), rhs.clone());
         Ok(
             Tensor::from_storage(s, &shape).attach("matmul", &[self, rhs], move |g, needs| {
-                let ga = if needs[0] {
-                    Some(g.bmm(&b.t()?)?)
-                } else {
-                    None
-                };
-                let gb = if needs[1] { Some(a.t()?.bmm(g)?) } else { None };
-                Ok(vec![ga, gb])
+                // The two products are independent: side by side on the CPU.
+                let (ga, gb) = crate::parallel::join_backward(
+                    g.device() == Device::Cpu
+                        && needs[0]
+                        && needs[1]
+                        && g.numel() * a.shape()[a.rank() - 1] >= SIDE_BY_SIDE_WORK,
+                    || needs[0].then(|| g.bmm(&b.t()?)).transpose(),
+                    || needs[1].then(|| a.t()?.bmm(g)).transpose(),
+                );
+                Ok(vec![ga?, gb?])
             }),
         )
     }
@@ -123,17 +131,21 @@ impl Tensor {
         };
         let (xs, ws) = (x2.clone(), w.clone());
         let backward = move |g: &Tensor, needs: &[bool]| {
-            let gx = if needs[0] { Some(g.matmul(&ws)?) } else { None };
-            let gw = if needs[1] {
-                Some(g.t()?.matmul(&xs)?)
-            } else {
-                None
-            };
+            // The input's and the weight's gradients are independent products of equal
+            // size: side by side on the CPU.
+            let (gx, gw) = crate::parallel::join_backward(
+                g.device() == Device::Cpu
+                    && needs[0]
+                    && needs[1]
+                    && g.numel() * inputs >= SIDE_BY_SIDE_WORK,
+                || needs[0].then(|| g.matmul(&ws)).transpose(),
+                || needs[1].then(|| g.t()?.matmul(&xs)).transpose(),
+            );
             let gb = match needs.get(2) {
                 Some(true) => Some(g.sum(&[0], false)?),
                 _ => None,
             };
-            Ok(vec![gx, gw, gb])
+            Ok(vec![gx?, gw?, gb])
         };
         let out = Tensor::from_storage(s, &[x2.shape()[0], outputs]);
         let y = match fused {

@@ -63,7 +63,7 @@ pub(crate) fn gemm_into<F: GemmFloat>(
         }
         return;
     }
-    let threads = rayon::current_num_threads();
+    let threads = crate::parallel::threads();
     if !parallel || threads < 2 || m * n * k < 1 << 20 {
         // SAFETY: the whole product; bounds checked above, dst exclusively borrowed.
         unsafe { gemm_block(0..m, 0..n, k, dst.as_mut_ptr(), n, accumulate, a, b) };
