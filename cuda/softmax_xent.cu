@@ -22,10 +22,13 @@ __device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 r
 
 // Cross-entropy per row with label smoothing `eps` and `ignore_index`:
 // loss = (1 - eps) (lse - x[t]) + eps (lse - mean_j x[j]); 0 for an ignored row. Also writes
-// the row's log-sum-exp for the backward.
+// the row's log-sum-exp for the backward. A target out of [0, cols) that is not ignore_index
+// makes the row's loss NaN and writes `slot` into `*fault` if no earlier launch did
+// (src/backend/cuda/faults.rs reports it at the next read).
 template <typename T>
 __device__ void xent_rows(const T* __restrict__ x, const i64* __restrict__ target, float* __restrict__ loss,
-                          float* __restrict__ lse_out, i64 rows, i64 cols, i64 ignore_index, float eps) {
+                          float* __restrict__ lse_out, i64 rows, i64 cols, i64 ignore_index, float eps,
+                          int* fault, int slot) {
     __shared__ float scratch[32];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * cols;
@@ -44,15 +47,21 @@ __device__ void xent_rows(const T* __restrict__ x, const i64* __restrict__ targe
             float lse = m + logf(s);
             i64 t = target[r];
             lse_out[r] = lse;
-            loss[r] = (t == ignore_index || t < 0 || t >= cols)
-                          ? 0.0f
-                          : (1.0f - eps) * (lse - to_f32(row[t])) + eps * (lse - sum_x / (float)cols);
+            if (t == ignore_index) {
+                loss[r] = 0.0f;
+            } else if (t < 0 || t >= cols) {
+                loss[r] = __int_as_float(0x7fc00000);
+                atomicCAS(fault, 0, slot);
+            } else {
+                loss[r] = (1.0f - eps) * (lse - to_f32(row[t])) + eps * (lse - sum_x / (float)cols);
+            }
         }
     }
 }
 
 // d loss_r / d x[r, j] = g[r] (softmax_j - (1 - eps) [j == t] - eps / cols); 0 for ignored
-// rows. `g` holds each row's incoming gradient (the reduction's scale folded in).
+// rows and rows whose target is out of range (the forward reported those). `g` holds each
+// row's incoming gradient (the reduction's scale folded in).
 template <typename T>
 __device__ void xent_backward(const T* __restrict__ x, const i64* __restrict__ target,
                               const float* __restrict__ lse, const float* __restrict__ g,
@@ -73,8 +82,9 @@ __device__ void xent_backward(const T* __restrict__ x, const i64* __restrict__ t
         softmax_rows<T>(x, out, rows, cols, log);                                               \
     }                                                                                           \
     extern "C" __global__ void xent_rows_##T(const T* x, const i64* target, float* loss, float* lse, \
-                                             i64 rows, i64 cols, i64 ignore_index, float eps) {     \
-        xent_rows<T>(x, target, loss, lse, rows, cols, ignore_index, eps);                      \
+                                             i64 rows, i64 cols, i64 ignore_index, float eps,     \
+                                             int* fault, int slot) {                            \
+        xent_rows<T>(x, target, loss, lse, rows, cols, ignore_index, eps, fault, slot);         \
     }                                                                                           \
     extern "C" __global__ void xent_backward_##T(const T* x, const i64* target, const float* lse, \
                                                  const float* g, T* dx, i64 rows, i64 cols,     \

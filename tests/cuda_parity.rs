@@ -6,8 +6,11 @@
 //! matrix products, dropout, host_fallback_ops (convolution, pooling, cross-entropy and
 //! index_select, then on host copies) and the SGD step. Written after that run and not yet
 //! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
-//! indexing_matches and composite_ops_match (each was run with the CPU standing in for the
-//! GPU, which checks the tests themselves, not the device code).
+//! indexing_matches, composite_ops_match and cross_entropy_reads_nothing_back (each was run
+//! with the CPU standing in for the GPU, which checks the tests themselves, not the device
+//! code; the last one's deferred-fault half holds on CUDA only, where a kernel finds the bad
+//! target). cross_entropy_* run the fused kernels (cuda/softmax_xent.cu), wired after the H100
+//! run; the cross-entropy parity cases above ran on the composed ops then.
 #![cfg(feature = "cuda")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]
@@ -693,4 +696,43 @@ fn composite_ops_match() {
             &format!("lstm output {i} (y, h, c, parameter grads)"),
         );
     }
+}
+
+/// The fused cross-entropy reads nothing back to the host, forward or backward; a target out
+/// of range is found on the device and reported by the next read, which names the op, and
+/// the reads after it succeed.
+#[test]
+fn cross_entropy_reads_nothing_back() {
+    let Some(d) = gpu() else { return };
+    let logits = own(&input(&[64, 10], DType::F32, 40), d)
+        .requires_grad(true)
+        .unwrap();
+    let target: Vec<i64> = (0..64).map(|i| (i * 7) % 10).collect();
+    let target = Tensor::from_vec(target, &[64], Device::Cpu)
+        .unwrap()
+        .to_device(d)
+        .unwrap();
+    let before = host_reads();
+    let loss = logits.cross_entropy(&target, Default::default()).unwrap();
+    loss.backward().unwrap();
+    assert_eq!(
+        host_reads(),
+        before,
+        "host reads during the loss step on {d}"
+    );
+    assert!(loss.item().unwrap().is_finite());
+    let bad = Tensor::from_vec(vec![3i64, 10], &[2], Device::Cpu)
+        .unwrap()
+        .to_device(d)
+        .unwrap();
+    let x = own(&input(&[2, 10], DType::F32, 41), d);
+    // Queued without error; the read reports it.
+    let l = x.cross_entropy(&bad, Default::default()).unwrap();
+    let err = l.item().unwrap_err().to_string();
+    assert!(
+        err.contains("cross_entropy") && err.contains("10 classes"),
+        "{err}"
+    );
+    // Reported once: the device data is readable again.
+    assert!(x.sum_all().unwrap().item().unwrap().is_finite());
 }

@@ -70,7 +70,16 @@ fn out_of_range_indices_and_dims() {
     assert!(msg(x.gather(1, &gi)).contains("gather"));
     let t = Tensor::from_vec(vec![0i64, 7, 1, 2], &[4], Device::Cpu).unwrap();
     let m = msg(x.cross_entropy(&t, Default::default()));
-    assert!(m.contains("index 7") && m.contains("size 3"), "{m}");
+    assert!(
+        m.contains("cross_entropy") && m.contains("target 7") && m.contains("3 classes"),
+        "{m}"
+    );
+    // A negative target other than ignore_index is out of range too.
+    let t = Tensor::from_vec(vec![0i64, -1, 1, -100], &[4], Device::Cpu).unwrap();
+    let m = msg(x.cross_entropy(&t, Default::default()));
+    assert!(m.contains("target -1"), "{m}");
+    let m = msg(x.nll_loss(&t, Reduction::Mean, -100));
+    assert!(m.contains("-1"), "{m}");
     let m = msg(x.sum(&[2], false));
     assert!(m.contains("dimension 2") && m.contains("rank 2"), "{m}");
     assert!(msg(x.narrow(0, 3, 2)).contains("out of bounds"));

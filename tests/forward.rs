@@ -313,6 +313,76 @@ fn softmax_and_cross_entropy_match_formulas() {
     assert!((l.unwrap().item().unwrap() - 1000.0).abs() < 1e-9);
 }
 
+/// The fused cross-entropy in every float dtype against the f64 formulas on the same
+/// (rounded) logits: value and logits' gradient within each dtype's band, both returned in
+/// the logits' dtype; `[N, C, d]` logits through a transposed view; an all-ignored batch's
+/// mean is NaN, as in PyTorch.
+#[test]
+fn cross_entropy_in_every_float_dtype_matches_f64() {
+    let (n, c, d) = (6, 7, 3);
+    let target: Vec<i64> = vec![1, 6, -100, 0, 3, 2, 5, -100, 4, 0, 6, 1, 2, 3, 3, 5, 0, 1];
+    let tt = Tensor::from_vec(target.clone(), &[n, d], Device::Cpu).unwrap();
+    let eps = 0.1;
+    let opts = CrossEntropyOptions {
+        label_smoothing: eps,
+        ..Default::default()
+    };
+    for (dtype, band) in [
+        (DType::F64, 1e-12),
+        (DType::F32, 1e-6),
+        (DType::F16, 2e-3),
+        (DType::BF16, 1.5e-2),
+    ] {
+        // [N, d, C] in memory, seen as [N, C, d]: the class dim is strided.
+        let base = t(randv(n * c * d, 31), &[n, d, c]).mul(3.0).unwrap();
+        let x = base
+            .to_dtype(dtype)
+            .unwrap()
+            .detach()
+            .requires_grad(true)
+            .unwrap();
+        let view = x.transpose(1, 2).unwrap();
+        let loss = view.cross_entropy(&tt, opts).unwrap();
+        assert_eq!(loss.dtype(), dtype);
+        loss.backward().unwrap();
+        let grad = x.grad().unwrap();
+        assert_eq!(grad.dtype(), dtype);
+        // The f64 formulas on the rounded logits, rows (i, k) of x[i, k, :].
+        let xv = vals(&x);
+        let counted = target.iter().filter(|&&t| t != -100).count() as f64;
+        let (mut total, mut want_grad) = (0.0, vec![0.0; xv.len()]);
+        for (r, &tgt) in target.iter().enumerate() {
+            if tgt == -100 {
+                continue;
+            }
+            let row = &xv[r * c..(r + 1) * c];
+            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let mean = row.iter().sum::<f64>() / c as f64;
+            total += (1.0 - eps) * (lse - row[tgt as usize]) + eps * (lse - mean);
+            for j in 0..c {
+                let hot = if j as i64 == tgt { 1.0 - eps } else { 0.0 };
+                want_grad[r * c + j] = ((row[j] - lse).exp() - hot - eps / c as f64) / counted;
+            }
+        }
+        let got = loss.to_dtype(DType::F64).unwrap().item().unwrap();
+        let want = total / counted;
+        // The loss is rounded once to the dtype at the end.
+        assert!(
+            ((got - want) / want).abs() < band,
+            "{dtype:?}: loss {got} vs {want}"
+        );
+        assert_close(
+            &vals(&grad),
+            &want_grad,
+            band,
+            &format!("{dtype:?} gradient"),
+        );
+    }
+    let ignored = Tensor::from_vec(vec![-100i64; 2], &[2], Device::Cpu).unwrap();
+    let l = t(randv(6, 3), &[2, 3]).cross_entropy(&ignored, Default::default());
+    assert!(l.unwrap().item().unwrap().is_nan());
+}
+
 #[test]
 fn reductions_match_loops() {
     let x = randv(3 * 4 * 5, 13);

@@ -7,6 +7,7 @@ pub mod caching;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod loss;
 pub mod ops;
 pub mod rounding;
 

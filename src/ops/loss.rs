@@ -143,20 +143,39 @@ impl Tensor {
             ));
         }
         let (x, t) = flatten_classes(Op::CrossEntropy, &x, target)?;
-        let lp = x.log_softmax(1)?;
-        let (mut per, w) = nll_rows(&lp, &t, opts.ignore_index)?;
-        if e > 0.0 {
-            let c = lp.shape()[1] as f64;
-            let smooth = lp.sum(&[1], false)?.neg()?.mul(&w)?.div(c)?;
-            per = per.mul(1.0 - e)?.add(&smooth.mul(e)?)?;
-        }
-        reduce(
+        let ignore = opts.ignore_index;
+        // One fused op per row (log-sum-exp, the target's logit, the row's sum) in the
+        // arithmetic dtype; its backward writes the logits' gradient in one pass.
+        let (loss, lse) =
+            x.storage()
+                .cross_entropy(x.layout(), &t.storage(), t.layout(), ignore, e)?;
+        let rows = x.shape()[0];
+        let lse = Tensor::from_storage(lse, &[rows]);
+        let (xs, ts) = (x.detach(), t.clone());
+        let per =
+            Tensor::from_storage(loss, &[rows]).attach("cross_entropy", &[&x], move |g, _| {
+                let s = xs.storage().cross_entropy_backward(
+                    xs.layout(),
+                    &ts.storage(),
+                    ts.layout(),
+                    &lse.storage(),
+                    &g.storage(),
+                    g.layout(),
+                    ignore,
+                    e,
+                )?;
+                Ok(vec![Some(Tensor::from_storage(s, xs.shape()))])
+            });
+        // Reduced in the arithmetic dtype, then returned in the logits' dtype.
+        let w = t.ne(ignore as f64)?.to_dtype(per.dtype())?;
+        let out = reduce(
             Op::CrossEntropy,
             per,
             Some(w.sum_all()?),
             opts.reduction,
             target.shape(),
-        )
+        )?;
+        out.to_dtype(x.dtype())
     }
 
     /// Mean squared error.

@@ -6,6 +6,7 @@
 mod conv;
 mod elementwise;
 pub(crate) mod index;
+mod loss;
 mod matmul;
 mod nn;
 mod optim;
@@ -13,6 +14,7 @@ mod reduce;
 mod rnn;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight, ConvDims};
+pub(crate) use loss::{cross_entropy, cross_entropy_backward};
 pub(crate) use nn::{
     adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
     log_softmax, max_pool2d, max_pool2d_backward, softmax, PoolDims,

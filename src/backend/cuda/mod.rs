@@ -29,9 +29,11 @@ macro_rules! launch {
 }
 
 pub mod conv;
+mod faults;
 pub mod index;
 pub mod kernels;
 pub mod libs;
+pub mod loss;
 pub mod nvrtc;
 pub mod ops;
 pub mod optim;

@@ -287,7 +287,7 @@ pub(crate) fn where_cond(
 }
 
 /// One block of 256 threads per row (at most 65,535 blocks; the kernels loop over rows).
-fn rows_grid(rows: usize) -> LaunchConfig {
+pub(crate) fn rows_grid(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.clamp(1, 65_535) as u32, 1, 1),
         block_dim: (256, 1, 1),

@@ -4,6 +4,7 @@
 //!
 //! Run on an H100 (gpu_check, tests/cuda_kernels.rs and tests/cuda_parity.rs).
 
+use super::faults::Faults;
 use super::libs::{self, Lib};
 use super::{kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, MemoryStats, RawMemory};
@@ -53,6 +54,8 @@ pub struct CudaRuntime {
     blas: Mutex<Option<CudaBlas>>,
     /// The cuDNN handle on `stream`, created at the first convolution.
     dnn: Mutex<Option<DnnHandle>>,
+    /// Faults kernels found, reported at the next synchronisation.
+    faults: Mutex<Faults>,
 }
 
 /// A cuDNN handle, destroyed on drop. Used only under its runtime's lock, one thread at a time.
@@ -117,6 +120,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         functions: Mutex::new(HashMap::new()),
         blas: Mutex::new(None),
         dnn: Mutex::new(None),
+        faults: Mutex::new(Faults::default()),
     });
     all.insert(ordinal, rt.clone());
     Ok(rt)
@@ -258,11 +262,26 @@ impl CudaRuntime {
         Ok(f(dnn.as_ref().expect("set above").0))
     }
 
-    /// Waits for all work queued on the stream.
+    /// Waits for all work queued on the stream; `Err` when a kernel found a fault in its
+    /// input meanwhile (see [`CudaRuntime::fault_slot`]).
     pub fn synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
-            .map_err(|e| self.driver("synchronize", e))
+            .map_err(|e| self.driver("synchronize", e))?;
+        lock(&self.faults).check(&self.stream, self.device)
+    }
+
+    /// The fault flag and slot number for a launch whose kernel checks its input on the
+    /// device (`op` and `msg` say what a fault would mean); the next [`synchronize`]
+    /// reports the first launch that found one.
+    ///
+    /// [`synchronize`]: CudaRuntime::synchronize
+    pub(crate) fn fault_slot(
+        &self,
+        op: &'static str,
+        msg: String,
+    ) -> Result<(sys::CUdeviceptr, i32)> {
+        lock(&self.faults).slot(&self.ctx, &self.stream, self.device, op, msg)
     }
 
     fn driver(&self, op: &'static str, e: cudarc::driver::DriverError) -> Error {

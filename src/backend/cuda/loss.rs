@@ -1,0 +1,110 @@
+//! Launchers for the fused cross-entropy of `cuda/softmax_xent.cu` (the CPU's
+//! `backend/cpu/loss.rs` computes the same). Targets stay on the device: a target out of range
+//! is found by the kernel and reported at the next read of device data (`faults.rs`), so a
+//! training step reads nothing back for its loss.
+//!
+//! Unverified: written with no GPU lent; not yet run on a GPU.
+
+use super::ops::rows_grid;
+use super::storage::{float_kname, grid, CudaStorage};
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::driver::PushKernelArg;
+
+fn expect(op: &'static str, s: &CudaStorage, dtype: DType, expected: &'static str) -> Result<()> {
+    if s.dtype() != dtype {
+        return Err(Error::DType {
+            op,
+            dtype: s.dtype(),
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// `(loss, lse)` per row of `x [rows, C]`, both f32.
+pub(crate) fn cross_entropy(
+    x: &CudaStorage,
+    l: &Layout,
+    target: &CudaStorage,
+    lt: &Layout,
+    ignore: i64,
+    eps: f64,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let op = "cross_entropy";
+    let t = float_kname(op, x.dtype())?;
+    expect(op, target, DType::I64, "I64 class indices")?;
+    let (rows, cols) = (l.shape()[0], l.shape()[1]);
+    let (x, target) = (x.contiguous(l)?, target.contiguous(lt)?);
+    let loss = CudaStorage::alloc_on(x.rt(), DType::F32, rows)?;
+    let lse = CudaStorage::alloc_on(x.rt(), DType::F32, rows)?;
+    if rows == 0 {
+        return Ok((loss, lse));
+    }
+    let msg = format!("a target out of range for {cols} classes (ignore_index {ignore})");
+    let (fault, slot) = x.rt().fault_slot(op, msg)?;
+    let (xp, tp, lp, zp) = (x.ptr(), target.ptr(), loss.ptr(), lse.ptr());
+    let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
+    launch!(
+        x,
+        "softmax_xent",
+        format!("xent_rows_{t}"),
+        rows_grid(rows),
+        &xp,
+        &tp,
+        &lp,
+        &zp,
+        &r64,
+        &c64,
+        &ignore,
+        &e32,
+        &fault,
+        &slot
+    );
+    Ok((loss, lse))
+}
+
+/// The gradient of `x [rows, C]` (contiguous, `x`'s dtype) from each row's f32 gradient `g`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cross_entropy_backward(
+    x: &CudaStorage,
+    l: &Layout,
+    target: &CudaStorage,
+    lt: &Layout,
+    lse: &CudaStorage,
+    g: &CudaStorage,
+    lg: &Layout,
+    ignore: i64,
+    eps: f64,
+) -> Result<CudaStorage> {
+    let op = "cross_entropy backward";
+    let t = float_kname(op, x.dtype())?;
+    expect(op, target, DType::I64, "I64 class indices")?;
+    expect(op, lse, DType::F32, "F32 log-sum-exps")?;
+    expect(op, g, DType::F32, "an F32 gradient per row")?;
+    let (rows, cols) = (l.shape()[0], l.shape()[1]);
+    let (x, target, g) = (x.contiguous(l)?, target.contiguous(lt)?, g.contiguous(lg)?);
+    let n = rows * cols;
+    let dx = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    if n == 0 {
+        return Ok(dx);
+    }
+    let (xp, tp, zp, gp, dp) = (x.ptr(), target.ptr(), lse.ptr(), g.ptr(), dx.ptr());
+    let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
+    launch!(
+        x,
+        "softmax_xent",
+        format!("xent_backward_{t}"),
+        grid(n),
+        &xp,
+        &tp,
+        &zp,
+        &gp,
+        &dp,
+        &r64,
+        &c64,
+        &ignore,
+        &e32
+    );
+    Ok(dx)
+}
