@@ -6,7 +6,8 @@
 //! matrix products, dropout, host_fallback_ops (convolution, pooling, cross-entropy and
 //! index_select, then on host copies) and the SGD step. Written after that run and not yet
 //! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
-//! indexing_matches, composite_ops_match and cross_entropy_reads_nothing_back (each was run
+//! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back and
+//! a_cnn_amp_step_reads_nothing_back (each was run
 //! with the CPU standing in for the GPU, which checks the tests themselves, not the device
 //! code; the last one's deferred-fault half holds on CUDA only, where a kernel finds the bad
 //! target). cross_entropy_* run the fused kernels (cuda/softmax_xent.cu), wired after the H100
@@ -735,4 +736,62 @@ fn cross_entropy_reads_nothing_back() {
     );
     // Reported once: the device data is readable again.
     assert!(x.sum_all().unwrap().item().unwrap().is_finite());
+}
+
+/// A training step of the MNIST CNN with autocast (f16), the GradScaler and Adam on the GPU
+/// reads nothing back to the host once warmed up (cuDNN convolutions, pooling, dropout,
+/// linear layers, the fused cross-entropy, the scaler's checks and the optimizer all stay on
+/// the device), and its loss is finite.
+#[test]
+fn a_cnn_amp_step_reads_nothing_back() {
+    use mantissa::nn::*;
+    let Some(d) = gpu() else { return };
+    let mut gen = Generator::new(5);
+    let mut model = Sequential::new()
+        .push(Conv2d::new(1, 32, 3, Conv2dOptions::default(), true, &mut gen).unwrap())
+        .push(Activation::Relu)
+        .push(Conv2d::new(32, 64, 3, Conv2dOptions::default(), true, &mut gen).unwrap())
+        .push(Activation::Relu)
+        .push(MaxPool2d(MaxPool2dOptions::new(2)))
+        .push(Dropout::new(0.25, 1))
+        .push(Flatten)
+        .push(Linear::new(9216, 128, true, &mut gen).unwrap())
+        .push(Activation::Relu)
+        .push(Dropout::new(0.5, 2))
+        .push(Linear::new(128, 10, true, &mut gen).unwrap());
+    model.to_device(d).unwrap();
+    model.train();
+    let mut opt = optim::Adam::new(model.parameters(), optim::AdamConfig::adam(1e-3)).unwrap();
+    let mut scaler = amp::GradScaler::new(amp::GradScalerConfig::default()).unwrap();
+    let x = input(&[32, 1, 28, 28], DType::F32, 50)
+        .to_device(d)
+        .unwrap();
+    let y: Vec<i64> = (0..32).map(|i| (i * 3) % 10).collect();
+    let y = Tensor::from_vec(y, &[32], Device::Cpu)
+        .unwrap()
+        .to_device(d)
+        .unwrap();
+    let mut step = || {
+        opt.zero_grad();
+        let loss = amp::with_autocast(DType::F16, || {
+            model.forward(&x)?.cross_entropy(&y, Default::default())
+        })
+        .unwrap()
+        .unwrap();
+        scaler.scale(&loss).unwrap().backward().unwrap();
+        scaler.step(&mut opt).unwrap();
+        scaler.update().unwrap();
+        loss
+    };
+    // The first steps compile kernels and choose algorithms.
+    for _ in 0..2 {
+        step();
+    }
+    let before = host_reads();
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(step());
+    }
+    assert_eq!(host_reads(), before, "host reads in three AMP steps on {d}");
+    assert!(last.unwrap().item().unwrap().is_finite());
 }

@@ -250,7 +250,10 @@ impl Tensor {
 
     /// Elements in row-major order converted to f64.
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
-        count_host_read();
+        // A device storage counts its own copy to the host.
+        if self.device() == Device::Cpu {
+            count_host_read();
+        }
         self.storage().to_f64_vec(self.layout())
     }
 
@@ -298,7 +301,10 @@ impl Tensor {
 
     /// The elements' raw little-endian bytes, row-major (copied to the host).
     pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
-        count_host_read();
+        // A device storage counts its own copy to the host (in `to_device`).
+        if self.device() == Device::Cpu {
+            count_host_read();
+        }
         let host = self.to_device(Device::Cpu)?;
         let storage = host.storage();
         let s = storage
@@ -368,14 +374,16 @@ thread_local! {
     static HOST_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-fn count_host_read() {
+pub(crate) fn count_host_read() {
     HOST_READS.with(|c| c.set(c.get() + 1));
 }
 
 /// How many times this thread has read tensor data back into host memory (`item`, `to_vec`,
-/// `to_vec_f64`, `to_le_bytes`). On a GPU each such read waits for the device, so a training
-/// step meant to be free of synchronisation can be checked by comparing the count before and
-/// after it (the role of PyTorch's `set_sync_debug_mode`).
+/// `to_vec_f64`, `to_le_bytes`, and on a GPU every copy of device data to the host, the
+/// engine's own included: indices an op lays out on the host, an op run on a host copy). On a
+/// GPU each such read waits for the device, so a training step meant to be free of
+/// synchronisation can be checked by comparing the count before and after it (the role of
+/// PyTorch's `set_sync_debug_mode`).
 ///
 /// ```
 /// use mantissa::{host_reads, Tensor, DType, Device};
