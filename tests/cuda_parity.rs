@@ -222,9 +222,26 @@ fn matrix_products_match_in_every_layout() {
         parity("x W^T", d, &[a.clone(), w.clone()], |x| {
             x[0].matmul(&x[1].t()?)
         });
-        parity("linear", d, &[a.clone(), w.clone(), bias], |x| {
+        parity("linear", d, &[a.clone(), w.clone(), bias.clone()], |x| {
             x[0].linear(&x[1], Some(&x[2]))
         });
+        // Operands and bias at odd element offsets (pointers aligned to one element only),
+        // and a transposed input: the bias epilogue must not assume aligned operands.
+        let wide = input(&[70, 133], dt, 14);
+        parity("linear (offset views)", d, &[wide, w.clone(), bias], |x| {
+            let b = x[2].reshape(&[1, 90])?.narrow(1, 1, 89)?.reshape(&[89])?;
+            x[0].narrow(1, 3, 130)?
+                .linear(&x[1].narrow(0, 1, 89)?, Some(&b))
+        });
+        parity(
+            "linear (transposed input)",
+            d,
+            &[input(&[130, 70], dt, 15), w.clone()],
+            |x| {
+                x[0].t()?
+                    .linear(&x[1], Some(&x[1].narrow(1, 5, 1)?.reshape(&[90])?))
+            },
+        );
         parity("a^T b", d, &[b.clone(), input(&[130, 40], dt, 10)], |x| {
             x[0].t()?.matmul(&x[1])
         });

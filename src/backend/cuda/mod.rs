@@ -28,6 +28,7 @@ macro_rules! launch {
     }};
 }
 
+mod blaslt;
 pub mod conv;
 mod faults;
 pub mod index;

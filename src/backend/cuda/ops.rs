@@ -419,11 +419,11 @@ pub(crate) fn dropout_mask(
 /// How cuBLAS reads one operand: its batch stride and, per matrix, whether it is stored
 /// row-major (`false`) or as the transpose of a row-major matrix (`true`), with the leading
 /// dimension.
-struct Operand {
-    ptr: u64,
-    batch_stride: i64,
-    transposed: bool,
-    ld: i64,
+pub(crate) struct Operand {
+    pub(crate) ptr: u64,
+    pub(crate) batch_stride: i64,
+    pub(crate) transposed: bool,
+    pub(crate) ld: i64,
 }
 
 /// `l` as a batch of matrices cuBLAS can read in place, or `None` when a copy is needed.
@@ -463,7 +463,8 @@ fn operand(s: &CudaStorage, l: &Layout) -> Option<Operand> {
 
 /// `a @ b` over the batch dims through cuBLAS (`cublasGemmStridedBatchedEx`, f32
 /// accumulation; f16/bf16 on tensor cores, f32 exact or TF32 when allowed). With `bias`
-/// (`n` elements), every output row starts from it and the product is added (`beta = 1`).
+/// (`n` elements) and one matrix, cuBLASLt adds the bias in its epilogue (`blaslt.rs`);
+/// otherwise every output row starts from the bias and the product is added (`beta = 1`).
 pub(crate) fn matmul(
     a: &CudaStorage,
     la: &Layout,
@@ -491,6 +492,20 @@ pub(crate) fn matmul(
             operand(&cb, &Layout::contiguous(lb.shape())).expect("contiguous is readable")
         }
     };
+    if let (Some((s, l)), 1) = (bias, batch) {
+        same_dtype("matmul (bias)", a, s)?;
+        // Linear's case: the bias in cuBLASLt's epilogue, one call. `contiguous` borrows
+        // only a whole storage and copies any other view, so the bias starts a block.
+        let bias = s.contiguous(l)?;
+        let bias_ptr = bias.ptr();
+        let out = CudaStorage::alloc_on(a.rt(), a.dtype(), m * n)?;
+        let shape = (m, n, k);
+        if m * n * k > 0
+            && super::blaslt::gemm_bias(a.rt(), a.dtype(), shape, &oa, &ob, bias_ptr, out.ptr())?
+        {
+            return Ok(out);
+        }
+    }
     let out = match bias {
         Some((s, l)) => {
             same_dtype("matmul (bias)", a, s)?;

@@ -4,6 +4,7 @@
 //!
 //! Run on an H100 (gpu_check, tests/cuda_kernels.rs and tests/cuda_parity.rs).
 
+use super::blaslt::LtHandle;
 use super::faults::Faults;
 use super::libs::{self, Lib};
 use super::{kernels, nvrtc, probe};
@@ -54,6 +55,8 @@ pub struct CudaRuntime {
     blas: Mutex<Option<CudaBlas>>,
     /// The cuDNN handle on `stream`, created at the first convolution.
     dnn: Mutex<Option<DnnHandle>>,
+    /// The cuBLASLt handle, created at the first product with a bias epilogue.
+    lt: Mutex<Option<LtHandle>>,
     /// Faults kernels found, reported at the next synchronisation.
     faults: Mutex<Faults>,
 }
@@ -120,6 +123,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         functions: Mutex::new(HashMap::new()),
         blas: Mutex::new(None),
         dnn: Mutex::new(None),
+        lt: Mutex::new(None),
         faults: Mutex::new(Faults::default()),
     });
     all.insert(ordinal, rt.clone());
@@ -233,6 +237,22 @@ impl CudaRuntime {
             .bind_to_thread()
             .map_err(|e| self.driver("binding the context", e))?;
         Ok(f(*blas.as_ref().expect("set above").handle()))
+    }
+
+    /// Runs `f` with this device's cuBLASLt handle (calls are serialised; each names the
+    /// stream itself). Errors, naming the library and how to install it, when it is missing.
+    pub(crate) fn with_blas_lt<R>(
+        &self,
+        f: impl FnOnce(cudarc::cublaslt::sys::cublasLtHandle_t) -> R,
+    ) -> Result<R> {
+        let mut lt = lock(&self.lt);
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))?;
+        if lt.is_none() {
+            *lt = Some(LtHandle::new(self.device)?);
+        }
+        Ok(f(lt.as_ref().expect("set above").0))
     }
 
     /// Runs `f` with this device's cuDNN handle (bound to the compute stream; calls are

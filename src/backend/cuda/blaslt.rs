@@ -1,0 +1,221 @@
+//! cuBLASLt products with the bias in the epilogue: Linear's `x W^T + b` in one call, the bias
+//! added to the f32 accumulator before the result is rounded to the output dtype, instead of a
+//! broadcast copy of the bias followed by a GEMM with `beta = 1`. The cuBLAS path in `ops.rs`
+//! remains for everything else and whenever cuBLASLt offers no algorithm.
+//!
+//! Unverified: written with no GPU lent; not yet run on a GPU.
+
+use super::libs::{self, Lib};
+use super::ops::{allow_tf32, Operand};
+use super::runtime::CudaRuntime;
+use super::storage::CudaStorage;
+use crate::{DType, Device, Error, Result};
+use cudarc::cublaslt::result::{self as lt, CublasError};
+use cudarc::cublaslt::sys;
+use cudarc::driver::sys::CUdeviceptr;
+use std::sync::Arc;
+
+/// Workspace offered to cuBLASLt's algorithms (from the caching allocator, per call).
+const WORKSPACE: usize = 4 << 20;
+
+/// A cuBLASLt handle, destroyed on drop; used under its runtime's lock, one thread at a time.
+pub(crate) struct LtHandle(pub(crate) sys::cublasLtHandle_t);
+
+// SAFETY: the handle may move between threads; the runtime's mutex keeps uses serial.
+unsafe impl Send for LtHandle {}
+
+impl LtHandle {
+    pub(crate) fn new(device: Device) -> Result<LtHandle> {
+        libs::load(Lib::CublasLt)?;
+        lt::create_handle()
+            .map(LtHandle)
+            .map_err(|e| Error::CudaLibrary {
+                lib: "cuBLASLt",
+                msg: format!("creating a handle on {device}: {e:?}"),
+            })
+    }
+}
+
+impl Drop for LtHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once, here.
+        let _ = unsafe { lt::destroy_handle(self.0) };
+    }
+}
+
+/// Descriptors destroyed on drop.
+struct Layout(sys::cublasLtMatrixLayout_t);
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matrix_layout`, destroyed once.
+        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
+    }
+}
+struct Desc(sys::cublasLtMatmulDesc_t);
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_desc`, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
+    }
+}
+struct Pref(sys::cublasLtMatmulPreference_t);
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_pref`, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// The largest power of two (at most 256) that divides `ptr`: the alignment cuBLASLt may
+/// assume for an operand (it assumes 256 unless told).
+fn alignment(ptr: CUdeviceptr) -> u32 {
+    match ptr {
+        0 => 256,
+        p => 1u32 << p.trailing_zeros().min(8),
+    }
+}
+
+/// `out [m, n] (row-major, contiguous) = a [m, k] b [k, n] + bias [n]` for operands cuBLAS
+/// can read in place (`oa`, `ob`, batch 1). `Ok(false)` when cuBLASLt has no algorithm for
+/// it: the caller then takes the cuBLAS path.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_bias(
+    rt: &Arc<CudaRuntime>,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    oa: &Operand,
+    ob: &Operand,
+    bias: CUdeviceptr,
+    out: CUdeviceptr,
+) -> Result<bool> {
+    let device = rt.device();
+    let (ty, compute) = match dtype {
+        DType::F32 if allow_tf32() => (
+            sys::cudaDataType_t::CUDA_R_32F,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        ),
+        DType::F32 => (
+            sys::cudaDataType_t::CUDA_R_32F,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        DType::F16 => (
+            sys::cudaDataType_t::CUDA_R_16F,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        _ => (
+            sys::cudaDataType_t::CUDA_R_16BF,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+    };
+    let ws = CudaStorage::alloc_on(rt, DType::U8, WORKSPACE)?;
+    let fail = |what: &str, e: CublasError| Error::CudaLibrary {
+        lib: "cuBLASLt",
+        msg: format!("{what} ({m}x{k} @ {k}x{n} + bias, {dtype:?}) on {device}: {e:?}"),
+    };
+    // Row-major `out = a b` is column-major `out^T = b^T a^T`: cuBLASLt's A is `b` (n x k
+    // after its op), its B is `a` (k x m), its D is `out^T` (n x m, ld n); the bias runs
+    // along D's rows, the output features.
+    let stored = |o: &Operand, rows: usize, cols: usize| match o.transposed {
+        true => (cols as u64, rows as u64),
+        false => (rows as u64, cols as u64),
+    };
+    let (ar, ac) = stored(ob, n, k);
+    let (br, bc) = stored(oa, k, m);
+    let layout = |r: u64, c: u64, ld: i64| {
+        lt::create_matrix_layout(ty, r, c, ld)
+            .map(Layout)
+            .map_err(|e| fail("a matrix layout", e))
+    };
+    let (la, lb, ld) = (
+        layout(ar, ac, ob.ld)?,
+        layout(br, bc, oa.ld)?,
+        layout(n as u64, m as u64, n as i64)?,
+    );
+    let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)
+        .map(Desc)
+        .map_err(|e| fail("a matmul descriptor", e))?;
+    let pref = lt::create_matmul_pref()
+        .map(Pref)
+        .map_err(|e| fail("a preference", e))?;
+    // cublasOperation_t as its value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+    let op = |t: bool| t as i32;
+    use sys::cublasLtMatmulDescAttributes_t as D;
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    let (ta, tb) = (op(ob.transposed), op(oa.transposed));
+    let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+    let aligns = [ob.ptr, oa.ptr, out, out].map(alignment);
+    // SAFETY: each attribute value is a live local of the size passed with it; the handles
+    // are alive until the end of this function.
+    let heuristic = unsafe {
+        fn attr<T>(v: &T) -> (*const std::ffi::c_void, usize) {
+            (v as *const T as *const _, std::mem::size_of::<T>())
+        }
+        for (a, (p, s)) in [
+            (D::CUBLASLT_MATMUL_DESC_TRANSA, attr(&ta)),
+            (D::CUBLASLT_MATMUL_DESC_TRANSB, attr(&tb)),
+            (D::CUBLASLT_MATMUL_DESC_EPILOGUE, attr(&epilogue)),
+            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, attr(&bias)),
+        ] {
+            lt::set_matmul_desc_attribute(desc.0, a, p, s)
+                .map_err(|e| fail("a descriptor attribute", e))?;
+        }
+        let size = WORKSPACE;
+        for (a, (p, s)) in [
+            (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, attr(&size)),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                attr(&aligns[0]),
+            ),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                attr(&aligns[1]),
+            ),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                attr(&aligns[2]),
+            ),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                attr(&aligns[3]),
+            ),
+        ] {
+            lt::set_matmul_pref_attribute(pref.0, a, p, s)
+                .map_err(|e| fail("a preference attribute", e))?;
+        }
+        rt.with_blas_lt(|h| {
+            lt::get_matmul_algo_heuristic(h, desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
+        })?
+    };
+    let heuristic = match heuristic {
+        Ok(h) => h,
+        Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => return Ok(false),
+        Err(e) => return Err(fail("choosing an algorithm", e)),
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let stream = rt.stream().cu_stream() as sys::cudaStream_t;
+    // SAFETY: the operands address matrices of the stated shapes on this device, the bias `n`
+    // elements, `out` `m * n`; the workspace outlives the call's work on the stream (a freed
+    // block is reused only by later work on the same stream).
+    rt.with_blas_lt(|h| unsafe {
+        lt::matmul(
+            h,
+            desc.0,
+            &alpha as *const f32 as *const _,
+            &beta as *const f32 as *const _,
+            ob.ptr as *const _,
+            la.0,
+            oa.ptr as *const _,
+            lb.0,
+            out as *const _,
+            ld.0,
+            out as *mut _,
+            ld.0,
+            &heuristic.algo,
+            ws.ptr() as *mut _,
+            WORKSPACE,
+            stream,
+        )
+    })?
+    .map_err(|e| fail("cublasLtMatmul", e))?;
+    Ok(true)
+}
