@@ -1,4 +1,5 @@
-// Elementwise ops on strided (broadcast) inputs into a contiguous output, arithmetic in f32.
+// Elementwise ops on contiguous (vectorised) or strided (broadcast) inputs into a contiguous
+// output, arithmetic in f32.
 // The op codes follow the order of UnaryOp / BinaryOp / CmpOp in src/backend/ops.rs, and the
 // formulas are the ones written there.
 
@@ -91,10 +92,45 @@ template <typename V> __device__ __forceinline__ bool cmp_v(int op, V a, V b) {
     }
 }
 
+// Contiguous operands: 16-byte vector loads and stores when every pointer is aligned (a
+// fresh block always is), the tail and unaligned views element by element.
+template <typename T>
+__device__ void unary_contiguous(int op, float a, float b, const T* x, T* out, i64 n) {
+    const int V = 16 / sizeof(T);
+    i64 nv = aligned16(x, out, out) ? n / V : 0;
+    FOR_EACH(i, nv) {
+        Vec16<T> v = reinterpret_cast<const Vec16<T>*>(x)[i];
+        #pragma unroll
+        for (int j = 0; j < V; ++j) v.v[j] = from_f32<T>(unary_f(op, a, b, to_f32(v.v[j])));
+        reinterpret_cast<Vec16<T>*>(out)[i] = v;
+    }
+    FOR_EACH(i, n - nv * V) {
+        i64 k = nv * V + i;
+        out[k] = from_f32<T>(unary_f(op, a, b, to_f32(x[k])));
+    }
+}
+
+template <typename T>
+__device__ void binary_contiguous(int op, const T* x, const T* y, T* out, i64 n) {
+    const int V = 16 / sizeof(T);
+    i64 nv = aligned16(x, y, out) ? n / V : 0;
+    FOR_EACH(i, nv) {
+        Vec16<T> u = reinterpret_cast<const Vec16<T>*>(x)[i];
+        Vec16<T> w = reinterpret_cast<const Vec16<T>*>(y)[i];
+        #pragma unroll
+        for (int j = 0; j < V; ++j) u.v[j] = from_f32<T>(binary_f(op, to_f32(u.v[j]), to_f32(w.v[j])));
+        reinterpret_cast<Vec16<T>*>(out)[i] = u;
+    }
+    FOR_EACH(i, n - nv * V) {
+        i64 k = nv * V + i;
+        out[k] = from_f32<T>(binary_f(op, to_f32(x[k]), to_f32(y[k])));
+    }
+}
+
 #define ELEMENTWISE(T)                                                                         \
     /* out[i] = f(x[i]); contiguous input. */                                                   \
     extern "C" __global__ void unary_##T(int op, float a, float b, const T* x, T* out, i64 n) { \
-        FOR_EACH(i, n) out[i] = from_f32<T>(unary_f(op, a, b, to_f32(x[i])));                  \
+        unary_contiguous<T>(op, a, b, x, out, n);                                              \
     }                                                                                          \
     extern "C" __global__ void unary_strided_##T(int op, float a, float b, const T* x,          \
                                                  Strided lx, T* out, i64 n) {                   \
@@ -109,7 +145,7 @@ template <typename V> __device__ __forceinline__ bool cmp_v(int op, V a, V b) {
         }                                                                                      \
     }                                                                                          \
     extern "C" __global__ void binary_##T(int op, const T* x, const T* y, T* out, i64 n) {     \
-        FOR_EACH(i, n) out[i] = from_f32<T>(binary_f(op, to_f32(x[i]), to_f32(y[i])));          \
+        binary_contiguous<T>(op, x, y, out, n);                                                \
     }                                                                                          \
     extern "C" __global__ void binary_strided_##T(int op, const T* x, Strided lx, const T* y,  \
                                                   Strided ly, T* out, i64 n) {                  \

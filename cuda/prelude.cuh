@@ -83,6 +83,12 @@ __device__ __forceinline__ i64 strided_index(const Strided& l, i64 i) {
     return off;
 }
 
+// 16 bytes of T (4 floats, 8 halves), loaded and stored as one vector instruction.
+template <typename T> struct __align__(16) Vec16 { T v[16 / sizeof(T)]; };
+// Whether every pointer is 16-byte aligned, so Vec16 loads and stores may be used.
+__device__ __forceinline__ bool aligned16(const void* a, const void* b, const void* c) {
+    return ((((u64)a) | ((u64)b) | ((u64)c)) & 15) == 0;
+}
 // A grid-stride loop over n elements.
 #define FOR_EACH(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)

@@ -147,8 +147,12 @@ fn unary_ops_match_forward_and_backward() {
         let x = input(&[33, 65], dt, 2);
         for (name, op) in ops {
             parity(name, d, &[x.clone()], |xs| op(&xs[0]));
-            // Through a transposed (strided) view too.
+            // Through a transposed (strided) view too, and a contiguous one one element in
+            // (not 16-byte aligned: the element-by-element path of the vectorised kernel).
             parity(name, d, &[x.clone()], |xs| op(&xs[0].t()?));
+            parity(name, d, &[x.clone()], |xs| {
+                op(&xs[0].flatten(0, -1)?.narrow(0, 1, 33 * 65 - 1)?)
+            });
         }
     }
 }
@@ -171,6 +175,16 @@ fn binary_ops_broadcast_and_compare() {
             Tensor::where_cond(&x[0].gt(&x[1])?, &x[0], &x[1])
         });
         parity("gt", d, &[a.clone(), b.clone()], |x| x[0].gt(&x[1]));
+        // Contiguous operands, aligned (vector loads) and one element in (not aligned).
+        parity("mul contiguous", d, &[b.clone(), b.clone()], |x| {
+            x[0].mul(&x[1])
+        });
+        parity("add offset", d, &[b.clone(), b.clone()], |x| {
+            let n = 5 * 37 - 1;
+            x[0].flatten(0, -1)?
+                .narrow(0, 1, n)?
+                .add(&x[1].flatten(0, -1)?.narrow(0, 0, n)?)
+        });
         parity("add transposed", d, &[b.clone(), b.clone()], |x| {
             x[0].t()?.add(&x[1].t()?.mul(2.0)?)
         });

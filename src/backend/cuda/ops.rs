@@ -105,7 +105,8 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
             x,
             "elementwise",
             format!("unary_{t}"),
-            grid(n),
+            // At least four elements a thread (one vector of f32, half of one of f16).
+            grid(n.div_ceil(4)),
             &code,
             &a,
             &b,
@@ -187,7 +188,7 @@ pub(crate) fn binary(
             x,
             "elementwise",
             format!("binary_{t}"),
-            grid(n),
+            grid(n.div_ceil(4)),
             &code,
             &a,
             &b,
