@@ -159,6 +159,29 @@ ELEMENTWISE(float)
 ELEMENTWISE(f16)
 ELEMENTWISE(bf16)
 
+/* I64 arithmetic as the CPU backend does it: in f64 (exact below 2^53), the result truncated
+   toward zero and saturated (cvt.rzi), so 7 / 2 = 3 and x / 0 saturates. */
+__device__ __forceinline__ double binary_d(int op, double a, double b) {
+    switch (op) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    case 3: return a / b;
+    case 4: return pow(a, b);
+    case 5: return fmax(a, b);
+    default: return fmin(a, b);
+    }
+}
+extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, const i64* y,
+                                              Strided ly, i64* out, i64 n) {
+    FOR_EACH(i, n) {
+        double r = binary_d(op, (double)x[strided_index(lx, i)], (double)y[strided_index(ly, i)]);
+        i64 v;
+        asm("cvt.rzi.s64.f64 %0, %1;" : "=l"(v) : "d"(r));
+        out[i] = v;
+    }
+}
+
 /* A U8 mask of 0 and 1; floats compare as f32, integers exactly. `V` is the compared type. */
 #define COMPARE(T, V)                                                                          \
     extern "C" __global__ void cmp_##T(int op, const T* x, Strided lx, const T* y, Strided ly, \

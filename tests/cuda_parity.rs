@@ -6,8 +6,10 @@
 //! matrix products, dropout, host_fallback_ops (convolution, pooling, cross-entropy and
 //! index_select, then on host copies) and the SGD step. Written after that run and not yet
 //! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
-//! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back and
-//! a_cnn_amp_step_reads_nothing_back (each was run
+//! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back,
+//! a_cnn_amp_step_reads_nothing_back, batch_norm_counts_batches_on_the_device, and the new
+//! cases of the tests that ran (i64 arithmetic, offset views, the cuBLASLt bias epilogue,
+//! vectorised elementwise kernels) (each was run
 //! with the CPU standing in for the GPU, which checks the tests themselves, not the device
 //! code; the last one's deferred-fault half holds on CUDA only, where a kernel finds the bad
 //! target). cross_entropy_* run the fused kernels (cuda/softmax_xent.cu), wired after the H100
@@ -175,6 +177,24 @@ fn binary_ops_broadcast_and_compare() {
             Tensor::where_cond(&x[0].gt(&x[1])?, &x[0], &x[1])
         });
         parity("gt", d, &[a.clone(), b.clone()], |x| x[0].gt(&x[1]));
+        if dt == DType::F32 {
+            // I64 arithmetic (f64 inside, truncated toward zero), broadcast.
+            let ia = Tensor::from_vec(vec![7i64, -7, 9, 100, -3, 0], &[2, 3], Device::Cpu);
+            let ib = Tensor::from_vec(vec![2i64, 3, -4], &[3], Device::Cpu);
+            let ints = [ia.unwrap(), ib.unwrap()];
+            type IntOp = fn(&Tensor, &Tensor) -> Result<Tensor>;
+            let int_ops: [(&str, IntOp); 6] = [
+                ("i64 add", |a, b| a.add(b)),
+                ("i64 sub", |a, b| a.sub(b)),
+                ("i64 mul", |a, b| a.mul(b)),
+                ("i64 div", |a, b| a.div(b)),
+                ("i64 maximum", |a, b| a.maximum(b)),
+                ("i64 minimum", |a, b| a.minimum(b)),
+            ];
+            for (name, op) in int_ops {
+                parity(name, d, &ints, |x| op(&x[0], &x[1]));
+            }
+        }
         // Contiguous operands, aligned (vector loads) and one element in (not aligned).
         parity("mul contiguous", d, &[b.clone(), b.clone()], |x| {
             x[0].mul(&x[1])
@@ -825,4 +845,28 @@ fn a_cnn_amp_step_reads_nothing_back() {
     }
     assert_eq!(host_reads(), before, "host reads in three AMP steps on {d}");
     assert!(last.unwrap().item().unwrap().is_finite());
+}
+
+/// Batch norm in training counts its batches on the device: no read back per step, and the
+/// counter reads 3 after three steps.
+#[test]
+fn batch_norm_counts_batches_on_the_device() {
+    use mantissa::nn::*;
+    let Some(d) = gpu() else { return };
+    let mut bn = BatchNorm2d::new(3).unwrap();
+    bn.to_device(d).unwrap();
+    let x = input(&[4, 3, 5, 5], DType::F32, 60).to_device(d).unwrap();
+    bn.forward(&x).unwrap();
+    let before = host_reads();
+    for _ in 0..2 {
+        bn.forward(&x).unwrap();
+    }
+    assert_eq!(
+        host_reads(),
+        before,
+        "host reads in batch norm steps on {d}"
+    );
+    let counter = bn.named_buffers()[2].1.clone();
+    assert_eq!(counter.device(), d);
+    assert_eq!(counter.to_vec::<i64>().unwrap(), vec![3]);
 }

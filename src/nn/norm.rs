@@ -38,10 +38,11 @@ impl BatchNorm2d {
 impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.training {
+            // Counted on the tensor's device: no read back per step on a GPU.
             no_grad(|| {
-                let n = self.num_batches_tracked.item()? + 1.0;
-                self.num_batches_tracked
-                    .copy_(&Tensor::scalar(n, DType::I64, x.device())?)
+                let nbt = &self.num_batches_tracked;
+                let one = Tensor::scalar(1.0, DType::I64, nbt.device())?;
+                nbt.copy_(&nbt.add(&one)?)
             })?;
         }
         x.batch_norm(

@@ -178,6 +178,13 @@ pub(crate) fn binary(
     op: BinaryOp,
 ) -> Result<CudaStorage> {
     same_dtype("binary", x, y)?;
+    if x.dtype() == DType::I64 {
+        // Integer counters (a batch-norm's batches tracked) stay on the device too.
+        let out = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
+        let name = "binary_strided_i64".to_string();
+        strided_pair(x, lx, y, ly, binary_code(op), name, &out)?;
+        return Ok(out);
+    }
     let t = float_kname("binary", x.dtype())?;
     let n = lx.numel();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
