@@ -267,6 +267,19 @@ fn matrix_products_match_in_every_layout() {
             x[0].narrow(1, 3, 130)?
                 .linear(&x[1].narrow(0, 1, 89)?, Some(&b))
         });
+        // Linear + ReLU in one cuBLASLt call: the same values and gradients as the two ops
+        // on the CPU (about half the outputs are clamped), and the fused op did run.
+        let b2 = input(&[90], dt, 16);
+        parity("linear_relu", d, &[a.clone(), w.clone(), b2.clone()], |x| {
+            x[0].linear_relu(&x[1], &x[2])
+        });
+        let wg = own(&w, d).requires_grad(true).unwrap();
+        let y = own(&a, d).linear_relu(&wg, &own(&b2, d)).unwrap();
+        assert_eq!(
+            y.op_name(),
+            Some("linear_relu"),
+            "cuBLASLt's ReLU epilogue ran"
+        );
         parity(
             "linear (transposed input)",
             d,

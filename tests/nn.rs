@@ -259,3 +259,45 @@ fn fused_lstm_cell_matches_the_unfused_equations_and_finite_differences() {
     );
     assert!(Tensor::lstm_cell(&z(&[2, 12]), &z(&[2, 3]).to_dtype(DType::F16).unwrap()).is_err());
 }
+
+/// `linear_relu` is `linear` then `relu` (values, gradients, errors), and a Sequential of
+/// Linear + ReLU layers gives the same outputs as the layers applied one by one (the fused
+/// form runs on CUDA; tests/cuda_parity.rs compares it with these).
+#[test]
+fn linear_relu_matches_linear_then_relu() {
+    let mut gen = Generator::new(21);
+    let mut r = |s: &[usize]| Tensor::randn_with(s, 0.0, 1.0, DType::F32, Device::Cpu, &mut gen);
+    let (x, w, b) = (r(&[6, 5]).unwrap(), r(&[4, 5]).unwrap(), r(&[4]).unwrap());
+    let run = |fused: bool| {
+        let w = w.detach().requires_grad(true).unwrap();
+        let b = b.detach().requires_grad(true).unwrap();
+        let y = match fused {
+            true => x.linear_relu(&w, &b).unwrap(),
+            false => x.linear(&w, Some(&b)).unwrap().relu().unwrap(),
+        };
+        y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+        [vals(&y), vals(&w.grad().unwrap()), vals(&b.grad().unwrap())]
+    };
+    let (f, c) = (run(true), run(false));
+    assert_eq!(f, c);
+    assert!(f[0].contains(&0.0) && f[0].iter().any(|&v| v > 0.0));
+    let err = x.linear_relu(&w.t().unwrap(), &b).unwrap_err().to_string();
+    assert!(err.contains("linear"), "{err}");
+    let err = x
+        .linear_relu(&w, &r(&[3]).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bias"), "{err}");
+
+    let net = Sequential::new()
+        .push(Linear::new(5, 8, true, &mut Generator::new(3)).unwrap())
+        .push(Activation::Relu)
+        .push(Linear::new(8, 3, false, &mut Generator::new(4)).unwrap())
+        .push(Activation::Relu);
+    let y = net.forward(&x).unwrap();
+    let p = net.named_parameters();
+    let (w1, b1, w2) = (&p[0].1, &p[1].1, &p[2].1);
+    let want = x.linear(w1, Some(b1)).unwrap().relu().unwrap();
+    let want = want.linear(w2, None).unwrap().relu().unwrap();
+    assert_eq!(vals(&y), vals(&want));
+}

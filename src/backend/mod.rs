@@ -345,6 +345,29 @@ impl Storage {
         }
     }
 
+    /// `relu(self @ rhs + bias)` in one fused call where the device has one (cuBLASLt's
+    /// ReLU-bias epilogue on CUDA); `None` where it has not (the CPU), and the caller
+    /// composes the ops.
+    pub(crate) fn linear_relu(
+        &self,
+        l: &Layout,
+        rhs: &Storage,
+        lr: &Layout,
+        bias: &Storage,
+        lb: &Layout,
+    ) -> Result<Option<Storage>> {
+        common_device("linear_relu", &[self, rhs, bias])?;
+        match (pair("linear_relu", self, rhs)?, bias) {
+            (Pair::Cpu(..), _) => Ok(None),
+            #[cfg(feature = "cuda")]
+            (Pair::Cuda(a, b), Storage::Cuda(c)) => {
+                Ok(cuda::ops::linear_relu(a, l, b, lr, (c, lb))?.map(Storage::Cuda))
+            }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
+    }
+
     /// `self @ rhs + bias` with the bias added in the product's accumulator (on CUDA the
     /// output starts as the bias rows and cuBLAS adds the product, `beta = 1`): `bias` has as
     /// many elements as the product has columns.

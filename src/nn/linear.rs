@@ -37,6 +37,10 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.linear(&self.weight, self.bias.as_ref())
     }
+    fn forward_relu(&self, x: &Tensor) -> Option<Result<Tensor>> {
+        let b = self.bias.as_ref()?;
+        Some(x.linear_relu(&self.weight, b))
+    }
     fn visit(&self, p: &str, f: &mut Visitor) {
         visit_weight_bias(p, f, &self.weight, self.bias.as_ref())
     }

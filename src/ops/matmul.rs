@@ -1,6 +1,7 @@
 //! Matrix products: `matmul` with PyTorch's 1-D and batch-broadcast rules, and `linear`.
 
 use super::{dispatch, expect_float, expect_same_dtype, Op};
+use crate::backend::ops::UnaryOp;
 use crate::layout::broadcast_shapes;
 use crate::{Device, Error, Result, Tensor};
 
@@ -88,6 +89,60 @@ impl Tensor {
             shape.push(n);
         }
         out.reshape(&shape)
+    }
+
+    /// `relu(x @ weight^T + bias)`: [`Tensor::linear`] followed by [`Tensor::relu`], in one
+    /// cuBLASLt call (the bias and the ReLU in the GEMM's epilogue) for a 2-D input on CUDA
+    /// whose operands share a dtype; elsewhere the two ops, with the same results and errors.
+    /// `nn::Sequential` uses it for each Linear followed by a ReLU.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// let x = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 2], Device::Cpu)?;
+    /// let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], &[2, 2], Device::Cpu)?;
+    /// let b = Tensor::from_vec(vec![0.5f32, 0.5], &[2], Device::Cpu)?;
+    /// assert_eq!(x.linear_relu(&w, &b)?.to_vec::<f32>()?, vec![1.5, 0.0]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn linear_relu(&self, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        if self.device() == Device::Cpu {
+            return self.linear(weight, Some(bias))?.relu();
+        }
+        let [x, w] = dispatch(Op::Linear, [self, weight])?;
+        let b = super::dispatch_opt(Op::Linear, Some(bias))?.expect("a bias was given");
+        let fits = x.rank() == 2
+            && w.rank() == 2
+            && x.shape()[1] == w.shape()[1]
+            && b.shape() == [w.shape()[0]]
+            && x.dtype() == w.dtype()
+            && b.dtype() == x.dtype()
+            && x.dtype().is_float();
+        if fits {
+            let wt = w.layout().permute("linear_relu", &[1, 0])?;
+            let fused =
+                x.storage()
+                    .linear_relu(x.layout(), &w.storage(), &wt, &b.storage(), b.layout())?;
+            if let Some(s) = fused {
+                let y = Tensor::from_storage(s, &[x.shape()[0], w.shape()[0]]);
+                let (xs, ws, ys) = (x.clone(), w.clone(), y.detach());
+                let backward = move |g: &Tensor, needs: &[bool]| {
+                    // relu'(pre) = [y > 0]: the pre-activation's gradient from the output.
+                    let s = ys.storage().unary_grad(
+                        ys.layout(),
+                        &g.storage(),
+                        g.layout(),
+                        UnaryOp::Relu,
+                    )?;
+                    let gp = Tensor::from_storage(s, ys.shape());
+                    let gx = needs[0].then(|| gp.matmul(&ws)).transpose()?;
+                    let gw = needs[1].then(|| gp.t()?.matmul(&xs)).transpose()?;
+                    let gb = needs[2].then(|| gp.sum(&[0], false)).transpose()?;
+                    Ok(vec![gx, gw, gb])
+                };
+                return Ok(y.attach("linear_relu", &[&x, &w, &b], backward));
+            }
+        }
+        x.linear(&w, Some(&b))?.relu()
     }
 
     /// `x @ weight^T + bias` with `weight: [out, in]`, `bias: [out]` (PyTorch's `F.linear`).

@@ -1,6 +1,7 @@
-//! cuBLASLt products with the bias in the epilogue: Linear's `x W^T + b` in one call, the bias
-//! added to the f32 accumulator before the result is rounded to the output dtype, instead of a
-//! broadcast copy of the bias followed by a GEMM with `beta = 1`. The cuBLAS path in `ops.rs`
+//! cuBLASLt products with the bias (and a ReLU) in the epilogue: Linear's `x W^T + b` in one
+//! call, the bias added to the f32 accumulator before the result is rounded to the output
+//! dtype, instead of a broadcast copy of the bias followed by a GEMM with `beta = 1`; with the
+//! ReLU, `Sequential`'s Linear + ReLU pairs in one call too. The cuBLAS path in `ops.rs`
 //! remains for everything else and whenever cuBLASLt offers no algorithm.
 //!
 //! Unverified: written with no GPU lent; not yet run on a GPU.
@@ -75,18 +76,17 @@ fn alignment(ptr: CUdeviceptr) -> u32 {
     }
 }
 
-/// `out [m, n] (row-major, contiguous) = a [m, k] b [k, n] + bias [n]` for operands cuBLAS
-/// can read in place (`oa`, `ob`, batch 1). `Ok(false)` when cuBLASLt has no algorithm for
-/// it: the caller then takes the cuBLAS path.
-#[allow(clippy::too_many_arguments)]
+/// `out [m, n] (row-major, contiguous) = a [m, k] b [k, n] + bias [n]`, then ReLU with
+/// `relu`, for operands cuBLAS can read in place (`oa`, `ob`, batch 1). `Ok(false)` when
+/// cuBLASLt has no algorithm for it: the caller then takes another path.
 pub(crate) fn gemm_bias(
     rt: &Arc<CudaRuntime>,
     dtype: DType,
     (m, n, k): (usize, usize, usize),
-    oa: &Operand,
-    ob: &Operand,
+    (oa, ob): (&Operand, &Operand),
     bias: CUdeviceptr,
     out: CUdeviceptr,
+    relu: bool,
 ) -> Result<bool> {
     let device = rt.device();
     let (ty, compute) = match dtype {
@@ -110,7 +110,9 @@ pub(crate) fn gemm_bias(
     let ws = CudaStorage::alloc_on(rt, DType::U8, WORKSPACE)?;
     let fail = |what: &str, e: CublasError| Error::CudaLibrary {
         lib: "cuBLASLt",
-        msg: format!("{what} ({m}x{k} @ {k}x{n} + bias, {dtype:?}) on {device}: {e:?}"),
+        msg: format!(
+            "{what} ({m}x{k} @ {k}x{n} + bias, relu {relu}, {dtype:?}) on {device}: {e:?}"
+        ),
     };
     // Row-major `out = a b` is column-major `out^T = b^T a^T`: cuBLASLt's A is `b` (n x k
     // after its op), its B is `a` (k x m), its D is `out^T` (n x m, ld n); the bias runs
@@ -142,7 +144,10 @@ pub(crate) fn gemm_bias(
     use sys::cublasLtMatmulDescAttributes_t as D;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let (ta, tb) = (op(ob.transposed), op(oa.transposed));
-    let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+    let epilogue = match relu {
+        true => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+        false => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+    };
     let aligns = [ob.ptr, oa.ptr, out, out].map(alignment);
     // SAFETY: each attribute value is a live local of the size passed with it; the handles
     // are alive until the end of this function.

@@ -469,6 +469,69 @@ fn operand(s: &CudaStorage, l: &Layout) -> Option<Operand> {
     })
 }
 
+/// `l` as an operand cuBLAS reads in place, or a contiguous copy of it kept in `keep`.
+fn readable<'a>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    keep: &'a mut Option<CudaStorage>,
+) -> Result<Operand> {
+    if let Some(o) = operand(s, l) {
+        return Ok(o);
+    }
+    let copy = keep.insert(s.copy_strided(l)?);
+    Ok(operand(copy, &Layout::contiguous(l.shape())).expect("contiguous is readable"))
+}
+
+/// `a @ b + bias` for one matrix, then ReLU with `relu`, in cuBLASLt's epilogue; `None` when
+/// cuBLASLt offers no algorithm (or the product is empty).
+fn lt_bias(
+    a: &CudaStorage,
+    (oa, ob): (&Operand, &Operand),
+    (m, n, k): (usize, usize, usize),
+    (s, l): (&CudaStorage, &Layout),
+    relu: bool,
+) -> Result<Option<CudaStorage>> {
+    same_dtype("matmul (bias)", a, s)?;
+    if m * n * k == 0 {
+        return Ok(None);
+    }
+    // `contiguous` borrows only a whole storage and copies any other view, so the bias
+    // starts a block (aligned as the epilogue may need).
+    let bias = s.contiguous(l)?;
+    let out = CudaStorage::alloc_on(a.rt(), a.dtype(), m * n)?;
+    let done = super::blaslt::gemm_bias(
+        a.rt(),
+        a.dtype(),
+        (m, n, k),
+        (oa, ob),
+        bias.ptr(),
+        out.ptr(),
+        relu,
+    )?;
+    Ok(done.then_some(out))
+}
+
+/// `relu(a @ b + bias)` for 2-D operands in one cuBLASLt call (Linear followed by ReLU);
+/// `None` when cuBLASLt offers no algorithm, and the caller composes the ops.
+pub(crate) fn linear_relu(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    bias: (&CudaStorage, &Layout),
+) -> Result<Option<CudaStorage>> {
+    same_dtype("linear_relu", a, b)?;
+    float_kname("linear_relu", a.dtype())?;
+    if la.rank() != 2 || lb.rank() != 2 {
+        return Ok(None);
+    }
+    let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
+    let (mut ca, mut cb) = (None, None);
+    let oa = readable(a, la, &mut ca)?;
+    let ob = readable(b, lb, &mut cb)?;
+    lt_bias(a, (&oa, &ob), (m, n, k), bias, true)
+}
+
 /// `a @ b` over the batch dims through cuBLAS (`cublasGemmStridedBatchedEx`, f32
 /// accumulation; f16/bf16 on tensor cores, f32 exact or TF32 when allowed). With `bias`
 /// (`n` elements) and one matrix, cuBLASLt adds the bias in its epilogue (`blaslt.rs`);
@@ -485,32 +548,12 @@ pub(crate) fn matmul(
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch: usize = la.shape()[..r - 2].iter().product();
-    let (ca, cb);
-    let oa = match operand(a, la) {
-        Some(o) => o,
-        None => {
-            ca = a.copy_strided(la)?;
-            operand(&ca, &Layout::contiguous(la.shape())).expect("contiguous is readable")
-        }
-    };
-    let ob = match operand(b, lb) {
-        Some(o) => o,
-        None => {
-            cb = b.copy_strided(lb)?;
-            operand(&cb, &Layout::contiguous(lb.shape())).expect("contiguous is readable")
-        }
-    };
-    if let (Some((s, l)), 1) = (bias, batch) {
-        same_dtype("matmul (bias)", a, s)?;
-        // Linear's case: the bias in cuBLASLt's epilogue, one call. `contiguous` borrows
-        // only a whole storage and copies any other view, so the bias starts a block.
-        let bias = s.contiguous(l)?;
-        let bias_ptr = bias.ptr();
-        let out = CudaStorage::alloc_on(a.rt(), a.dtype(), m * n)?;
-        let shape = (m, n, k);
-        if m * n * k > 0
-            && super::blaslt::gemm_bias(a.rt(), a.dtype(), shape, &oa, &ob, bias_ptr, out.ptr())?
-        {
+    let (mut ca, mut cb) = (None, None);
+    let oa = readable(a, la, &mut ca)?;
+    let ob = readable(b, lb, &mut cb)?;
+    if let (Some(bias), 1) = (bias, batch) {
+        // Linear's case: the bias in cuBLASLt's epilogue, one call.
+        if let Some(out) = lt_bias(a, (&oa, &ob), (m, n, k), bias, false)? {
             return Ok(out);
         }
     }
