@@ -83,7 +83,8 @@ fn cmp_code(op: CmpOp) -> i32 {
     }
 }
 
-fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
+/// `Err` naming `op` and both dtypes when they differ.
+pub(crate) fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch {
             op,

@@ -3,21 +3,11 @@
 //!
 //! Unverified: written after the GPU session ended; not yet run on a GPU.
 
+use super::ops::same_dtype as same;
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::layout::Layout;
 use crate::{Error, Result};
 use cudarc::driver::PushKernelArg;
-
-fn same(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            lhs: a.dtype(),
-            rhs: b.dtype(),
-        });
-    }
-    Ok(())
-}
 
 /// `[h | c']` `[B, 2H]` from gates `[B, 4H]` and the cell state `[B, H]`.
 pub(crate) fn lstm_cell(
