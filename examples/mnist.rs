@@ -81,6 +81,10 @@ struct Args {
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     cudnn_benchmark: bool,
+    /// Images in channels-last (NHWC) memory format, so convolutions run cuDNN's NHWC
+    /// kernels on a GPU (PyTorch's `x.to(memory_format=torch.channels_last)`).
+    #[arg(long)]
+    channels_last: bool,
     /// A fast run for trying things: 10k training and 2k test images, one epoch.
     #[arg(long)]
     quick: bool,
@@ -149,11 +153,13 @@ fn evaluate(
     dl: &mut DataLoader,
     device: Device,
     low: Option<DType>,
+    format: MemoryFormat,
 ) -> Result<(f64, f64)> {
     let (mut loss, mut hits, mut n) = (0.0, 0.0, 0.0);
     for b in dl.epoch(0) {
         let b = b?;
-        let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
+        let x = b.x.to_device(device)?.to_memory_format(format)?;
+        let y = b.y.to_device(device)?;
         let logits = no_grad(|| autocast(low, || net.forward(&x)))?;
         let opts = CrossEntropyOptions {
             reduction: Reduction::Sum,
@@ -211,6 +217,16 @@ fn run(args: Args) -> Result<()> {
             return Err(Error::Invalid {
                 op: "mnist",
                 msg: "--master-weights needs --precision fp16 or bf16".into(),
+            })
+        }
+    };
+    let format = match (args.channels_last, args.model) {
+        (false, _) => MemoryFormat::Contiguous,
+        (true, Model::Cnn) => MemoryFormat::ChannelsLast,
+        (true, Model::Mlp) => {
+            return Err(Error::Invalid {
+                op: "mnist",
+                msg: "--channels-last is for the CNN (--model cnn)".into(),
             })
         }
     };
@@ -287,7 +303,7 @@ fn run(args: Args) -> Result<()> {
         println!("resumed from {} at epoch {start_epoch}", path.display());
     }
     println!(
-        "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision {precision}, {} threads",
+        "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision {precision}, {format:?} memory format, {} threads",
         args.model,
         net.num_parameters(),
         args.batch_size,
@@ -322,7 +338,8 @@ fn run(args: Args) -> Result<()> {
             if one_cycle {
                 opt.set_lr(cycle.lr(first_step + k));
             }
-            let (x, y) = (b.x.to_device(device)?, b.y.to_device(device)?);
+            let x = b.x.to_device(device)?.to_memory_format(format)?;
+            let y = b.y.to_device(device)?;
             let (logits, loss) = autocast(low, || {
                 let logits = net.forward(&x)?;
                 let loss = logits.cross_entropy(&y, CrossEntropyOptions::default())?;
@@ -345,7 +362,7 @@ fn run(args: Args) -> Result<()> {
         }
         bar.finish()?;
         net.eval();
-        let (test_loss, test_acc) = evaluate(&net, &mut test_dl, device, low)?;
+        let (test_loss, test_acc) = evaluate(&net, &mut test_dl, device, low, format)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             train_loss: bar.loss(),

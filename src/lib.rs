@@ -24,6 +24,7 @@ mod device;
 pub mod dtype;
 mod error;
 pub mod layout;
+mod memory_format;
 pub mod nn;
 pub mod ops;
 pub mod optim;
@@ -36,6 +37,7 @@ pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use memory_format::MemoryFormat;
 pub use ops::{
     AvgPool2dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, MaxPool2dOptions,
     Operand, Reduction,

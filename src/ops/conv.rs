@@ -1,8 +1,10 @@
-//! conv2d and conv_transpose2d (NCHW), forward and backward.
+//! conv2d and conv_transpose2d, forward and backward, NCHW or channels-last (NHWC).
 
 use super::{dispatch, expect_float, expect_rank, expect_same_dtype, Op};
 use crate::backend::ops::{window_out, Conv2dParams};
-use crate::backend::ConvDims;
+use crate::backend::{ConvDims, Storage};
+use crate::layout::Layout;
+use crate::MemoryFormat;
 use crate::{Error, Result, Tensor};
 
 /// Options of [`Tensor::conv2d`] (PyTorch's defaults: stride 1, no padding, dilation 1, one
@@ -90,6 +92,7 @@ fn conv_dims(op: &'static str, x: &[usize], w: &[usize], p: Conv2dParams) -> Res
             ho,
             wo,
             p,
+            channels_last: false,
         }),
         _ => Err(Error::invalid(
             op,
@@ -111,6 +114,25 @@ fn add_bias(op: &'static str, y: Tensor, bias: Option<&Tensor>) -> Result<Tensor
     y.add(&b.reshape(&[1, y.shape()[1], 1, 1])?)
 }
 
+/// An activation the backend wrote in the convolution's memory format.
+fn activation(s: Storage, shape: [usize; 4], d: &ConvDims) -> Result<Tensor> {
+    let format = match d.channels_last {
+        true => MemoryFormat::ChannelsLast,
+        false => MemoryFormat::Contiguous,
+    };
+    Ok(Tensor::from_storage_in(
+        s,
+        Layout::with_format("conv2d", &shape, format)?,
+    ))
+}
+
+/// Channels-last when the input or the weight is (PyTorch's rule): the output, and the
+/// gradients of the activations, are then NHWC, and cuDNN runs its NHWC kernels.
+fn with_format(mut d: ConvDims, x: &Tensor, w: &Tensor) -> ConvDims {
+    d.channels_last = x.is_channels_last() || w.is_channels_last();
+    d
+}
+
 /// `x` convolved with `weight` given the geometry: the forward of conv2d and the backward of
 /// conv_transpose2d.
 fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
@@ -118,15 +140,13 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
         .storage()
         .conv2d(x.layout(), &w.storage(), w.layout(), &d)?;
     let (xs, ws) = (x.clone(), w.clone());
-    Ok(Tensor::from_storage(s, &[d.n, d.o, d.ho, d.wo]).attach(
-        "conv2d",
-        &[x, w],
-        move |g, needs| {
+    Ok(
+        activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach("conv2d", &[x, w], move |g, needs| {
             let gx = needs[0].then(|| conv_bwd_input(g, &ws, d)).transpose()?;
             let gw = needs[1].then(|| conv_bwd_weight(&xs, g, d)).transpose()?;
             Ok(vec![gx, gw])
-        },
-    ))
+        }),
+    )
 }
 
 /// The adjoint of [`conv_fwd`] in `x`: the forward of conv_transpose2d.
@@ -135,7 +155,7 @@ fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
         .storage()
         .conv2d_backward_input(gy.layout(), &w.storage(), w.layout(), &d)?;
     let (gs, ws) = (gy.clone(), w.clone());
-    Ok(Tensor::from_storage(s, &[d.n, d.c, d.h, d.w]).attach(
+    Ok(activation(s, [d.n, d.c, d.h, d.w], &d)?.attach(
         "conv_transpose2d",
         &[gy, w],
         move |g, needs| {
@@ -186,7 +206,7 @@ impl Tensor {
             dilation: o.dilation,
             groups: o.groups,
         };
-        let d = conv_dims("conv2d", x.shape(), w.shape(), p)?;
+        let d = with_format(conv_dims("conv2d", x.shape(), w.shape(), p)?, &x, &w);
         let bias = super::dispatch_opt(Op::Conv2d, bias)?;
         add_bias("conv2d", conv_fwd(&x, &w, d)?, bias.as_ref())
     }
@@ -264,6 +284,7 @@ impl Tensor {
             w.shape(),
             p,
         )?;
+        let d = with_format(d, &x, &w);
         if d.ho != h || d.wo != wd {
             return Err(Error::invalid(
                 "conv_transpose2d",

@@ -3,6 +3,7 @@
 use super::{dispatch, expect_float, Op};
 use crate::backend::ops::{BinaryOp, CmpOp, UnaryOp};
 use crate::layout::broadcast_shapes;
+use crate::memory_format::elementwise;
 use crate::{DType, Error, Result, Tensor};
 
 /// The right-hand side of a binary op: a tensor or a scalar.
@@ -41,14 +42,15 @@ impl Tensor {
     pub(crate) fn unary_op(&self, op: UnaryOp, kind: Op) -> Result<Tensor> {
         let [x] = dispatch(kind, [self])?;
         expect_float(kind, &x)?;
-        let s = x.storage().unary(x.layout(), op)?;
+        let name = kind.name();
+        let (s, l) = elementwise(name, [x.layout()], |[l]| x.storage().unary(l, op))?;
         let saved = x.clone();
         Ok(
-            Tensor::from_storage(s, x.shape()).attach(kind.name(), &[&x], move |g, _| {
-                let s = saved
-                    .storage()
-                    .unary_grad(saved.layout(), &g.storage(), g.layout(), op)?;
-                Ok(vec![Some(Tensor::from_storage(s, saved.shape()))])
+            Tensor::from_storage_in(s, l).attach(name, &[&x], move |g, _| {
+                let (s, l) = elementwise(name, [saved.layout(), g.layout()], |[ls, lg]| {
+                    saved.storage().unary_grad(ls, &g.storage(), lg, op)
+                })?;
+                Ok(vec![Some(Tensor::from_storage_in(s, l))])
             }),
         )
     }
@@ -60,8 +62,10 @@ impl Tensor {
         let shape = broadcast_shapes(name, a.shape(), b.shape())?;
         let la = a.layout().broadcast_as(name, &shape)?;
         let lb = b.layout().broadcast_as(name, &shape)?;
-        let s = a.storage().binary(&la, &b.storage(), &lb, op)?;
-        let out = Tensor::from_storage(s, &shape);
+        let (s, l) = elementwise(name, [&la, &lb], |[la, lb]| {
+            a.storage().binary(la, &b.storage(), lb, op)
+        })?;
+        let out = Tensor::from_storage_in(s, l);
         if !a.dtype().is_float() {
             return Ok(out);
         }
@@ -234,8 +238,10 @@ impl Tensor {
         let shape = broadcast_shapes("compare", a.shape(), b.shape())?;
         let la = a.layout().broadcast_as("compare", &shape)?;
         let lb = b.layout().broadcast_as("compare", &shape)?;
-        let s = a.storage().cmp(&la, &b.storage(), &lb, op)?;
-        Ok(Tensor::from_storage(s, &shape))
+        let (s, l) = elementwise("compare", [&la, &lb], |[la, lb]| {
+            a.storage().cmp(la, &b.storage(), lb, op)
+        })?;
+        Ok(Tensor::from_storage_in(s, l))
     }
 
     /// `self == rhs` as a U8 mask.
@@ -282,10 +288,12 @@ impl Tensor {
         let lc = c.layout().broadcast_as("where", &shape)?;
         let la = a.layout().broadcast_as("where", &shape)?;
         let lb = b.layout().broadcast_as("where", &shape)?;
-        let s = c
-            .storage()
-            .where_cond(&lc, &a.storage(), &la, &b.storage(), &lb)?;
-        let out = Tensor::from_storage(s, &shape);
+        // The values decide the output's order before the mask does.
+        let (s, l) = elementwise("where", [&la, &lb, &lc], |[la, lb, lc]| {
+            c.storage()
+                .where_cond(lc, &a.storage(), la, &b.storage(), lb)
+        })?;
+        let out = Tensor::from_storage_in(s, l);
         if !a.dtype().is_float() {
             return Ok(out);
         }

@@ -3,7 +3,7 @@
 use super::{dispatch, expect_float, expect_rank, Op};
 use crate::backend::ops::{window_out, Pool2dParams};
 use crate::backend::PoolDims;
-use crate::{Error, Result, Tensor};
+use crate::{Error, MemoryFormat, Result, Tensor};
 
 /// Options of [`Tensor::max_pool2d`]; `stride` `None` means the kernel size (PyTorch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +103,16 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
     }
 }
 
+/// The pooled `y` in the input's memory format: the pooling kernels work plane by plane
+/// (NCHW), so a channels-last input's output is reordered once, and the channels-last chain
+/// of a network goes on past the pooling layer.
+fn same_format(x: &Tensor, y: Tensor) -> Result<Tensor> {
+    match x.memory_format() {
+        MemoryFormat::ChannelsLast => y.to_memory_format(MemoryFormat::ChannelsLast),
+        MemoryFormat::Contiguous => Ok(y),
+    }
+}
+
 impl Tensor {
     /// Max pooling (PyTorch's `F.max_pool2d`).
     pub fn max_pool2d(&self, o: MaxPool2dOptions) -> Result<Tensor> {
@@ -120,12 +130,11 @@ impl Tensor {
         let s = x.shape();
         let shape = [s[0], s[1], d.ho, d.wo];
         let in_shape = s.to_vec();
-        Ok(
-            Tensor::from_storage(v, &shape).attach("max_pool2d", &[&x], move |g, _| {
-                let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d, &p)?;
-                Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
-            }),
-        )
+        let y = Tensor::from_storage(v, &shape).attach("max_pool2d", &[&x], move |g, _| {
+            let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d, &p)?;
+            Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
+        });
+        same_format(&x, y)
     }
 
     /// Average pooling (PyTorch's `F.avg_pool2d`).
@@ -143,14 +152,15 @@ impl Tensor {
         let v = x.storage().avg_pool2d(x.layout(), &d, &p)?;
         let s = x.shape();
         let in_shape = s.to_vec();
-        Ok(Tensor::from_storage(v, &[s[0], s[1], d.ho, d.wo]).attach(
+        let y = Tensor::from_storage(v, &[s[0], s[1], d.ho, d.wo]).attach(
             "avg_pool2d",
             &[&x],
             move |g, _| {
                 let gx = g.storage().avg_pool2d_backward(g.layout(), &d, &p)?;
                 Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
             },
-        ))
+        );
+        same_format(&x, y)
     }
 
     /// Adaptive average pooling to `[oh, ow]` (PyTorch's `F.adaptive_avg_pool2d`).
@@ -173,15 +183,14 @@ impl Tensor {
             wo: out[1],
         };
         let v = x.storage().adaptive_avg_pool2d(x.layout(), &d, false)?;
-        Ok(
-            Tensor::from_storage(v, &[s[0], s[1], out[0], out[1]]).attach(
-                "adaptive_avg_pool2d",
-                &[&x],
-                move |g, _| {
-                    let gx = g.storage().adaptive_avg_pool2d(g.layout(), &d, true)?;
-                    Ok(vec![Some(Tensor::from_storage(gx, &s))])
-                },
-            ),
-        )
+        let y = Tensor::from_storage(v, &[s[0], s[1], out[0], out[1]]).attach(
+            "adaptive_avg_pool2d",
+            &[&x],
+            move |g, _| {
+                let gx = g.storage().adaptive_avg_pool2d(g.layout(), &d, true)?;
+                Ok(vec![Some(Tensor::from_storage(gx, &s))])
+            },
+        );
+        same_format(&x, y)
     }
 }

@@ -165,8 +165,10 @@ impl Tensor {
             return Ok(self.clone());
         }
         let src = self.dtype();
-        let out =
-            Tensor::from_storage(self.storage().to_dtype(self.layout(), dtype)?, self.shape());
+        let (s, l) = crate::memory_format::elementwise("to_dtype", [self.layout()], |[l]| {
+            self.storage().to_dtype(l, dtype)
+        })?;
+        let out = Tensor::from_storage_in(s, l);
         if !dtype.is_float() {
             return Ok(out);
         }

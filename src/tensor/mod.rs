@@ -121,6 +121,11 @@ impl Tensor {
         Tensor::from_parts(StorageCell::new(storage), Layout::contiguous(shape))
     }
 
+    /// A tensor owning fresh storage, seen through `layout` (a dense layout over all of it).
+    pub(crate) fn from_storage_in(storage: Storage, layout: Layout) -> Tensor {
+        Tensor::from_parts(StorageCell::new(storage), layout)
+    }
+
     /// A new view of this tensor's storage (no graph link; callers attach one).
     pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
         Tensor::from_parts(self.0.storage.clone(), layout)

@@ -10,7 +10,9 @@ use rayon::prelude::*;
 use std::borrow::Cow;
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
-/// output `[n, o, ho, wo]`.
+/// output `[n, o, ho, wo]`, and the memory format of the activations (input, output and
+/// their gradients): NCHW, or NHWC when `channels_last`. Weights and their gradients are
+/// always given and returned as the layouts say / contiguous `[o, c / groups, kh, kw]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConvDims {
     pub n: usize,
@@ -23,6 +25,7 @@ pub(crate) struct ConvDims {
     pub ho: usize,
     pub wo: usize,
     pub p: Conv2dParams,
+    pub channels_last: bool,
 }
 
 impl ConvDims {
@@ -287,7 +290,22 @@ fn run2(
     })
 }
 
-/// Forward convolution; output contiguous `[n, o, ho, wo]`.
+/// An activation computed in NCHW order, reordered to NHWC when the convolution is
+/// channels-last (the CPU kernels work in NCHW; the reorder is one strided copy).
+fn in_format(s: CpuStorage, shape: [usize; 4], d: &ConvDims) -> CpuStorage {
+    if !d.channels_last {
+        return s;
+    }
+    let nchw = Layout::contiguous(&shape);
+    let nhwc = Layout::new(
+        vec![shape[0], shape[2], shape[3], shape[1]],
+        [0, 2, 3, 1].iter().map(|&i| nchw.strides()[i]).collect(),
+        0,
+    );
+    s.copy_strided(&nhwc)
+}
+
+/// Forward convolution; output `[n, o, ho, wo]` in the activations' format.
 pub(crate) fn conv2d(
     x: &CpuStorage,
     lx: &Layout,
@@ -295,16 +313,17 @@ pub(crate) fn conv2d(
     lw: &Layout,
     d: &ConvDims,
 ) -> Result<CpuStorage> {
-    run2(
+    let y = run2(
         "conv2d",
         (x, lx),
         (w, lw),
         |x, w| forward(x, w, d),
         |x, w| forward(x, w, d),
-    )
+    )?;
+    Ok(in_format(y, [d.n, d.o, d.ho, d.wo], d))
 }
 
-/// Gradient with respect to the input, contiguous `[n, c, h, w]`.
+/// Gradient with respect to the input, `[n, c, h, w]` in the activations' format.
 pub(crate) fn conv2d_backward_input(
     gy: &CpuStorage,
     lgy: &Layout,
@@ -312,13 +331,14 @@ pub(crate) fn conv2d_backward_input(
     lw: &Layout,
     d: &ConvDims,
 ) -> Result<CpuStorage> {
-    run2(
+    let gx = run2(
         "conv2d_backward_input",
         (gy, lgy),
         (w, lw),
         |g, w| backward_input(g, w, d),
         |g, w| backward_input(g, w, d),
-    )
+    )?;
+    Ok(in_format(gx, [d.n, d.c, d.h, d.w], d))
 }
 
 /// Gradient with respect to the weight, contiguous `[o, c / groups, kh, kw]`.

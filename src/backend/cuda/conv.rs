@@ -94,6 +94,7 @@ struct Key {
     dtype: DType,
     dims: [usize; 9],
     params: [usize; 7],
+    channels_last: bool,
     tf32: bool,
     benchmark: bool,
     deterministic: bool,
@@ -165,7 +166,12 @@ impl Descriptors {
             y: std::ptr::null_mut(),
             conv: std::ptr::null_mut(),
         };
-        let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        // Dims are given in NCHW / KCRS order either way; the format says how they sit in
+        // memory (NHWC / KRSC for channels-last).
+        let format = match d.channels_last {
+            true => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+            false => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        };
         s.x = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
         s.y = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
         s.w = dnn::create_filter_descriptor().map_err(|e| err("filter descriptor", e.0))?;
@@ -173,12 +179,14 @@ impl Descriptors {
             dnn::create_convolution_descriptor().map_err(|e| err("convolution descriptor", e.0))?;
         // SAFETY: the descriptors were created above and are alive.
         unsafe {
-            dnn::set_tensor4d_descriptor(s.x, nchw, data, [i(d.n)?, i(d.c)?, i(d.h)?, i(d.w)?])
+            dnn::set_tensor4d_descriptor(s.x, format, data, [i(d.n)?, i(d.c)?, i(d.h)?, i(d.w)?])
                 .map_err(|e| err("input descriptor", e.0))?;
-            dnn::set_tensor4d_descriptor(s.y, nchw, data, [i(d.n)?, i(d.o)?, i(d.ho)?, i(d.wo)?])
+            let y = [i(d.n)?, i(d.o)?, i(d.ho)?, i(d.wo)?];
+            dnn::set_tensor4d_descriptor(s.y, format, data, y)
                 .map_err(|e| err("output descriptor", e.0))?;
             let cg = d.c / p.groups;
-            dnn::set_filter4d_descriptor(s.w, data, nchw, [i(d.o)?, i(cg)?, i(d.kh)?, i(d.kw)?])
+            let k = [i(d.o)?, i(cg)?, i(d.kh)?, i(d.kw)?];
+            dnn::set_filter4d_descriptor(s.w, data, format, k)
                 .map_err(|e| err("filter descriptor", e.0))?;
             dnn::set_convolution2d_descriptor(
                 s.conv,
@@ -304,7 +312,8 @@ fn list(
 }
 
 /// Runs one pass: `a` and `b` are the two inputs (forward: x, w; data: dy, w; filter: x, dy),
-/// `out` the result, all contiguous NCHW on one device.
+/// `out` the result, all dense on one device: NCHW / KCRS, or NHWC / KRSC when
+/// `d.channels_last`.
 fn run(
     pass: Pass,
     d: &ConvDims,
@@ -332,6 +341,7 @@ fn run(
             p.dilation[1],
             p.groups,
         ],
+        channels_last: d.channels_last,
         tf32: dtype == DType::F32 && allow_tf32(),
         benchmark: cudnn_benchmark(),
         deterministic: cudnn_deterministic(),
@@ -456,7 +466,7 @@ fn run(
     })?
 }
 
-/// Forward convolution; output contiguous `[n, o, ho, wo]`.
+/// Forward convolution; output `[n, o, ho, wo]`, NHWC when `d.channels_last`.
 pub(crate) fn conv2d(
     x: &CudaStorage,
     lx: &Layout,
@@ -467,7 +477,7 @@ pub(crate) fn conv2d(
     pass(Pass::Forward, (x, lx), (w, lw), d.n * d.o * d.ho * d.wo, d)
 }
 
-/// Gradient with respect to the input, contiguous `[n, c, h, w]`.
+/// Gradient with respect to the input, `[n, c, h, w]`, NHWC when `d.channels_last`.
 pub(crate) fn conv2d_backward_input(
     gy: &CudaStorage,
     lgy: &Layout,
@@ -505,8 +515,25 @@ fn pass(
         });
     }
     float_kname(pass.op(), a.dtype())?;
-    let (a, b) = (a.contiguous(la)?, b.contiguous(lb)?);
+    if !d.channels_last {
+        let (a, b) = (a.contiguous(la)?, b.contiguous(lb)?);
+        let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
+        run(pass, d, &a, &b, &out)?;
+        return Ok(out);
+    }
+    // Channels-last: every operand in NHWC / KRSC order (a borrow when it already is, as
+    // the activations of a channels-last network are; the weights are reordered per call).
+    let nhwc = |l: &Layout| l.permute(pass.op(), &NHWC);
+    let (a, b) = (a.contiguous(&nhwc(la)?)?, b.contiguous(&nhwc(lb)?)?);
     let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
     run(pass, d, &a, &b, &out)?;
-    Ok(out)
+    if pass != Pass::Filter {
+        return Ok(out);
+    }
+    // The weight's gradient came out KRSC: give it back in the weight's KCRS order.
+    let krsc = Layout::contiguous(&[d.o, d.kh, d.kw, d.c / d.p.groups]);
+    out.copy_strided(&krsc.permute(pass.op(), &[0, 3, 1, 2])?)
 }
+
+/// The dims of an NCHW / KCRS tensor in NHWC / KRSC memory order, outermost first.
+const NHWC: [usize; 4] = [0, 2, 3, 1];

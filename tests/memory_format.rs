@@ -1,0 +1,244 @@
+//! Channels-last (NHWC) memory format: conversion, propagation through elementwise ops,
+//! convolutions, pooling and batch norm, and values and gradients equal to the NCHW ones.
+
+mod common;
+use common::*;
+use mantissa::nn::*;
+use mantissa::optim::Optimizer;
+use mantissa::*;
+
+const CL: MemoryFormat = MemoryFormat::ChannelsLast;
+
+#[test]
+fn conversion_sets_the_strides_and_keeps_the_values() {
+    let x = f32s(&[2, 3, 4, 5], 1);
+    let y = x.to_memory_format(CL).unwrap();
+    assert_eq!(y.shape(), x.shape());
+    assert_eq!(y.strides(), &[60, 1, 15, 3]);
+    assert!(y.is_channels_last() && !y.is_contiguous());
+    assert_eq!(y.memory_format(), CL);
+    assert_eq!(vals(&y), vals(&x));
+    // Converting again is the same tensor; back to contiguous is row-major again.
+    assert!(y.to_memory_format(CL).unwrap().shares_storage(&y));
+    let z = y.to_memory_format(MemoryFormat::Contiguous).unwrap();
+    assert!(z.is_contiguous() && !z.is_channels_last());
+    assert_eq!(vals(&z), vals(&x));
+}
+
+#[test]
+fn one_channel_converts_without_a_copy() {
+    // With one channel NCHW and NHWC hold the elements in the same order: a view.
+    let x = f32s(&[2, 1, 3, 3], 2);
+    let y = x.to_memory_format(CL).unwrap();
+    assert!(y.shares_storage(&x));
+    assert!(y.is_channels_last() && !x.is_channels_last());
+    assert_eq!(vals(&y), vals(&x));
+}
+
+#[test]
+fn channels_last_needs_four_dims() {
+    let e = f32s(&[3, 4], 3)
+        .to_memory_format(CL)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("to_memory_format") && e.contains("[3, 4]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn elementwise_ops_keep_a_dense_order() {
+    let x = f32s(&[2, 3, 4, 5], 4);
+    let b = f32s(&[1, 3, 1, 1], 5);
+    let xc = x.to_memory_format(CL).unwrap();
+    let cases: Vec<(&str, Tensor, Tensor)> = vec![
+        ("relu", x.relu().unwrap(), xc.relu().unwrap()),
+        ("exp", x.exp().unwrap(), xc.exp().unwrap()),
+        ("x * x", x.mul(&x).unwrap(), xc.mul(&xc).unwrap()),
+        // A broadcast operand does not decide the order, even when it comes first.
+        ("bias + x", b.add(&x).unwrap(), b.add(&xc).unwrap()),
+        ("x > 0", x.gt(0.0).unwrap(), xc.gt(0.0).unwrap()),
+        (
+            "to_dtype",
+            x.to_dtype(DType::BF16).unwrap(),
+            xc.to_dtype(DType::BF16).unwrap(),
+        ),
+        (
+            "where",
+            Tensor::where_cond(&x.gt(0.0).unwrap(), &x, &b).unwrap(),
+            Tensor::where_cond(&xc.gt(0.0).unwrap(), &xc, &b).unwrap(),
+        ),
+    ];
+    for (what, want, got) in cases {
+        assert!(
+            got.is_channels_last(),
+            "{what}: strides {:?}",
+            got.strides()
+        );
+        assert_eq!(vals(&got), vals(&want), "{what}");
+    }
+    // The first full-size operand decides: contiguous first gives contiguous.
+    let mixed = x.add(&xc).unwrap();
+    assert!(mixed.is_contiguous());
+    assert_eq!(vals(&mixed), vals(&x.mul(2.0).unwrap()));
+}
+
+#[test]
+fn a_transposed_operand_gives_a_transposed_output() {
+    let m = f32s(&[5, 7], 6);
+    let t = m.t().unwrap();
+    let y = t.mul(3.0).unwrap().add(&t).unwrap();
+    assert_eq!(y.shape(), &[7, 5]);
+    assert_eq!(y.strides(), t.strides());
+    let want = t.contiguous().unwrap().mul(4.0).unwrap();
+    assert_close(&vals(&y), &vals(&want), 1e-7, "transposed");
+    // A view with gaps has no dense order: its output is row-major.
+    let gaps = f32s(&[4, 6], 7).narrow(1, 1, 3).unwrap();
+    let y = gaps.neg().unwrap();
+    assert!(y.is_contiguous());
+    assert_eq!(vals(&y), vals(&gaps.mul(-1.0).unwrap()));
+}
+
+fn conv_opts() -> Conv2dOptions {
+    Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    }
+}
+
+/// Runs `f` on `inputs` (leaves) with the first one in `format`, backpropagates
+/// `sum(out * w)`, and returns the output and the gradient of each input.
+fn run(
+    inputs: &[Tensor],
+    format: MemoryFormat,
+    f: impl Fn(&Tensor, &[Tensor]) -> Result<Tensor>,
+) -> (Tensor, Vec<Vec<f64>>) {
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|x| x.copy().unwrap().requires_grad(true).unwrap())
+        .collect();
+    let x = leaves[0].to_memory_format(format).unwrap();
+    let y = f(&x, &leaves[1..]).unwrap();
+    let w = f32s(y.shape(), 77).to_dtype(y.dtype()).unwrap();
+    y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let grads = leaves.iter().map(|l| vals(&l.grad().unwrap())).collect();
+    (y, grads)
+}
+
+fn same_in_both_formats(
+    what: &str,
+    inputs: &[Tensor],
+    tol: f64,
+    f: impl Fn(&Tensor, &[Tensor]) -> Result<Tensor>,
+) {
+    let (want, want_g) = run(inputs, MemoryFormat::Contiguous, &f);
+    let (got, got_g) = run(inputs, CL, &f);
+    assert!(!want.is_channels_last(), "{what}: NCHW input");
+    assert!(
+        got.is_channels_last(),
+        "{what}: strides {:?}",
+        got.strides()
+    );
+    assert_close(&vals(&got), &vals(&want), tol, &format!("{what} forward"));
+    for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
+        assert_close(g, w, tol, &format!("{what} grad {i}"));
+    }
+}
+
+#[test]
+fn convolutions_follow_the_input_format() {
+    for dt in [DType::F32, DType::BF16] {
+        let tol = if dt == DType::F32 { 1e-6 } else { 1e-2 };
+        let x = f32s(&[3, 4, 9, 11], 10).to_dtype(dt).unwrap();
+        let w = f32s(&[6, 2, 3, 3], 11).to_dtype(dt).unwrap();
+        let b = f32s(&[6], 12).to_dtype(dt).unwrap();
+        same_in_both_formats("conv2d", &[x.clone(), w.clone(), b], tol, |x, p| {
+            x.conv2d(&p[0], Some(&p[1]), conv_opts())
+        });
+        // conv_transpose2d maps [n, 6, ., .] back with the same weight.
+        let z = f32s(&[3, 6, 5, 7], 13).to_dtype(dt).unwrap();
+        let opts = ConvTranspose2dOptions {
+            stride: [2, 1],
+            padding: [1, 2],
+            dilation: [1, 2],
+            groups: 2,
+            output_padding: [1, 0],
+        };
+        same_in_both_formats("conv_transpose2d", &[z, w], tol, |x, p| {
+            x.conv_transpose2d(&p[0], None, opts)
+        });
+    }
+}
+
+#[test]
+fn a_channels_last_weight_makes_the_convolution_channels_last() {
+    let x = f32s(&[2, 3, 6, 6], 14);
+    let w = f32s(&[4, 3, 3, 3], 15);
+    let y = x.conv2d(&w.to_memory_format(CL).unwrap(), None, Default::default());
+    let y = y.unwrap();
+    assert!(y.is_channels_last());
+    let want = x.conv2d(&w, None, Default::default()).unwrap();
+    assert_close(&vals(&y), &vals(&want), 1e-6, "channels-last weight");
+}
+
+#[test]
+fn a_conv_net_block_stays_channels_last_with_equal_gradients() {
+    let x = f32s(&[4, 3, 10, 10], 20);
+    let w1 = f32s(&[8, 3, 3, 3], 21).mul(0.3).unwrap();
+    let w2 = f32s(&[8, 8, 3, 3], 22).mul(0.2).unwrap();
+    let gamma = f32s(&[8], 23);
+    let beta = f32s(&[8], 24);
+    let block = |x: &Tensor, p: &[Tensor]| -> Result<Tensor> {
+        let pad = Conv2dOptions {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let h = x.conv2d(&p[0], None, pad)?;
+        let h = h.batch_norm(None, None, Some(&p[2]), Some(&p[3]), true, 0.1, 1e-5)?;
+        assert!(h.is_channels_last() == x.is_channels_last(), "batch_norm");
+        let h = h.relu()?.max_pool2d(MaxPool2dOptions::new(2))?;
+        assert!(h.is_channels_last() == x.is_channels_last(), "max_pool2d");
+        let r = h.conv2d(&p[1], None, pad)?;
+        let h = r.add(&h)?.relu()?.avg_pool2d(AvgPool2dOptions::new(2))?;
+        assert!(h.is_channels_last() == x.is_channels_last(), "avg_pool2d");
+        h.adaptive_avg_pool2d([2, 2])
+    };
+    same_in_both_formats("conv block", &[x, w1, w2, gamma, beta], 1e-6, block);
+}
+
+#[test]
+fn a_channels_last_training_step_matches_the_nchw_one() {
+    let step = |format: MemoryFormat| -> Vec<f64> {
+        let mut gen = Generator::new(9);
+        let mut net = Sequential::new()
+            // No bias before batch norm: its gradient is zero but for rounding, which Adam
+            // would scale up to full steps in different directions in the two formats.
+            .push(Conv2d::new(3, 8, 3, Default::default(), false, &mut gen).unwrap())
+            .push(BatchNorm2d::new(8).unwrap())
+            .push(Activation::Relu)
+            .push(MaxPool2d(MaxPool2dOptions::new(2)))
+            .push(Flatten)
+            .push(Linear::new(8 * 3 * 3, 5, true, &mut gen).unwrap());
+        net.train();
+        let mut opt = optim::Adam::new(net.parameters(), optim::AdamConfig::adam(1e-2)).unwrap();
+        let x = f32s(&[6, 3, 8, 8], 30).to_memory_format(format).unwrap();
+        let y = Tensor::from_vec(vec![0i64, 1, 2, 3, 4, 0], &[6], Device::Cpu).unwrap();
+        for _ in 0..2 {
+            opt.zero_grad();
+            let loss = net
+                .forward(&x)
+                .unwrap()
+                .cross_entropy(&y, Default::default())
+                .unwrap();
+            loss.backward().unwrap();
+            opt.step().unwrap();
+        }
+        net.parameters().iter().flat_map(vals).collect()
+    };
+    let want = step(MemoryFormat::Contiguous);
+    let got = step(CL);
+    assert_close(&got, &want, 1e-5, "parameters after two Adam steps");
+}
