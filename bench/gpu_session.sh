@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (the device tool) that runs every GPU check and writes logs
 # under $OUT: gpu_check, the CUDA test binaries, the M1 GEMM peer, and the MNIST CNN on the
-# GPU side by side with its PyTorch peer (fp16 autocast, cudnn.benchmark). Prepare here first
+# GPU side by side with its PyTorch peer (fp16 autocast, cudnn.benchmark), NCHW and
+# channels-last. Prepare here first
 # with `bash bench/prepare_gpu.sh`, then run with `.gpu` carried:
-#   bash bench/gpu_session.sh            # everything (about 5 minutes)
+#   bash bench/gpu_session.sh            # everything (about 7 minutes)
 #   bash bench/gpu_session.sh quick      # gpu_check and the tests only
 set -u
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ run() { # name, limit in seconds, command...
     echo "== $name"
     ( timeout "$limit" "$@" ) >"$OUT/$name.log" 2>&1
     echo "rc=$?" >>"$OUT/$name.log"
-    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |GEMM|error|rc=|thread|panicked)" | tail -n 40
+    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
 run gpu_check 120 .gpu/gpu_check
 for t in .gpu/tests/*; do run "test-$(basename "$t")" 240 "$t" --test-threads 1; done
@@ -27,3 +28,7 @@ run mnist-cnn-fp16 300 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --preci
     --cudnn-benchmark --out /tmp/r
 run peer-cnn-fp16 300 $PY bench/mnist_peer.py --model cnn --optimizer adam --lr 3e-3 --one-cycle \
     --epochs 3 --device cuda --amp fp16 --cudnn-benchmark
+run mnist-cnn-fp16-cl 300 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --precision fp16 \
+    --cudnn-benchmark --channels-last --out /tmp/r
+run peer-cnn-fp16-cl 300 $PY bench/mnist_peer.py --model cnn --optimizer adam --lr 3e-3 --one-cycle \
+    --epochs 3 --device cuda --amp fp16 --cudnn-benchmark --channels-last

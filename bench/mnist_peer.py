@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--amp", default=None, choices=["fp16", "bf16"],
                     help="autocast to this dtype (fp16 with a GradScaler), as mantissa's --precision")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="model and images in torch.channels_last, as mantissa's --channels-last")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -82,6 +84,9 @@ def main():
     scaler = torch.amp.GradScaler(dev.type, enabled=a.amp == "fp16")
     xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
     model = (Cnn() if a.model == "cnn" else mlp()).to(dev)
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    if a.channels_last:
+        model = model.to(memory_format=fmt)
     kind = a.optimizer or ("adadelta" if a.model == "cnn" else "sgd")
     lr = a.lr or {"adadelta": 1.0, "sgd": 0.05, "adam": 1e-3}[kind]
     opt = {"sgd": lambda: torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
@@ -101,7 +106,7 @@ def main():
         seen = 0
         for i in range(0, n, a.batch_size):
             idx_ = perm[i:i + a.batch_size]
-            x, y = xtr[idx_], ytr[idx_]
+            x, y = xtr[idx_].contiguous(memory_format=fmt), ytr[idx_]
             with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
@@ -119,7 +124,7 @@ def main():
         model.eval()
         with torch.no_grad(), torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
             acc = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item() for i in range(0, 10000, 1000)) / 10000
-        print(f"torch {torch.__version__} {a.model} {kind} epoch {epoch + 1}: {seen / dt:.0f} samples/s, {dt:.1f} s, test acc {100 * acc:.2f}% ({a.threads} threads, {a.device}, {a.amp or 'fp32'})")
+        print(f"torch {torch.__version__} {a.model} {kind} epoch {epoch + 1}: {seen / dt:.0f} samples/s, {dt:.1f} s, test acc {100 * acc:.2f}% ({a.threads} threads, {a.device}, {a.amp or 'fp32'}{', channels-last' if a.channels_last else ''})")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 //! index_select, then on host copies) and the SGD step. Written after that run and not yet
 //! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
 //! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back,
-//! a_cnn_amp_step_reads_nothing_back, batch_norm_counts_batches_on_the_device, and the new
+//! a_cnn_amp_step_reads_nothing_back, batch_norm_counts_batches_on_the_device,
+//! a_channels_last_cnn_trains_like_the_nchw_one, channels_last_convolutions_match, and the new
 //! cases of the tests that ran (i64 arithmetic, offset views, the cuBLASLt bias epilogue,
 //! vectorised elementwise kernels) (each was run
 //! with the CPU standing in for the GPU, which checks the tests themselves, not the device
@@ -806,10 +807,10 @@ fn cross_entropy_reads_nothing_back() {
 /// reads nothing back to the host once warmed up (cuDNN convolutions, pooling, dropout,
 /// linear layers, the fused cross-entropy, the scaler's checks and the optimizer all stay on
 /// the device), and its loss is finite.
-#[test]
-fn a_cnn_amp_step_reads_nothing_back() {
+/// Three warmed-up steps of the MNIST CNN under f16 autocast with the loss scaler and Adam,
+/// its input in `format`: asserts they read nothing back to the host and returns the losses.
+fn cnn_amp_steps(d: Device, format: MemoryFormat) -> Vec<f64> {
     use mantissa::nn::*;
-    let Some(d) = gpu() else { return };
     let mut gen = Generator::new(5);
     let mut model = Sequential::new()
         .push(Conv2d::new(1, 32, 3, Conv2dOptions::default(), true, &mut gen).unwrap())
@@ -829,6 +830,8 @@ fn a_cnn_amp_step_reads_nothing_back() {
     let mut scaler = amp::GradScaler::new(amp::GradScalerConfig::default()).unwrap();
     let x = input(&[32, 1, 28, 28], DType::F32, 50)
         .to_device(d)
+        .unwrap()
+        .to_memory_format(format)
         .unwrap();
     let y: Vec<i64> = (0..32).map(|i| (i * 3) % 10).collect();
     let y = Tensor::from_vec(y, &[32], Device::Cpu)
@@ -848,16 +851,88 @@ fn a_cnn_amp_step_reads_nothing_back() {
         loss
     };
     // The first steps compile kernels and choose algorithms.
-    for _ in 0..2 {
-        step();
-    }
+    let mut steps = vec![step(), step()];
     let before = host_reads();
-    let mut last = None;
-    for _ in 0..3 {
-        last = Some(step());
+    steps.extend((0..3).map(|_| step()));
+    assert_eq!(
+        host_reads(),
+        before,
+        "host reads in three AMP steps on {d} ({format:?})"
+    );
+    let losses: Vec<f64> = steps.iter().map(|l| l.item().unwrap()).collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    losses
+}
+
+#[test]
+fn a_cnn_amp_step_reads_nothing_back() {
+    let Some(d) = gpu() else { return };
+    cnn_amp_steps(d, MemoryFormat::Contiguous);
+}
+
+/// The same network on channels-last input runs cuDNN's NHWC kernels: it reads nothing
+/// back either, and its losses follow the NCHW run's (same weights, data and dropout masks;
+/// only the f16 convolution algorithms differ).
+#[test]
+fn a_channels_last_cnn_trains_like_the_nchw_one() {
+    let Some(d) = gpu() else { return };
+    let want = cnn_amp_steps(d, MemoryFormat::Contiguous);
+    let got = cnn_amp_steps(d, MemoryFormat::ChannelsLast);
+    assert_close(&got, &want, 1e-2, "losses of five AMP steps, NHWC vs NCHW");
+}
+
+/// Convolutions on channels-last input: NHWC output, values and gradients as on the CPU, for
+/// grouped / strided / dilated shapes and tensor-core-friendly ones, and conv_transpose2d.
+#[test]
+fn channels_last_convolutions_match() {
+    let Some(d) = gpu() else { return };
+    const CL: MemoryFormat = MemoryFormat::ChannelsLast;
+    let odd = Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    let pad = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    for dt in FLOATS {
+        let x = input(&[3, 8, 9, 11], dt, 24);
+        let w = input(&[8, 4, 3, 3], dt, 25);
+        let b = input(&[8], dt, 26);
+        parity("conv2d channels-last grouped", d, &[x, w.clone(), b], |x| {
+            let y = x[0].to_memory_format(CL)?.conv2d(&x[1], Some(&x[2]), odd)?;
+            assert!(y.is_channels_last(), "conv2d strides {:?}", y.strides());
+            Ok(y)
+        });
+        let x = input(&[4, 16, 12, 12], dt, 27);
+        let w2 = input(&[32, 16, 3, 3], dt, 28);
+        parity("conv2d channels-last 16 -> 32", d, &[x, w2], |x| {
+            let y = x[0].to_memory_format(CL)?.conv2d(&x[1], None, pad)?;
+            assert!(y.is_channels_last(), "conv2d strides {:?}", y.strides());
+            y.relu()
+        });
+        let z = input(&[3, 8, 5, 7], dt, 29);
+        let t = ConvTranspose2dOptions {
+            stride: [2, 1],
+            padding: [1, 2],
+            dilation: [1, 2],
+            groups: 2,
+            output_padding: [1, 0],
+        };
+        parity("conv_transpose2d channels-last", d, &[z, w], |x| {
+            let y = x[0]
+                .to_memory_format(CL)?
+                .conv_transpose2d(&x[1], None, t)?;
+            assert!(
+                y.is_channels_last(),
+                "conv_transpose2d strides {:?}",
+                y.strides()
+            );
+            Ok(y)
+        });
     }
-    assert_eq!(host_reads(), before, "host reads in three AMP steps on {d}");
-    assert!(last.unwrap().item().unwrap().is_finite());
 }
 
 /// Batch norm in training counts its batches on the device: no read back per step, and the

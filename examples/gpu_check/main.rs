@@ -1,6 +1,7 @@
-//! Prints the CUDA device report and runs quick checks of what the CUDA backend has so far:
-//! every kernel file compiled by NVRTC for this GPU and loaded, a few kernels against the CPU
-//! backend, a bf16 GEMM TFLOP/s figure (cuBLAS) and a host-to-device copy bandwidth.
+//! Prints the CUDA device report and runs quick checks of the CUDA backend: every kernel file
+//! compiled by NVRTC for this GPU and loaded, a few kernels against the CPU backend, a GEMM
+//! TFLOP/s figure (cuBLAS), a host-to-device copy bandwidth, one training step against the
+//! CPU, and a convolution timed in NCHW and channels-last.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
 //! machine without a GPU it says what is missing and exits cleanly.
@@ -14,6 +15,8 @@ use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding};
 use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
 use std::sync::Arc;
 use std::time::Instant;
+
+mod engine;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -297,6 +300,9 @@ fn main() {
             "host-to-device copy, pageable 256 MB: {:.1} GB/s",
             copy_gbs(&stream)?
         );
+        let d = Device::cuda(0)?;
+        println!("{}", engine::training_step(d)?);
+        println!("{}", engine::conv_formats(d)?);
         Ok(())
     };
     if let Err(e) = run() {

@@ -1,0 +1,119 @@
+//! Checks through the engine's public API: one training step on the GPU against the same
+//! step on the CPU, and the time of a ResNet-style convolution in NCHW and channels-last.
+
+use mantissa::backend::cuda::conv::set_cudnn_benchmark;
+use mantissa::nn::*;
+use mantissa::optim::{Adam, AdamConfig, Optimizer};
+use mantissa::*;
+use std::time::Instant;
+
+/// The MNIST CNN's first layers and head (smaller hidden layer), f32, seeded.
+fn cnn(d: Device) -> Result<Sequential> {
+    let mut gen = Generator::new(3);
+    let mut net = Sequential::new()
+        .push(Conv2d::new(1, 32, 3, Default::default(), true, &mut gen)?)
+        .push(Activation::Relu)
+        .push(Conv2d::new(32, 64, 3, Default::default(), true, &mut gen)?)
+        .push(Activation::Relu)
+        .push(MaxPool2d(MaxPool2dOptions::new(2)))
+        .push(Flatten)
+        .push(Linear::new(9216, 32, true, &mut gen)?)
+        .push(Activation::Relu)
+        .push(Linear::new(32, 10, true, &mut gen)?);
+    net.to_device(d)?;
+    Ok(net)
+}
+
+/// Loss and parameters after one f32 Adam step of the CNN on `d`.
+fn step_on(d: Device) -> Result<(f64, Vec<f64>)> {
+    let net = cnn(d)?;
+    let mut opt = Adam::new(net.parameters(), AdamConfig::adam(1e-3))?;
+    let mut gen = Generator::new(4);
+    let x = Tensor::randn_with(
+        &[16, 1, 28, 28],
+        0.0,
+        1.0,
+        DType::F32,
+        Device::Cpu,
+        &mut gen,
+    )?;
+    let y: Vec<i64> = (0..16).map(|i| i % 10).collect();
+    let y = Tensor::from_vec(y, &[16], Device::Cpu)?;
+    let loss = net
+        .forward(&x.to_device(d)?)?
+        .cross_entropy(&y.to_device(d)?, Default::default())?;
+    loss.backward()?;
+    opt.step()?;
+    let mut params = Vec::new();
+    for p in net.parameters() {
+        params.extend(p.to_vec_f64()?);
+    }
+    Ok((loss.item()?, params))
+}
+
+/// One training step (forward, backward, Adam) on the GPU and on the CPU from the same
+/// weights and batch, in exact f32 (TF32 off by default).
+pub fn training_step(d: Device) -> Result<String> {
+    let (cpu_loss, cpu) = step_on(Device::Cpu)?;
+    let (gpu_loss, gpu) = step_on(d)?;
+    let (num, den) = cpu.iter().zip(&gpu).fold((0.0, 0.0), |(n, s), (a, b)| {
+        (n + (a - b) * (a - b), s + a * a)
+    });
+    Ok(format!(
+        "training step (CNN, f32, Adam): loss CPU {cpu_loss:.6} GPU {gpu_loss:.6}; parameters after the step differ by {:.1e} (norm-wise)",
+        (num / den).sqrt()
+    ))
+}
+
+/// Milliseconds per forward + backward of a 3x3 64 -> 64 convolution on [64, 64, 56, 56]
+/// f16 (a ResNet stage-1 layer), input in `format`: median of 5 timings of 10 iterations each,
+/// after warm-up, with cuDNN's benchmark mode.
+fn conv_ms(d: Device, format: MemoryFormat) -> Result<f64> {
+    let mut gen = Generator::new(6);
+    let x = Tensor::randn_with(&[64, 64, 56, 56], 0.0, 1.0, DType::F16, d, &mut gen)?
+        .to_memory_format(format)?
+        .requires_grad(true)?;
+    let w = Tensor::randn_with(&[64, 64, 3, 3], 0.0, 0.05, DType::F16, d, &mut gen)?
+        .requires_grad(true)?;
+    let g = Tensor::randn_with(&[64, 64, 56, 56], 0.0, 1.0, DType::F16, d, &mut gen)?
+        .to_memory_format(format)?;
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let iteration = || -> Result<()> {
+        x.conv2d(&w, None, opts)?.backward_with(&g)?;
+        x.zero_grad();
+        w.zero_grad();
+        Ok(())
+    };
+    for _ in 0..3 {
+        iteration()?;
+    }
+    w.sum_all()?.item()?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            iteration()?;
+        }
+        // Reading one value waits for the queued work.
+        w.sum_all()?.item()?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3 / 10.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[2])
+}
+
+/// The channels-last convolution against the NCHW one.
+pub fn conv_formats(d: Device) -> Result<String> {
+    set_cudnn_benchmark(true);
+    let nchw = conv_ms(d, MemoryFormat::Contiguous);
+    let nhwc = conv_ms(d, MemoryFormat::ChannelsLast);
+    set_cudnn_benchmark(false);
+    let (nchw, nhwc) = (nchw?, nhwc?);
+    Ok(format!(
+        "conv 3x3 64->64 on [64, 64, 56, 56] f16, forward + backward: NCHW {nchw:.3} ms, channels-last {nhwc:.3} ms ({:.2}x)",
+        nchw / nhwc
+    ))
+}
