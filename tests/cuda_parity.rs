@@ -8,7 +8,9 @@
 //! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
 //! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back,
 //! a_cnn_amp_step_reads_nothing_back, batch_norm_counts_batches_on_the_device,
-//! a_channels_last_cnn_trains_like_the_nchw_one, channels_last_convolutions_match, and the new
+//! a_channels_last_cnn_trains_like_the_nchw_one, channels_last_convolutions_match,
+//! indexing_stays_on_the_device (indexing_matches now runs device-side indices and atomic
+//! additions, then the fixed-order mode), and the new
 //! cases of the tests that ran (i64 arithmetic, offset views, the cuBLASLt bias epilogue,
 //! vectorised elementwise kernels) (each was run
 //! with the CPU standing in for the GPU, which checks the tests themselves, not the device
@@ -577,7 +579,17 @@ fn pooling_matches() {
 /// embedding (forward and the weight's gradient), and integer tensors taken by width.
 #[test]
 fn indexing_matches() {
+    use mantissa::backend::cuda::index::set_deterministic_index_add;
     let Some(d) = gpu() else { return };
+    // Atomic additions (the default), then the fixed-order ones.
+    for deterministic in [false, true] {
+        set_deterministic_index_add(deterministic);
+        indexing_cases(d);
+    }
+    set_deterministic_index_add(false);
+}
+
+fn indexing_cases(d: Device) {
     let idx = |v: Vec<i64>| Tensor::from_vec(v.clone(), &[v.len()], Device::Cpu).unwrap();
     for dt in FLOATS {
         let x = input(&[6, 7], dt, 60);
@@ -636,6 +648,67 @@ fn indexing_matches() {
             .unwrap();
         assert_eq!(vals(&got), vals(&want), "index_select of {name}");
     }
+}
+
+/// Indices stay on the device: an embedding's forward and backward read nothing back, an
+/// index out of range is reported at the next read naming the op (and the device goes on
+/// working), and the fixed-order mode adds in the CPU's order, bit for bit.
+#[test]
+fn indexing_stays_on_the_device() {
+    use mantissa::backend::cuda::index::set_deterministic_index_add;
+    let Some(d) = gpu() else { return };
+    let on = |t: Tensor| t.to_device(d).unwrap();
+    let table = own(&input(&[50, 16], DType::F32, 63), d)
+        .requires_grad(true)
+        .unwrap();
+    let ids: Vec<i64> = (0..64).map(|i| (i * 7) % 50).collect();
+    let tokens = on(Tensor::from_vec(ids.clone(), &[8, 8], Device::Cpu).unwrap());
+    let step = || {
+        table.zero_grad();
+        let y = Tensor::embedding(&tokens, &table).unwrap();
+        y.sum_all().unwrap().backward().unwrap();
+    };
+    step();
+    let before = host_reads();
+    step();
+    assert_eq!(
+        host_reads(),
+        before,
+        "embedding forward and backward on {d}"
+    );
+    // Each row's gradient is the number of times it was picked (exact in f32).
+    let mut counts = vec![0.0; 50 * 16];
+    for &i in &ids {
+        for c in 0..16 {
+            counts[i as usize * 16 + c] += 1.0;
+        }
+    }
+    assert_eq!(vals(&table.grad().unwrap()), counts, "embedding gradient");
+
+    let bad = on(Tensor::from_vec(vec![3i64, 50], &[2], Device::Cpu).unwrap());
+    let y = table
+        .index_select(0, &bad)
+        .expect("found by the kernel, not here");
+    let e = y.to_vec_f64().unwrap_err().to_string();
+    assert!(e.contains("index_select") && e.contains("size 50"), "{e}");
+    assert!(
+        table.sum_all().unwrap().item().is_ok(),
+        "the device after a bad index"
+    );
+
+    set_deterministic_index_add(true);
+    let x = input(&[4, 6], DType::F32, 64);
+    let index = Tensor::from_vec(
+        (0..60).map(|i| (i * i) % 4).collect::<Vec<i64>>(),
+        &[10, 6],
+        Device::Cpu,
+    )
+    .unwrap();
+    let src = input(&[10, 6], DType::F32, 65);
+    let want = x.scatter_add(0, &index, &src).unwrap();
+    let got = on(x).scatter_add(0, &on(index), &on(src)).unwrap();
+    set_deterministic_index_add(false);
+    assert_eq!(vals(&got), vals(&want), "fixed-order scatter_add, f32");
 }
 
 /// The ops not covered above, most of them built from the device primitives: joins and views

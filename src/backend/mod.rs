@@ -397,38 +397,41 @@ impl Storage {
         }
     }
 
-    /// Reads an I64 index tensor, checking each entry lies in `0..size`.
-    pub(crate) fn indices(
+    /// `x[.., idx[i], ..]` along `dim`, for a 1-D I64 `idx` on the same device. On the CPU
+    /// an index out of range is an `Err` here; on CUDA the kernel finds it and the next read
+    /// of device data reports it.
+    pub(crate) fn index_select(
         &self,
-        op: &'static str,
         l: &Layout,
         dim: usize,
-        size: usize,
-    ) -> Result<Vec<usize>> {
-        cpu::index::indices(op, &*self.host()?, l, dim, size)
-    }
-
-    pub(crate) fn index_select(&self, l: &Layout, dim: usize, idx: &[usize]) -> Result<Storage> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::index_select(s, l, dim, idx))),
+        idx: &Storage,
+        il: &Layout,
+    ) -> Result<Storage> {
+        match pair("index_select", self, idx)? {
+            Pair::Cpu(x, i) => {
+                let ids = cpu::index::indices("index_select", i, il, dim, l.shape()[dim])?;
+                Ok(Storage::Cpu(cpu::index_select(x, l, dim, &ids)))
+            }
             #[cfg(feature = "cuda")]
-            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::index::index_select(s, l, dim, idx)?)),
+            Pair::Cuda(x, i) => Ok(Storage::Cuda(cuda::index::index_select(x, l, dim, i, il)?)),
         }
     }
 
+    /// `out[p] = x[p with p[dim] = idx[p]]` over the index's shape (errors as index_select).
     pub(crate) fn gather(
         &self,
         l: &Layout,
         dim: usize,
-        idx: &[usize],
-        idx_shape: &[usize],
+        idx: &Storage,
+        il: &Layout,
     ) -> Result<Storage> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::gather(s, l, dim, idx, idx_shape))),
+        match pair("gather", self, idx)? {
+            Pair::Cpu(x, i) => {
+                let ids = cpu::index::indices("gather", i, il, dim, l.shape()[dim])?;
+                Ok(Storage::Cpu(cpu::gather(x, l, dim, &ids, il.shape())))
+            }
             #[cfg(feature = "cuda")]
-            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::index::gather(
-                s, l, dim, idx, idx_shape,
-            )?)),
+            Pair::Cuda(x, i) => Ok(Storage::Cuda(cuda::index::gather(x, l, dim, i, il)?)),
         }
     }
 
@@ -447,45 +450,47 @@ impl Storage {
         }
     }
 
+    /// `self[p with p[dim] = idx[p]] += src[p]` over the index's shape; `self` is contiguous
+    /// `shape`.
     pub(crate) fn scatter_add(
         &mut self,
         shape: &[usize],
         dim: usize,
-        idx: &[usize],
-        idx_shape: &[usize],
-        src: &Storage,
-        sl: &Layout,
+        (idx, il): (&Storage, &Layout),
+        (src, sl): (&Storage, &Layout),
     ) -> Result<()> {
-        common_device("scatter_add", &[self, src])?;
+        common_device("scatter_add", &[self, idx, src])?;
         #[cfg(feature = "cuda")]
-        if let (Storage::Cuda(d), Storage::Cuda(s)) = (&mut *self, src) {
+        if let (Storage::Cuda(d), Storage::Cuda(i), Storage::Cuda(s)) = (&mut *self, idx, src) {
             if d.dtype().is_float() {
-                return cuda::index::scatter_add(d, shape, dim, idx, idx_shape, s, sl);
+                return cuda::index::scatter_add(d, shape, dim, i, il, s, sl);
             }
         }
         // Integer sums on a device go through the host.
-        let s = src.host()?;
-        self.update_on_host(|d| cpu::scatter_add(d, shape, dim, idx, idx_shape, &s, sl))
+        let (s, i) = (src.host()?, idx.host()?);
+        let ids = cpu::index::indices("scatter_add", &i, il, dim, shape[dim])?;
+        self.update_on_host(|d| cpu::scatter_add(d, shape, dim, &ids, il.shape(), &s, sl))
     }
 
+    /// `self[.., idx[i], ..] += src[.., i, ..]` along `dim`; `self` is contiguous `shape`.
     pub(crate) fn index_add(
         &mut self,
         shape: &[usize],
         dim: usize,
-        idx: &[usize],
-        src: &Storage,
-        sl: &Layout,
+        (idx, il): (&Storage, &Layout),
+        (src, sl): (&Storage, &Layout),
     ) -> Result<()> {
-        common_device("index_add", &[self, src])?;
+        common_device("index_add", &[self, idx, src])?;
         #[cfg(feature = "cuda")]
-        if let (Storage::Cuda(d), Storage::Cuda(s)) = (&mut *self, src) {
+        if let (Storage::Cuda(d), Storage::Cuda(i), Storage::Cuda(s)) = (&mut *self, idx, src) {
             if d.dtype().is_float() {
-                return cuda::index::index_add(d, shape, dim, idx, s, sl);
+                return cuda::index::index_add(d, shape, dim, i, il, s, sl);
             }
         }
         // Integer sums on a device go through the host.
-        let s = src.host()?;
-        self.update_on_host(|d| cpu::index_add(d, shape, dim, idx, &s, sl))
+        let (s, i) = (src.host()?, idx.host()?);
+        let ids = cpu::index::indices("index_add", &i, il, dim, shape[dim])?;
+        self.update_on_host(|d| cpu::index_add(d, shape, dim, &ids, &s, sl))
     }
 
     /// Applies a fused optimizer update in place (`self` is the parameter, or its f32 master

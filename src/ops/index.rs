@@ -91,19 +91,18 @@ impl Tensor {
         expect_index(Op::IndexSelect, &idx)?;
         super::expect_rank(Op::IndexSelect, &idx, 1, "the index")?;
         let d = normalize_dim("index_select", dim, x.shape())?;
-        let ids = idx
+        let s = x
             .storage()
-            .indices("index_select", idx.layout(), d, x.shape()[d])?;
-        let s = x.storage().index_select(x.layout(), d, &ids)?;
+            .index_select(x.layout(), d, &idx.storage(), idx.layout())?;
         let mut shape = x.shape().to_vec();
-        shape[d] = ids.len();
+        shape[d] = idx.numel();
         let in_shape = x.shape().to_vec();
         Ok(
             Tensor::from_storage(s, &shape).attach("index_select", &[&x], move |g, _| {
                 let z = Tensor::zeros(&in_shape, g.dtype(), g.device())?;
-                let gs = g.storage();
+                let (gs, is) = (g.storage(), idx.storage());
                 z.0.storage
-                    .write(|s| s.index_add(&in_shape, d, &ids, &gs, g.layout()))?;
+                    .write(|s| s.index_add(&in_shape, d, (&is, idx.layout()), (&gs, g.layout())))?;
                 Ok(vec![Some(z)])
             }),
         )
@@ -115,10 +114,9 @@ impl Tensor {
         expect_index(Op::Gather, &idx)?;
         let d = normalize_dim("gather", dim, x.shape())?;
         check_index_shape("gather", &idx, x.shape(), d, None)?;
-        let ids = idx
+        let s = x
             .storage()
-            .indices("gather", idx.layout(), d, x.shape()[d])?;
-        let s = x.storage().gather(x.layout(), d, &ids, idx.shape())?;
+            .gather(x.layout(), d, &idx.storage(), idx.layout())?;
         let (in_shape, saved) = (x.shape().to_vec(), idx.clone());
         Ok(
             Tensor::from_storage(s, idx.shape()).attach("gather", &[&x], move |g, _| {
@@ -136,17 +134,12 @@ impl Tensor {
         super::expect_same_dtype(Op::ScatterAdd, &x, &src)?;
         let d = normalize_dim("scatter_add", dim, x.shape())?;
         check_index_shape("scatter_add", &idx, x.shape(), d, Some(src.shape()))?;
-        let ids = idx
-            .storage()
-            .indices("scatter_add", idx.layout(), d, x.shape()[d])?;
         let mut s = x.storage().copy_strided(x.layout())?;
         s.scatter_add(
             x.shape(),
             d,
-            &ids,
-            idx.shape(),
-            &src.storage(),
-            src.layout(),
+            (&idx.storage(), idx.layout()),
+            (&src.storage(), src.layout()),
         )?;
         let saved = idx.clone();
         let src_shape = src.shape().to_vec();

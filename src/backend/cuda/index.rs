@@ -1,15 +1,42 @@
-//! Launchers for `cuda/index.cu`: index_select and gather copy on the device; scatter_add and
-//! index_add add in the CPU's order through groups laid out on the host. The indices arrive
-//! checked on the host (`Storage::indices`), so only they cross to the device, never the data.
+//! Launchers for `cuda/index.cu`. Indices stay on the device: each kernel checks them against
+//! the indexed size and an index out of range is reported at the next read of device data
+//! (`faults.rs`), so none of these ops reads back. index_select and gather copy; scatter_add
+//! and index_add add with atomics, in an order that varies from run to run (as PyTorch's do),
+//! unless [`set_deterministic_index_add`] asks for the CPU's order, laid out on the host from
+//! the indices (one read of them per call).
 //!
-//! Unverified: written after the GPU session ended; not yet run on a GPU.
+//! Unverified: the device-side indices and atomics were written with no GPU lent; the
+//! host-grouped path ran on no GPU either.
 
 use super::storage::{float_kname, grid, CudaStorage, Strided};
-use crate::backend::cpu::index::{offset_with, step};
+use crate::backend::cpu::index::{indices, offset_with, step};
 use crate::backend::cpu::CpuStorage;
 use crate::layout::Layout;
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 use cudarc::driver::PushKernelArg;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
+
+/// Makes scatter_add and index_add on CUDA (the backward of gather, index_select and
+/// embedding) add in a fixed order, the CPU's, so a run repeats bit for bit (PyTorch's
+/// `torch.use_deterministic_algorithms(True)` for these ops). It costs a read of the indices
+/// into host memory per call, which waits for the queued work. Off by default: atomics.
+///
+/// ```
+/// use mantissa::backend::cuda::index::{deterministic_index_add, set_deterministic_index_add};
+/// set_deterministic_index_add(true);
+/// assert!(deterministic_index_add());
+/// set_deterministic_index_add(false);
+/// ```
+pub fn set_deterministic_index_add(on: bool) {
+    DETERMINISTIC.store(on, Ordering::Relaxed);
+}
+
+/// Whether scatter_add and index_add on CUDA add in a fixed order.
+pub fn deterministic_index_add() -> bool {
+    DETERMINISTIC.load(Ordering::Relaxed)
+}
 
 /// `values` as an I64 buffer on `like`'s device.
 fn upload(like: &CudaStorage, values: Vec<i64>) -> Result<CudaStorage> {
@@ -21,38 +48,60 @@ fn upload(like: &CudaStorage, values: Vec<i64>) -> Result<CudaStorage> {
     )
 }
 
-fn as_i64(idx: &[usize]) -> Vec<i64> {
-    idx.iter().map(|&i| i as i64).collect()
+fn expect_indices(op: &'static str, idx: &CudaStorage) -> Result<()> {
+    match idx.dtype() {
+        DType::I64 => Ok(()),
+        dtype => Err(Error::DType {
+            op,
+            dtype,
+            expected: "I64 indices",
+        }),
+    }
+}
+
+/// The message of an index out of range, for the fault slot.
+fn out_of_range(dim: usize, size: usize) -> String {
+    format!("an index out of range for dimension {dim} of size {size}")
+}
+
+/// The view `l` with `dim`'s stride set to 0, seen in `shape`, and that stride.
+fn base(op: &'static str, l: &Layout, shape: &[usize], dim: usize) -> Result<(Strided, i64)> {
+    let mut strides = l.strides().to_vec();
+    let dim_stride = strides[dim] as i64;
+    strides[dim] = 0;
+    let b = Strided::new(op, &Layout::new(shape.to_vec(), strides, l.offset()))?;
+    Ok((b, dim_stride))
 }
 
 /// `out[p] = x[p with p[dim] = k(p)]` over `out_shape`: `k` is `idx[p[dim]]` (index_select)
 /// or `idx[p]` (gather, `select` false).
+#[allow(clippy::too_many_arguments)]
 fn take(
     op: &'static str,
     x: &CudaStorage,
     l: &Layout,
     dim: usize,
-    idx: &[usize],
+    idx: &CudaStorage,
+    il: &Layout,
     out_shape: &[usize],
     select: bool,
 ) -> Result<CudaStorage> {
+    expect_indices(op, idx)?;
     let width = x.dtype().size_in_bytes() * 8;
     let n: usize = out_shape.iter().product();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     if n == 0 {
         return Ok(out);
     }
-    let mut strides = l.strides().to_vec();
-    let dim_stride = strides[dim] as i64;
-    strides[dim] = 0;
-    let base = Strided::new(op, &Layout::new(out_shape.to_vec(), strides, l.offset()))?;
+    let (base, dim_stride) = base(op, l, out_shape, dim)?;
     let inner: i64 = match select {
         true => out_shape[dim + 1..].iter().product::<usize>() as i64,
         false => 0,
     };
-    let nidx = idx.len() as i64;
-    let d_idx = upload(x, as_i64(idx))?;
-    let (xp, ip, op_, n64) = (x.ptr(), d_idx.ptr(), out.ptr(), n as i64);
+    let (nidx, size) = (il.numel() as i64, l.shape()[dim] as i64);
+    let idx = idx.contiguous(il)?;
+    let (fault, slot) = x.rt().fault_slot(op, out_of_range(dim, l.shape()[dim]))?;
+    let (xp, ip, op_, n64) = (x.ptr(), idx.ptr(), out.ptr(), n as i64);
     launch!(
         x,
         "index",
@@ -63,9 +112,12 @@ fn take(
         &ip,
         &inner,
         &nidx,
+        &size,
         &dim_stride,
         &op_,
-        &n64
+        &n64,
+        &fault,
+        &slot
     );
     Ok(out)
 }
@@ -75,11 +127,12 @@ pub(crate) fn index_select(
     x: &CudaStorage,
     l: &Layout,
     dim: usize,
-    idx: &[usize],
+    idx: &CudaStorage,
+    il: &Layout,
 ) -> Result<CudaStorage> {
     let mut shape = l.shape().to_vec();
-    shape[dim] = idx.len();
-    take("index_select", x, l, dim, idx, &shape, true)
+    shape[dim] = il.numel();
+    take("index_select", x, l, dim, idx, il, &shape, true)
 }
 
 /// `out[p] = x[p with p[dim] = idx[p]]`; the output has the index's shape.
@@ -87,10 +140,81 @@ pub(crate) fn gather(
     x: &CudaStorage,
     l: &Layout,
     dim: usize,
-    idx: &[usize],
-    idx_shape: &[usize],
+    idx: &CudaStorage,
+    il: &Layout,
 ) -> Result<CudaStorage> {
-    take("gather", x, l, dim, idx, idx_shape, false)
+    take("gather", x, l, dim, idx, il, il.shape(), false)
+}
+
+/// Atomically adds, for each element `i` of the source view `sview` (in the iteration
+/// shape), `src[sview(i)]` into `dst[p(i) with p[dim] = k]`, `k` as in [`take`] (`inner` 0:
+/// `idx[i]`); `dst` is contiguous `dst_shape`.
+#[allow(clippy::too_many_arguments)]
+fn add_at(
+    op: &'static str,
+    dst: &mut CudaStorage,
+    dst_shape: &[usize],
+    dim: usize,
+    idx: &CudaStorage,
+    il: &Layout,
+    src: &CudaStorage,
+    sview: &Layout,
+    inner: i64,
+) -> Result<()> {
+    let t = same_float(op, dst, src)?;
+    let n = sview.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let (dbase, dim_stride) = base(op, &Layout::contiguous(dst_shape), sview.shape(), dim)?;
+    let sv = Strided::new(op, sview)?;
+    let (nidx, size) = (il.numel() as i64, dst_shape[dim] as i64);
+    let idx = idx.contiguous(il)?;
+    let (fault, slot) = dst.rt().fault_slot(op, out_of_range(dim, dst_shape[dim]))?;
+    let (dp, ip, sp, n64) = (dst.ptr(), idx.ptr(), src.ptr(), n as i64);
+    launch!(
+        dst,
+        "index",
+        format!("add_at_{t}"),
+        grid(n),
+        &dp,
+        &dbase,
+        &dim_stride,
+        &ip,
+        &inner,
+        &nidx,
+        &size,
+        &sp,
+        &sv,
+        &n64,
+        &fault,
+        &slot
+    );
+    Ok(())
+}
+
+fn same_float(op: &'static str, dst: &CudaStorage, src: &CudaStorage) -> Result<&'static str> {
+    if dst.dtype() != src.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: dst.dtype(),
+            rhs: src.dtype(),
+        });
+    }
+    float_kname(op, dst.dtype())
+}
+
+/// The indices read into host memory and checked (the deterministic path).
+fn host_indices(
+    op: &'static str,
+    idx: &CudaStorage,
+    il: &Layout,
+    dim: usize,
+    size: usize,
+) -> Result<Vec<usize>> {
+    expect_indices(op, idx)?;
+    let host = idx.to_cpu(il)?;
+    indices(op, &host, &Layout::contiguous(il.shape()), dim, size)
 }
 
 /// Adds `src[s]` into `dst[d]` for each `(d, s)` of `pairs`, in the pairs' order per cell.
@@ -100,14 +224,7 @@ fn add_pairs(
     src: &CudaStorage,
     pairs: Vec<(usize, usize)>,
 ) -> Result<()> {
-    if dst.dtype() != src.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            lhs: dst.dtype(),
-            rhs: src.dtype(),
-        });
-    }
-    let t = float_kname(op, dst.dtype())?;
+    let t = same_float(op, dst, src)?;
     if pairs.is_empty() {
         return Ok(());
     }
@@ -163,22 +280,30 @@ pub(crate) fn scatter_add(
     dst: &mut CudaStorage,
     dst_shape: &[usize],
     dim: usize,
-    idx: &[usize],
-    idx_shape: &[usize],
+    idx: &CudaStorage,
+    il: &Layout,
     src: &CudaStorage,
     sl: &Layout,
 ) -> Result<()> {
+    let op = "scatter_add";
+    expect_indices(op, idx)?;
+    if !deterministic_index_add() {
+        // The source seen in the index's shape (it may be larger).
+        let sview = Layout::new(il.shape().to_vec(), sl.strides().to_vec(), sl.offset());
+        return add_at(op, dst, dst_shape, dim, idx, il, src, &sview, 0);
+    }
+    let ids = host_indices(op, idx, il, dim, dst_shape[dim])?;
     let dl = Layout::contiguous(dst_shape);
-    let mut pos = vec![0; idx_shape.len()];
-    let mut pairs = Vec::with_capacity(idx.len());
-    for &i in idx {
+    let mut pos = vec![0; il.rank()];
+    let mut pairs = Vec::with_capacity(ids.len());
+    for &i in &ids {
         pairs.push((
             offset_with(&dl, &pos, dim, i),
             offset_with(sl, &pos, usize::MAX, 0),
         ));
-        step(&mut pos, idx_shape);
+        step(&mut pos, il.shape());
     }
-    add_pairs("scatter_add", dst, src, pairs)
+    add_pairs(op, dst, src, pairs)
 }
 
 /// `dst[.., idx[i], ..] += src[.., i, ..]` along `dim`; `dst` is contiguous.
@@ -186,20 +311,28 @@ pub(crate) fn index_add(
     dst: &mut CudaStorage,
     dst_shape: &[usize],
     dim: usize,
-    idx: &[usize],
+    idx: &CudaStorage,
+    il: &Layout,
     src: &CudaStorage,
     sl: &Layout,
 ) -> Result<()> {
-    let dl = Layout::contiguous(dst_shape);
+    let op = "index_add";
+    expect_indices(op, idx)?;
     let shape = sl.shape();
+    if !deterministic_index_add() {
+        let inner = shape[dim + 1..].iter().product::<usize>() as i64;
+        return add_at(op, dst, dst_shape, dim, idx, il, src, sl, inner);
+    }
+    let ids = host_indices(op, idx, il, dim, dst_shape[dim])?;
+    let dl = Layout::contiguous(dst_shape);
     let n: usize = shape.iter().product();
     let mut pos = vec![0; shape.len()];
     let mut pairs = Vec::with_capacity(n);
     for so in sl.offsets().take(n) {
-        pairs.push((offset_with(&dl, &pos, dim, idx[pos[dim]]), so));
+        pairs.push((offset_with(&dl, &pos, dim, ids[pos[dim]]), so));
         step(&mut pos, shape);
     }
-    add_pairs("index_add", dst, src, pairs)
+    add_pairs(op, dst, src, pairs)
 }
 
 #[cfg(test)]
