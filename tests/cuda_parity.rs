@@ -9,7 +9,7 @@
 //! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back,
 //! a_cnn_amp_step_reads_nothing_back, batch_norm_counts_batches_on_the_device,
 //! a_channels_last_cnn_trains_like_the_nchw_one, channels_last_convolutions_match,
-//! indexing_stays_on_the_device (indexing_matches now runs device-side indices and atomic
+//! indexing_stays_on_the_device, fills_are_bit_identical (indexing_matches now runs device-side indices and atomic
 //! additions, then the fixed-order mode), and the new
 //! cases of the tests that ran (i64 arithmetic, offset views, the cuBLASLt bias epilogue,
 //! vectorised elementwise kernels) (each was run
@@ -93,6 +93,29 @@ fn parity(what: &str, gpu: Device, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> R
             _ => panic!("{what}: gradient {i} present on one device only"),
         }
     }
+}
+
+/// `full` writes on the device (a memset of the value's bits, or an upload for an I64 whose
+/// halves differ): the same bytes as the CPU's, odd lengths and empty tensors included.
+#[test]
+fn fills_are_bit_identical() {
+    let Some(d) = gpu() else { return };
+    let all = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::U8];
+    for dt in all {
+        for v in [0.0, 1.0, -2.5, 1.0 / 3.0, 65504.0, 7.0, -1.0, 1e-30] {
+            for n in [0usize, 1, 3, 1001] {
+                let want = Tensor::full(&[n], v, dt, Device::Cpu).unwrap();
+                let got = Tensor::full(&[n], v, dt, d).unwrap();
+                assert_eq!(
+                    got.to_le_bytes().unwrap(),
+                    want.to_le_bytes().unwrap(),
+                    "full({v}) {dt:?} x {n}"
+                );
+            }
+        }
+    }
+    let big = Tensor::full(&[3], 5e9, DType::I64, d).unwrap();
+    assert_eq!(big.to_vec::<i64>().unwrap(), vec![5_000_000_000; 3]);
 }
 
 #[test]

@@ -164,8 +164,11 @@ impl Storage {
     }
 
     pub(crate) fn full(device: Device, value: f64, n: usize, dtype: DType) -> Result<Storage> {
-        let device = device.check_available()?;
-        Storage::place(CpuStorage::full(value, n, dtype), device)
+        match device.check_available()? {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(o, value, n, dtype)?)),
+            d => Storage::place(CpuStorage::full(value, n, dtype), d),
+        }
     }
 
     /// `n` dropout multipliers (see [`cpu::dropout_mask`]): `scale` where the element's Philox

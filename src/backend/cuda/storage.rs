@@ -231,6 +231,48 @@ impl CudaStorage {
         Ok(out)
     }
 
+    /// `n` elements of `value` (rounded to `dtype` as the CPU rounds it), written by a memset
+    /// of the element's bit pattern on the stream: no host buffer and no transfer, so
+    /// `zeros` / `full` on a GPU cost a fill at memory bandwidth. A 64-bit pattern whose
+    /// halves differ (an I64 other than 0 or -1) is uploaded instead.
+    pub(crate) fn full(ordinal: usize, value: f64, n: usize, dtype: DType) -> Result<CudaStorage> {
+        kname("full", dtype)?;
+        let one = CpuStorage::full(value, 1, dtype).to_le_bytes(&Layout::contiguous(&[1]));
+        let (lo, hi) = match one.len() {
+            8 => (&one[..4], &one[4..]),
+            _ => (&one[..], &one[..]),
+        };
+        if lo != hi {
+            let host = CpuStorage::full(value, n, dtype);
+            return Self::from_cpu(&host, &Layout::contiguous(&[n]), ordinal);
+        }
+        let rt = runtime(ordinal)?;
+        let out = Self::alloc_on(&rt, dtype, n)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        rt.context()
+            .bind_to_thread()
+            .map_err(|e| out.driver("binding the context", e))?;
+        let (ptr, stream) = (out.ptr(), rt.stream().cu_stream());
+        let bytes = n * dtype.size_in_bytes();
+        // SAFETY: `out` holds `bytes` bytes on this device; the memset is ordered on the
+        // stream before any use of `out`.
+        let r = unsafe {
+            match lo.len() {
+                1 => result::memset_d8_async(ptr, lo[0], bytes, stream),
+                2 => sys::cuMemsetD16Async(ptr, u16::from_le_bytes([lo[0], lo[1]]), bytes / 2, stream)
+                    .result(),
+                _ => {
+                    let word = u32::from_le_bytes([lo[0], lo[1], lo[2], lo[3]]);
+                    sys::cuMemsetD32Async(ptr, word, bytes / 4, stream).result()
+                }
+            }
+        };
+        r.map_err(|e| out.driver("filling", e))?;
+        Ok(out)
+    }
+
     /// The selected elements, row-major, copied to the host (waits for the stream).
     pub(crate) fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
         // Every read of device data counts, the engine's own included (`host_reads`).
