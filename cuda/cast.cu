@@ -37,3 +37,14 @@ COPY(u8)
 COPY(u16)
 COPY(u32)
 COPY(u64)
+
+// The reverse: a contiguous source written into a strided view (a narrowed or permuted part
+// of a larger tensor), by element width. The view must not overlap itself.
+#define COPY_INTO(T)                                                                       \
+    extern "C" __global__ void copy_into_strided_##T(const T* src, Strided l, T* dst, i64 n) { \
+        FOR_EACH(i, n) dst[strided_index(l, i)] = src[i];                                  \
+    }
+COPY_INTO(u8)
+COPY_INTO(u16)
+COPY_INTO(u32)
+COPY_INTO(u64)

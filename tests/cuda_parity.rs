@@ -2,21 +2,24 @@
 //! compared norm-wise within a band per dtype (transfers, casts and dropout masks bit for
 //! bit). Without a GPU each test prints `skipped: no CUDA device` and passes.
 //!
-//! Ran and passed on an H100 (2026-11-22): transfers_and_casts, unary, binary, reductions,
-//! matrix products, dropout, host_fallback_ops (convolution, pooling, cross-entropy and
-//! index_select, then on host copies) and the SGD step. Written after that run and not yet
-//! run on a GPU: convolutions_match_in_every_mode, optimizer_updates_match, pooling_matches,
-//! indexing_matches, composite_ops_match, cross_entropy_reads_nothing_back,
-//! a_cnn_amp_step_reads_nothing_back, batch_norm_counts_batches_on_the_device,
-//! a_channels_last_cnn_trains_like_the_nchw_one, channels_last_convolutions_match,
-//! indexing_stays_on_the_device, fills_are_bit_identical (indexing_matches now runs device-side indices and atomic
-//! additions, then the fixed-order mode), and the new
-//! cases of the tests that ran (i64 arithmetic, offset views, the cuBLASLt bias epilogue,
-//! vectorised elementwise kernels) (each was run
-//! with the CPU standing in for the GPU, which checks the tests themselves, not the device
-//! code; the last one's deferred-fault half holds on CUDA only, where a kernel finds the bad
-//! target). cross_entropy_* run the fused kernels (cuda/softmax_xent.cu), wired after the H100
-//! run; the cross-entropy parity cases above ran on the composed ops then.
+//! Ran and passed on an H100 (2026-11-22, the one GPU session so far): transfers_and_casts,
+//! unary, binary, reductions, matrix products, dropout, host_fallback_ops (then on host
+//! copies) and the SGD step.
+//!
+//! Not yet run on a GPU (written in sessions without one; each was run with the CPU standing
+//! in for the GPU, which checks the tests, not the device code; the parts that hold on CUDA
+//! only, deferred faults and fused op names, fail that way):
+//! - convolutions_match_in_every_mode, channels_last_convolutions_match,
+//!   a_channels_last_cnn_trains_like_the_nchw_one;
+//! - optimizer_updates_match, pooling_matches, composite_ops_match;
+//! - indexing_matches (device-side indices; atomic, then fixed-order additions),
+//!   indexing_stays_on_the_device;
+//! - cross_entropy_reads_nothing_back, a_cnn_amp_step_reads_nothing_back,
+//!   batch_norm_counts_batches_on_the_device, fills_are_bit_identical,
+//!   joins_write_on_the_device;
+//! - the cases added to the tests that ran: i64 arithmetic, offset views, the cuBLASLt bias
+//!   epilogue, vectorised elementwise kernels; and host_fallback_ops' ops, which now run on
+//!   device kernels (cross-entropy fused in cuda/softmax_xent.cu).
 #![cfg(feature = "cuda")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]
@@ -116,6 +119,26 @@ fn fills_are_bit_identical() {
     }
     let big = Tensor::full(&[3], 5e9, DType::I64, d).unwrap();
     assert_eq!(big.to_vec::<i64>().unwrap(), vec![5_000_000_000; 3]);
+}
+
+/// cat and stack along a later dim write into strided parts of their output on the device
+/// (no read back, as every op of a training step should be), bit for bit as on the CPU.
+#[test]
+fn joins_write_on_the_device() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let (a, b) = (input(&[3, 2, 5], dt, 70), input(&[3, 4, 5], dt, 71));
+        let (ga, gb) = (own(&a, d), own(&b, d));
+        Tensor::cat(&[&ga, &gb], 1).unwrap(); // compiles the kernels
+        let before = host_reads();
+        let cat = Tensor::cat(&[&ga, &gb], 1).unwrap();
+        let stack = Tensor::stack(&[&ga, &ga.mul(2.0).unwrap()], 3).unwrap();
+        assert_eq!(host_reads(), before, "cat and stack on {d} ({dt:?})");
+        let want = Tensor::cat(&[&a, &b], 1).unwrap();
+        assert_eq!(cat.to_le_bytes().unwrap(), want.to_le_bytes().unwrap());
+        let want = Tensor::stack(&[&a, &a.mul(2.0).unwrap()], 3).unwrap();
+        assert_eq!(stack.to_le_bytes().unwrap(), want.to_le_bytes().unwrap());
+    }
 }
 
 #[test]

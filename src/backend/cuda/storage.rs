@@ -261,8 +261,13 @@ impl CudaStorage {
         let r = unsafe {
             match lo.len() {
                 1 => result::memset_d8_async(ptr, lo[0], bytes, stream),
-                2 => sys::cuMemsetD16Async(ptr, u16::from_le_bytes([lo[0], lo[1]]), bytes / 2, stream)
-                    .result(),
+                2 => sys::cuMemsetD16Async(
+                    ptr,
+                    u16::from_le_bytes([lo[0], lo[1]]),
+                    bytes / 2,
+                    stream,
+                )
+                .result(),
                 _ => {
                     let word = u32::from_le_bytes([lo[0], lo[1], lo[2], lo[3]]);
                     sys::cuMemsetD32Async(ptr, word, bytes / 4, stream).result()
@@ -392,18 +397,38 @@ impl CudaStorage {
         Ok(out)
     }
 
-    /// Writes `src` (viewed by `sl`) into the view `dl` of this storage. Device-side when
-    /// `dl` is contiguous; otherwise through the host (unverified, slow path).
+    /// Writes `src` (viewed by `sl`) into the view `dl` of this storage, on the device: a
+    /// copy when `dl` is contiguous, a strided-write kernel otherwise (a narrowed or permuted
+    /// part of a tensor, as `cat` writes). A view whose elements may share offsets goes
+    /// through the host.
     pub(crate) fn copy_into(&mut self, dl: &Layout, src: &CudaStorage, sl: &Layout) -> Result<()> {
         let dense = src.to_dtype(sl, self.dtype)?;
-        if dl.is_contiguous() {
-            return self.dtod(self.ptr_at(dl.offset()), dense.ptr(), dl.numel());
+        let n = dl.numel();
+        if dl.is_contiguous() || n == 0 {
+            return self.dtod(self.ptr_at(dl.offset()), dense.ptr(), n);
         }
-        let mut host = self.to_cpu(&Layout::contiguous(&[self.len]))?;
-        let vals = dense.to_cpu(&Layout::contiguous(&[dense.len]))?;
-        host.copy_into(dl, &vals, &Layout::contiguous(&[dense.len]))?;
-        let back = Self::from_cpu(&host, &Layout::contiguous(&[self.len]), self.ordinal())?;
-        *self = back;
+        if overlaps(dl) {
+            // Elements may share an offset (or interleave in a way the check cannot tell):
+            // the host writes them in order, as the CPU backend does.
+            let mut host = self.to_cpu(&Layout::contiguous(&[self.len]))?;
+            let vals = dense.to_cpu(&Layout::contiguous(&[dense.len]))?;
+            host.copy_into(dl, &vals, &Layout::contiguous(&[dense.len]))?;
+            *self = Self::from_cpu(&host, &Layout::contiguous(&[self.len]), self.ordinal())?;
+            return Ok(());
+        }
+        let width = self.dtype.size_in_bytes() * 8;
+        let f = self.function("cast", &format!("copy_into_strided_u{width}"))?;
+        let (src, st, dst, n64) = (
+            dense.ptr(),
+            Strided::new("copy_", dl)?,
+            self.ptr(),
+            n as i64,
+        );
+        let mut b = self.rt().stream().launch_builder(&f);
+        b.arg(&src).arg(&st).arg(&dst).arg(&n64);
+        // SAFETY: the kernel reads `n` elements of `dense` and writes the `n` distinct
+        // elements of the view `dl`, which lies inside this storage.
+        unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching copy_into_strided", e))?;
         Ok(())
     }
 
@@ -412,5 +437,47 @@ impl CudaStorage {
             Device::Cuda(n) => n,
             Device::Cpu => unreachable!("a CUDA storage is on a CUDA device"),
         }
+    }
+}
+
+/// Whether two elements of `l` may share a storage offset: true when, with the dims sorted
+/// by stride, one's stride does not clear the span of the dims inside it (a broadcast dim,
+/// say). Conservative: a few interleaved layouts without overlap also answer true.
+fn overlaps(l: &Layout) -> bool {
+    let mut dims: Vec<(usize, usize)> = l
+        .shape()
+        .iter()
+        .zip(l.strides())
+        .filter(|(&d, _)| d > 1)
+        .map(|(&d, &s)| (s, d))
+        .collect();
+    dims.sort_unstable();
+    let mut span = 1;
+    for (stride, size) in dims {
+        if stride < span {
+            return true;
+        }
+        span = stride * (size - 1) + span;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlaps;
+    use crate::layout::Layout;
+
+    #[test]
+    fn overlap_check_tells_views_apart() {
+        let base = Layout::contiguous(&[4, 6]);
+        assert!(!overlaps(&base));
+        assert!(!overlaps(&base.narrow("t", 1, 2, 3).unwrap()));
+        assert!(!overlaps(&base.permute("t", &[1, 0]).unwrap()));
+        let col = Layout::contiguous(&[4, 1]);
+        assert!(overlaps(&col.broadcast_as("t", &[4, 5]).unwrap()));
+        // Strides 2 and 3 over [2, 2] reach 0, 2, 3, 5: no overlap.
+        assert!(!overlaps(&Layout::new(vec![2, 2], vec![3, 2], 0)));
+        // Over [2, 3] they reach 4 twice.
+        assert!(overlaps(&Layout::new(vec![2, 3], vec![2, 2], 0)));
     }
 }
