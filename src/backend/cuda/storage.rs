@@ -457,7 +457,7 @@ fn overlaps(l: &Layout) -> bool {
         if stride < span {
             return true;
         }
-        span = stride * (size - 1) + span;
+        span += stride * (size - 1);
     }
     false
 }
