@@ -15,6 +15,7 @@
 //! - indexing_matches (device-side indices; atomic, then fixed-order additions),
 //!   indexing_stays_on_the_device;
 //! - cross_entropy_reads_nothing_back, a_cnn_amp_step_reads_nothing_back,
+//!   an_lstm_amp_step_reads_nothing_back,
 //!   batch_norm_counts_batches_on_the_device, fills_are_bit_identical,
 //!   joins_write_on_the_device;
 //! - the cases added to the tests that ran: i64 arithmetic, offset views, the cuBLASLt bias
@@ -981,6 +982,56 @@ fn cnn_amp_steps(d: Device, format: MemoryFormat) -> Vec<f64> {
     let losses: Vec<f64> = steps.iter().map(|l| l.item().unwrap()).collect();
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
     losses
+}
+
+/// A small LSTM language model (embedding, 2-layer LSTM, linear head, cross-entropy) under
+/// bf16 autocast with AdamW: after warm-up a step reads nothing back to the host (the
+/// embedding's indices, its backward's additions, the LSTM's joins all stay on the device).
+#[test]
+fn an_lstm_amp_step_reads_nothing_back() {
+    use mantissa::nn::*;
+    let Some(d) = gpu() else { return };
+    let mut gen = Generator::new(8);
+    let mut emb = Embedding::new(100, 32, &mut gen).unwrap();
+    let mut lstm = Lstm::new(32, 64, 2, true, &mut gen).unwrap();
+    let mut head = Linear::new(64, 100, true, &mut gen).unwrap();
+    emb.to_device(d).unwrap();
+    lstm.to_device(d).unwrap();
+    head.to_device(d).unwrap();
+    let params = [emb.parameters(), lstm.parameters(), head.parameters()].concat();
+    let mut opt = optim::Adam::new(params, optim::AdamConfig::adamw(1e-3)).unwrap();
+    let ids = |shift: i64, shape: &[usize]| {
+        let v: Vec<i64> = (0..96).map(|i| (i * 13 + shift) % 100).collect();
+        Tensor::from_vec(v, shape, Device::Cpu)
+            .unwrap()
+            .to_device(d)
+            .unwrap()
+    };
+    let (tokens, targets) = (ids(0, &[8, 12]), ids(13, &[96]));
+    let mut step = || {
+        opt.zero_grad();
+        let loss = amp::with_autocast(DType::BF16, || {
+            let h = lstm.forward(&emb.forward(&tokens)?)?;
+            head.forward(&h.reshape(&[96, 64])?)?
+                .cross_entropy(&targets, Default::default())
+        })
+        .unwrap()
+        .unwrap();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        loss
+    };
+    let mut losses = vec![step(), step()];
+    let before = host_reads();
+    losses.extend((0..3).map(|_| step()));
+    assert_eq!(
+        host_reads(),
+        before,
+        "host reads in three LSTM steps on {d}"
+    );
+    let losses: Vec<f64> = losses.iter().map(|l| l.item().unwrap()).collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[4] < losses[0], "the loss goes down: {losses:?}");
 }
 
 #[test]
