@@ -1,5 +1,5 @@
-// 2-D pooling over contiguous [planes, h, w] inputs (src/backend/cpu/nn.rs gives the same
-// results): max pooling with the flat in-plane index of each maximum, average pooling, and
+// 2-D pooling over dense NCHW inputs, or NHWC ones (`channels_last`: outputs and input
+// gradients in the same order), src/backend/cpu/nn.rs giving the same results: max pooling with the flat in-plane index of each maximum, average pooling, and
 // adaptive average pooling. The backward kernels gather: one thread per input cell sums the
 // output cells whose window holds it, in the order the CPU adds them, so they need no atomics
 // and repeat bit for bit.
@@ -7,8 +7,30 @@
 struct PoolArgs {
     i64 planes, h, w, ho, wo;
     i64 kh, kw, sh, sw, ph, pw, dh, dw;
+    i64 c;
     int count_include_pad;
+    int channels_last;
 };
+
+// Where pixel k of plane pl (= n * c + channel) of planes of `pixels` sits in memory: NCHW
+// planes one after another, or NHWC with each pixel's channels side by side.
+__device__ __forceinline__ i64 at(const PoolArgs& a, i64 pl, i64 k, i64 pixels) {
+    if (!a.channels_last) return pl * pixels + k;
+    return ((pl / a.c) * pixels + k) * a.c + pl % a.c;
+}
+
+// The plane and pixel at memory position i (the inverse of `at`): threads walk memory in
+// order, so a warp reads and writes neighbouring elements in either format.
+__device__ __forceinline__ void plane_pixel(const PoolArgs& a, i64 i, i64 pixels, i64* pl, i64* k) {
+    if (!a.channels_last) {
+        *pl = i / pixels;
+        *k = i % pixels;
+        return;
+    }
+    i64 ch = i % a.c, r = i / a.c;
+    *k = r % pixels;
+    *pl = (r / pixels) * a.c + ch;
+}
 
 // The first output index along one axis whose window (start o*s - p, taps every d) can
 // reach input i, and the last; the caller checks each tap exactly.
@@ -24,8 +46,9 @@ template <typename T>
 __device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
     i64 n = a.planes * a.ho * a.wo;
     FOR_EACH(o, n) {
-        i64 ox = o % a.wo, oy = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
-        const T* src = x + pl * a.h * a.w;
+        i64 pl, q;
+        plane_pixel(a, o, a.ho * a.wo, &pl, &q);
+        i64 ox = q % a.wo, oy = q / a.wo;
         float best = -INFINITY;
         i64 bi = -1;
         for (i64 ky = 0; ky < a.kh; ky++) {
@@ -35,7 +58,7 @@ __device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
                 i64 ix = ox * a.sw + kx * a.dw - a.pw;
                 if (ix < 0 || ix >= a.w) continue;
                 i64 k = iy * a.w + ix;
-                float v = to_f32(src[k]);
+                float v = to_f32(x[at(a, pl, k, a.h * a.w)]);
                 if (bi < 0 || v > best || (isnan(v) && !isnan(best))) { best = v; bi = k; }
             }
         }
@@ -48,14 +71,15 @@ template <typename T>
 __device__ void max_pool_backward(const T* g, const i64* idx, T* gx, PoolArgs a) {
     i64 n = a.planes * a.h * a.w;
     FOR_EACH(i, n) {
-        i64 ix = i % a.w, iy = (i / a.w) % a.h, pl = i / (a.w * a.h);
-        i64 k = iy * a.w + ix, y0, y1, x0, x1;
+        i64 pl, k, y0, y1, x0, x1;
+        plane_pixel(a, i, a.h * a.w, &pl, &k);
+        i64 ix = k % a.w, iy = k / a.w;
         reach(iy, a.kh, a.sh, a.ph, a.dh, a.ho, &y0, &y1);
         reach(ix, a.kw, a.sw, a.pw, a.dw, a.wo, &x0, &x1);
         float acc = 0.0f;
         for (i64 oy = y0; oy <= y1; oy++) {
             for (i64 ox = x0; ox <= x1; ox++) {
-                i64 o = (pl * a.ho + oy) * a.wo + ox;
+                i64 o = at(a, pl, oy * a.wo + ox, a.ho * a.wo);
                 if (idx[o] == k) acc += to_f32(g[o]);
             }
         }
@@ -85,14 +109,15 @@ template <typename T>
 __device__ void avg_pool(const T* x, T* y, PoolArgs a) {
     i64 n = a.planes * a.ho * a.wo;
     FOR_EACH(o, n) {
-        i64 ox = o % a.wo, oy = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
-        const T* src = x + pl * a.h * a.w;
+        i64 pl, q;
+        plane_pixel(a, o, a.ho * a.wo, &pl, &q);
+        i64 ox = q % a.wo, oy = q / a.wo;
         i64 y0, y1, fy, x0, x1, fx;
         avg_window(oy, a.kh, a.sh, a.ph, a.h, &y0, &y1, &fy);
         avg_window(ox, a.kw, a.sw, a.pw, a.w, &x0, &x1, &fx);
         float sum = 0.0f;
         for (i64 iy = y0; iy < y1; iy++)
-            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(src[iy * a.w + ix]);
+            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(x[at(a, pl, iy * a.w + ix, a.h * a.w)]);
         y[o] = from_f32<T>(sum / avg_divisor(a, y0, y1, fy, x0, x1, fx));
     }
 }
@@ -101,7 +126,9 @@ template <typename T>
 __device__ void avg_pool_backward(const T* g, T* gx, PoolArgs a) {
     i64 n = a.planes * a.h * a.w;
     FOR_EACH(i, n) {
-        i64 ix = i % a.w, iy = (i / a.w) % a.h, pl = i / (a.w * a.h);
+        i64 pl, k;
+        plane_pixel(a, i, a.h * a.w, &pl, &k);
+        i64 ix = k % a.w, iy = k / a.w;
         i64 ylo, yhi, xlo, xhi;
         reach(iy, a.kh, a.sh, a.ph, 1, a.ho, &ylo, &yhi);
         reach(ix, a.kw, a.sw, a.pw, 1, a.wo, &xlo, &xhi);
@@ -115,7 +142,7 @@ __device__ void avg_pool_backward(const T* g, T* gx, PoolArgs a) {
                 avg_window(ox, a.kw, a.sw, a.pw, a.w, &x0, &x1, &fx);
                 if (ix < x0 || ix >= x1) continue;
                 float div = avg_divisor(a, y0, y1, fy, x0, x1, fx);
-                acc += to_f32(g[(pl * a.ho + oy) * a.wo + ox]) / div;
+                acc += to_f32(g[at(a, pl, oy * a.wo + ox, a.ho * a.wo)]) / div;
             }
         }
         gx[i] = from_f32<T>(acc);
@@ -132,13 +159,14 @@ template <typename T>
 __device__ void adaptive_avg_pool(const T* x, T* y, PoolArgs a) {
     i64 n = a.planes * a.ho * a.wo;
     FOR_EACH(o, n) {
-        i64 ox = o % a.wo, oy = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
-        const T* src = x + pl * a.h * a.w;
+        i64 pl, q;
+        plane_pixel(a, o, a.ho * a.wo, &pl, &q);
+        i64 ox = q % a.wo, oy = q / a.wo;
         i64 y0 = adaptive_start(oy, a.ho, a.h), y1 = adaptive_end(oy, a.ho, a.h);
         i64 x0 = adaptive_start(ox, a.wo, a.w), x1 = adaptive_end(ox, a.wo, a.w);
         float sum = 0.0f;
         for (i64 iy = y0; iy < y1; iy++)
-            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(src[iy * a.w + ix]);
+            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(x[at(a, pl, iy * a.w + ix, a.h * a.w)]);
         y[o] = from_f32<T>(sum / (float)((y1 - y0) * (x1 - x0)));
     }
 }
@@ -147,7 +175,9 @@ template <typename T>
 __device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
     i64 n = a.planes * a.h * a.w;
     FOR_EACH(i, n) {
-        i64 ix = i % a.w, iy = (i / a.w) % a.h, pl = i / (a.w * a.h);
+        i64 pl, k;
+        plane_pixel(a, i, a.h * a.w, &pl, &k);
+        i64 ix = k % a.w, iy = k / a.w;
         // Outputs whose window holds iy: floor(iy*ho/h) .. ceil((iy+1)*ho/h) - 1.
         i64 ylo = (iy * a.ho) / a.h, yhi = ((iy + 1) * a.ho + a.h - 1) / a.h - 1;
         i64 xlo = (ix * a.wo) / a.w, xhi = ((ix + 1) * a.wo + a.w - 1) / a.w - 1;
@@ -159,7 +189,7 @@ __device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
                 i64 x0 = adaptive_start(ox, a.wo, a.w), x1 = adaptive_end(ox, a.wo, a.w);
                 if (ix < x0 || ix >= x1) continue;
                 float cnt = (float)((y1 - y0) * (x1 - x0));
-                acc += to_f32(g[(pl * a.ho + oy) * a.wo + ox]) / cnt;
+                acc += to_f32(g[at(a, pl, oy * a.wo + ox, a.ho * a.wo)]) / cnt;
             }
         }
         gx[i] = from_f32<T>(acc);

@@ -11,7 +11,7 @@
 //! only, deferred faults and fused op names, fail that way):
 //! - convolutions_match_in_every_mode, channels_last_convolutions_match,
 //!   a_channels_last_cnn_trains_like_the_nchw_one;
-//! - optimizer_updates_match, pooling_matches, composite_ops_match;
+//! - optimizer_updates_match, pooling_matches (NCHW and channels-last), composite_ops_match;
 //! - indexing_matches (device-side indices; atomic, then fixed-order additions),
 //!   indexing_stays_on_the_device;
 //! - cross_entropy_reads_nothing_back, a_cnn_amp_step_reads_nothing_back,
@@ -588,36 +588,50 @@ fn pooling_matches() {
             count_include_pad: true,
         },
     ];
-    for dt in FLOATS {
-        let x = input(&[2, 3, 9, 10], dt, 50);
-        for o in max_opts {
-            parity(&format!("max_pool2d {o:?}"), d, &[x.clone()], |x| {
-                x[0].max_pool2d(o)
-            });
-        }
-        for o in avg_opts {
-            parity(&format!("avg_pool2d {o:?}"), d, &[x.clone()], |x| {
-                x[0].avg_pool2d(o)
-            });
-        }
-        for out in [[3, 4], [1, 1], [13, 11]] {
-            parity(
-                &format!("adaptive_avg_pool2d {out:?}"),
-                d,
-                &[x.clone()],
-                |x| x[0].adaptive_avg_pool2d(out),
+    // NCHW, then channels-last (pooled in NHWC order on the GPU, NCHW planes on the CPU); the
+    // output keeps the input's format either way.
+    for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+        let keeps = move |y: Tensor| -> Result<Tensor> {
+            assert_eq!(
+                y.memory_format(),
+                format,
+                "pooled strides {:?}",
+                y.strides()
             );
+            Ok(y)
+        };
+        let input_in = |x: &Tensor| x.to_memory_format(format);
+        for dt in FLOATS {
+            let x = input(&[2, 3, 9, 10], dt, 50);
+            for o in max_opts {
+                let what = format!("max_pool2d {o:?} {format:?}");
+                parity(&what, d, &[x.clone()], |x| {
+                    keeps(input_in(&x[0])?.max_pool2d(o)?)
+                });
+            }
+            for o in avg_opts {
+                let what = format!("avg_pool2d {o:?} {format:?}");
+                parity(&what, d, &[x.clone()], |x| {
+                    keeps(input_in(&x[0])?.avg_pool2d(o)?)
+                });
+            }
+            for out in [[3, 4], [1, 1], [13, 11]] {
+                let what = format!("adaptive_avg_pool2d {out:?} {format:?}");
+                parity(&what, d, &[x.clone()], |x| {
+                    keeps(input_in(&x[0])?.adaptive_avg_pool2d(out)?)
+                });
+            }
+            // Ties inside a window: the first index wins on both devices, so the gradient
+            // lands on the same cell.
+            let ties = input(&[1, 2, 6, 6], dt, 51)
+                .mul(0.0)
+                .unwrap()
+                .add(1.0)
+                .unwrap();
+            parity("max_pool2d ties", d, &[ties], |x| {
+                keeps(input_in(&x[0])?.max_pool2d(max_opts[1])?)
+            });
         }
-        // Ties inside a window: the first index wins on both devices, so the gradient lands
-        // on the same cell.
-        let ties = input(&[1, 2, 6, 6], dt, 51)
-            .mul(0.0)
-            .unwrap()
-            .add(1.0)
-            .unwrap();
-        parity("max_pool2d ties", d, &[ties], |x| {
-            x[0].max_pool2d(max_opts[1])
-        });
     }
 }
 

@@ -2,7 +2,8 @@
 
 use super::{dispatch, expect_float, expect_rank, Op};
 use crate::backend::ops::{window_out, Pool2dParams};
-use crate::backend::PoolDims;
+use crate::backend::{PoolDims, Storage};
+use crate::layout::Layout;
 use crate::{Error, MemoryFormat, Result, Tensor};
 
 /// Options of [`Tensor::max_pool2d`]; `stride` `None` means the kernel size (PyTorch).
@@ -91,10 +92,12 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
     match (ho, wo) {
         (Some(ho), Some(wo)) if s[2] > 0 && s[3] > 0 => Ok(PoolDims {
             planes: s[0] * s[1],
+            c: s[1],
             h: s[2],
             w: s[3],
             ho,
             wo,
+            channels_last: x.is_channels_last(),
         }),
         _ => Err(Error::invalid(
             op.name(),
@@ -103,9 +106,17 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
     }
 }
 
-/// The pooled `y` in the input's memory format: the pooling kernels work plane by plane
-/// (NCHW), so a channels-last input's output is reordered once, and the channels-last chain
-/// of a network goes on past the pooling layer.
+/// A pooling result (or input gradient) of `shape`, in the memory format the backend of `like`
+/// wrote it in (NHWC on CUDA for a channels-last input; NCHW planes on the CPU).
+fn pooled(like: &Tensor, s: Storage, shape: [usize; 4], d: &PoolDims) -> Result<Tensor> {
+    let format = like.storage().pool_format(d);
+    let layout = Layout::with_format("pooling", &shape, format)?;
+    Ok(Tensor::from_storage_in(s, layout))
+}
+
+/// The pooled `y` in the input's memory format: where the backend pooled NCHW planes (the
+/// CPU), a channels-last input's output is reordered once, so the channels-last chain of a
+/// network goes on past the pooling layer.
 fn same_format(x: &Tensor, y: Tensor) -> Result<Tensor> {
     match x.memory_format() {
         MemoryFormat::ChannelsLast => y.to_memory_format(MemoryFormat::ChannelsLast),
@@ -129,10 +140,10 @@ impl Tensor {
         let (v, idx) = x.storage().max_pool2d(x.layout(), &d, &p)?;
         let s = x.shape();
         let shape = [s[0], s[1], d.ho, d.wo];
-        let in_shape = s.to_vec();
-        let y = Tensor::from_storage(v, &shape).attach("max_pool2d", &[&x], move |g, _| {
+        let in_shape = [s[0], s[1], s[2], s[3]];
+        let y = pooled(&x, v, shape, &d)?.attach("max_pool2d", &[&x], move |g, _| {
             let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d, &p)?;
-            Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
+            Ok(vec![Some(pooled(g, gx, in_shape, &d)?)])
         });
         same_format(&x, y)
     }
@@ -151,13 +162,13 @@ impl Tensor {
         let d = pool_dims(Op::AvgPool2d, &x, &p)?;
         let v = x.storage().avg_pool2d(x.layout(), &d, &p)?;
         let s = x.shape();
-        let in_shape = s.to_vec();
-        let y = Tensor::from_storage(v, &[s[0], s[1], d.ho, d.wo]).attach(
+        let in_shape = [s[0], s[1], s[2], s[3]];
+        let y = pooled(&x, v, [s[0], s[1], d.ho, d.wo], &d)?.attach(
             "avg_pool2d",
             &[&x],
             move |g, _| {
                 let gx = g.storage().avg_pool2d_backward(g.layout(), &d, &p)?;
-                Ok(vec![Some(Tensor::from_storage(gx, &in_shape))])
+                Ok(vec![Some(pooled(g, gx, in_shape, &d)?)])
             },
         );
         same_format(&x, y)
@@ -177,18 +188,21 @@ impl Tensor {
         }
         let d = PoolDims {
             planes: s[0] * s[1],
+            c: s[1],
             h: s[2],
             w: s[3],
             ho: out[0],
             wo: out[1],
+            channels_last: x.is_channels_last(),
         };
         let v = x.storage().adaptive_avg_pool2d(x.layout(), &d, false)?;
-        let y = Tensor::from_storage(v, &[s[0], s[1], out[0], out[1]]).attach(
+        let y = pooled(&x, v, [s[0], s[1], out[0], out[1]], &d)?.attach(
             "adaptive_avg_pool2d",
             &[&x],
             move |g, _| {
-                let gx = g.storage().adaptive_avg_pool2d(g.layout(), &d, true)?;
-                Ok(vec![Some(Tensor::from_storage(gx, &s))])
+                let gs = g.storage();
+                let gx = gs.adaptive_avg_pool2d(g.layout(), &d, true)?;
+                Ok(vec![Some(pooled(g, gx, [s[0], s[1], s[2], s[3]], &d)?)])
             },
         );
         same_format(&x, y)

@@ -63,14 +63,18 @@ pub(crate) fn log_softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuS
     Ok(map_float!("log_softmax", s, v => softmax_impl(v, l, dim, true).into_storage()))
 }
 
-/// Input and output plane sizes of a pooling op over `[n, c, h, w]`.
+/// Input and output plane sizes of a pooling op over `[n, c, h, w]`, and whether the input
+/// is channels-last (a backend that pools NHWC in place then returns NHWC activations; see
+/// `Storage::pool_format`; the CPU pools NCHW planes).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PoolDims {
     pub planes: usize,
+    pub c: usize,
     pub h: usize,
     pub w: usize,
     pub ho: usize,
     pub wo: usize,
+    pub channels_last: bool,
 }
 
 /// Runs `f(in_plane, out_plane)` over every (n, c) plane, in parallel when large.

@@ -1,7 +1,8 @@
 //! Launchers for `cuda/pool.cu`: max, average and adaptive average 2-D pooling and their
-//! backward passes over contiguous NCHW inputs (a strided view is copied first).
+//! backward passes over dense NCHW inputs, or NHWC ones for a channels-last input (outputs in
+//! the same order; a view in another order is copied first).
 //!
-//! Unverified: written after the GPU session ended; not yet run on a GPU.
+//! Unverified: written after the GPU session ended (NHWC later still); not yet run on a GPU.
 
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::backend::cpu::PoolDims;
@@ -27,7 +28,9 @@ struct PoolArgs {
     pw: i64,
     dh: i64,
     dw: i64,
+    c: i64,
     count_include_pad: i32,
+    channels_last: i32,
 }
 
 // SAFETY: plain old data with the C layout the kernels declare.
@@ -57,7 +60,23 @@ fn args(d: &PoolDims, p: Option<&Pool2dParams>) -> PoolArgs {
         pw: i(p.padding[1]),
         dh: i(p.dilation[0]),
         dw: i(p.dilation[1]),
+        c: i(d.c),
         count_include_pad: p.count_include_pad as i32,
+        channels_last: d.channels_last as i32,
+    }
+}
+
+/// The elements of `x` (an `[n, c, h, w]` view) in the order the kernels read them: NCHW, or
+/// NHWC when `d.channels_last` (a borrow when they already are).
+fn dense<'a>(
+    op: &'static str,
+    x: &'a CudaStorage,
+    l: &Layout,
+    d: &PoolDims,
+) -> Result<super::storage::Dense<'a>> {
+    match d.channels_last {
+        true => x.contiguous(&l.permute(op, &[0, 2, 3, 1])?),
+        false => x.contiguous(l),
     }
 }
 
@@ -76,7 +95,7 @@ pub(crate) fn max_pool2d(
     p: &Pool2dParams,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let t = float_kname("max_pool2d", x.dtype())?;
-    let x = x.contiguous(l)?;
+    let x = dense("max_pool2d", x, l, d)?;
     let n = d.planes * d.ho * d.wo;
     let (y, idx) = (
         CudaStorage::alloc_on(x.rt(), x.dtype(), n)?,
@@ -113,7 +132,7 @@ pub(crate) fn max_pool2d_backward(
             expected: "I64 indices, one per output cell",
         });
     }
-    let g = g.contiguous(lg)?;
+    let g = dense("max_pool2d_backward", g, lg, d)?;
     let n = d.planes * d.h * d.w;
     let gx = CudaStorage::alloc_on(g.rt(), g.dtype(), n)?;
     let (a, gp, ip, xp) = (args(d, Some(p)), g.ptr(), idx.ptr(), gx.ptr());
@@ -136,7 +155,7 @@ pub(crate) fn avg_pool2d(
         Pool::Adaptive => "adaptive_avg_pool2d",
     };
     let t = float_kname(stem, x.dtype())?;
-    let x = x.contiguous(l)?;
+    let x = dense(stem, x, l, d)?;
     let n = match backward {
         true => d.planes * d.h * d.w,
         false => d.planes * d.ho * d.wo,
