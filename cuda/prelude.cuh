@@ -17,16 +17,23 @@ struct __align__(2) bf16 { u16 bits; };
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(double x) { return (float)x; }
+#ifdef __CUDACC_RTC__
 __device__ __forceinline__ float to_f32(f16 x) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
     return f;
 }
+#else
+// Host builds of the kernel files (tests: src/backend/cuda/host_kernels.rs) define the half
+// conversions in cuda/host_shim.h, after this file.
+float to_f32(f16 x);
+#endif
 __device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
 
 // Round to nearest even, as the CPU backend's `half` conversions do.
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+#ifdef __CUDACC_RTC__
 template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
     f16 r;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
@@ -37,6 +44,10 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
     return r;
 }
+#else
+template <> f16 from_f32<f16>(float x);
+template <> bf16 from_f32<bf16>(float x);
+#endif
 
 // Philox 4x32-10, the generator of src/random.rs: the same (counter, key) gives the same bits
 // on the CPU and here.

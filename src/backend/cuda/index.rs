@@ -65,7 +65,12 @@ fn out_of_range(dim: usize, size: usize) -> String {
 }
 
 /// The view `l` with `dim`'s stride set to 0, seen in `shape`, and that stride.
-fn base(op: &'static str, l: &Layout, shape: &[usize], dim: usize) -> Result<(Strided, i64)> {
+pub(super) fn base(
+    op: &'static str,
+    l: &Layout,
+    shape: &[usize],
+    dim: usize,
+) -> Result<(Strided, i64)> {
     let mut strides = l.strides().to_vec();
     let dim_stride = strides[dim] as i64;
     strides[dim] = 0;

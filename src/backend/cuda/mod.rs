@@ -31,6 +31,8 @@ macro_rules! launch {
 mod blaslt;
 pub mod conv;
 mod faults;
+#[cfg(test)]
+mod host_kernels;
 pub mod index;
 pub mod kernels;
 pub mod libs;

@@ -14,7 +14,7 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 /// `cuda/pool.cu`'s `PoolArgs`, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct PoolArgs {
+pub(super) struct PoolArgs {
     planes: i64,
     h: i64,
     w: i64,
@@ -36,7 +36,7 @@ struct PoolArgs {
 // SAFETY: plain old data with the C layout the kernels declare.
 unsafe impl DeviceRepr for PoolArgs {}
 
-fn args(d: &PoolDims, p: Option<&Pool2dParams>) -> PoolArgs {
+pub(super) fn args(d: &PoolDims, p: Option<&Pool2dParams>) -> PoolArgs {
     let i = |v: usize| v as i64;
     let p = p.copied().unwrap_or(Pool2dParams {
         kernel: [1, 1],
