@@ -177,7 +177,11 @@ extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, 
     FOR_EACH(i, n) {
         double r = binary_d(op, (double)x[strided_index(lx, i)], (double)y[strided_index(ly, i)]);
         i64 v;
+#ifdef __CUDACC_RTC__
         asm("cvt.rzi.s64.f64 %0, %1;" : "=l"(v) : "d"(r));
+#else
+        v = host_f64_to_i64(r);
+#endif
         out[i] = v;
     }
 }

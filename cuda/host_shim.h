@@ -64,6 +64,13 @@ inline float atomicAdd(float* p, float v) {
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __syncthreads() {}
+// cvt.rzi.s64.f64: toward zero, saturating, NaN to 0.
+inline long long host_f64_to_i64(double r) {
+    if (r != r) return 0;
+    if (r >= 9223372036854775807.0) return INT64_MAX;
+    if (r <= -9223372036854775808.0) return INT64_MIN;
+    return (long long)r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 
 #else

@@ -33,7 +33,7 @@ pub fn allow_tf32() -> bool {
 }
 
 /// The kernel's op code and scalar parameters (`unary_f` in `cuda/elementwise.cu`).
-fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
+pub(super) fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
     match op {
         UnaryOp::Neg => (0, 0.0, 0.0),
         UnaryOp::Abs => (1, 0.0, 0.0),
@@ -60,7 +60,7 @@ fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
     }
 }
 
-fn binary_code(op: BinaryOp) -> i32 {
+pub(super) fn binary_code(op: BinaryOp) -> i32 {
     match op {
         BinaryOp::Add => 0,
         BinaryOp::Sub => 1,
