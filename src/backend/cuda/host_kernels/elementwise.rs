@@ -1,0 +1,186 @@
+//! Elementwise kernels (vectorised and scalar paths) and the fused LSTM cell, against the CPU
+//! backend.
+
+use super::{close, function, library, randn};
+use crate::layout::Layout;
+use crate::{bf16, Device, Tensor};
+use libloading::Library;
+
+type Unary<T> = unsafe extern "C" fn(i32, f32, f32, *const T, *mut T, i64) -> ();
+type Binary<T> = unsafe extern "C" fn(i32, *const T, *const T, *mut T, i64) -> ();
+
+/// A start index into `v` whose address is 16-byte aligned, plus `skew` elements.
+fn start<T>(v: &[T], skew: usize) -> usize {
+    let size = std::mem::size_of::<T>();
+    (16 - v.as_ptr() as usize % 16) % 16 / size + skew
+}
+
+/// Runs the contiguous unary and binary kernels of dtype `T` (kernel suffix `t`) over every
+/// op, through the vectorised path (aligned, with a tail) and the scalar one (misaligned),
+/// and compares them with the CPU backend within `tol` (norm-wise).
+fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) {
+    use crate::backend::ops::{BinaryOp, UnaryOp};
+    use crate::backend::Storage;
+    let n = 37;
+    let mut g = crate::Generator::new(9);
+    let mk = |g: &mut crate::Generator| {
+        Tensor::rand_with(&[n], 0.1, 2.1, T::DTYPE, Device::Cpu, g).unwrap()
+    };
+    let (x, y) = (mk(&mut g), mk(&mut g));
+    let l = Layout::contiguous(&[n]);
+    let to_vec = |s: Storage| Tensor::from_storage(s, &[n]).to_vec_f64().unwrap();
+    let check = |got: &[T], want: Vec<f64>, what: &str| {
+        let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum();
+        let den: f64 = want.iter().map(|b| b * b).sum();
+        assert!(
+            (num / den).sqrt() <= tol,
+            "{what} ({t}): {got:?} vs {want:?}"
+        );
+    };
+    let unary = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Recip,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::LeakyRelu(0.1),
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Affine {
+            mul: 1.5,
+            add: -0.25,
+        },
+        UnaryOp::PowScalar(1.7),
+        UnaryOp::ScalarPow(1.3),
+        UnaryOp::MaxScalar(1.0),
+        UnaryOp::MinScalar(1.0),
+    ];
+    let (xs, ys) = (x.to_vec::<T>().unwrap(), y.to_vec::<T>().unwrap());
+    // Room to place each buffer at an aligned start, or one element past it.
+    let pad = |v: &[T]| [v, &[T::default(); 16][..]].concat();
+    let (xp, yp) = (pad(&xs), pad(&ys));
+    for skew in [0, 1] {
+        let mut xa = xp.clone();
+        let (sx, sy) = (start(&xa, skew), start(&yp, skew));
+        xa.copy_within(0..n, sx);
+        let mut ya = yp.clone();
+        ya.copy_within(0..n, sy);
+        let mut out = vec![T::default(); n + 16];
+        let so = start(&out, skew);
+        for op in unary {
+            let (code, a, b) = crate::backend::cuda::ops::unary_code(op);
+            let f: Unary<T> = function(lib, &format!("unary_{t}"));
+            // SAFETY: every buffer holds n elements from its start.
+            unsafe {
+                f(
+                    code,
+                    a,
+                    b,
+                    xa[sx..].as_ptr(),
+                    out[so..].as_mut_ptr(),
+                    n as i64,
+                )
+            };
+            let want = to_vec(x.storage().unary(&l, op).unwrap());
+            check(&out[so..so + n], want, &format!("{op:?} skew {skew}"));
+        }
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Pow,
+            BinaryOp::Max,
+            BinaryOp::Min,
+        ] {
+            let f: Binary<T> = function(lib, &format!("binary_{t}"));
+            let code = crate::backend::cuda::ops::binary_code(op);
+            // SAFETY: as above.
+            unsafe {
+                f(
+                    code,
+                    xa[sx..].as_ptr(),
+                    ya[sy..].as_ptr(),
+                    out[so..].as_mut_ptr(),
+                    n as i64,
+                )
+            };
+            let want = to_vec(x.storage().binary(&l, &y.storage(), &l, op).unwrap());
+            check(&out[so..so + n], want, &format!("{op:?} skew {skew}"));
+        }
+    }
+}
+
+#[test]
+fn elementwise_kernels_match_the_cpu_vectorised_and_not() {
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    elementwise_in::<f32>(lib, "float", 1e-6);
+    elementwise_in::<crate::f16>(lib, "f16", 2e-3);
+    elementwise_in::<bf16>(lib, "bf16", 1.6e-2);
+}
+
+#[test]
+fn lstm_cell_kernels_match_the_cpu() {
+    let Some(lib) = library("rnn") else { return };
+    type Forward = unsafe extern "C" fn(*const f32, *const f32, *mut f32, i64, i64) -> ();
+    type Backward =
+        unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i64, i64) -> ();
+    let (b, h) = (3, 5);
+    let (g, c, d) = (
+        randn(&[b, 4 * h], 10),
+        randn(&[b, h], 11),
+        randn(&[b, 2 * h], 12),
+    );
+    let l = |t: &Tensor| Layout::contiguous(t.shape());
+    let fwd = g.storage().lstm_cell(&l(&g), &c.storage(), &l(&c)).unwrap();
+    let bwd = g
+        .storage()
+        .lstm_cell_backward(&l(&g), &c.storage(), &l(&c), &d.storage(), &l(&d))
+        .unwrap();
+    let want_f = Tensor::from_storage(fwd, &[b, 2 * h])
+        .to_vec::<f32>()
+        .unwrap();
+    let want_b = Tensor::from_storage(bwd, &[b, 5 * h])
+        .to_vec::<f32>()
+        .unwrap();
+    let (gs, cs, ds) = (
+        g.to_vec::<f32>().unwrap(),
+        c.to_vec::<f32>().unwrap(),
+        d.to_vec::<f32>().unwrap(),
+    );
+    let (mut out_f, mut out_b) = (vec![0f32; b * 2 * h], vec![0f32; b * 5 * h]);
+    let f: Forward = function(lib, "lstm_cell_float");
+    let bk: Backward = function(lib, "lstm_cell_backward_float");
+    // SAFETY: the buffers hold [B, 4H], [B, H], [B, 2H] and the outputs' elements.
+    unsafe {
+        f(
+            gs.as_ptr(),
+            cs.as_ptr(),
+            out_f.as_mut_ptr(),
+            b as i64,
+            h as i64,
+        );
+        bk(
+            gs.as_ptr(),
+            cs.as_ptr(),
+            ds.as_ptr(),
+            out_b.as_mut_ptr(),
+            b as i64,
+            h as i64,
+        );
+    }
+    close(&out_f, &want_f, "lstm_cell");
+    close(&out_b, &want_b, "lstm_cell backward");
+}

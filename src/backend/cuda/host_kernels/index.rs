@@ -1,0 +1,231 @@
+//! Indexing kernels (take, add_at) and the strided write, against the CPU backend.
+
+use super::{function, library, randn};
+use crate::backend::cuda::index::base;
+use crate::backend::cuda::storage::Strided;
+use crate::layout::Layout;
+use crate::{bf16, DType, Device, Tensor};
+use libloading::Library;
+
+type Take = unsafe extern "C" fn(
+    *const u32,
+    Strided,
+    *const i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    *mut u32,
+    i64,
+    *mut i32,
+    i32,
+) -> ();
+
+/// Runs `take_u32` as index_select (`select`) or gather over `x` viewed by `l`; returns the
+/// output and the fault flag.
+fn take(
+    lib: &Library,
+    x: &[f32],
+    l: &Layout,
+    dim: usize,
+    idx: &[i64],
+    out_shape: &[usize],
+    select: bool,
+) -> (Vec<f32>, i32) {
+    let (b, dim_stride) = base("take", l, out_shape, dim).unwrap();
+    let inner = match select {
+        true => out_shape[dim + 1..].iter().product::<usize>() as i64,
+        false => 0,
+    };
+    let n: usize = out_shape.iter().product();
+    let mut out = vec![0f32; n];
+    let mut fault = 0i32;
+    let f: Take = function(lib, "take_u32");
+    // SAFETY: `x` holds the view's elements, `idx` its entries, `out` the n outputs; f32s
+    // travel as their 32-bit patterns.
+    unsafe {
+        f(
+            x.as_ptr().cast(),
+            b,
+            idx.as_ptr(),
+            inner,
+            idx.len() as i64,
+            l.shape()[dim] as i64,
+            dim_stride,
+            out.as_mut_ptr().cast(),
+            n as i64,
+            &mut fault,
+            7,
+        )
+    };
+    (out, fault)
+}
+
+#[test]
+fn take_kernel_selects_gathers_and_flags_bad_indices() {
+    let Some(lib) = library("index") else { return };
+    let x = randn(&[6, 7], 3);
+    let xs = x.to_vec::<f32>().unwrap();
+    let cpu_idx =
+        |v: &[i64], shape: &[usize]| Tensor::from_vec(v.to_vec(), shape, Device::Cpu).unwrap();
+    // index_select along dim 1 of the transposed view [7, 6].
+    let t = Layout::contiguous(&[6, 7]).permute("t", &[1, 0]).unwrap();
+    let rows = [5i64, 0, 0, 3, 5];
+    let (got, fault) = take(lib, &xs, &t, 1, &rows, &[7, 5], true);
+    let want = x
+        .t()
+        .unwrap()
+        .index_select(1, &cpu_idx(&rows, &[5]))
+        .unwrap();
+    assert_eq!(
+        (got, fault),
+        (want.to_vec::<f32>().unwrap(), 0),
+        "index_select"
+    );
+    // gather along dim 0 with a [2, 4] index.
+    let g = [5i64, 5, 0, 1, 1, 1, 2, 4];
+    let (got, fault) = take(
+        lib,
+        &xs,
+        &Layout::contiguous(&[6, 7]),
+        0,
+        &g,
+        &[2, 4],
+        false,
+    );
+    let want = x.gather(0, &cpu_idx(&g, &[2, 4])).unwrap();
+    assert_eq!((got, fault), (want.to_vec::<f32>().unwrap(), 0), "gather");
+    // An index out of range: the slot in the flag, 0 in its place, the others as usual.
+    let (got, fault) = take(
+        lib,
+        &xs,
+        &Layout::contiguous(&[6, 7]),
+        0,
+        &[2, 6],
+        &[2, 7],
+        true,
+    );
+    assert_eq!(fault, 7);
+    assert_eq!(&got[..7], &xs[14..21]);
+    assert_eq!(&got[7..], &[0.0; 7]);
+}
+
+type AddAt<T> = unsafe extern "C" fn(
+    *mut T,
+    Strided,
+    i64,
+    *const i64,
+    i64,
+    i64,
+    i64,
+    *const T,
+    Strided,
+    i64,
+    *mut i32,
+    i32,
+) -> ();
+
+#[test]
+fn add_at_kernel_adds_in_the_cpus_order() {
+    let Some(lib) = library("index") else { return };
+    // scatter_add along dim 0 of an f32 [4, 6] from a larger source [10, 7] through a
+    // [10, 6] index with repeats: one thread adds in the index's order, as the CPU does.
+    let x = randn(&[4, 6], 4);
+    let src = randn(&[10, 7], 5);
+    let ids: Vec<i64> = (0..60).map(|i| (i * i) % 4).collect();
+    let index = Tensor::from_vec(ids.clone(), &[10, 6], Device::Cpu).unwrap();
+    let want = x.scatter_add(0, &index, &src).unwrap();
+    let mut dst = x.to_vec::<f32>().unwrap();
+    let sl = Layout::contiguous(&[10, 7]);
+    let sview = Layout::new(vec![10, 6], sl.strides().to_vec(), 0);
+    let (db, dim_stride) = base("scatter_add", &Layout::contiguous(&[4, 6]), &[10, 6], 0).unwrap();
+    let srcv = src.to_vec::<f32>().unwrap();
+    let mut fault = 0;
+    let f: AddAt<f32> = function(lib, "add_at_float");
+    // SAFETY: the buffers hold the elements the views describe.
+    unsafe {
+        f(
+            dst.as_mut_ptr(),
+            db,
+            dim_stride,
+            ids.as_ptr(),
+            0,
+            60,
+            4,
+            srcv.as_ptr(),
+            Strided::new("scatter_add", &sview).unwrap(),
+            60,
+            &mut fault,
+            3,
+        )
+    };
+    assert_eq!(fault, 0);
+    assert_eq!(dst, want.to_vec::<f32>().unwrap(), "scatter_add f32");
+
+    // index_add along dim 1 in bf16 (the backward of index_select), rounding after each
+    // addition as the CPU does: bit for bit.
+    let w = randn(&[3, 5], 6)
+        .to_dtype(DType::BF16)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let cols = [4i64, 0, 4, 2, 4, 4];
+    let sel = Tensor::from_vec(cols.to_vec(), &[6], Device::Cpu).unwrap();
+    let y = w.index_select(1, &sel).unwrap();
+    let g = randn(&[3, 6], 7).to_dtype(DType::BF16).unwrap();
+    y.backward_with(&g).unwrap();
+    let want = w.grad().unwrap().to_vec::<bf16>().unwrap();
+    let mut dst = vec![bf16::ZERO; 15];
+    let gs = g.to_vec::<bf16>().unwrap();
+    let (db, dim_stride) = base("index_add", &Layout::contiguous(&[3, 5]), &[3, 6], 1).unwrap();
+    let f: AddAt<bf16> = function(lib, "add_at_bf16");
+    // SAFETY: as above.
+    unsafe {
+        f(
+            dst.as_mut_ptr(),
+            db,
+            dim_stride,
+            cols.as_ptr(),
+            1,
+            6,
+            5,
+            gs.as_ptr(),
+            Strided::new("index_add", &Layout::contiguous(&[3, 6])).unwrap(),
+            18,
+            &mut fault,
+            3,
+        )
+    };
+    assert_eq!(fault, 0);
+    assert_eq!(dst, want, "index_add bf16");
+}
+
+#[test]
+fn copy_into_strided_writes_only_the_view() {
+    let Some(lib) = library("cast") else { return };
+    type Copy = unsafe extern "C" fn(*const u32, Strided, *mut u32, i64) -> ();
+    let f: Copy = function(lib, "copy_into_strided_u32");
+    // Columns 2..5 of a [4, 6] tensor, and the transpose of a [3, 4] block at offset 1.
+    for view in [
+        Layout::contiguous(&[4, 6]).narrow("t", 1, 2, 3).unwrap(),
+        Layout::new(vec![4, 3], vec![1, 6], 1),
+    ] {
+        let n = view.numel() as u32;
+        let src: Vec<u32> = (100..100 + n).collect();
+        let mut dst = vec![0u32; 24];
+        // SAFETY: `src` holds the view's elements; the view lies inside `dst`.
+        unsafe {
+            f(
+                src.as_ptr(),
+                Strided::new("copy_", &view).unwrap(),
+                dst.as_mut_ptr(),
+                n as i64,
+            )
+        };
+        let mut want = vec![0u32; 24];
+        for (v, o) in src.iter().zip(view.offsets()) {
+            want[o] = *v;
+        }
+        assert_eq!(dst, want, "{view:?}");
+    }
+}

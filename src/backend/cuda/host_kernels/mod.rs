@@ -1,0 +1,91 @@
+//! The kernel files run on the host, for tests: a kernel file with its prelude, exactly the
+//! text NVRTC compiles, is built as C++ into a shared library (with `cuda/host_shim.h`
+//! standing in for the CUDA built-ins: a grid of one thread, atomics as plain updates) and
+//! called with the launchers' own argument structs, then compared with the CPU backend. This
+//! checks the kernels' index arithmetic (NCHW and NHWC pooling, indexing, strided writes)
+//! without a GPU; not their parallel behaviour or speed, and not kernels built on warp
+//! reductions. Skipped where no C++ compiler is found.
+
+mod elementwise;
+mod index;
+mod pool;
+
+use super::kernels;
+use crate::{DType, Device, Tensor};
+use libloading::Library;
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// Kernel file `name` built for the host and loaded, or `None` without a C++ compiler. A
+/// file that does not build is a failure, with the compiler's message.
+pub(super) fn library(name: &str) -> Option<&'static Library> {
+    static LIBS: OnceLock<Mutex<HashMap<String, &'static Library>>> = OnceLock::new();
+    let mut libs = LIBS.get_or_init(Default::default).lock().unwrap();
+    if let Some(lib) = libs.get(name) {
+        return Some(lib);
+    }
+    let dir = std::env::temp_dir().join(format!("mantissa-host-kernels-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shim = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/host_shim.h");
+    let source = kernels::source(name).expect("a kernel file");
+    let (cpp, so) = (
+        dir.join(format!("{name}.cpp")),
+        dir.join(format!("lib{name}.so")),
+    );
+    let text =
+        format!("#include \"{shim}\"\n{source}\n#define MANTISSA_HOST_TAIL\n#include \"{shim}\"\n");
+    std::fs::write(&cpp, text).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = match Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-x", "c++"])
+        .arg(&cpp)
+        .arg("-o")
+        .arg(&so)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipped: no C++ compiler ({cxx}: {e})");
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "{name}.cu does not build on the host:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: the library was just built from the kernel file; it runs no code on load.
+    let lib: &'static Library = Box::leak(Box::new(unsafe { Library::new(&so) }.unwrap()));
+    libs.insert(name.to_string(), lib);
+    Some(lib)
+}
+
+/// The symbol `name` of `lib` as a function pointer of type `F`.
+pub(super) fn function<F: Copy>(lib: &Library, name: &str) -> F {
+    // SAFETY: each caller names `F` as the kernel's C signature.
+    unsafe { *lib.get::<F>(name.as_bytes()).unwrap() }
+}
+
+pub(super) fn randn(shape: &[usize], seed: u64) -> Tensor {
+    let mut g = crate::Generator::new(seed);
+    Tensor::randn_with(shape, 0.0, 1.0, DType::F32, Device::Cpu, &mut g).unwrap()
+}
+
+/// The elements of an `[n, c, h, w]` tensor in NCHW or NHWC memory order.
+pub(super) fn in_order(t: &Tensor, nhwc: bool) -> Vec<f32> {
+    match nhwc {
+        true => t.permute(&[0, 2, 3, 1]).unwrap().to_vec::<f32>().unwrap(),
+        false => t.to_vec::<f32>().unwrap(),
+    }
+}
+
+pub(super) fn close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+            "{what}: [{i}] {g} vs {w}"
+        );
+    }
+}

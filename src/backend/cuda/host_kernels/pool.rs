@@ -1,0 +1,130 @@
+//! Pooling kernels, NCHW and NHWC, forward and backward, against the CPU backend.
+
+use super::{close, function, in_order, library, randn};
+use crate::backend::cpu::PoolDims;
+use crate::backend::cuda::pool::{args, PoolArgs};
+use crate::backend::ops::Pool2dParams;
+use crate::{AvgPool2dOptions, MaxPool2dOptions};
+
+enum Pooling {
+    Max(MaxPool2dOptions),
+    Avg(AvgPool2dOptions),
+    Adaptive([usize; 2]),
+}
+
+type Forward = unsafe extern "C" fn(*const f32, *mut f32, PoolArgs);
+type MaxForward = unsafe extern "C" fn(*const f32, *mut f32, *mut i64, PoolArgs);
+type MaxBackward = unsafe extern "C" fn(*const f32, *const i64, *mut f32, PoolArgs);
+
+#[test]
+fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
+    let Some(lib) = library("pool") else { return };
+    let cases = [
+        Pooling::Max(MaxPool2dOptions::new(2)),
+        Pooling::Max(MaxPool2dOptions {
+            kernel: [3, 2],
+            stride: Some([2, 1]),
+            padding: [1, 1],
+            dilation: [1, 2],
+            ceil_mode: true,
+        }),
+        Pooling::Avg(AvgPool2dOptions {
+            kernel: [3, 3],
+            stride: Some([2, 2]),
+            padding: [1, 1],
+            ceil_mode: true,
+            count_include_pad: false,
+        }),
+        Pooling::Avg(AvgPool2dOptions {
+            kernel: [3, 2],
+            stride: Some([1, 2]),
+            padding: [1, 0],
+            ceil_mode: false,
+            count_include_pad: true,
+        }),
+        Pooling::Adaptive([3, 4]),
+        Pooling::Adaptive([13, 11]),
+    ];
+    let x = randn(&[2, 3, 7, 9], 1);
+    for case in &cases {
+        // The CPU's forward and input gradient for an upstream gradient g.
+        let leaf = x.copy().unwrap().requires_grad(true).unwrap();
+        let (y, params) = match case {
+            Pooling::Max(o) => (leaf.max_pool2d(*o).unwrap(), Some(params_max(o))),
+            Pooling::Avg(o) => (leaf.avg_pool2d(*o).unwrap(), Some(params_avg(o))),
+            Pooling::Adaptive(s) => (leaf.adaptive_avg_pool2d(*s).unwrap(), None),
+        };
+        let g = randn(y.shape(), 2);
+        y.backward_with(&g).unwrap();
+        let gx = leaf.grad().unwrap();
+        for nhwc in [false, true] {
+            let what = format!("{} nhwc={nhwc}", name(case));
+            let d = PoolDims {
+                planes: 6,
+                c: 3,
+                h: 7,
+                w: 9,
+                ho: y.shape()[2],
+                wo: y.shape()[3],
+                channels_last: nhwc,
+            };
+            let a = args(&d, params.as_ref());
+            let xs = in_order(&x, nhwc);
+            let gs = in_order(&g, nhwc);
+            let mut out = vec![0f32; y.numel()];
+            let mut back = vec![0f32; x.numel()];
+            let stem = match case {
+                Pooling::Max(_) => "max_pool2d",
+                Pooling::Avg(_) => "avg_pool2d",
+                Pooling::Adaptive(_) => "adaptive_avg_pool2d",
+            };
+            // SAFETY: the buffers hold the element counts the arguments describe.
+            unsafe {
+                if let Pooling::Max(_) = case {
+                    let mut idx = vec![0i64; y.numel()];
+                    let f: MaxForward = function(lib, "max_pool2d_float");
+                    f(xs.as_ptr(), out.as_mut_ptr(), idx.as_mut_ptr(), a);
+                    let b: MaxBackward = function(lib, "max_pool2d_backward_float");
+                    b(gs.as_ptr(), idx.as_ptr(), back.as_mut_ptr(), a);
+                } else {
+                    let f: Forward = function(lib, &format!("{stem}_float"));
+                    f(xs.as_ptr(), out.as_mut_ptr(), a);
+                    let b: Forward = function(lib, &format!("{stem}_backward_float"));
+                    b(gs.as_ptr(), back.as_mut_ptr(), a);
+                }
+            }
+            close(&out, &in_order(&y, nhwc), &format!("{what} forward"));
+            close(&back, &in_order(&gx, nhwc), &format!("{what} backward"));
+        }
+    }
+}
+
+fn name(p: &Pooling) -> String {
+    match p {
+        Pooling::Max(o) => format!("max {o:?}"),
+        Pooling::Avg(o) => format!("avg {o:?}"),
+        Pooling::Adaptive(s) => format!("adaptive {s:?}"),
+    }
+}
+
+fn params_max(o: &MaxPool2dOptions) -> Pool2dParams {
+    Pool2dParams {
+        kernel: o.kernel,
+        stride: o.stride.unwrap_or(o.kernel),
+        padding: o.padding,
+        dilation: o.dilation,
+        ceil_mode: o.ceil_mode,
+        count_include_pad: false,
+    }
+}
+
+fn params_avg(o: &AvgPool2dOptions) -> Pool2dParams {
+    Pool2dParams {
+        kernel: o.kernel,
+        stride: o.stride.unwrap_or(o.kernel),
+        padding: o.padding,
+        dilation: [1, 1],
+        ceil_mode: o.ceil_mode,
+        count_include_pad: o.count_include_pad,
+    }
+}
