@@ -10,7 +10,6 @@ use cudarc::cublas::{sys as bs, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use mantissa::backend::cuda::{kernels, nvrtc, probe};
-use mantissa::backend::rounding::stream_seed;
 use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding};
 use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
 use std::sync::Arc;
@@ -19,23 +18,6 @@ use std::time::Instant;
 mod engine;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// `cuda/optim.cu`'s `OptimArgs`, field for field.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct OptimArgs {
-    kind: i32,
-    flags: i32,
-    stochastic: i32,
-    lr: f32,
-    a: f32,
-    b: f32,
-    eps: f32,
-    wd: f32,
-    seed: u64,
-}
-// SAFETY: plain old data with the C layout the kernel declares.
-unsafe impl DeviceRepr for OptimArgs {}
 
 fn cfg(n: usize) -> LaunchConfig {
     LaunchConfig {
@@ -107,61 +89,30 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
         .to_vec_f64()?;
     println!("gelu f32: relative error vs CPU {:.2e}", rel(&got, &want));
 
-    // AdamW with f32 master, bf16 working copy, stochastic rounding: one step against the CPU.
-    let (lr, wd, seed) = (1e-3f32, 0.01f32, 7u64);
-    let w = Tensor::from_vec(x.clone(), &[n], Device::Cpu)?
-        .to_dtype(DType::BF16)?
-        .requires_grad(true)?;
-    let g16 = Tensor::from_vec(randn(n, 2)?, &[n], Device::Cpu)?.to_dtype(DType::BF16)?;
-    let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(lr as f64))?;
-    opt.use_master_weights(Rounding::Stochastic { seed })?;
-    let master0: Vec<f32> = opt.states()[0].tensors["master"].to_vec()?;
-    w.set_grad(Some(g16.clone()))?;
-    opt.step()?;
-    let cpu_master = opt.states()[0].tensors["master"].to_vec_f64()?;
-    let cpu_w: Vec<u16> = w.to_vec::<bf16>()?.iter().map(|v| v.to_bits()).collect();
-    let f = modules["optim"].load_function("optim_master_bf16_bf16")?;
-    let args = OptimArgs {
-        kind: 1,
-        flags: 2,
-        stochastic: 1,
-        lr,
-        a: 0.9,
-        b: 0.999,
-        eps: 1e-8,
-        wd,
-        seed: stream_seed(seed, 0),
+    // AdamW with f32 master, bf16 working copy, stochastic rounding: one step through the
+    // engine (the fused update's launcher and kernel) on the GPU against the CPU.
+    let adamw = |device: Device| -> Res<(Vec<f64>, Vec<u16>, f64)> {
+        let w = Tensor::from_vec(x.clone(), &[n], Device::Cpu)?
+            .to_dtype(DType::BF16)?
+            .to_device(device)?
+            .requires_grad(true)?;
+        let g16 = Tensor::from_vec(randn(n, 2)?, &[n], Device::Cpu)?
+            .to_dtype(DType::BF16)?
+            .to_device(device)?;
+        let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(1e-3))?;
+        opt.use_master_weights(Rounding::Stochastic { seed: 7 })?;
+        w.set_grad(Some(g16))?;
+        opt.step()?;
+        let state = &opt.states()[0].tensors;
+        let bits = w.to_vec::<bf16>()?.iter().map(|v| v.to_bits()).collect();
+        Ok((state["master"].to_vec_f64()?, bits, state["step"].item()?))
     };
-    let mut dm = stream.clone_htod(&master0)?;
-    let dgrad = stream.clone_htod(&g16.to_vec::<bf16>()?)?;
-    let (mut s0, mut s1) = (stream.alloc_zeros::<f32>(n)?, stream.alloc_zeros::<f32>(n)?);
-    let mut dw = stream.alloc_zeros::<bf16>(n)?;
-    let mut step = stream.clone_htod(&[0.0f32])?;
-    let null = 0u64; // found_inf: a null pointer
-    let mut b = stream.launch_builder(&f);
-    b.arg(&args)
-        .arg(&mut dm)
-        .arg(&dgrad)
-        .arg(&mut s0)
-        .arg(&mut s1)
-        .arg(&mut dw);
-    b.arg(&step).arg(&null).arg(&nn);
-    unsafe { b.launch(cfg(n)) }?;
-    let count = modules["optim"].load_function("optim_count")?;
-    let mut b = stream.launch_builder(&count);
-    b.arg(&mut step).arg(&null);
-    unsafe { b.launch(cfg(1)) }?;
-    let gm: Vec<f64> = stream.clone_dtoh(&dm)?.iter().map(|&v| v as f64).collect();
-    let gw: Vec<u16> = stream
-        .clone_dtoh(&dw)?
-        .iter()
-        .map(|v| v.to_bits())
-        .collect();
+    let (cpu_master, cpu_w, _) = adamw(Device::Cpu)?;
+    let (gm, gw, steps) = adamw(Device::cuda(0)?)?;
     let same = gw.iter().zip(&cpu_w).filter(|(a, b)| a == b).count();
     println!(
-        "AdamW master step: master relative error vs CPU {:.2e}; bf16 copies {same}/{n} bit-identical; step count {}",
-        rel(&gm, &cpu_master),
-        stream.clone_dtoh(&step)?[0]
+        "AdamW master step (engine, GPU vs CPU): master relative error {:.2e}; bf16 copies {same}/{n} bit-identical; step count {steps}",
+        rel(&gm, &cpu_master)
     );
 
     // Unscale with the overflow check: one inf among f16 gradients sets the flag.

@@ -106,6 +106,34 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
     }
 }
 
+impl MaxPool2dOptions {
+    /// The window parameters the backends take.
+    pub(crate) fn params(&self) -> Pool2dParams {
+        Pool2dParams {
+            kernel: self.kernel,
+            stride: self.stride.unwrap_or(self.kernel),
+            padding: self.padding,
+            dilation: self.dilation,
+            ceil_mode: self.ceil_mode,
+            count_include_pad: false,
+        }
+    }
+}
+
+impl AvgPool2dOptions {
+    /// The window parameters the backends take.
+    pub(crate) fn params(&self) -> Pool2dParams {
+        Pool2dParams {
+            kernel: self.kernel,
+            stride: self.stride.unwrap_or(self.kernel),
+            padding: self.padding,
+            dilation: [1, 1],
+            ceil_mode: self.ceil_mode,
+            count_include_pad: self.count_include_pad,
+        }
+    }
+}
+
 /// A pooling result (or input gradient) of `shape`, in the memory format the backend of `like`
 /// wrote it in (NHWC on CUDA for a channels-last input; NCHW planes on the CPU).
 fn pooled(like: &Tensor, s: Storage, shape: [usize; 4], d: &PoolDims) -> Result<Tensor> {
@@ -128,14 +156,7 @@ impl Tensor {
     /// Max pooling (PyTorch's `F.max_pool2d`).
     pub fn max_pool2d(&self, o: MaxPool2dOptions) -> Result<Tensor> {
         let [x] = dispatch(Op::MaxPool2d, [self])?;
-        let p = Pool2dParams {
-            kernel: o.kernel,
-            stride: o.stride.unwrap_or(o.kernel),
-            padding: o.padding,
-            dilation: o.dilation,
-            ceil_mode: o.ceil_mode,
-            count_include_pad: false,
-        };
+        let p = o.params();
         let d = pool_dims(Op::MaxPool2d, &x, &p)?;
         let (v, idx) = x.storage().max_pool2d(x.layout(), &d, &p)?;
         let s = x.shape();
@@ -151,14 +172,7 @@ impl Tensor {
     /// Average pooling (PyTorch's `F.avg_pool2d`).
     pub fn avg_pool2d(&self, o: AvgPool2dOptions) -> Result<Tensor> {
         let [x] = dispatch(Op::AvgPool2d, [self])?;
-        let p = Pool2dParams {
-            kernel: o.kernel,
-            stride: o.stride.unwrap_or(o.kernel),
-            padding: o.padding,
-            dilation: [1, 1],
-            ceil_mode: o.ceil_mode,
-            count_include_pad: o.count_include_pad,
-        };
+        let p = o.params();
         let d = pool_dims(Op::AvgPool2d, &x, &p)?;
         let v = x.storage().avg_pool2d(x.layout(), &d, &p)?;
         let s = x.shape();

@@ -3,7 +3,6 @@
 use super::{close, function, in_order, library, randn};
 use crate::backend::cpu::PoolDims;
 use crate::backend::cuda::pool::{args, PoolArgs};
-use crate::backend::ops::Pool2dParams;
 use crate::{AvgPool2dOptions, MaxPool2dOptions};
 
 enum Pooling {
@@ -50,8 +49,8 @@ fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
         // The CPU's forward and input gradient for an upstream gradient g.
         let leaf = x.copy().unwrap().requires_grad(true).unwrap();
         let (y, params) = match case {
-            Pooling::Max(o) => (leaf.max_pool2d(*o).unwrap(), Some(params_max(o))),
-            Pooling::Avg(o) => (leaf.avg_pool2d(*o).unwrap(), Some(params_avg(o))),
+            Pooling::Max(o) => (leaf.max_pool2d(*o).unwrap(), Some(o.params())),
+            Pooling::Avg(o) => (leaf.avg_pool2d(*o).unwrap(), Some(o.params())),
             Pooling::Adaptive(s) => (leaf.adaptive_avg_pool2d(*s).unwrap(), None),
         };
         let g = randn(y.shape(), 2);
@@ -104,27 +103,5 @@ fn name(p: &Pooling) -> String {
         Pooling::Max(o) => format!("max {o:?}"),
         Pooling::Avg(o) => format!("avg {o:?}"),
         Pooling::Adaptive(s) => format!("adaptive {s:?}"),
-    }
-}
-
-fn params_max(o: &MaxPool2dOptions) -> Pool2dParams {
-    Pool2dParams {
-        kernel: o.kernel,
-        stride: o.stride.unwrap_or(o.kernel),
-        padding: o.padding,
-        dilation: o.dilation,
-        ceil_mode: o.ceil_mode,
-        count_include_pad: false,
-    }
-}
-
-fn params_avg(o: &AvgPool2dOptions) -> Pool2dParams {
-    Pool2dParams {
-        kernel: o.kernel,
-        stride: o.stride.unwrap_or(o.kernel),
-        padding: o.padding,
-        dilation: [1, 1],
-        ceil_mode: o.ceil_mode,
-        count_include_pad: o.count_include_pad,
     }
 }
