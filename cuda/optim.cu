@@ -9,6 +9,10 @@ struct OptimArgs {
     int flags;      // 1 nesterov, 2 decoupled weight decay, 4 momentum buffer in use
     int stochastic; // working copy rounding: 0 nearest, 1 stochastic (bf16)
     float lr, a, b, eps, wd; // SGD: a momentum, b dampening; Adam: a beta1, b beta2; Adadelta: a rho
+    // Computed in f64 on the host, as the CPU's rules are (1 - 0.999 in f32 is off by 1.3e-5):
+    float ac, bc;       // 1 - a, 1 - b
+    float log_a, log_b; // ln a, ln b: Adam's bias corrections 1 - a^t = -expm1(t ln a)
+    float decay;        // AdamW's 1 - lr wd
     u64 seed;       // stochastic-rounding stream of this parameter
 };
 
@@ -46,33 +50,33 @@ __device__ void optim_update(OptimArgs a, P* p, const G* g, P* s0, P* s1, W* w, 
     float t = steps + 1.0f;
     uint2 key = stochastic_key(a.seed, (u64)steps);
     // Adam's constants (ops.rs: AdamRule), computed per thread from the device step count.
-    float decay = (a.flags & 2) ? 1.0f - a.lr * a.wd : 1.0f;
+    float decay = (a.flags & 2) ? a.decay : 1.0f;
     float l2 = (a.flags & 2) ? 0.0f : a.wd;
-    float inv_bc2 = 1.0f / (1.0f - powf(a.b, t));
-    float step_size = a.lr / (1.0f - powf(a.a, t));
+    float inv_bc2 = 1.0f / -expm1f(t * a.log_b);
+    float step_size = a.lr / -expm1f(t * a.log_a);
     FOR_EACH(i, n) {
         float x = to_f32(p[i]), gi = to_f32(g[i]);
         if (a.kind == 0) {
             float d = gi + a.wd * x;
             if (a.flags & 4) {
-                float m = first ? d : a.a * to_f32(s0[i]) + (1.0f - a.b) * d;
+                float m = first ? d : a.a * to_f32(s0[i]) + a.bc * d;
                 s0[i] = from_f32<P>(m);
                 d = (a.flags & 1) ? d + a.a * m : m;
             }
             x = x - a.lr * d;
         } else if (a.kind == 1) {
             float gg = gi + l2 * x;
-            float m = a.a * to_f32(s0[i]) + (1.0f - a.a) * gg;
-            float v = a.b * to_f32(s1[i]) + (1.0f - a.b) * gg * gg;
+            float m = a.a * to_f32(s0[i]) + a.ac * gg;
+            float v = a.b * to_f32(s1[i]) + a.bc * gg * gg;
             s0[i] = from_f32<P>(m);
             s1[i] = from_f32<P>(v);
             x = x * decay - step_size * m / (sqrtf(v * inv_bc2) + a.eps);
         } else {
             float gg = gi + a.wd * x;
-            float sq = a.a * to_f32(s0[i]) + (1.0f - a.a) * gg * gg;
+            float sq = a.a * to_f32(s0[i]) + a.ac * gg * gg;
             float d = sqrtf(to_f32(s1[i]) + a.eps) / sqrtf(sq + a.eps) * gg;
             s0[i] = from_f32<P>(sq);
-            s1[i] = from_f32<P>(a.a * to_f32(s1[i]) + (1.0f - a.a) * d * d);
+            s1[i] = from_f32<P>(a.a * to_f32(s1[i]) + a.ac * d * d);
             x = x - a.lr * d;
         }
         p[i] = from_f32<P>(x);

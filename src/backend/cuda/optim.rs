@@ -2,8 +2,9 @@
 //! step count and the overflow flag on the device, updates parameter, states and working copy
 //! in one pass, and a one-thread kernel counts the step, so a step never waits for the host.
 //!
-//! The kernel ran on an H100 (`gpu_check`: an AdamW master step against the CPU); this
-//! launcher, written since, has not run on a GPU yet.
+//! An earlier version of the kernel ran on an H100 (`gpu_check`: an AdamW master step against
+//! the CPU). Since then the launcher was written and the constants moved to the host in f64
+//! (found by the host run of the kernel, `host_kernels/optim.rs`); neither has run on a GPU.
 
 use super::storage::{grid, CudaStorage};
 use crate::backend::ops::OptimUpdate;
@@ -14,7 +15,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 /// `cuda/optim.cu`'s `OptimArgs`, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct OptimArgs {
+pub(super) struct OptimArgs {
     kind: i32,
     flags: i32,
     stochastic: i32,
@@ -23,13 +24,18 @@ struct OptimArgs {
     b: f32,
     eps: f32,
     wd: f32,
+    ac: f32,
+    bc: f32,
+    log_a: f32,
+    log_b: f32,
+    decay: f32,
     seed: u64,
 }
 
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for OptimArgs {}
 
-fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
+pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
     let (stochastic, seed) = match rounding {
         Some(Rounding::Stochastic { seed }) => (1, seed),
         _ => (0, 0),
@@ -43,7 +49,22 @@ fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
         b: 0.0,
         eps: 0.0,
         wd: 0.0,
+        ac: 0.0,
+        bc: 0.0,
+        log_a: 0.0,
+        log_b: 0.0,
+        decay: 1.0,
         seed,
+    };
+    // The complements, logarithms and AdamW's decay in f64, as the CPU's rules have them.
+    let with = |a: f64, b: f64, args: OptimArgs| OptimArgs {
+        a: a as f32,
+        b: b as f32,
+        ac: (1.0 - a) as f32,
+        bc: (1.0 - b) as f32,
+        log_a: a.ln() as f32,
+        log_b: b.ln() as f32,
+        ..args
     };
     match *u {
         OptimUpdate::Sgd {
@@ -52,14 +73,16 @@ fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
             dampening,
             weight_decay,
             nesterov,
-        } => OptimArgs {
-            flags: nesterov as i32 | if momentum != 0.0 { 4 } else { 0 },
-            lr: lr as f32,
-            a: momentum as f32,
-            b: dampening as f32,
-            wd: weight_decay as f32,
-            ..base
-        },
+        } => with(
+            momentum,
+            dampening,
+            OptimArgs {
+                flags: nesterov as i32 | if momentum != 0.0 { 4 } else { 0 },
+                lr: lr as f32,
+                wd: weight_decay as f32,
+                ..base
+            },
+        ),
         OptimUpdate::Adam {
             lr,
             beta1,
@@ -67,35 +90,41 @@ fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
             eps,
             weight_decay,
             decoupled,
-        } => OptimArgs {
-            kind: 1,
-            flags: if decoupled { 2 } else { 0 },
-            lr: lr as f32,
-            a: beta1 as f32,
-            b: beta2 as f32,
-            eps: eps as f32,
-            wd: weight_decay as f32,
-            ..base
-        },
+        } => with(
+            beta1,
+            beta2,
+            OptimArgs {
+                kind: 1,
+                flags: if decoupled { 2 } else { 0 },
+                lr: lr as f32,
+                eps: eps as f32,
+                wd: weight_decay as f32,
+                decay: (1.0 - lr * weight_decay) as f32,
+                ..base
+            },
+        ),
         OptimUpdate::Adadelta {
             lr,
             rho,
             eps,
             weight_decay,
-        } => OptimArgs {
-            kind: 2,
-            lr: lr as f32,
-            a: rho as f32,
-            eps: eps as f32,
-            wd: weight_decay as f32,
-            ..base
-        },
+        } => with(
+            rho,
+            0.0,
+            OptimArgs {
+                kind: 2,
+                lr: lr as f32,
+                eps: eps as f32,
+                wd: weight_decay as f32,
+                ..base
+            },
+        ),
     }
 }
 
 /// The kernel for (parameter, gradient, working copy) dtypes; `None` where `optim.cu` has
 /// none (the caller then updates on host copies).
-fn kernel(p: DType, g: DType, w: Option<DType>) -> Option<&'static str> {
+pub(super) fn kernel(p: DType, g: DType, w: Option<DType>) -> Option<&'static str> {
     use DType::*;
     Some(match (p, g, w) {
         (F32, F32, None) => "optim_float_float",

@@ -8,6 +8,7 @@
 
 mod elementwise;
 mod index;
+mod optim;
 mod pool;
 
 use super::kernels;
