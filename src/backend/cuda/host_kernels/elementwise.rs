@@ -184,3 +184,43 @@ fn lstm_cell_kernels_match_the_cpu() {
     close(&out_f, &want_f, "lstm_cell");
     close(&out_b, &want_b, "lstm_cell backward");
 }
+
+#[test]
+fn i64_arithmetic_kernel_matches_the_cpu() {
+    use crate::backend::cuda::storage::Strided;
+    use crate::backend::ops::BinaryOp;
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    type I64Binary =
+        unsafe extern "C" fn(i32, *const i64, Strided, *const i64, Strided, *mut i64, i64) -> ();
+    let f: I64Binary = function(lib, "binary_strided_i64");
+    let xs = vec![7i64, -7, 5, 1 << 40, 0, -3];
+    let ys = vec![2i64, 2, -3, 3, 4, 2];
+    // y is seen transposed against x: [2, 3] and the [3, 2] buffer's transpose.
+    let lx = Layout::contiguous(&[2, 3]);
+    let ly = Layout::contiguous(&[3, 2]).permute("t", &[1, 0]).unwrap();
+    let x = Tensor::from_vec(xs.clone(), &[2, 3], Device::Cpu).unwrap();
+    let y = Tensor::from_vec(ys.clone(), &[3, 2], Device::Cpu).unwrap();
+    for op in [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ] {
+        let want = x.storage().binary(&lx, &y.storage(), &ly, op).unwrap();
+        let want = Tensor::from_storage(want, &[2, 3]).to_vec::<i64>().unwrap();
+        let mut out = vec![0i64; 6];
+        let code = crate::backend::cuda::ops::binary_code(op);
+        let (sx, sy) = (
+            Strided::new("t", &lx).unwrap(),
+            Strided::new("t", &ly).unwrap(),
+        );
+        // SAFETY: both inputs hold 6 elements under their views; the output 6.
+        unsafe { f(code, xs.as_ptr(), sx, ys.as_ptr(), sy, out.as_mut_ptr(), 6) };
+        assert_eq!(out, want, "{op:?}");
+    }
+}
