@@ -1,12 +1,17 @@
 // Host stand-ins for the CUDA built-ins the kernel files use, so that a kernel file (with the
-// prelude, exactly as NVRTC gets it) compiles as C++ and runs on one CPU thread. For tests
-// only (src/backend/cuda/host_kernels.rs): they check the kernels' index arithmetic against the
-// CPU backend without a GPU; a grid is one thread, atomics are plain read-modify-writes, and
-// warp shuffles are not emulated (kernels with block reductions are not run this way).
+// prelude, exactly as NVRTC gets it) compiles as C++ and runs on the CPU. For tests only
+// (src/backend/cuda/host_kernels/): they check the kernels' index arithmetic against the CPU
+// backend without a GPU. Called directly, a kernel runs as a grid of one thread (atomics are
+// plain read-modify-writes). For kernels built on block reductions, the test runs one OS
+// thread per CUDA thread, a block at a time (host_block, host_thread): __syncthreads is a
+// barrier, __shared__ memory a static, and a warp shuffle an exchange through memory between
+// two block-wide barriers (so every thread of the block must reach each shuffle, as
+// block_reduce's callers do).
 // Included twice: before the kernel source, and after it with MANTISSA_HOST_TAIL defined (the
 // half conversions the prelude declares need its types).
 
 #ifndef MANTISSA_HOST_TAIL
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +20,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __align__(n) alignas(n)
+#define __shared__ static
 
 using std::isfinite;
 using std::isnan;
@@ -22,8 +28,23 @@ using std::isnan;
 struct HostDim3 {
     unsigned x, y, z;
 };
-static const HostDim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
-static const HostDim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static thread_local HostDim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
+static thread_local HostDim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static std::barrier<>* host_barrier = nullptr;
+static float host_lanes[1024];
+
+// Before a block's threads start: a barrier for `threads` of them.
+extern "C" void host_block(unsigned threads) {
+    delete host_barrier;
+    host_barrier = threads > 1 ? new std::barrier<>(threads) : nullptr;
+}
+// On each thread, before it calls the kernel: its place in the grid.
+extern "C" void host_thread(unsigned block, unsigned thread, unsigned threads, unsigned blocks) {
+    blockIdx = {block, 0, 0};
+    threadIdx = {thread, 0, 0};
+    blockDim = {threads, 1, 1};
+    gridDim = {blocks, 1, 1};
+}
 
 struct uint2 {
     unsigned x, y;
@@ -63,7 +84,9 @@ inline float atomicAdd(float* p, float v) {
     return old;
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline void __syncthreads() {}
+inline void __syncthreads() {
+    if (host_barrier) host_barrier->arrive_and_wait();
+}
 // cvt.rzi.s64.f64: toward zero, saturating, NaN to 0.
 inline long long host_f64_to_i64(double r) {
     if (r != r) return 0;
@@ -71,7 +94,13 @@ inline long long host_f64_to_i64(double r) {
     if (r <= -9223372036854775808.0) return INT64_MIN;
     return (long long)r;
 }
-inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+    host_lanes[threadIdx.x] = v;
+    __syncthreads();
+    float r = host_lanes[threadIdx.x ^ mask];
+    __syncthreads();
+    return r;
+}
 
 #else
 

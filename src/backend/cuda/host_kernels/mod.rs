@@ -2,14 +2,16 @@
 //! text NVRTC compiles, is built as C++ into a shared library (with `cuda/host_shim.h`
 //! standing in for the CUDA built-ins: a grid of one thread, atomics as plain updates) and
 //! called with the launchers' own argument structs, then compared with the CPU backend. This
-//! checks the kernels' index arithmetic (NCHW and NHWC pooling, indexing, strided writes)
-//! without a GPU; not their parallel behaviour or speed, and not kernels built on warp
-//! reductions. Skipped where no C++ compiler is found.
+//! checks the kernels' arithmetic and indexing without a GPU: directly called, a kernel runs
+//! as one thread; kernels built on block reductions run through [`run_grid`], one OS thread
+//! per CUDA thread with real barriers and emulated warp shuffles. Not checked: speed, and
+//! behaviour under the GPU's memory model. Skipped where no C++ compiler is found.
 
 mod elementwise;
 mod index;
 mod optim;
 mod pool;
+mod rows;
 
 use super::kernels;
 use crate::{DType, Device, Tensor};
@@ -39,7 +41,7 @@ pub(super) fn library(name: &str) -> Option<&'static Library> {
     std::fs::write(&cpp, text).unwrap();
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let out = match Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-x", "c++"])
+        .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-x", "c++"])
         .arg(&cpp)
         .arg("-o")
         .arg(&so)
@@ -88,5 +90,33 @@ pub(super) fn close(got: &[f32], want: &[f32], what: &str) {
             (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
             "{what}: [{i}] {g} vs {w}"
         );
+    }
+}
+
+/// Runs `launch` (a kernel call) as a grid of `blocks` blocks of `threads` threads: one OS
+/// thread per CUDA thread, a block at a time (the shim's barrier and shuffles need the
+/// whole block running).
+pub(super) fn run_grid(lib: &Library, blocks: u32, threads: u32, launch: impl Fn() + Sync) {
+    type Block = unsafe extern "C" fn(u32) -> ();
+    type Thread = unsafe extern "C" fn(u32, u32, u32, u32) -> ();
+    let (block, thread): (Block, Thread) =
+        (function(lib, "host_block"), function(lib, "host_thread"));
+    // One emulated grid at a time: a library's barrier and lanes are statics, and the tests
+    // run side by side.
+    static ONE_GRID: Mutex<()> = Mutex::new(());
+    let _one = ONE_GRID.lock().unwrap_or_else(|e| e.into_inner());
+    for b in 0..blocks {
+        // SAFETY: the shim's setters touch only its own statics and thread-locals.
+        unsafe { block(threads) };
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let launch = &launch;
+                s.spawn(move || {
+                    // SAFETY: as above.
+                    unsafe { thread(b, t, threads, blocks) };
+                    launch();
+                });
+            }
+        });
     }
 }
