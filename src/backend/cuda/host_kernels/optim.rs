@@ -173,3 +173,50 @@ fn optimizer_kernel_matches_the_cpu_update() {
         }
     }
 }
+
+#[test]
+fn working_copy_rounding_kernels_match_the_cpu() {
+    let Some(lib) = library("optim") else { return };
+    type F16 = unsafe extern "C" fn(*const f32, *mut c_void, i64) -> ();
+    type BF16 = unsafe extern "C" fn(*const f32, *mut c_void, i32, u64, *const f32, i64) -> ();
+    let n = 29;
+    let master = randn(&[n], 40);
+    let ms = master.to_vec::<f32>().unwrap();
+    let step = Tensor::full(&[1], 3.0, DType::F32, crate::Device::Cpu).unwrap();
+    for (dtype, rounding) in [
+        (DType::F16, Rounding::Nearest),
+        (DType::BF16, Rounding::Nearest),
+        (DType::BF16, Rounding::Stochastic { seed: 5 }),
+    ] {
+        let zeros = Tensor::zeros(&[n], dtype, crate::Device::Cpu).unwrap();
+        let (mut want, mut got) = (storage(&zeros), storage(&zeros));
+        want.round_from_master(&storage(&master), rounding, &storage(&step))
+            .unwrap();
+        let steps = [3.0f32];
+        // SAFETY: the master holds n f32s, the working copy n halves, the step one f32.
+        unsafe {
+            match (dtype, rounding) {
+                (DType::F16, _) => {
+                    let f: F16 = function(lib, "round_master_f16");
+                    f(ms.as_ptr(), ptr(&mut got), n as i64);
+                }
+                (_, r) => {
+                    let (sr, seed) = match r {
+                        Rounding::Stochastic { seed } => (1, seed),
+                        Rounding::Nearest => (0, 0),
+                    };
+                    let f: BF16 = function(lib, "round_master_bf16");
+                    f(
+                        ms.as_ptr(),
+                        ptr(&mut got),
+                        sr,
+                        seed,
+                        steps.as_ptr(),
+                        n as i64,
+                    );
+                }
+            }
+        }
+        assert_eq!(values(&got), values(&want), "{dtype:?} {rounding:?}");
+    }
+}
