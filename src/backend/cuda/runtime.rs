@@ -283,7 +283,8 @@ impl CudaRuntime {
     }
 
     /// Waits for all work queued on the stream; `Err` when a kernel found a fault in its
-    /// input meanwhile (see [`CudaRuntime::fault_slot`]).
+    /// input meanwhile (an index or class target out of range: the kernels record it on the
+    /// device and this reports it, naming the op).
     pub fn synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
