@@ -2,9 +2,21 @@
 //! backend.
 
 use super::{close, function, library, randn};
+use crate::backend::ops::BinaryOp;
 use crate::layout::Layout;
 use crate::{bf16, Device, Tensor};
 use libloading::Library;
+
+/// Every binary op.
+const BINARY_OPS: [BinaryOp; 7] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Pow,
+    BinaryOp::Max,
+    BinaryOp::Min,
+];
 
 type Unary<T> = unsafe extern "C" fn(i32, f32, f32, *const T, *mut T, i64) -> ();
 type Binary<T> = unsafe extern "C" fn(i32, *const T, *const T, *mut T, i64) -> ();
@@ -19,7 +31,7 @@ fn start<T>(v: &[T], skew: usize) -> usize {
 /// op, through the vectorised path (aligned, with a tail) and the scalar one (misaligned),
 /// and compares them with the CPU backend within `tol` (norm-wise).
 fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) {
-    use crate::backend::ops::{BinaryOp, UnaryOp};
+    use crate::backend::ops::UnaryOp;
     use crate::backend::Storage;
     let n = 37;
     let mut g = crate::Generator::new(9);
@@ -94,15 +106,7 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
             let want = to_vec(x.storage().unary(&l, op).unwrap());
             check(&out[so..so + n], want, &format!("{op:?} skew {skew}"));
         }
-        for op in [
-            BinaryOp::Add,
-            BinaryOp::Sub,
-            BinaryOp::Mul,
-            BinaryOp::Div,
-            BinaryOp::Pow,
-            BinaryOp::Max,
-            BinaryOp::Min,
-        ] {
+        for op in BINARY_OPS {
             let f: Binary<T> = function(lib, &format!("binary_{t}"));
             let code = crate::backend::cuda::ops::binary_code(op);
             // SAFETY: as above.
@@ -188,7 +192,6 @@ fn lstm_cell_kernels_match_the_cpu() {
 #[test]
 fn i64_arithmetic_kernel_matches_the_cpu() {
     use crate::backend::cuda::storage::Strided;
-    use crate::backend::ops::BinaryOp;
     let Some(lib) = library("elementwise") else {
         return;
     };
@@ -202,15 +205,7 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
     let ly = Layout::contiguous(&[3, 2]).permute("t", &[1, 0]).unwrap();
     let x = Tensor::from_vec(xs.clone(), &[2, 3], Device::Cpu).unwrap();
     let y = Tensor::from_vec(ys.clone(), &[3, 2], Device::Cpu).unwrap();
-    for op in [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Pow,
-        BinaryOp::Max,
-        BinaryOp::Min,
-    ] {
+    for op in BINARY_OPS {
         let want = x.storage().binary(&lx, &y.storage(), &ly, op).unwrap();
         let want = Tensor::from_storage(want, &[2, 3]).to_vec::<i64>().unwrap();
         let mut out = vec![0i64; 6];
