@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (the device tool) that runs every GPU check and writes logs
-# under $OUT: gpu_check, the CUDA test binaries, the M1 GEMM peer, and the MNIST CNN on the
-# GPU side by side with its PyTorch peer (fp16 autocast, cudnn.benchmark), NCHW and
-# channels-last. Prepare here first
-# with `bash bench/prepare_gpu.sh`, then run with `.gpu` carried:
-#   bash bench/gpu_session.sh            # everything (about 7 minutes)
-#   bash bench/gpu_session.sh quick      # gpu_check and the tests only
+# Runs the GPU checks on the GPU machine (the device tool) and writes logs under $OUT:
+# gpu_check and the CUDA test binaries ("checks"), then the M1 GEMM peer and the MNIST CNN
+# side by side with its PyTorch peer (fp16 autocast, cudnn.benchmark), NCHW and channels-last
+# ("bench"). A device call may run 10 minutes at most, so the two halves are two calls.
+# Prepare here first with `bash bench/prepare_gpu.sh`, then run with `.gpu` carried:
+#   bash bench/gpu_session.sh checks     # gpu_check and the tests (a few minutes)
+#   bash bench/gpu_session.sh bench      # M1 and the MNIST runs (about 5 minutes)
+#   bash bench/gpu_session.sh            # both, where a call may run long enough
 set -u
 cd "$(dirname "$0")/.."
 source bench/gpu_env.sh
@@ -20,9 +21,12 @@ run() { # name, limit in seconds, command...
     echo "rc=$?" >>"$OUT/$name.log"
     tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
-run gpu_check 120 .gpu/gpu_check
-for t in .gpu/tests/*; do run "test-$(basename "$t")" 240 "$t" --test-threads 1; done
-[ "${1:-}" = quick ] && exit 0
+mode=${1:-all}
+if [ "$mode" != bench ]; then
+    run gpu_check 120 .gpu/gpu_check
+    for t in .gpu/tests/*; do run "test-$(basename "$t")" 240 "$t" --test-threads 1; done
+fi
+[ "$mode" = checks ] && exit 0
 run matmul_peer 120 $PY bench/matmul_peer_cuda.py --n 8192
 run mnist-cnn-fp16 300 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --precision fp16 \
     --cudnn-benchmark --out /tmp/r
