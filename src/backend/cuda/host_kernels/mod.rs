@@ -60,6 +60,9 @@ pub(super) fn library(name: &str) -> Option<&'static Library> {
     );
     // SAFETY: the library was just built from the kernel file; it runs no code on load.
     let lib: &'static Library = Box::leak(Box::new(unsafe { Library::new(&so) }.unwrap()));
+    // Loaded libraries stay mapped: the files can go (the folder once it is empty).
+    let _ = (std::fs::remove_file(&cpp), std::fs::remove_file(&so));
+    let _ = std::fs::remove_dir(&dir);
     libs.insert(name.to_string(), lib);
     Some(lib)
 }
