@@ -15,7 +15,7 @@ pub use linear::{Embedding, Linear};
 pub use lstm::Lstm;
 pub use norm::{BatchNorm2d, Dropout, LayerNorm};
 
-use crate::{DType, Device, Generator, Result, Tensor};
+use crate::{DType, Device, Generator, MemoryFormat, Result, Tensor};
 
 /// Whether a module tensor is trained (parameter) or only carried (buffer, e.g. running stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +116,29 @@ pub trait Module: Send + Sync {
     fn to_device(&mut self, device: Device) -> Result<()> {
         self.visit_mut("", &mut |_, t, k| {
             *t = renew(t.to_device(device)?, k)?;
+            Ok(())
+        })
+    }
+
+    /// Puts every 4-D tensor (convolution weights) in `format` (PyTorch's
+    /// `model.to(memory_format=torch.channels_last)`); parameters stay trainable leaves.
+    /// With channels-last weights and input, a GPU convolution reads its weight as it is,
+    /// without a reorder per call. Call it before making the optimizer, which keeps the
+    /// parameters it was given.
+    ///
+    /// ```
+    /// use mantissa::nn::{Conv2d, Module};
+    /// use mantissa::{Generator, MemoryFormat};
+    /// let mut conv = Conv2d::new(3, 8, 3, Default::default(), true, &mut Generator::new(0))?;
+    /// conv.to_memory_format(MemoryFormat::ChannelsLast)?;
+    /// assert!(conv.parameters()[0].is_channels_last());
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    fn to_memory_format(&mut self, format: MemoryFormat) -> Result<()> {
+        self.visit_mut("", &mut |_, t, k| {
+            if t.rank() == 4 {
+                *t = renew(t.to_memory_format(format)?, k)?;
+            }
             Ok(())
         })
     }

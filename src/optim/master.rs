@@ -9,10 +9,10 @@ use crate::{DType, Error, Result, Tensor};
 /// An owned f32 copy of `t`.
 fn f32_copy(t: &Tensor) -> Result<Tensor> {
     let c = t.detach().to_dtype(DType::F32)?;
-    if c.owns_storage() && !c.shares_storage(t) {
+    if c.fills_storage() && !c.shares_storage(t) {
         Ok(c)
     } else {
-        c.copy()
+        c.copy()?.filled_in(t.memory_format())
     }
 }
 
@@ -48,13 +48,14 @@ impl ParamGroup {
                 if !p.dtype().is_half() {
                     continue;
                 }
-                if !p.owns_storage() {
+                if !p.fills_storage() {
                     return Err(Error::invalid(
                         "use_master_weights",
                         format!(
-                            "parameters must be whole contiguous tensors (got a view of shape \
-                             {:?})",
-                            p.shape()
+                            "parameters must be whole contiguous or channels-last tensors (got \
+                             a view of shape {:?}, strides {:?})",
+                            p.shape(),
+                            p.strides()
                         ),
                     ));
                 }
@@ -91,7 +92,14 @@ impl ParamGroup {
         if !self.states[i].tensors.contains_key("master") {
             self.adopt_masters()?;
         }
-        let master = self.states[i].tensors["master"].clone();
+        let mut master = self.states[i].tensors["master"].clone();
+        if master.shape() == p.shape() && master.memory_format() != p.memory_format() {
+            // The update walks master and working copy together: one memory order.
+            master = master.filled_in(p.memory_format())?;
+            self.states[i]
+                .tensors
+                .insert("master".into(), master.clone());
+        }
         if master.shape() != p.shape() || master.dtype() != DType::F32 {
             return Err(Error::invalid(
                 "optimizer step",

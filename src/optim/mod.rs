@@ -209,14 +209,31 @@ pub(crate) fn fused_step(
     found_inf: Option<&Tensor>,
     working: Option<&(Tensor, Rounding)>,
 ) -> Result<()> {
-    if !p.owns_storage() {
+    if !p.fills_storage() {
         return Err(Error::invalid(
             "optimizer step",
             format!(
-                "parameters must be whole contiguous tensors (got a view of shape {:?})",
-                p.shape()
+                "parameters must be whole contiguous or channels-last tensors (got a view of \
+                 shape {:?}, strides {:?})",
+                p.shape(),
+                p.strides()
             ),
         ));
+    }
+    // The update walks parameter, gradient, states and working copy as flat arrays: all in
+    // the parameter's memory order.
+    let format = p.memory_format();
+    if let Some((w, _)) = working {
+        if !w.fills_storage() || w.memory_format() != format {
+            return Err(Error::invalid(
+                "optimizer step",
+                format!(
+                    "the working copy (strides {:?}) is not in its master's order ({:?})",
+                    w.strides(),
+                    p.strides()
+                ),
+            ));
+        }
     }
     if g.shape() != p.shape() {
         return Err(Error::ShapeMismatch {
@@ -231,13 +248,13 @@ pub(crate) fn fused_step(
     } else {
         g.to_dtype(p.dtype())?
     };
-    let g = if g.owns_storage() { g } else { g.copy()? };
+    let g = g.filled_in(format)?;
     let mut states = Vec::with_capacity(names.len());
     for &n in names {
         let t = match st.tensors.get(n) {
-            Some(t) if t.shape() == p.shape() && t.dtype() == p.dtype() && t.owns_storage() => {
-                t.clone()
-            }
+            // A state in another order (loaded from a checkpoint, say) is put in the
+            // parameter's.
+            Some(t) if t.shape() == p.shape() && t.dtype() == p.dtype() => t.filled_in(format)?,
             Some(t) => {
                 return Err(Error::invalid(
                     "optimizer step",
@@ -250,7 +267,7 @@ pub(crate) fn fused_step(
                     ),
                 ))
             }
-            None => p.zeros_like()?,
+            None => p.zeros_like()?.filled_in(format)?,
         };
         st.tensors.insert(n.to_string(), t.clone());
         states.push(t);

@@ -299,9 +299,23 @@ impl Tensor {
 }
 
 impl Tensor {
-    /// True when the tensor is contiguous and covers its whole storage (a fresh tensor).
-    pub(crate) fn owns_storage(&self) -> bool {
-        self.is_contiguous() && self.layout().offset() == 0 && self.storage().len() == self.numel()
+    /// True when the tensor's elements fill its whole storage in its memory format's order
+    /// (row-major or channels-last): a tensor the fused optimizer may walk as a flat array.
+    pub(crate) fn fills_storage(&self) -> bool {
+        (self.is_contiguous() || self.is_channels_last())
+            && self.layout().offset() == 0
+            && self.storage().len() == self.numel()
+    }
+
+    /// This tensor's values as a tensor that fills its own storage in `format`'s order (this
+    /// tensor itself when it already does).
+    pub(crate) fn filled_in(&self, format: crate::MemoryFormat) -> Result<Tensor> {
+        if self.fills_storage() && self.memory_format() == format {
+            return Ok(self.clone());
+        }
+        let t = self.copy()?.to_memory_format(format)?;
+        debug_assert!(t.fills_storage());
+        Ok(t)
     }
 
     /// The elements' raw little-endian bytes, row-major (copied to the host).
