@@ -246,6 +246,8 @@ fn run(args: Args) -> Result<()> {
     let mut gen = Generator::new(args.seed);
     let mut net = build(args.model, &mut gen, args.seed)?;
     net.to_device(device)?;
+    // Channels-last weights too (before the optimizer takes the parameters).
+    net.to_memory_format(format)?;
     let cnn = args.model == Model::Cnn;
     let kind = args
         .optimizer

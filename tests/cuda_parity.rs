@@ -959,6 +959,8 @@ fn cnn_amp_steps(d: Device, format: MemoryFormat) -> Vec<f64> {
         .push(Dropout::new(0.5, 2))
         .push(Linear::new(128, 10, true, &mut gen).unwrap());
     model.to_device(d).unwrap();
+    // The weights in the input's format too (channels-last parameters for the optimizer).
+    model.to_memory_format(format).unwrap();
     model.train();
     let mut opt = optim::Adam::new(model.parameters(), optim::AdamConfig::adam(1e-3)).unwrap();
     let mut scaler = amp::GradScaler::new(amp::GradScalerConfig::default()).unwrap();
@@ -1054,8 +1056,8 @@ fn a_cnn_amp_step_reads_nothing_back() {
     cnn_amp_steps(d, MemoryFormat::Contiguous);
 }
 
-/// The same network on channels-last input runs cuDNN's NHWC kernels: it reads nothing
-/// back either, and its losses follow the NCHW run's (same weights, data and dropout masks;
+/// The same network with channels-last input and weights runs cuDNN's NHWC kernels: it reads
+/// nothing back either, and its losses follow the NCHW run's (same weights, data and dropout masks;
 /// only the f16 convolution algorithms differ).
 #[test]
 fn a_channels_last_cnn_trains_like_the_nchw_one() {
