@@ -24,7 +24,7 @@ __device__ __forceinline__ float unary_f(int op, float a, float b, float x) {
     case 9: return cosf(x);
     case 10: return tanhf(x);
     case 11: return sigmoid(x);
-    case 12: return fmaxf(x, 0.0f);
+    case 12: return x < 0.0f ? 0.0f : x; // NaN stays NaN, as in PyTorch
     case 13: return x > 0.0f ? x : x * a;
     case 14: return 0.5f * x * (1.0f + erff(x * FRAC_1_SQRT_2));
     case 15: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_C * x * x * x)));
@@ -32,8 +32,8 @@ __device__ __forceinline__ float unary_f(int op, float a, float b, float x) {
     case 17: return x * a + b;
     case 18: return a == 2.0f ? x * x : powf(x, a);
     case 19: return powf(a, x);
-    case 20: return fmaxf(x, a);
-    default: return fminf(x, a);
+    case 20: return x < a ? a : x;
+    default: return x > a ? a : x;
     }
 }
 
@@ -76,8 +76,8 @@ __device__ __forceinline__ float binary_f(int op, float a, float b) {
     case 2: return a * b;
     case 3: return a / b;
     case 4: return powf(a, b);
-    case 5: return fmaxf(a, b);
-    default: return fminf(a, b);
+    case 5: return nan_max(a, b);
+    default: return nan_min(a, b);
     }
 }
 

@@ -107,8 +107,16 @@ __device__ __forceinline__ bool aligned16(const void* a, const void* b, const vo
 // Index and mask types convert through f32 too (class indices are exact below 2^24).
 __device__ __forceinline__ float to_f32(i64 x) { return (float)x; }
 __device__ __forceinline__ float to_f32(u8 x) { return (float)x; }
-template <> __device__ __forceinline__ i64 from_f32<i64>(float x) { return (i64)x; }
-template <> __device__ __forceinline__ u8 from_f32<u8>(float x) { return (u8)(x != 0.0f); }
+// To the integer types as Rust's `as` (the CPU backend): toward zero, saturating, NaN to 0.
+template <> __device__ __forceinline__ i64 from_f32<i64>(float x) {
+    if (x != x) return 0;
+    if (x >= 9223372036854775807.0f) return 9223372036854775807LL;
+    if (x <= -9223372036854775808.0f) return -9223372036854775807LL - 1;
+    return (i64)x;
+}
+template <> __device__ __forceinline__ u8 from_f32<u8>(float x) {
+    return x != x || x <= 0.0f ? (u8)0 : (x >= 255.0f ? (u8)255 : (u8)x);
+}
 
 // Block-wide reductions for blocks of a multiple of 32 threads (at most 1024); every thread
 // gets the result. `scratch` holds 32 floats of shared memory.
@@ -116,12 +124,15 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// Max and min that propagate NaN, as the CPU backend and PyTorch do (fmaxf drops it).
+__device__ __forceinline__ float nan_max(float a, float b) { return a > b || a != a ? a : b; }
+__device__ __forceinline__ float nan_min(float a, float b) { return a < b || a != a ? a : b; }
 __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 __device__ __forceinline__ float warp_min(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = nan_min(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 // op: 0 sum, 1 max, 2 min.

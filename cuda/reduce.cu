@@ -1,7 +1,7 @@
 // Row reductions: out[r] = reduce(x[r, 0..cols]) for a contiguous [rows, cols] input (the
 // launcher moves the reduced dims last). One block per row, f32 accumulation (the CPU backend
 // adds compensation; f32 tree sums over a row have error ~log2(cols) ulp).
-// op: 0 sum, 1 max, 2 min, 3 mean.
+// op: 0 sum, 1 max, 2 min, 3 mean. Max and min propagate NaN, as on the CPU.
 
 template <typename T>
 __device__ void reduce_rows(int op, const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 cols) {
@@ -12,7 +12,7 @@ __device__ void reduce_rows(int op, const T* __restrict__ x, T* __restrict__ out
         float acc = bop == 0 ? 0.0f : (bop == 1 ? -INFINITY : INFINITY);
         for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
             float v = to_f32(row[c]);
-            acc = bop == 0 ? acc + v : (bop == 1 ? fmaxf(acc, v) : fminf(acc, v));
+            acc = bop == 0 ? acc + v : (bop == 1 ? nan_max(acc, v) : nan_min(acc, v));
         }
         acc = block_reduce(bop, acc, scratch);
         if (threadIdx.x == 0) out[r] = from_f32<T>(op == 3 ? acc / (float)cols : acc);

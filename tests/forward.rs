@@ -575,3 +575,30 @@ fn mixed_dtypes_promote() {
     let i = Tensor::arange(0.0, 2.0, 1.0, DType::I64, Device::Cpu).unwrap();
     assert_eq!(a.add(&i).unwrap().dtype(), DType::F16);
 }
+
+#[test]
+fn relu_clamp_maximum_and_minimum_keep_nan() {
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let x = t(vec![-2.0, f64::NAN, 0.5, 3.0], &[4])
+            .to_dtype(dt)
+            .unwrap();
+        let y = t(vec![1.0, 1.0, f64::NAN, -1.0], &[4])
+            .to_dtype(dt)
+            .unwrap();
+        let v = |r: Result<Tensor>| r.unwrap().to_vec_f64().unwrap();
+        let same = |got: Vec<f64>, want: [f64; 4], what: &str| {
+            let ok = got
+                .iter()
+                .zip(want)
+                .all(|(g, w)| *g == w || g.is_nan() && w.is_nan());
+            assert!(ok, "{what} {dt:?}: {got:?} vs {want:?}");
+        };
+        let nan = f64::NAN;
+        same(v(x.relu()), [0.0, nan, 0.5, 3.0], "relu");
+        same(v(x.clamp(-1.0, 1.0)), [-1.0, nan, 0.5, 1.0], "clamp");
+        same(v(x.maximum(0.0)), [0.0, nan, 0.5, 3.0], "maximum scalar");
+        same(v(x.minimum(0.0)), [-2.0, nan, 0.0, 0.0], "minimum scalar");
+        same(v(x.maximum(&y)), [1.0, nan, nan, 3.0], "maximum");
+        same(v(x.minimum(&y)), [-2.0, nan, nan, -1.0], "minimum");
+    }
+}

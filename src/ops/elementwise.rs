@@ -131,11 +131,12 @@ impl Tensor {
             Operand::Scalar(v) => self.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),
         }
     }
-    /// Elementwise maximum (ties split the gradient evenly).
+    /// Elementwise maximum (ties split the gradient evenly; NaN in either operand gives NaN,
+    /// as in PyTorch).
     pub fn maximum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
         self.binary_or_scalar(rhs.into(), BinaryOp::Max, Op::Maximum, UnaryOp::MaxScalar)
     }
-    /// Elementwise minimum (ties split the gradient evenly).
+    /// Elementwise minimum (ties split the gradient evenly; NaN in either operand gives NaN).
     pub fn minimum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
         self.binary_or_scalar(rhs.into(), BinaryOp::Min, Op::Minimum, UnaryOp::MinScalar)
     }
@@ -153,7 +154,7 @@ impl Tensor {
     pub fn scalar_pow(&self, scalar: f64) -> Result<Tensor> {
         self.unary_op(UnaryOp::ScalarPow(scalar), Op::Pow)
     }
-    /// Clamps into `[lo, hi]`.
+    /// Clamps into `[lo, hi]` (NaN stays NaN).
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
         if lo > hi {
             return Err(Error::invalid("clamp", format!("min {lo} > max {hi}")));
@@ -200,6 +201,8 @@ impl Tensor {
     pub fn sigmoid(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Sigmoid, Op::Unary)
     }
+    /// `max(x, 0)`. NaN stays NaN, as in PyTorch, so a diverging forward pass shows in the
+    /// loss.
     pub fn relu(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::Relu, Op::Unary)
     }

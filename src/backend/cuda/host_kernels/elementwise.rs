@@ -136,6 +136,51 @@ fn elementwise_kernels_match_the_cpu_vectorised_and_not() {
 }
 
 #[test]
+fn max_min_relu_and_clamp_kernels_keep_nan_as_the_cpu_does() {
+    use crate::backend::ops::UnaryOp;
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    let n = 6;
+    let nan = f32::NAN;
+    let xs = vec![-2.0f32, nan, 0.5, 3.0, nan, -0.0];
+    let ys = vec![1.0f32, 1.0, nan, -1.0, nan, 0.0];
+    let (x, y) = (
+        Tensor::from_vec(xs.clone(), &[n], Device::Cpu).unwrap(),
+        Tensor::from_vec(ys.clone(), &[n], Device::Cpu).unwrap(),
+    );
+    let l = Layout::contiguous(&[n]);
+    let same = |got: &[f32], want: crate::backend::Storage, what: &str| {
+        let want = Tensor::from_storage(want, &[n]).to_vec::<f32>().unwrap();
+        let ok = got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g == w || g.is_nan() && w.is_nan());
+        assert!(ok, "{what}: {got:?} vs {want:?}");
+    };
+    let mut out = vec![0f32; n];
+    let unary: Unary<f32> = function(lib, "unary_float");
+    for op in [
+        UnaryOp::Relu,
+        UnaryOp::MaxScalar(0.25),
+        UnaryOp::MinScalar(0.25),
+    ] {
+        let (code, a, b) = crate::backend::cuda::ops::unary_code(op);
+        // SAFETY: every buffer holds n elements.
+        unsafe { unary(code, a, b, xs.as_ptr(), out.as_mut_ptr(), n as i64) };
+        same(&out, x.storage().unary(&l, op).unwrap(), &format!("{op:?}"));
+    }
+    let binary: Binary<f32> = function(lib, "binary_float");
+    for op in [BinaryOp::Max, BinaryOp::Min] {
+        let code = crate::backend::cuda::ops::binary_code(op);
+        // SAFETY: as above.
+        unsafe { binary(code, xs.as_ptr(), ys.as_ptr(), out.as_mut_ptr(), n as i64) };
+        let want = x.storage().binary(&l, &y.storage(), &l, op).unwrap();
+        same(&out, want, &format!("{op:?}"));
+    }
+}
+
+#[test]
 fn lstm_cell_kernels_match_the_cpu() {
     let Some(lib) = library("rnn") else { return };
     type Forward = unsafe extern "C" fn(*const f32, *const f32, *mut f32, i64, i64) -> ();

@@ -7,10 +7,12 @@
 //! per CUDA thread with real barriers and emulated warp shuffles. Not checked: speed, and
 //! behaviour under the GPU's memory model. Skipped where no C++ compiler is found.
 
+mod cast;
 mod elementwise;
 mod index;
 mod optim;
 mod pool;
+mod reduce;
 mod rows;
 
 use super::kernels;
@@ -93,6 +95,23 @@ pub(super) fn close(got: &[f32], want: &[f32], what: &str) {
             (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
             "{what}: [{i}] {g} vs {w}"
         );
+    }
+}
+
+/// A buffer's address, which a kernel call may carry across the emulated threads of
+/// [`run_grid`]: [`Addr::of_mut`] for a buffer the kernel writes.
+#[derive(Clone, Copy)]
+pub(super) struct Addr(usize);
+
+impl Addr {
+    pub(super) fn of<T>(v: &[T]) -> Addr {
+        Addr(v.as_ptr() as usize)
+    }
+    pub(super) fn of_mut<T>(v: &mut [T]) -> Addr {
+        Addr(v.as_mut_ptr() as usize)
+    }
+    pub(super) fn ptr<T>(self) -> *mut T {
+        self.0 as *mut T
     }
 }
 

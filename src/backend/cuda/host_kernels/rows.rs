@@ -1,23 +1,10 @@
 //! Row kernels built on block reductions (softmax, the fused cross-entropy), run as real
 //! blocks of threads on the host, against the CPU backend.
 
-use super::{close, function, library, randn, run_grid};
+use super::{close, function, library, randn, run_grid, Addr};
 use crate::backend::Storage;
 use crate::layout::Layout;
 use crate::{Device, Tensor};
-
-/// A pointer a kernel call may carry across the emulated threads.
-#[derive(Clone, Copy)]
-struct Addr(usize);
-
-impl Addr {
-    fn of<T>(v: &[T]) -> Addr {
-        Addr(v.as_ptr() as usize)
-    }
-    fn ptr<T>(self) -> *mut T {
-        self.0 as *mut T
-    }
-}
 
 const ROWS: usize = 5;
 const COLS: usize = 77;
@@ -37,8 +24,8 @@ fn softmax_kernel_matches_the_cpu_on_emulated_blocks() {
         let want = Tensor::from_storage(want, &[ROWS, COLS])
             .to_vec::<f32>()
             .unwrap();
-        let out = vec![0f32; ROWS * COLS];
-        let (xa, oa) = (Addr::of(&xs), Addr::of(&out));
+        let mut out = vec![0f32; ROWS * COLS];
+        let (xa, oa) = (Addr::of(&xs), Addr::of_mut(&mut out));
         // Fewer blocks than rows: each block strides over rows, as on the GPU past 65535.
         run_grid(lib, 2, 64, || {
             // SAFETY: x and out hold ROWS x COLS elements; threads write distinct elements.
@@ -101,10 +88,16 @@ fn fused_cross_entropy_kernels_match_the_cpu_on_emulated_blocks() {
         let vals = |s: Storage, n: usize| Tensor::from_storage(s, &[n]).to_vec::<f32>().unwrap();
         let (want_loss, want_lse) = (vals(loss, ROWS), vals(lse, ROWS));
         let want_dx = vals(dx, ROWS * COLS);
-        let (loss, lse, dx) = (vec![0f32; ROWS], vec![0f32; ROWS], vec![0f32; ROWS * COLS]);
-        let fault = vec![0i32];
-        let a = [&xs[..], &loss, &lse, &gs, &dx].map(Addr::of);
-        let (ta, fa) = (Addr::of(&targets), Addr::of(&fault));
+        let (mut loss, mut lse) = (vec![0f32; ROWS], vec![0f32; ROWS]);
+        let (mut dx, mut fault) = (vec![0f32; ROWS * COLS], vec![0i32]);
+        let a = [
+            Addr::of(&xs),
+            Addr::of_mut(&mut loss),
+            Addr::of_mut(&mut lse),
+            Addr::of(&gs),
+            Addr::of_mut(&mut dx),
+        ];
+        let (ta, fa) = (Addr::of(&targets), Addr::of_mut(&mut fault));
         let (r, c, e) = (ROWS as i64, COLS as i64, eps as f32);
         run_grid(lib, 3, 64, || {
             // SAFETY: the buffers hold the rows' elements; thread 0 of a block writes a row's
@@ -147,13 +140,13 @@ fn fused_cross_entropy_kernels_match_the_cpu_on_emulated_blocks() {
     }
     // A target out of range: that row's loss is NaN and the fault flag holds the slot.
     let bad = vec![0i64, 77, 3, 40, 5];
-    let (loss, lse, fault) = (vec![0f32; ROWS], vec![0f32; ROWS], vec![0i32]);
+    let (mut loss, mut lse, mut fault) = (vec![0f32; ROWS], vec![0f32; ROWS], vec![0i32]);
     let (xa, ba, la, za, fa) = (
         Addr::of(&xs),
         Addr::of(&bad),
-        Addr::of(&loss),
-        Addr::of(&lse),
-        Addr::of(&fault),
+        Addr::of_mut(&mut loss),
+        Addr::of_mut(&mut lse),
+        Addr::of_mut(&mut fault),
     );
     run_grid(lib, 5, 32, || {
         // SAFETY: as above.

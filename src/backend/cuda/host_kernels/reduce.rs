@@ -1,0 +1,137 @@
+//! Row reductions (reduce.cu) on emulated blocks and dropout masks (random.cu), against the
+//! CPU backend.
+
+use super::{function, library, run_grid, Addr};
+use crate::backend::ops::ReduceOp;
+use crate::backend::Storage;
+use crate::dtype::WithDType;
+use crate::layout::Layout;
+use crate::{bf16, f16, DType, Device, Tensor};
+use libloading::Library;
+
+const ROWS: usize = 5;
+const COLS: usize = 77;
+
+/// `[ROWS, COLS]` values of `T`: normal draws, with a NaN in row 1 and in row 3 and the
+/// maximum and minimum of row 2 each repeated (ties go to the first index).
+fn rows<T: WithDType>(seed: u64) -> Tensor {
+    let mut v = crate::Generator::new(seed).normal(ROWS * COLS);
+    v[COLS + 40] = f64::NAN;
+    v[3 * COLS + 3] = f64::NAN;
+    let row2 = &mut v[2 * COLS..3 * COLS];
+    row2[10] = 9.0;
+    row2[60] = 9.0;
+    row2[20] = -9.0;
+    row2[70] = -9.0;
+    Tensor::from_vec(v, &[ROWS, COLS], Device::Cpu)
+        .unwrap()
+        .to_dtype(T::DTYPE)
+        .unwrap()
+}
+
+fn cpu_reduce(x: &Tensor, op: ReduceOp) -> Vec<f64> {
+    let l = Layout::contiguous(&[ROWS, COLS]);
+    let s = x.storage().reduce(&l, &[1], op).unwrap();
+    Tensor::from_storage(s, &[ROWS]).to_vec_f64().unwrap()
+}
+
+fn reduce_in<T: WithDType>(lib: &Library, t: &str, tol: f64) {
+    type Reduce<T> = unsafe extern "C" fn(i32, *const T, *mut T, i64, i64) -> ();
+    type ArgMax<T> = unsafe extern "C" fn(f32, *const T, *mut i64, i64, i64) -> ();
+    let reduce: Reduce<T> = function(lib, &format!("reduce_rows_{t}"));
+    let argmax: ArgMax<T> = function(lib, &format!("argmax_rows_{t}"));
+    let x = rows::<T>(41);
+    let xs = x.to_vec::<T>().unwrap();
+    let xa = Addr::of(&xs);
+    let (r, c) = (ROWS as i64, COLS as i64);
+    let ops = [
+        (0, ReduceOp::Sum),
+        (1, ReduceOp::Max),
+        (2, ReduceOp::Min),
+        (3, ReduceOp::Mean),
+    ];
+    for (code, op) in ops {
+        let mut out = [T::zero(); ROWS];
+        let oa = Addr::of_mut(&mut out);
+        // Two blocks of 64 threads: each block strides over rows and each thread over columns.
+        run_grid(lib, 2, 64, || {
+            // SAFETY: x holds ROWS x COLS elements, out ROWS; thread 0 of a block writes its row.
+            unsafe { reduce(code, xa.ptr(), oa.ptr(), r, c) }
+        });
+        let got: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
+        let want = cpu_reduce(&x, op);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let ok = match op {
+                // The CPU adds with compensation, the kernel as a tree in f32.
+                ReduceOp::Sum | ReduceOp::Mean => {
+                    g.is_nan() && w.is_nan() || (g - w).abs() <= tol * (1.0 + w.abs())
+                }
+                _ => g == w || g.is_nan() && w.is_nan(),
+            };
+            assert!(ok, "{op:?} ({t}) row {i}: {got:?} vs {want:?}");
+        }
+    }
+    for (sign, op) in [(1.0, ReduceOp::ArgMax), (-1.0, ReduceOp::ArgMin)] {
+        let mut out = vec![-1i64; ROWS];
+        let oa = Addr::of_mut(&mut out);
+        run_grid(lib, 2, 64, || {
+            // SAFETY: as above, with i64 outputs.
+            unsafe { argmax(sign, xa.ptr(), oa.ptr(), r, c) }
+        });
+        let want: Vec<i64> = cpu_reduce(&x, op).iter().map(|&v| v as i64).collect();
+        assert_eq!(out, want, "{op:?} ({t})");
+    }
+}
+
+#[test]
+fn reduction_kernels_match_the_cpu_with_nan_and_ties() {
+    let Some(lib) = library("reduce") else { return };
+    reduce_in::<f32>(lib, "float", 1e-6);
+    // A half result may land one rounding step away when the f32 sums differ in the last bit.
+    reduce_in::<f16>(lib, "f16", 1e-3);
+    reduce_in::<bf16>(lib, "bf16", 8e-3);
+}
+
+#[test]
+fn dropout_kernels_draw_the_cpus_mask() {
+    let Some(lib) = library("random") else { return };
+    type Mask<T> = unsafe extern "C" fn(u64, u64, u64, f32, *mut T, i64) -> ();
+    fn check<T: WithDType + PartialEq>(lib: &Library, t: &str, dtype: DType) {
+        let f: Mask<T> = function(lib, &format!("dropout_mask_{t}"));
+        // A length that is not a multiple of 4 (the last block is cut), a stream that does
+        // not start at 0, and the edge thresholds (keep all, keep none).
+        let n = 4 * 37 + 3;
+        let seed = 0x1234_5678_9abc_def0;
+        for (p, start) in [(0.3, 11u64), (0.0, 0), (1.0, 5)] {
+            let threshold = (p * 4_294_967_296.0f64).ceil() as u64;
+            let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+            let want =
+                Storage::dropout_mask(Device::Cpu, n, threshold, scale, (seed, start), dtype)
+                    .unwrap();
+            let want = Tensor::from_storage(want, &[n]).to_vec::<T>().unwrap();
+            let mut out = vec![T::zero(); n];
+            // SAFETY: `out` holds n elements; run as one thread, which loops over every block.
+            unsafe {
+                f(
+                    seed,
+                    start,
+                    threshold,
+                    scale as f32,
+                    out.as_mut_ptr(),
+                    n as i64,
+                )
+            };
+            assert!(out == want, "dropout p={p} ({t})");
+            if p == 0.3 {
+                let kept = out.iter().filter(|v| v.to_f64() != 0.0).count();
+                assert!(
+                    (kept as f64 / n as f64 - 0.7).abs() < 0.15,
+                    "kept {kept} of {n}"
+                );
+            }
+        }
+    }
+    check::<f32>(lib, "float", DType::F32);
+    check::<f16>(lib, "f16", DType::F16);
+    check::<bf16>(lib, "bf16", DType::BF16);
+}
