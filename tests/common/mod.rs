@@ -1,6 +1,8 @@
 //! Shared test helpers: seeded inputs, norm-wise comparison, finite-difference gradcheck.
 #![allow(dead_code)]
 
+pub mod parity;
+
 use mantissa::{no_grad, DType, Device, Generator, Result, Tensor};
 
 /// A leaf f64 tensor of normal values, requiring grad.

@@ -1,0 +1,75 @@
+//! CPU-vs-CUDA parity helpers (tests/cuda_parity.rs, tests/cuda_semantics.rs): the GPU if
+//! there is one, per-dtype bands, and `parity`, which runs an op and its backward on both.
+
+use super::{assert_close, f32s, vals};
+use mantissa::{DType, Device, Result, Tensor};
+
+/// The first CUDA device; `None` (printing `skipped: no CUDA device`) without one.
+pub fn gpu() -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// The float dtypes the CUDA backend computes in.
+pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Norm-wise band between the two devices: f32 differs by summation order only; a half
+/// result may round the other way once.
+pub fn band(dt: DType) -> f64 {
+    match dt {
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        _ => 1.6e-2,
+    }
+}
+
+/// A copy of `x` on `d` that owns its storage: `to_device` to the same device returns `x`
+/// itself (as PyTorch's `.to` does), and marking that as requiring grad, or stepping an
+/// optimizer on it, would change the shared input.
+pub fn own(x: &Tensor, d: Device) -> Tensor {
+    x.to_device(d).unwrap().copy().unwrap()
+}
+
+pub fn input(shape: &[usize], dt: DType, seed: u64) -> Tensor {
+    f32s(shape, seed).to_dtype(dt).unwrap()
+}
+
+/// Runs `f` on CPU and on GPU copies of `inputs` (float ones require grad), back-propagates
+/// `sum(out * w)` for fixed weights `w`, and compares the outputs and every input gradient.
+pub fn parity(what: &str, gpu: Device, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let run = |d: Device| -> (Vec<f64>, Vec<Option<Vec<f64>>>, DType) {
+        let xs: Vec<Tensor> = inputs
+            .iter()
+            .map(|x| {
+                let float = x.dtype().is_float();
+                own(x, d).requires_grad(float).unwrap()
+            })
+            .collect();
+        let y = f(&xs).unwrap_or_else(|e| panic!("{what} on {d}: {e}"));
+        assert_eq!(y.device(), d, "{what}: output device");
+        if y.dtype().is_float() {
+            let w = input(y.shape(), y.dtype(), 99).to_device(d).unwrap();
+            let loss = y.mul(&w).unwrap().sum_all().unwrap();
+            loss.backward()
+                .unwrap_or_else(|e| panic!("{what} backward on {d}: {e}"));
+        }
+        let grads = xs.iter().map(|x| x.grad().map(|g| vals(&g))).collect();
+        (vals(&y), grads, y.dtype())
+    };
+    let (want, want_g, dt) = run(Device::Cpu);
+    let (got, got_g, _) = run(gpu);
+    let tol = band(dt);
+    assert_close(&got, &want, tol, &format!("{what} forward ({dt:?})"));
+    for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
+        match (g, w) {
+            (Some(g), Some(w)) => assert_close(g, w, tol, &format!("{what} grad {i} ({dt:?})")),
+            (None, None) => {}
+            _ => panic!("{what}: gradient {i} present on one device only"),
+        }
+    }
+}

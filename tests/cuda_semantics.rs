@@ -1,0 +1,177 @@
+//! CPU-vs-CUDA agreement on edge semantics and on the ops tests/cuda_parity.rs leaves out:
+//! NaN through max/min/relu/clamp and the max/min reductions, float to integer casts
+//! (truncating, saturating, NaN to 0), and the remaining elementwise, comparison, reduction
+//! and loss ops. Without a GPU each test prints `skipped: no CUDA device` and passes.
+//!
+//! Not yet run on a GPU (written in a session without one; run with the CPU standing in).
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::parity::*;
+use common::*;
+use mantissa::*;
+
+/// Equal element for element, NaN equal to NaN.
+fn assert_same(got: &[f64], want: &[f64], what: &str) {
+    let same = got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| g == w || g.is_nan() && w.is_nan());
+    assert!(same, "{what}:\n got  {got:?}\n want {want:?}");
+}
+
+/// `f` on the CPU tensors and on GPU copies of them, compared element for element.
+fn same_on_both(what: &str, d: Device, xs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let on = |dev: Device| -> Vec<f64> {
+        let xs: Vec<Tensor> = xs.iter().map(|x| x.to_device(dev).unwrap()).collect();
+        let y = f(&xs).unwrap_or_else(|e| panic!("{what} on {dev}: {e}"));
+        assert_eq!(y.device(), dev, "{what}: output device");
+        vals(&y)
+    };
+    assert_same(&on(d), &on(Device::Cpu), what);
+}
+
+#[test]
+fn nan_propagates_alike() {
+    let Some(d) = gpu() else { return };
+    let nan = f64::NAN;
+    for dt in FLOATS {
+        let t = |v: Vec<f64>| {
+            Tensor::from_vec(v, &[2, 4], Device::Cpu)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap()
+        };
+        let x = t(vec![-2.0, nan, 0.5, 3.0, 1.0, -1.0, 0.25, 2.0]);
+        let y = t(vec![1.0, 1.0, nan, -1.0, 0.5, nan, 0.5, 0.5]);
+        let xy = [x.clone(), y];
+        type Op = fn(&[Tensor]) -> Result<Tensor>;
+        let ops: [(&str, Op); 13] = [
+            ("relu", |x| x[0].relu()),
+            ("clamp", |x| x[0].clamp(-1.0, 1.0)),
+            ("maximum scalar", |x| x[0].maximum(0.0)),
+            ("minimum scalar", |x| x[0].minimum(0.0)),
+            ("maximum", |x| x[0].maximum(&x[1])),
+            ("minimum", |x| x[0].minimum(&x[1])),
+            ("max", |x| Ok(x[0].max(1, false)?.0)),
+            ("min", |x| Ok(x[0].min(1, false)?.0)),
+            ("argmax", |x| x[0].argmax(1, false)),
+            ("argmin", |x| x[0].argmin(1, false)),
+            ("max_all", |x| x[0].max_all()),
+            ("min_all", |x| x[0].min_all()),
+            ("sum", |x| x[0].sum(&[1], false)),
+        ];
+        for (name, op) in ops {
+            same_on_both(&format!("{name} ({dt:?})"), d, &xy, op);
+        }
+        // A NaN in a row makes that whole softmax row NaN, and only that row.
+        let s = x.to_device(d).unwrap().softmax(1).unwrap();
+        let s = vals(&s);
+        assert!(s[..4].iter().all(|v| v.is_nan()), "softmax row 0: {s:?}");
+        assert!(s[4..].iter().all(|v| v.is_finite()), "softmax row 1: {s:?}");
+    }
+}
+
+#[test]
+fn integer_casts_truncate_and_saturate_alike() {
+    let Some(d) = gpu() else { return };
+    let v = vec![
+        -3.7,
+        2.9,
+        300.7,
+        255.5,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e20,
+        -1e20,
+        0.49,
+        -0.0,
+        7.0,
+    ];
+    let n = v.len();
+    let x = Tensor::from_vec(v, &[n], Device::Cpu).unwrap();
+    for from in FLOATS {
+        let x = x.to_dtype(from).unwrap();
+        for to in [DType::U8, DType::I64] {
+            same_on_both(&format!("{from:?} -> {to:?}"), d, &[x.clone()], |x| {
+                x[0].to_dtype(to)
+            });
+            // From a strided view too.
+            same_on_both(
+                &format!("{from:?} -> {to:?} strided"),
+                d,
+                &[x.clone()],
+                |x| x[0].reshape(&[3, 4])?.t()?.to_dtype(to),
+            );
+        }
+    }
+    let ints = Tensor::from_vec(vec![-5i64, 0, 7, 70_000, 2049], &[5], Device::Cpu).unwrap();
+    let mask = Tensor::from_vec(vec![0u8, 1, 255, 3], &[4], Device::Cpu).unwrap();
+    for to in FLOATS {
+        same_on_both(&format!("I64 -> {to:?}"), d, &[ints.clone()], |x| {
+            x[0].to_dtype(to)
+        });
+        same_on_both(&format!("U8 -> {to:?}"), d, &[mask.clone()], |x| {
+            x[0].to_dtype(to)
+        });
+    }
+}
+
+#[test]
+fn remaining_ops_match() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let (a, b) = (input(&[5, 37], dt, 90), input(&[5, 37], dt, 91));
+        parity("log1p", d, &[a.clone()], |x| x[0].abs()?.log1p());
+        parity("scalar_pow", d, &[a.clone()], |x| x[0].scalar_pow(1.3));
+        parity("sqr", d, &[a.clone()], |x| x[0].sqr());
+        parity("rsub", d, &[a.clone()], |x| x[0].rsub(2.0));
+        parity("std", d, &[a.clone()], |x| x[0].std(&[1], 1, false));
+        parity("mean_all", d, &[a.clone()], |x| x[0].mean_all());
+        parity("max_all", d, &[a.clone()], |x| x[0].max_all());
+        parity("min_all", d, &[a.clone()], |x| x[0].min_all());
+        parity("sum_to", d, &[a.clone()], |x| x[0].sum_to(&[1, 37]));
+        // Comparisons, on values with ties (a rounded copy compared with itself shifted).
+        let r = a
+            .mul(2.0)
+            .unwrap()
+            .to_dtype(DType::I64)
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap();
+        let rs = Tensor::cat(
+            &[&r.narrow(1, 1, 36).unwrap(), &r.narrow(1, 0, 1).unwrap()],
+            1,
+        )
+        .unwrap();
+        type Cmp = fn(&Tensor, &Tensor) -> Result<Tensor>;
+        let cmps: [(&str, Cmp); 6] = [
+            ("eq", |a, b| a.eq(b)),
+            ("ne", |a, b| a.ne(b)),
+            ("lt", |a, b| a.lt(b)),
+            ("le", |a, b| a.le(b)),
+            ("gt", |a, b| a.gt(b)),
+            ("ge", |a, b| a.ge(b)),
+        ];
+        for (name, op) in cmps {
+            same_on_both(name, d, &[r.clone(), rs.clone()], |x| op(&x[0], &x[1]));
+        }
+        type CmpScalar = fn(&Tensor) -> Result<Tensor>;
+        let scalar_cmps: [(&str, CmpScalar); 3] = [
+            ("eq scalar", |a| a.eq(1.0)),
+            ("lt scalar", |a| a.lt(1.0)),
+            ("ge scalar", |a| a.ge(-1.0)),
+        ];
+        for (name, op) in scalar_cmps {
+            same_on_both(name, d, &[r.clone()], |x| op(&x[0]));
+        }
+        let target = Tensor::from_vec(vec![4i64, -100, 0, 36, 2], &[5], Device::Cpu).unwrap();
+        parity("nll_loss", d, &[b.clone(), target], |x| {
+            x[0].log_softmax(-1)?.nll_loss(&x[1], Reduction::Mean, -100)
+        });
+        let range = |dev| vals(&Tensor::arange(-3.0, 7.0, 0.75, dt, dev).unwrap());
+        assert_same(&range(d), &range(Device::Cpu), "arange");
+    }
+}
