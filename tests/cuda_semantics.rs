@@ -5,6 +5,8 @@
 //!
 //! Not yet run on a GPU (written in a session without one; run with the CPU standing in).
 #![cfg(feature = "cuda")]
+// `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
+#![allow(clippy::cloned_ref_to_slice_refs)]
 
 mod common;
 use common::parity::*;
