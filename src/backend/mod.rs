@@ -351,6 +351,7 @@ impl Storage {
     /// `relu(self @ rhs + bias)` in one fused call where the device has one (cuBLASLt's
     /// ReLU-bias epilogue on CUDA); `None` where it has not (the CPU), and the caller
     /// composes the ops.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     pub(crate) fn linear_relu(
         &self,
         l: &Layout,

@@ -67,6 +67,7 @@ pub(crate) fn log_softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuS
 /// is channels-last (a backend that pools NHWC in place then returns NHWC activations; see
 /// `Storage::pool_format`; the CPU pools NCHW planes).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // `c`, `channels_last`: CUDA reads them
 pub(crate) struct PoolDims {
     pub planes: usize,
     pub c: usize,
