@@ -1,7 +1,8 @@
 //! CPU-vs-CUDA agreement on edge semantics and on the ops tests/cuda_parity.rs leaves out:
 //! NaN through max/min/relu/clamp and the max/min reductions, float to integer casts
 //! (truncating, saturating, NaN to 0), and the remaining elementwise, comparison, reduction
-//! and loss ops. Without a GPU each test prints `skipped: no CUDA device` and passes.
+//! and loss ops; the loss scaler's fused kernels. Without a GPU each test prints
+//! `skipped: no CUDA device` and passes.
 //!
 //! Not yet run on a GPU (written in a session without one; run with the CPU standing in).
 #![cfg(feature = "cuda")]
@@ -175,5 +176,65 @@ fn remaining_ops_match() {
         });
         let range = |dev| vals(&Tensor::arange(-3.0, 7.0, 0.75, dt, dev).unwrap());
         assert_same(&range(d), &range(Device::Cpu), "arange");
+    }
+}
+
+/// The loss scaler on the device (fused unscale and update kernels) follows the CPU: the
+/// same scale after each step, an overflow skipped on both, the same parameters; f32
+/// parameters, and bf16 ones with f32 masters.
+#[test]
+fn loss_scaling_matches() {
+    use mantissa::amp::{GradScaler, GradScalerConfig};
+    use mantissa::optim::*;
+    let Some(d) = gpu() else { return };
+    let n = 1000;
+    let run = |dev: Device, dtype: DType| -> (Vec<f64>, Vec<f64>) {
+        let w = input(&[n], dtype, 7)
+            .to_device(dev)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap();
+        let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(1e-2)).unwrap();
+        if dtype != DType::F32 {
+            opt.use_master_weights(Rounding::Nearest).unwrap();
+        }
+        let cfg = GradScalerConfig {
+            growth_interval: 2,
+            ..Default::default()
+        };
+        let mut s = GradScaler::new(cfg).unwrap();
+        let mut scales = Vec::new();
+        for step in 0..6 {
+            let mut c = input(&[n], DType::F32, 20 + step).to_vec::<f32>().unwrap();
+            if step == 2 {
+                c[n / 3] = f32::INFINITY;
+            }
+            let c = Tensor::from_vec(c, &[n], dev).unwrap();
+            opt.zero_grad();
+            let loss = w
+                .to_dtype(DType::F32)
+                .unwrap()
+                .mul(&c)
+                .unwrap()
+                .sum_all()
+                .unwrap();
+            s.scale(&loss).unwrap().backward().unwrap();
+            s.step(&mut opt).unwrap();
+            s.update().unwrap();
+            scales.push(s.current_scale().unwrap().unwrap());
+        }
+        (scales, vals(&w))
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let (want_s, want_w) = run(Device::Cpu, dtype);
+        assert!(want_s[2] < want_s[1], "step 2 overflows: {want_s:?}");
+        let (got_s, got_w) = run(d, dtype);
+        assert_eq!(got_s, want_s, "scales ({dtype:?})");
+        assert_close(
+            &got_w,
+            &want_w,
+            band(dtype),
+            &format!("parameters ({dtype:?})"),
+        );
     }
 }

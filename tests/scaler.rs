@@ -374,3 +374,87 @@ fn a_scaled_step_reads_nothing_back_to_the_host() {
         assert_eq!(opt.states()[0].step_count().unwrap(), 2);
     }
 }
+
+/// Unscaling walks a gradient's storage in one pass: a channels-last gradient stays
+/// channels-last, and gradients that are views (transposed, or a part of a larger buffer)
+/// come out with the right values; bf16 gradients stay bf16, or become f32 with masters.
+#[test]
+fn unscaling_keeps_layouts_and_reads_views() {
+    let shape = [2, 3, 4, 5];
+    let n: usize = shape.iter().product();
+    let g = f32s(&shape, 5);
+    let scale = 65536.0;
+    let views: [(&str, Tensor); 4] = [
+        ("contiguous", g.mul(scale).unwrap()),
+        (
+            "channels-last",
+            g.mul(scale)
+                .unwrap()
+                .to_memory_format(MemoryFormat::ChannelsLast)
+                .unwrap(),
+        ),
+        (
+            "transposed",
+            g.transpose(1, 3)
+                .unwrap()
+                .mul(scale)
+                .unwrap()
+                .copy()
+                .unwrap()
+                .transpose(1, 3)
+                .unwrap(),
+        ),
+        (
+            "part of a larger buffer",
+            // The rest of the buffer overflows; only the gradient's part is checked.
+            Tensor::cat(&[&g.mul(f64::INFINITY).unwrap(), &g.mul(scale).unwrap()], 0)
+                .unwrap()
+                .narrow(0, 2, 2)
+                .unwrap(),
+        ),
+    ];
+    for (what, scaled) in views {
+        for (dtype, masters) in [
+            (DType::F32, false),
+            (DType::BF16, false),
+            (DType::BF16, true),
+        ] {
+            let w = Tensor::zeros(&shape, dtype, Device::Cpu)
+                .unwrap()
+                .requires_grad(true)
+                .unwrap();
+            let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1)).unwrap();
+            if masters {
+                opt.use_master_weights(Rounding::Nearest).unwrap();
+            }
+            let mut s = GradScaler::new(Default::default()).unwrap();
+            s.scale(&w.sum_all().unwrap()).unwrap();
+            let grad = scaled.to_dtype(dtype).unwrap();
+            let layout = (grad.strides().to_vec(), grad.is_channels_last());
+            w.set_grad(Some(grad)).unwrap();
+            s.unscale_(&mut opt).unwrap();
+            let got = w.grad().unwrap();
+            let want_dtype = if masters { DType::F32 } else { dtype };
+            assert_eq!(got.dtype(), want_dtype, "{what} {dtype:?}");
+            assert_eq!(got.numel(), n);
+            let want = g.to_dtype(dtype).unwrap();
+            assert_eq!(
+                vals(&got),
+                vals(&want),
+                "{what} {dtype:?} masters {masters}"
+            );
+            if what != "part of a larger buffer" {
+                assert_eq!(got.strides(), &layout.0[..], "{what}: strides kept");
+            }
+            assert_eq!(got.is_channels_last(), layout.1, "{what}: format kept");
+            // Nothing was flagged: the scale does not back off.
+            s.step(&mut opt).unwrap();
+            s.update().unwrap();
+            assert_eq!(
+                s.current_scale().unwrap(),
+                Some(scale),
+                "{what}: no overflow"
+            );
+        }
+    }
+}

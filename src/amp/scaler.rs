@@ -3,8 +3,9 @@
 //! The scale, the growth tracker and the found-inf flag are 0-d f32 tensors on the
 //! parameters' device. `unscale_` multiplies the gradients by `1 / scale` and sets the flag
 //! when any of them is not finite; `step` hands the flag to the optimizer, whose fused kernels
-//! skip the update by themselves; `update` grows or backs off the scale with tensor ops. No
-//! step reads a value back to the host.
+//! skip the update by themselves; `update` grows or backs off the scale. Unscaling is one
+//! pass per gradient and the update one step, as PyTorch's `_amp_*` kernels (`cuda/amp.cu` on
+//! the GPU). No step reads a value back to the host.
 
 use crate::optim::Optimizer;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
@@ -153,7 +154,7 @@ impl GradScaler {
             // gives the same bits (a correctly rounded quotient survives double rounding
             // from f64), and works on devices without f64.
             let inv = scale.recip()?;
-            let mut found = scalar(0.0, scale.device())?;
+            let found = scalar(0.0, scale.device())?;
             // With fp32 master weights the unscaled gradients are written in f32 (Apex O2's
             // master gradients), so f16 gradients are fine there.
             let masters = opt.master_weights().is_some();
@@ -166,15 +167,17 @@ impl GradScaler {
                         expected: "f32 gradients (attempting to unscale FP16 gradients: keep f32 parameters, or turn on Optimizer::use_master_weights)",
                     });
                 }
-                // all finite <=> min over |g| < inf is 1 (NaN compares false).
-                let finite = g
-                    .abs()?
-                    .lt(f64::INFINITY)?
-                    .to_dtype(DType::F32)?
-                    .min_all()?;
-                found = found.maximum(&finite.rsub(1.0)?)?;
-                let g = if masters { g.to_dtype(DType::F32)? } else { g };
-                p.set_grad(Some(g.mul(&inv.to_dtype(g.dtype())?)?))?;
+                let out = if masters { DType::F32 } else { g.dtype() };
+                // One fused pass over the gradient's storage (PyTorch's
+                // _amp_foreach_non_finite_check_and_unscale_), which keeps its memory format;
+                // a gradient that does not fill its storage densely is copied first.
+                let dense = g.is_contiguous() || g.layout().dense_order().is_some();
+                let fills = g.layout().offset() == 0 && g.storage().len() == g.numel();
+                let g = if dense && fills { g } else { g.copy()? };
+                let unscaled = Tensor::write_many("GradScaler::unscale_", &[&found], |f| {
+                    g.storage().unscale_grad(&inv.storage(), f[0], out)
+                })?;
+                p.set_grad(Some(Tensor::from_storage_in(unscaled, g.layout().clone())))?;
             }
             Ok(found)
         })?;
@@ -227,16 +230,18 @@ impl GradScaler {
             for f in &flags[1..] {
                 found = found.maximum(f)?;
             }
-            let clean = found.rsub(1.0)?;
-            let t = tracker.add(1.0)?.mul(&clean)?;
-            let grow = t.ge(c.growth_interval as f64)?.to_dtype(DType::F32)?;
-            let grown = scale.mul(c.growth_factor)?;
-            let finite = grown.abs()?.lt(f64::INFINITY)?.to_dtype(DType::F32)?;
-            // factor = backoff on overflow, growth when due and finite, else 1.
-            let gfac = grow.mul(&finite)?.mul(c.growth_factor - 1.0)?.add(1.0)?;
-            let factor = found.mul(c.backoff_factor)?.add(&clean.mul(&gfac)?)?;
-            scale.copy_(&scale.mul(&factor)?)?;
-            tracker.copy_(&t.mul(&grow.rsub(1.0)?)?)
+            // PyTorch's _amp_update_scale_, in one step on the device.
+            Tensor::write_many("GradScaler::update", &[&scale, &tracker], |s| {
+                let (sc, tr) = s.split_at_mut(1);
+                let f = found.storage();
+                sc[0].update_scale(
+                    tr[0],
+                    &f,
+                    c.growth_factor,
+                    c.backoff_factor,
+                    c.growth_interval,
+                )
+            })
         })
     }
 

@@ -607,6 +607,65 @@ impl Storage {
         self.update_on_host(|d| cpu::round_into(d, &m, rounding, &st))
     }
 
+    /// PyTorch's `_amp_foreach_non_finite_check_and_unscale_` for one gradient (`self`, walked
+    /// in storage order): every element times `inv_scale` (an f32 scalar), stored as `out`
+    /// (the gradient's dtype or f32) in the same order; `found_inf` (an f32 scalar) becomes 1
+    /// when an element is inf or NaN and is left as it is otherwise. One pass, no host read
+    /// on CUDA.
+    pub(crate) fn unscale_grad(
+        &self,
+        inv_scale: &Storage,
+        found_inf: &mut Storage,
+        out: DType,
+    ) -> Result<Storage> {
+        const OP: &str = "GradScaler::unscale_";
+        let device = common_device(OP, &[self, inv_scale, found_inf])?;
+        #[cfg(feature = "cuda")]
+        if let (Storage::Cuda(g), Storage::Cuda(inv), Storage::Cuda(f)) =
+            (self, inv_scale, &*found_inf)
+        {
+            if let Some(o) = cuda::amp::unscale_grad(g, inv, f, out)? {
+                return Ok(Storage::Cuda(o));
+            }
+        }
+        let inv = cpu::amp::scalar_f32(&*inv_scale.host()?, OP)?;
+        cpu::amp::scalar_f32(&*found_inf.host()?, OP)?;
+        let (o, bad) = cpu::amp::unscale(&*self.host()?, inv, out)?;
+        if bad {
+            *found_inf = Storage::place(CpuStorage::F32(vec![1.0]), device)?;
+        }
+        Storage::place(o, device)
+    }
+
+    /// PyTorch's `_amp_update_scale_` on the scaler's f32 scalars (`self` is the scale): back
+    /// off after an overflow, else grow every `interval` clean steps while finite.
+    pub(crate) fn update_scale(
+        &mut self,
+        tracker: &mut Storage,
+        found_inf: &Storage,
+        growth: f64,
+        backoff: f64,
+        interval: usize,
+    ) -> Result<()> {
+        const OP: &str = "GradScaler::update";
+        let device = common_device(OP, &[self, tracker, found_inf])?;
+        let interval = i32::try_from(interval).unwrap_or(i32::MAX);
+        let (growth, backoff) = (growth as f32, backoff as f32);
+        #[cfg(feature = "cuda")]
+        if let (Storage::Cuda(s), Storage::Cuda(t), Storage::Cuda(f)) =
+            (&*self, &*tracker, found_inf)
+        {
+            return cuda::amp::update_scale(s, t, f, growth, backoff, interval);
+        }
+        let mut s = cpu::amp::scalar_f32(&*self.host()?, OP)?;
+        let mut t = cpu::amp::scalar_f32(&*tracker.host()?, OP)?;
+        let f = cpu::amp::scalar_f32(&*found_inf.host()?, OP)?;
+        cpu::amp::update_scale(&mut s, &mut t, f, growth, backoff, interval);
+        *self = Storage::place(CpuStorage::F32(vec![s]), device)?;
+        *tracker = Storage::place(CpuStorage::F32(vec![t]), device)?;
+        Ok(())
+    }
+
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {
         match self {
             Storage::Cpu(s) if log => Ok(Storage::Cpu(cpu::log_softmax(s, l, dim)?)),

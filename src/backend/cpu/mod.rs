@@ -3,6 +3,7 @@
 //! Dtype dispatch is written once, in the `map_*` macros below: a kernel is a generic function
 //! over [`CpuElem`], and the macro expands its call for every storage variant it accepts.
 
+pub(crate) mod amp;
 mod conv;
 mod elementwise;
 pub(crate) mod index;

@@ -28,6 +28,7 @@ macro_rules! launch {
     }};
 }
 
+pub(crate) mod amp;
 mod blaslt;
 pub mod conv;
 mod faults;

@@ -7,6 +7,7 @@
 //! per CUDA thread with real barriers and emulated warp shuffles. Not checked: speed, and
 //! behaviour under the GPU's memory model. Skipped where no C++ compiler is found.
 
+mod amp;
 mod cast;
 mod elementwise;
 mod index;

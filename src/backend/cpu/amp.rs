@@ -1,0 +1,92 @@
+//! The loss scaler's two fused steps, as `cuda/amp.cu` runs them on the GPU: PyTorch's
+//! `_amp_foreach_non_finite_check_and_unscale_` (one gradient at a time) and
+//! `_amp_update_scale_`.
+
+use super::{overwritten_buffer, CpuElem, CpuStorage, CHUNK};
+use crate::dtype::Float;
+use crate::{DType, Error, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// The elements of `g` (in storage order) times `inv_scale`, computed in the element's
+/// arithmetic type (f32 for f32/f16/bf16) and stored as `out`, which is `g`'s dtype or f32;
+/// and whether any element of `g` is inf or NaN.
+pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(CpuStorage, bool)> {
+    fn go<S: CpuElem, D: CpuElem + bytemuck::Pod>(v: &[S], inv: f32) -> (CpuStorage, bool) {
+        let inv = <S::Acc as Float>::from_f64_(inv as f64);
+        let mut out = overwritten_buffer::<D>(v.len());
+        let bad = out
+            .par_chunks_mut(CHUNK)
+            .zip(v.par_chunks(CHUNK))
+            .map(|(o, s)| {
+                let mut bad = false;
+                for (o, s) in o.iter_mut().zip(s) {
+                    let x = s.to_acc();
+                    bad |= !num_traits::Float::is_finite(x);
+                    // The product in the arithmetic type, rounded once into `D` (the widening
+                    // to f64 is exact).
+                    *o = D::from_f64((x * inv).to_f64_());
+                }
+                bad
+            })
+            .reduce(|| false, |a, b| a | b);
+        (D::wrap(out), bad)
+    }
+    Ok(match (g, out) {
+        (CpuStorage::F32(v), DType::F32) => go::<f32, f32>(v, inv_scale),
+        (CpuStorage::F16(v), DType::F16) => go::<f16, f16>(v, inv_scale),
+        (CpuStorage::F16(v), DType::F32) => go::<f16, f32>(v, inv_scale),
+        (CpuStorage::BF16(v), DType::BF16) => go::<bf16, bf16>(v, inv_scale),
+        (CpuStorage::BF16(v), DType::F32) => go::<bf16, f32>(v, inv_scale),
+        (CpuStorage::F64(v), DType::F64) => go::<f64, f64>(v, inv_scale),
+        (g, _) => {
+            return Err(Error::DType {
+                op: "GradScaler::unscale_",
+                dtype: g.dtype(),
+                expected: "a float gradient, unscaled into its own dtype or into f32",
+            })
+        }
+    })
+}
+
+/// PyTorch's `_amp_update_scale_`: back off and restart the count after an overflow; else
+/// count a clean step and, every `interval` of them, grow the scale (kept only when finite).
+pub(crate) fn update_scale(
+    scale: &mut f32,
+    tracker: &mut f32,
+    found_inf: f32,
+    growth: f32,
+    backoff: f32,
+    interval: i32,
+) {
+    if found_inf != 0.0 {
+        *scale *= backoff;
+        *tracker = 0.0;
+        return;
+    }
+    let next = *tracker + 1.0;
+    if next >= interval as f32 {
+        let grown = *scale * growth;
+        if grown.is_finite() {
+            *scale = grown;
+        }
+        *tracker = 0.0;
+    } else {
+        *tracker = next;
+    }
+}
+
+/// The value of a 0-d f32 storage (the scaler's scale, tracker and flag).
+pub(crate) fn scalar_f32(s: &CpuStorage, op: &'static str) -> Result<f32> {
+    match s {
+        CpuStorage::F32(v) if v.len() == 1 => Ok(v[0]),
+        other => Err(Error::invalid(
+            op,
+            format!(
+                "needs a one-element f32 tensor, got {} elements of {:?}",
+                other.len(),
+                other.dtype()
+            ),
+        )),
+    }
+}

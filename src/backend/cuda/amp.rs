@@ -1,0 +1,83 @@
+//! Launchers for `cuda/amp.cu`: the loss scaler's unscale with its overflow check (one pass
+//! per gradient) and its scale update (one thread), on device scalars: no host read.
+//!
+//! Unverified: written in a session without a GPU; the kernels ran on the host only
+//! (`host_kernels/amp.rs`).
+
+use super::storage::{grid, kname, CudaStorage};
+use crate::{DType, Error, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Checks that `s` is the one-element f32 storage the scaler keeps its values in.
+fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
+    if s.dtype() != DType::F32 || s.len() != 1 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "needs a one-element f32 tensor, got {} elements of {:?}",
+                s.len(),
+                s.dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every element of `g` (in storage order) times `inv_scale`, as `out`; sets `found_inf` to 1
+/// when an element is inf or NaN. `None` for a dtype pair without a kernel (the caller then
+/// runs it on the host).
+pub(crate) fn unscale_grad(
+    g: &CudaStorage,
+    inv_scale: &CudaStorage,
+    found_inf: &CudaStorage,
+    out: DType,
+) -> Result<Option<CudaStorage>> {
+    const OP: &str = "GradScaler::unscale_";
+    scalar(OP, inv_scale)?;
+    scalar(OP, found_inf)?;
+    let supported = matches!(
+        (g.dtype(), out),
+        (DType::F32, DType::F32)
+            | (DType::BF16, DType::BF16)
+            | (DType::F16, DType::F32)
+            | (DType::BF16, DType::F32)
+    );
+    if !supported {
+        return Ok(None);
+    }
+    let name = format!("amp_unscale_{}_{}", kname(OP, g.dtype())?, kname(OP, out)?);
+    let o = CudaStorage::alloc_on(g.rt(), out, g.len())?;
+    let (gp, op, ip, fp, n) = (
+        g.ptr(),
+        o.ptr(),
+        inv_scale.ptr(),
+        found_inf.ptr(),
+        g.len() as i64,
+    );
+    launch!(g, "amp", name, grid(g.len()), &gp, &op, &ip, &fp, &n);
+    Ok(Some(o))
+}
+
+/// PyTorch's `_amp_update_scale_` on the device scalars `scale` and `tracker`.
+pub(crate) fn update_scale(
+    scale: &CudaStorage,
+    tracker: &CudaStorage,
+    found_inf: &CudaStorage,
+    growth: f32,
+    backoff: f32,
+    interval: i32,
+) -> Result<()> {
+    const OP: &str = "GradScaler::update";
+    for s in [scale, tracker, found_inf] {
+        scalar(OP, s)?;
+    }
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (sp, tp, fp) = (scale.ptr(), tracker.ptr(), found_inf.ptr());
+    let name = "amp_update_scale".to_string();
+    launch!(scale, "amp", name, one, &sp, &tp, &fp, &growth, &backoff, &interval);
+    Ok(())
+}

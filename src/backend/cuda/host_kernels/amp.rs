@@ -1,0 +1,102 @@
+//! The loss scaler's kernels (amp.cu) against the CPU backend's fused unscale and update.
+
+use super::{function, library, randn};
+use crate::backend::cpu::{amp, CpuStorage};
+use crate::backend::Storage;
+use crate::{DType, Tensor};
+
+type Unscale = unsafe extern "C" fn(*const u8, *mut u8, *const f32, *mut f32, i64) -> ();
+type Update = unsafe extern "C" fn(*mut f32, *mut f32, *const f32, f32, f32, i32) -> ();
+
+#[test]
+fn unscale_kernels_match_the_cpu_bit_for_bit() {
+    let Some(lib) = library("amp") else { return };
+    let n = 301;
+    let pairs = [
+        (DType::F32, DType::F32),
+        (DType::BF16, DType::BF16),
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::F32),
+    ];
+    for (from, to) in pairs {
+        // Scaled gradients (some past f16's range before unscaling, as f32), and an inverse
+        // scale that is not a power of two, so rounding shows.
+        for (inv, poison) in [(1.0 / 3000.0f32, None), (1.0 / 65536.0, Some(f64::NAN))] {
+            let mut v = randn(&[n], 8).mul(3000.0).unwrap().to_vec_f64().unwrap();
+            if let Some(p) = poison {
+                v[17] = p;
+            }
+            let g = Tensor::from_vec(v, &[n], crate::Device::Cpu)
+                .unwrap()
+                .to_dtype(from)
+                .unwrap();
+            let gs = match &*g.storage() {
+                Storage::Cpu(s) => s.clone(),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!("a CPU tensor"),
+            };
+            let (want, want_bad) = amp::unscale(&gs, inv, to).unwrap();
+            let bytes = gs.to_le_bytes(&crate::layout::Layout::contiguous(&[n]));
+            let mut out = vec![0u8; n * to.size_in_bytes()];
+            let mut found = 0.0f32;
+            let f: Unscale = function(lib, &format!("amp_unscale_{}_{}", k(from), k(to)));
+            // SAFETY: `bytes` holds n elements of `from`, `out` n of `to`.
+            unsafe { f(bytes.as_ptr(), out.as_mut_ptr(), &inv, &mut found, n as i64) };
+            let got = CpuStorage::from_le_bytes(&out, to).unwrap();
+            let flat = crate::layout::Layout::contiguous(&[n]);
+            let (got, want) = (got.to_f64_vec(&flat), want.to_f64_vec(&flat));
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan());
+            assert!(same, "unscale {from:?} -> {to:?}: {got:?} vs {want:?}");
+            assert_eq!(found, want_bad as u8 as f32, "found_inf {from:?} -> {to:?}");
+        }
+    }
+}
+
+fn k(d: DType) -> &'static str {
+    crate::backend::cuda::storage::kname("amp", d).unwrap()
+}
+
+#[test]
+fn scale_update_kernel_matches_the_cpu() {
+    let Some(lib) = library("amp") else { return };
+    let f: Update = function(lib, "amp_update_scale");
+    // (scale, tracker, found): back off, count, grow, and a growth that would overflow.
+    let cases = [
+        (65536.0f32, 5.0f32, 1.0f32),
+        (65536.0, 1.0, 0.0),
+        (65536.0, 2.0, 0.0),
+        (3.0e38, 2.0, 0.0),
+    ];
+    for (scale, tracker, found) in cases {
+        let (mut s, mut t) = (scale, tracker);
+        amp::update_scale(&mut s, &mut t, found, 2.0, 0.5, 3);
+        let (mut gs, mut gt) = (scale, tracker);
+        // SAFETY: three f32 scalars; the kernel runs as one thread.
+        unsafe { f(&mut gs, &mut gt, &found, 2.0, 0.5, 3) };
+        assert_eq!(
+            (gs, gt),
+            (s, t),
+            "scale {scale} tracker {tracker} found {found}"
+        );
+    }
+    // The CPU's rule itself, on the same cases: back off and reset; count; grow and reset;
+    // keep a scale whose growth is not finite, and reset.
+    let expect = [
+        (32768.0, 0.0),
+        (65536.0, 2.0),
+        (131072.0, 0.0),
+        (3.0e38, 0.0),
+    ];
+    for ((scale, tracker, found), want) in cases.into_iter().zip(expect) {
+        let (mut s, mut t) = (scale, tracker);
+        amp::update_scale(&mut s, &mut t, found, 2.0, 0.5, 3);
+        assert_eq!(
+            (s, t),
+            want,
+            "scale {scale} tracker {tracker} found {found}"
+        );
+    }
+}
