@@ -184,6 +184,49 @@ fn a_channels_last_weight_makes_the_convolution_channels_last() {
     assert_close(&vals(&y), &vals(&want), 1e-6, "channels-last weight");
 }
 
+/// A weight's gradient takes the weight's memory format, whichever format the convolution
+/// ran in (PyTorch's layout contract for parameters), with the same values.
+#[test]
+fn a_weight_gradient_takes_the_weight_format() {
+    let x = f32s(&[2, 4, 7, 7], 16);
+    let w = f32s(&[6, 2, 3, 3], 17);
+    let grad = |x_format: MemoryFormat, w_format: MemoryFormat| -> Tensor {
+        // A fresh leaf each time (`to_memory_format` returns `w` itself when it matches).
+        let leaf = w.copy().unwrap().to_memory_format(w_format).unwrap();
+        let leaf = leaf.requires_grad(true).unwrap();
+        let xi = x.to_memory_format(x_format).unwrap();
+        let y = xi.conv2d(&leaf, None, conv_opts()).unwrap();
+        y.mul(&f32s(y.shape(), 18))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        leaf.grad().unwrap()
+    };
+    let want = grad(MemoryFormat::Contiguous, MemoryFormat::Contiguous);
+    assert!(want.is_contiguous());
+    for (xf, wf) in [
+        (CL, MemoryFormat::Contiguous),
+        (MemoryFormat::Contiguous, CL),
+        (CL, CL),
+    ] {
+        let g = grad(xf, wf);
+        assert_eq!(
+            g.memory_format(),
+            wf,
+            "input {xf:?}, weight {wf:?}: {:?}",
+            g.strides()
+        );
+        assert_close(
+            &vals(&g),
+            &vals(&want),
+            1e-6,
+            &format!("input {xf:?}, weight {wf:?}"),
+        );
+    }
+}
+
 #[test]
 fn a_conv_net_block_stays_channels_last_with_equal_gradients() {
     let x = f32s(&[4, 3, 10, 10], 20);

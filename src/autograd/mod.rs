@@ -30,6 +30,8 @@ pub(crate) enum Edge {
         grad: Arc<Mutex<Option<Tensor>>>,
         shape: Vec<usize>,
         dtype: crate::DType,
+        /// The leaf's memory format, which its gradient takes (PyTorch's layout contract).
+        format: crate::MemoryFormat,
     },
     /// The input needs no gradient.
     None,
@@ -48,6 +50,7 @@ impl Edge {
                 grad: t.0.grad.clone(),
                 shape,
                 dtype,
+                format: t.memory_format(),
             },
             None => Edge::None,
         }
@@ -234,8 +237,20 @@ impl Tensor {
                         };
                         grads.insert(input.id, sum);
                     }
-                    Edge::Leaf { grad, shape, dtype } => {
-                        accumulate(grad, conform(node.name, shape, *dtype, ig)?)?;
+                    Edge::Leaf {
+                        grad,
+                        shape,
+                        dtype,
+                        format,
+                    } => {
+                        let ig = conform(node.name, shape, *dtype, ig)?;
+                        // A channels-last parameter gets a channels-last gradient and an
+                        // NCHW one an NCHW gradient, whichever format the op produced.
+                        let ig = match ig.memory_format() == *format {
+                            true => ig,
+                            false => ig.to_memory_format(*format)?,
+                        };
+                        accumulate(grad, ig)?;
                     }
                 }
             }

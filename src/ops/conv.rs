@@ -114,7 +114,7 @@ fn add_bias(op: &'static str, y: Tensor, bias: Option<&Tensor>) -> Result<Tensor
     y.add(&b.reshape(&[1, y.shape()[1], 1, 1])?)
 }
 
-/// An activation the backend wrote in the convolution's memory format.
+/// An activation, or a weight gradient, the backend wrote in the convolution's memory format.
 fn activation(s: Storage, shape: [usize; 4], d: &ConvDims) -> Result<Tensor> {
     let format = match d.channels_last {
         true => MemoryFormat::ChannelsLast,
@@ -170,10 +170,9 @@ fn conv_bwd_weight(x: &Tensor, gy: &Tensor, d: ConvDims) -> Result<Tensor> {
     let s = x
         .storage()
         .conv2d_backward_weight(x.layout(), &gy.storage(), gy.layout(), &d)?;
-    Ok(Tensor::from_storage(
-        s,
-        &[d.o, d.c / d.p.groups, d.kh, d.kw],
-    ))
+    // In the convolution's format: a channels-last weight's gradient matches it, so the
+    // optimizer walks both in one order.
+    activation(s, [d.o, d.c / d.p.groups, d.kh, d.kw], &d)
 }
 
 impl Tensor {

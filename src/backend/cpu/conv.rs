@@ -11,8 +11,8 @@ use std::borrow::Cow;
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
 /// output `[n, o, ho, wo]`, and the memory format of the activations (input, output and
-/// their gradients): NCHW, or NHWC when `channels_last`. Weights and their gradients are
-/// always given and returned as the layouts say / contiguous `[o, c / groups, kh, kw]`.
+/// their gradients) and of the weight's gradient: NCHW / KCRS, or NHWC / KRSC when
+/// `channels_last`. Weights are read as their layouts say.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConvDims {
     pub n: usize,
@@ -290,8 +290,9 @@ fn run2(
     })
 }
 
-/// An activation computed in NCHW order, reordered to NHWC when the convolution is
-/// channels-last (the CPU kernels work in NCHW; the reorder is one strided copy).
+/// An activation (or weight gradient) computed in NCHW order, reordered to NHWC when the
+/// convolution is channels-last (the CPU kernels work in NCHW; the reorder is one strided
+/// copy).
 fn in_format(s: CpuStorage, shape: [usize; 4], d: &ConvDims) -> CpuStorage {
     if !d.channels_last {
         return s;
@@ -341,7 +342,8 @@ pub(crate) fn conv2d_backward_input(
     Ok(in_format(gx, [d.n, d.c, d.h, d.w], d))
 }
 
-/// Gradient with respect to the weight, contiguous `[o, c / groups, kh, kw]`.
+/// Gradient with respect to the weight, `[o, c / groups, kh, kw]` in the convolution's
+/// format (KRSC when channels-last, as the GPU's cuDNN gives it).
 pub(crate) fn conv2d_backward_weight(
     x: &CpuStorage,
     lx: &Layout,
@@ -349,11 +351,12 @@ pub(crate) fn conv2d_backward_weight(
     lgy: &Layout,
     d: &ConvDims,
 ) -> Result<CpuStorage> {
-    run2(
+    let gw = run2(
         "conv2d_backward_weight",
         (x, lx),
         (gy, lgy),
         |x, g| backward_weight(x, g, d),
         |x, g| backward_weight(x, g, d),
-    )
+    )?;
+    Ok(in_format(gw, [d.o, d.c / d.p.groups, d.kh, d.kw], d))
 }

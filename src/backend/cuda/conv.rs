@@ -488,7 +488,8 @@ pub(crate) fn conv2d_backward_input(
     pass(Pass::Data, (gy, lgy), (w, lw), d.n * d.c * d.h * d.w, d)
 }
 
-/// Gradient with respect to the weight, contiguous `[o, c / groups, kh, kw]`.
+/// Gradient with respect to the weight, `[o, c / groups, kh, kw]`, KRSC when
+/// `d.channels_last`.
 pub(crate) fn conv2d_backward_weight(
     x: &CudaStorage,
     lx: &Layout,
@@ -527,12 +528,8 @@ fn pass(
     let (a, b) = (a.contiguous(&nhwc(la)?)?, b.contiguous(&nhwc(lb)?)?);
     let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
     run(pass, d, &a, &b, &out)?;
-    if pass != Pass::Filter {
-        return Ok(out);
-    }
-    // The weight's gradient came out KRSC: give it back in the weight's KCRS order.
-    let krsc = Layout::contiguous(&[d.o, d.kh, d.kw, d.c / d.p.groups]);
-    out.copy_strided(&krsc.permute(pass.op(), &[0, 3, 1, 2])?)
+    // The weight's gradient comes out KRSC, which is the channels-last weight's own order.
+    Ok(out)
 }
 
 /// The dims of an NCHW / KCRS tensor in NHWC / KRSC memory order, outermost first.
