@@ -238,3 +238,33 @@ fn loss_scaling_matches() {
         );
     }
 }
+
+/// Linear + ReLU fused in cuBLASLt's ReLU-bias epilogue keeps NaN as the unfused ops do (a
+/// NaN input row gives a NaN output row on both devices).
+#[test]
+fn fused_linear_relu_keeps_nan() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let mut x = input(&[4, 16], DType::F32, 30).to_vec::<f32>().unwrap();
+        x[16 + 5] = f32::NAN;
+        let x = Tensor::from_vec(x, &[4, 16], Device::Cpu)
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap();
+        let (w, b) = (input(&[8, 16], dt, 31), input(&[8], dt, 32));
+        let on = |dev: Device| {
+            let [x, w, b] = [&x, &w, &b].map(|t| t.to_device(dev).unwrap());
+            vals(&x.linear_relu(&w, &b).unwrap())
+        };
+        let (got, want) = (on(d), on(Device::Cpu));
+        let nan_rows = |v: &[f64]| -> Vec<bool> {
+            v.chunks(8).map(|r| r.iter().all(|x| x.is_nan())).collect()
+        };
+        assert_eq!(
+            nan_rows(&want),
+            vec![false, true, false, false],
+            "CPU ({dt:?})"
+        );
+        assert_eq!(nan_rows(&got), nan_rows(&want), "{dt:?}: {got:?}");
+    }
+}
