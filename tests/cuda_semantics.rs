@@ -268,3 +268,44 @@ fn fused_linear_relu_keeps_nan() {
         assert_eq!(nan_rows(&got), nan_rows(&want), "{dt:?}: {got:?}");
     }
 }
+
+/// A scaler state read on the host (from a checkpoint) moves to the device of the loss it
+/// scales, as PyTorch's does, and the steps after it run there.
+#[test]
+fn a_scaler_state_read_on_the_host_follows_the_loss() {
+    use mantissa::amp::{GradScaler, GradScalerConfig};
+    use mantissa::optim::*;
+    let Some(d) = gpu() else { return };
+    let cfg = GradScalerConfig {
+        init_scale: 1024.0,
+        ..Default::default()
+    };
+    let mut saved = GradScaler::new(cfg).unwrap();
+    saved
+        .scale(&Tensor::scalar(1.0, DType::F32, Device::Cpu).unwrap())
+        .unwrap();
+    let state = saved.state_dict().unwrap();
+    assert!(state.iter().all(|(_, t)| t.device() == Device::Cpu));
+    let mut s = GradScaler::new(Default::default()).unwrap();
+    s.load_state_dict(&state).unwrap();
+    let w = input(&[10], DType::F32, 40)
+        .to_device(d)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1)).unwrap();
+    let loss = w.mul(2.0).unwrap().sum_all().unwrap();
+    let scaled = s.scale(&loss).unwrap();
+    assert_eq!(scaled.device(), d);
+    assert_eq!(scaled.item().unwrap(), loss.item().unwrap() * 1024.0);
+    scaled.backward().unwrap();
+    s.step(&mut opt).unwrap();
+    s.update().unwrap();
+    assert_eq!(s.current_scale().unwrap(), Some(1024.0));
+    assert_close(
+        &vals(&w.grad().unwrap()),
+        &[2.0; 10],
+        0.0,
+        "unscaled gradient",
+    );
+}

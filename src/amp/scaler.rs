@@ -97,13 +97,26 @@ impl GradScaler {
         self.cfg.enabled
     }
 
-    /// `loss * scale` (the scale is created on the loss's device on first use).
+    /// `loss * scale` (the scale is created on the loss's device on first use, and moved
+    /// there if it was loaded on another).
     pub fn scale(&mut self, loss: &Tensor) -> Result<Tensor> {
         if !self.cfg.enabled {
             return Ok(loss.clone());
         }
         let s = match &self.scale {
-            Some(s) => s.clone(),
+            Some(s) if s.device() == loss.device() => s.clone(),
+            // A state loaded on another device (a checkpoint read on the host, say) moves to
+            // the loss's device, as PyTorch's scaler does.
+            Some(s) => {
+                let s = s.to_device(loss.device())?.copy()?;
+                let t = match &self.tracker {
+                    Some(t) => t.to_device(loss.device())?.copy()?,
+                    None => scalar(0.0, loss.device())?,
+                };
+                self.tracker = Some(t);
+                self.scale = Some(s.clone());
+                s
+            }
             None => {
                 let s = scalar(self.cfg.init_scale, loss.device())?;
                 self.tracker = Some(scalar(0.0, loss.device())?);
