@@ -23,8 +23,12 @@ run() { # name, limit in seconds, command...
 }
 mode=${1:-all}
 if [ "$mode" != bench ]; then
-    run gpu_check 120 .gpu/gpu_check
-    for t in .gpu/tests/*; do run "test-$(basename "$t")" 240 "$t" --test-threads 1; done
+    # Limits that add up to less than one device call (600 s), with the startup.
+    run gpu_check 90 .gpu/gpu_check
+    for t in .gpu/tests/*; do
+        case $(basename "$t") in cuda_parity) limit=250 ;; *) limit=100 ;; esac
+        run "test-$(basename "$t")" "$limit" "$t" --test-threads 1
+    done
 fi
 [ "$mode" = checks ] && exit 0
 run matmul_peer 120 $PY bench/matmul_peer_cuda.py --n 8192
