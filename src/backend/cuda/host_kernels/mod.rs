@@ -43,8 +43,12 @@ pub(super) fn library(name: &str) -> Option<&'static Library> {
         format!("#include \"{shim}\"\n{source}\n#define MANTISSA_HOST_TAIL\n#include \"{shim}\"\n");
     std::fs::write(&cpp, text).unwrap();
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    // Extra compiler flags, for sanitizer runs: MANTISSA_HOST_KERNEL_FLAGS="-fsanitize=address"
+    // with the sanitizer's runtime preloaded (see the README).
+    let extra = std::env::var("MANTISSA_HOST_KERNEL_FLAGS").unwrap_or_default();
     let out = match Command::new(&cxx)
         .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-x", "c++"])
+        .args(extra.split_whitespace())
         .arg(&cpp)
         .arg("-o")
         .arg(&so)
