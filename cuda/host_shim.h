@@ -1,16 +1,16 @@
 // Host stand-ins for the CUDA built-ins the kernel files use, so that a kernel file (with the
 // prelude, exactly as NVRTC gets it) compiles as C++ and runs on the CPU. For tests only
 // (src/backend/cuda/host_kernels/): they check the kernels' index arithmetic against the CPU
-// backend without a GPU. Called directly, a kernel runs as a grid of one thread (atomics are
-// plain read-modify-writes). For kernels built on block reductions, the test runs one OS
-// thread per CUDA thread, a block at a time (host_block, host_thread): __syncthreads is a
-// barrier, __shared__ memory a static, and a warp shuffle an exchange through memory between
-// two block-wide barriers (so every thread of the block must reach each shuffle, as
-// block_reduce's callers do).
+// backend without a GPU. Called directly, a kernel runs as a grid of one thread. Through
+// run_grid, one OS thread per CUDA thread, a block at a time (host_block, host_thread):
+// __syncthreads is a barrier, __shared__ memory a static, atomics are real atomics, and a
+// warp shuffle an exchange through memory between two block-wide barriers (so every thread
+// of the block must reach each shuffle, as block_reduce's callers do).
 // Included twice: before the kernel source, and after it with MANTISSA_HOST_TAIL defined (the
 // half conversions the prelude declares need its types).
 
 #ifndef MANTISSA_HOST_TAIL
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -68,21 +68,18 @@ inline unsigned __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+// Real atomics (C++20 atomic_ref), so that kernels run by many emulated threads at once
+// (run_grid) contend as on the GPU. A failed compare-exchange loads the current value into
+// `compare`, so it holds the old value either way.
 inline int atomicCAS(int* p, int compare, int value) {
-    int old = *p;
-    if (old == compare) *p = value;
-    return old;
+    std::atomic_ref<int>(*p).compare_exchange_strong(compare, value);
+    return compare;
 }
 inline unsigned atomicCAS(unsigned* p, unsigned compare, unsigned value) {
-    unsigned old = *p;
-    if (old == compare) *p = value;
-    return old;
+    std::atomic_ref<unsigned>(*p).compare_exchange_strong(compare, value);
+    return compare;
 }
-inline float atomicAdd(float* p, float v) {
-    float old = *p;
-    *p = old + v;
-    return old;
-}
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __syncthreads() {
     if (host_barrier) host_barrier->arrive_and_wait();

@@ -135,12 +135,15 @@ pub(super) fn run_grid(lib: &Library, blocks: u32, threads: u32, launch: impl Fn
     for b in 0..blocks {
         // SAFETY: the shim's setters touch only its own statics and thread-locals.
         unsafe { block(threads) };
+        // The block's threads start the kernel together, so that they contend as on the GPU.
+        let start = std::sync::Barrier::new(threads as usize);
         std::thread::scope(|s| {
             for t in 0..threads {
-                let launch = &launch;
+                let (launch, start) = (&launch, &start);
                 s.spawn(move || {
                     // SAFETY: as above.
                     unsafe { thread(b, t, threads, blocks) };
+                    start.wait();
                     launch();
                 });
             }
