@@ -624,9 +624,7 @@ impl Storage {
         if let (Storage::Cuda(g), Storage::Cuda(inv), Storage::Cuda(f)) =
             (self, inv_scale, &*found_inf)
         {
-            if let Some(o) = cuda::amp::unscale_grad(g, inv, f, out)? {
-                return Ok(Storage::Cuda(o));
-            }
+            return Ok(Storage::Cuda(cuda::amp::unscale_grad(g, inv, f, out)?));
         }
         let inv = cpu::amp::scalar_f32(&*inv_scale.host()?, OP)?;
         cpu::amp::scalar_f32(&*found_inf.host()?, OP)?;

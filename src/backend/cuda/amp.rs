@@ -24,14 +24,14 @@ fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
 }
 
 /// Every element of `g` (in storage order) times `inv_scale`, as `out`; sets `found_inf` to 1
-/// when an element is inf or NaN. `None` for a dtype pair without a kernel (the caller then
-/// runs it on the host).
+/// when an element is inf or NaN. Kernels exist for every pair the scaler asks for: f32 and
+/// bf16 into their own dtype, and f16/bf16 into f32 (master weights).
 pub(crate) fn unscale_grad(
     g: &CudaStorage,
     inv_scale: &CudaStorage,
     found_inf: &CudaStorage,
     out: DType,
-) -> Result<Option<CudaStorage>> {
+) -> Result<CudaStorage> {
     const OP: &str = "GradScaler::unscale_";
     scalar(OP, inv_scale)?;
     scalar(OP, found_inf)?;
@@ -43,7 +43,11 @@ pub(crate) fn unscale_grad(
             | (DType::BF16, DType::F32)
     );
     if !supported {
-        return Ok(None);
+        return Err(Error::DType {
+            op: OP,
+            dtype: g.dtype(),
+            expected: "f32 or bf16 gradients unscaled into their own dtype, or f16/bf16 into f32",
+        });
     }
     let name = format!("amp_unscale_{}_{}", kname(OP, g.dtype())?, kname(OP, out)?);
     let o = CudaStorage::alloc_on(g.rt(), out, g.len())?;
@@ -55,7 +59,7 @@ pub(crate) fn unscale_grad(
         g.len() as i64,
     );
     launch!(g, "amp", name, grid(g.len()), &gp, &op, &ip, &fp, &n);
-    Ok(Some(o))
+    Ok(o)
 }
 
 /// PyTorch's `_amp_update_scale_` on the device scalars `scale` and `tracker`.
