@@ -1,7 +1,7 @@
 //! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s (median of several runs after
 //! a warm-up). Run: `cargo run --release --example bench_cpu`.
 
-use mantissa::{Conv2dOptions, DType, Device, Generator, Result, Tensor};
+use mantissa::{Conv2dOptions, DType, Device, Generator, MemoryFormat, Result, Tensor};
 use std::time::Instant;
 
 /// Median seconds of `runs` calls after two warm-up calls.
@@ -118,7 +118,8 @@ fn main() -> Result<()> {
         s * 1e3,
         "-"
     );
-    // conv2d: a ResNet stage-1 layer and the MNIST CNN's second layer.
+    // conv2d: a ResNet stage-1 layer, the MNIST CNN's second layer and a 1x1 bottleneck, in
+    // NCHW and channels-last (CL).
     let cases = [
         (
             "conv2d 16x64x56x56, 64x3x3, pad 1",
@@ -132,39 +133,51 @@ fn main() -> Result<()> {
             [64, 32, 3, 3],
             0,
         ),
+        (
+            "conv2d 16x256x28x28, 64x1x1 (bottleneck)",
+            [16, 256, 28, 28],
+            [64, 256, 1, 1],
+            0,
+        ),
     ];
     for (name, xs, ws, pad) in cases {
-        let x = randn(&xs, DType::F32, 3)?;
-        let w = randn(&ws, DType::F32, 4)?;
-        let opts = Conv2dOptions {
-            padding: [pad, pad],
-            ..Default::default()
-        };
-        let y = x.conv2d(&w, None, opts)?;
-        let (ho, wo) = (y.shape()[2], y.shape()[3]);
-        let flops = 2.0 * (xs[0] * ws[0] * ho * wo * ws[1] * ws[2] * ws[3]) as f64;
-        let s = time(5, || x.conv2d(&w, None, opts).map(drop))?;
-        println!(
-            "{:<44} {:>10.2} {:>10.1}",
-            format!("{name} fwd"),
-            s * 1e3,
-            flops / s / 1e9
-        );
-        let xg = x.detach().requires_grad(true)?;
-        let wg = w.detach().requires_grad(true)?;
-        let s = time(5, || {
-            xg.conv2d(&wg, None, opts)?.sum_all()?.backward()?;
-            xg.zero_grad();
-            wg.zero_grad();
-            Ok(())
-        })?;
-        // Forward + backward data + backward filter: three convolutions' worth of FLOPs.
-        println!(
-            "{:<44} {:>10.2} {:>10.1}",
-            format!("{name} fwd+bwd"),
-            s * 1e3,
-            3.0 * flops / s / 1e9
-        );
+        for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+            let tag = match format {
+                MemoryFormat::ChannelsLast => " CL",
+                _ => "",
+            };
+            let x = randn(&xs, DType::F32, 3)?.to_memory_format(format)?;
+            let w = randn(&ws, DType::F32, 4)?.to_memory_format(format)?;
+            let opts = Conv2dOptions {
+                padding: [pad, pad],
+                ..Default::default()
+            };
+            let y = x.conv2d(&w, None, opts)?;
+            let (ho, wo) = (y.shape()[2], y.shape()[3]);
+            let flops = 2.0 * (xs[0] * ws[0] * ho * wo * ws[1] * ws[2] * ws[3]) as f64;
+            let s = time(5, || x.conv2d(&w, None, opts).map(drop))?;
+            println!(
+                "{:<44} {:>10.2} {:>10.1}",
+                format!("{name}{tag} fwd"),
+                s * 1e3,
+                flops / s / 1e9
+            );
+            let xg = x.detach().requires_grad(true)?;
+            let wg = w.detach().requires_grad(true)?;
+            let s = time(5, || {
+                xg.conv2d(&wg, None, opts)?.sum_all()?.backward()?;
+                xg.zero_grad();
+                wg.zero_grad();
+                Ok(())
+            })?;
+            // Forward + backward data + backward filter: three convolutions' worth of FLOPs.
+            println!(
+                "{:<44} {:>10.2} {:>10.1}",
+                format!("{name}{tag} fwd+bwd"),
+                s * 1e3,
+                3.0 * flops / s / 1e9
+            );
+        }
     }
     Ok(())
 }

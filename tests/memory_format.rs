@@ -173,6 +173,48 @@ fn convolutions_follow_the_input_format() {
     }
 }
 
+/// The CPU reads and writes channels-last convolutions in NHWC directly (its own unfolding,
+/// and one product over the batch for a pointwise 1x1), so every shape case must agree with
+/// the NCHW kernels: values, input and weight gradients, in f64 (summation order only) and
+/// bf16.
+#[test]
+fn channels_last_convolutions_match_nchw_over_shapes() {
+    // (input [n, c, h, w], weight [o, c / groups, kh, kw], stride, padding, dilation, groups)
+    type Case = (
+        [usize; 4],
+        [usize; 4],
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        usize,
+    );
+    let cases: [Case; 9] = [
+        ([2, 8, 5, 6], [12, 8, 1, 1], [1, 1], [0, 0], [1, 1], 1), // pointwise: one product
+        ([2, 8, 5, 6], [12, 8, 1, 1], [2, 2], [0, 0], [1, 1], 1), // strided 1x1
+        ([2, 8, 5, 6], [12, 4, 1, 1], [1, 1], [0, 0], [1, 1], 2), // grouped 1x1
+        ([3, 1, 9, 9], [5, 1, 3, 3], [1, 1], [0, 0], [1, 1], 1),  // one input channel
+        ([2, 3, 7, 8], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),  // padded: whole-row runs
+        ([2, 4, 9, 7], [6, 4, 3, 2], [2, 3], [1, 2], [1, 1], 1),  // uneven stride and pad
+        ([1, 6, 8, 9], [6, 1, 3, 3], [1, 2], [2, 1], [2, 1], 6),  // depthwise, dilated
+        ([2, 6, 4, 5], [9, 2, 5, 5], [1, 1], [2, 2], [1, 1], 3),  // window wider than image
+        ([2, 4, 6, 6], [4, 4, 2, 2], [2, 2], [0, 0], [1, 2], 1),  // dilation along w only
+    ];
+    for (k, (xs, ws, stride, padding, dilation, groups)) in cases.into_iter().enumerate() {
+        let opts = Conv2dOptions {
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        for (dt, tol) in [(DType::F64, 1e-12), (DType::BF16, 1e-2)] {
+            let x = f32s(&xs, 20 + k as u64).to_dtype(dt).unwrap();
+            let w = f32s(&ws, 40 + k as u64).to_dtype(dt).unwrap();
+            let what = format!("case {k} {xs:?} * {ws:?} {opts:?} {dt:?}");
+            same_in_both_formats(&what, &[x, w], tol, |x, p| x.conv2d(&p[0], None, opts));
+        }
+    }
+}
+
 #[test]
 fn a_channels_last_weight_makes_the_convolution_channels_last() {
     let x = f32s(&[2, 3, 6, 6], 14);

@@ -1,6 +1,7 @@
 //! 2-D convolution by im2col + GEMM: forward, backward to the input, backward to the weight.
 //! Half inputs are computed in f32 and rounded once on store.
 
+use super::conv_nhwc;
 use super::matmul::{gemm_into, GemmFloat, MatRef};
 use super::{contiguous, overwritten_buffer, CpuStorage, IntoStorage};
 use crate::backend::ops::Conv2dParams;
@@ -44,7 +45,7 @@ impl ConvDims {
 }
 
 /// The output columns `ox` whose input column `ox * stride + off - pad` lies in `0..w`.
-fn valid_cols(
+pub(super) fn valid_cols(
     wo: usize,
     w: usize,
     stride: usize,
@@ -290,20 +291,72 @@ fn run2(
     })
 }
 
-/// An activation (or weight gradient) computed in NCHW order, reordered to NHWC when the
-/// convolution is channels-last (the CPU kernels work in NCHW; the reorder is one strided
-/// copy).
-fn in_format(s: CpuStorage, shape: [usize; 4], d: &ConvDims) -> CpuStorage {
+/// The layout of an `[n, c, h, w]` (or `[o, c, kh, kw]`) view read in NHWC (KRSC) order.
+fn nhwc(op: &'static str, l: &Layout) -> Result<Layout> {
+    l.permute(op, &[0, 2, 3, 1])
+}
+
+/// Runs a pass with both operands read in the convolution's memory format: NCHW / KCRS
+/// (`conv.rs`'s kernels), or NHWC / KRSC (`conv_nhwc.rs`'s) when `d.channels_last`. The
+/// result is in the same format.
+fn pass<P: ConvPass>(
+    d: &ConvDims,
+    (a, la): (&CpuStorage, &Layout),
+    (b, lb): (&CpuStorage, &Layout),
+) -> Result<CpuStorage> {
     if !d.channels_last {
-        return s;
+        let (f, g) = (
+            |x: &[f32], y: &[f32]| P::nchw(x, y, d),
+            |x: &[f64], y: &[f64]| P::nchw(x, y, d),
+        );
+        return run2(P::OP, (a, la), (b, lb), f, g);
     }
-    let nchw = Layout::contiguous(&shape);
-    let nhwc = Layout::new(
-        vec![shape[0], shape[2], shape[3], shape[1]],
-        [0, 2, 3, 1].iter().map(|&i| nchw.strides()[i]).collect(),
-        0,
+    let (la, lb) = (nhwc(P::OP, la)?, nhwc(P::OP, lb)?);
+    let (f, g) = (
+        |x: &[f32], y: &[f32]| P::nhwc(x, y, d),
+        |x: &[f64], y: &[f64]| P::nhwc(x, y, d),
     );
-    s.copy_strided(&nhwc)
+    run2(P::OP, (a, &la), (b, &lb), f, g)
+}
+
+/// One of the three passes, with its kernel in each memory format.
+trait ConvPass {
+    const OP: &'static str;
+    fn nchw<F: GemmFloat>(a: &[F], b: &[F], d: &ConvDims) -> Vec<F>;
+    fn nhwc<F: GemmFloat>(a: &[F], b: &[F], d: &ConvDims) -> Vec<F>;
+}
+
+struct Forward;
+impl ConvPass for Forward {
+    const OP: &'static str = "conv2d";
+    fn nchw<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+        forward(x, w, d)
+    }
+    fn nhwc<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+        conv_nhwc::forward(x, w, d)
+    }
+}
+
+struct Input;
+impl ConvPass for Input {
+    const OP: &'static str = "conv2d_backward_input";
+    fn nchw<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+        backward_input(gy, w, d)
+    }
+    fn nhwc<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+        conv_nhwc::backward_input(gy, w, d)
+    }
+}
+
+struct Weight;
+impl ConvPass for Weight {
+    const OP: &'static str = "conv2d_backward_weight";
+    fn nchw<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
+        backward_weight(x, gy, d)
+    }
+    fn nhwc<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
+        conv_nhwc::backward_weight(x, gy, d)
+    }
 }
 
 /// Forward convolution; output `[n, o, ho, wo]` in the activations' format.
@@ -314,14 +367,7 @@ pub(crate) fn conv2d(
     lw: &Layout,
     d: &ConvDims,
 ) -> Result<CpuStorage> {
-    let y = run2(
-        "conv2d",
-        (x, lx),
-        (w, lw),
-        |x, w| forward(x, w, d),
-        |x, w| forward(x, w, d),
-    )?;
-    Ok(in_format(y, [d.n, d.o, d.ho, d.wo], d))
+    pass::<Forward>(d, (x, lx), (w, lw))
 }
 
 /// Gradient with respect to the input, `[n, c, h, w]` in the activations' format.
@@ -332,14 +378,7 @@ pub(crate) fn conv2d_backward_input(
     lw: &Layout,
     d: &ConvDims,
 ) -> Result<CpuStorage> {
-    let gx = run2(
-        "conv2d_backward_input",
-        (gy, lgy),
-        (w, lw),
-        |g, w| backward_input(g, w, d),
-        |g, w| backward_input(g, w, d),
-    )?;
-    Ok(in_format(gx, [d.n, d.c, d.h, d.w], d))
+    pass::<Input>(d, (gy, lgy), (w, lw))
 }
 
 /// Gradient with respect to the weight, `[o, c / groups, kh, kw]` in the convolution's
@@ -351,12 +390,5 @@ pub(crate) fn conv2d_backward_weight(
     lgy: &Layout,
     d: &ConvDims,
 ) -> Result<CpuStorage> {
-    let gw = run2(
-        "conv2d_backward_weight",
-        (x, lx),
-        (gy, lgy),
-        |x, g| backward_weight(x, g, d),
-        |x, g| backward_weight(x, g, d),
-    )?;
-    Ok(in_format(gw, [d.o, d.c / d.p.groups, d.kh, d.kw], d))
+    pass::<Weight>(d, (x, lx), (gy, lgy))
 }

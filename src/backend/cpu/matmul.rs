@@ -51,7 +51,28 @@ pub(crate) fn gemm_into<F: GemmFloat>(
     b: MatRef<F>,
     parallel: bool,
 ) {
-    assert!(dst.len() >= m * n, "gemm destination too small");
+    gemm_into_ld(m, n, k, dst, n, accumulate, a, b, parallel)
+}
+
+/// [`gemm_into`] for a `dst` whose rows lie `ld` elements apart (`ld >= n`): a block of
+/// columns of a wider matrix, such as one group's output channels in a channels-last image.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_into_ld<F: GemmFloat>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [F],
+    ld: usize,
+    accumulate: bool,
+    a: MatRef<F>,
+    b: MatRef<F>,
+    parallel: bool,
+) {
+    assert!(ld >= n, "gemm destination rows overlap");
+    assert!(
+        m == 0 || n == 0 || dst.len() >= (m - 1) * ld + n,
+        "gemm destination too small"
+    );
     a.check(m, k);
     b.check(k, n);
     if m == 0 || n == 0 {
@@ -59,14 +80,16 @@ pub(crate) fn gemm_into<F: GemmFloat>(
     }
     if k == 0 {
         if !accumulate {
-            dst[..m * n].fill(F::zero());
+            for row in dst.chunks_mut(ld).take(m) {
+                row[..n].fill(F::zero());
+            }
         }
         return;
     }
     let threads = crate::parallel::threads();
     if !parallel || threads < 2 || m * n * k < 1 << 20 {
         // SAFETY: the whole product; bounds checked above, dst exclusively borrowed.
-        unsafe { gemm_block(0..m, 0..n, k, dst.as_mut_ptr(), n, accumulate, a, b) };
+        unsafe { gemm_block(0..m, 0..n, k, dst.as_mut_ptr(), ld, accumulate, a, b) };
         return;
     }
     // Column blocks are multiples of 16 (one AVX-512 register of f32) so no block ends in a
@@ -84,7 +107,7 @@ pub(crate) fn gemm_into<F: GemmFloat>(
         if !r.is_empty() && !c.is_empty() {
             // SAFETY: the blocks are disjoint rectangles of dst, within the bounds checked
             // above; each is written by one thread only.
-            unsafe { gemm_block(r, c, k, dst_ptr.get(), n, accumulate, a, b) };
+            unsafe { gemm_block(r, c, k, dst_ptr.get(), ld, accumulate, a, b) };
         }
     };
     (0..threads).into_par_iter().for_each(block);

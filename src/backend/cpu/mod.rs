@@ -5,6 +5,7 @@
 
 pub(crate) mod amp;
 mod conv;
+mod conv_nhwc;
 mod elementwise;
 pub(crate) mod index;
 mod loss;

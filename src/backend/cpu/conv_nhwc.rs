@@ -1,0 +1,236 @@
+//! Channels-last (NHWC) convolution on the CPU, read and written in place: each output
+//! pixel's window is one row of the unfolded matrix, its channels side by side, so an image's
+//! product is `[pixels, kh kw c] x [kh kw c, o]` straight into the NHWC output, and the
+//! weight's gradient comes out KRSC, the channels-last weight's own order. A 1x1 convolution
+//! with stride 1 and no padding needs no unfolding at all: the whole batch is one product.
+//!
+//! The NCHW kernels are in `conv.rs`; both give the same values up to summation order.
+
+use super::conv::{valid_cols, ConvDims};
+use super::matmul::{gemm_into, gemm_into_ld, GemmFloat, MatRef};
+use super::overwritten_buffer;
+use rayon::prelude::*;
+
+fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
+    MatRef { data, off, rs, cs }
+}
+
+/// Whether the convolution is a plain product over pixels: 1x1, stride 1, no padding, one
+/// group (dilation does not matter for a 1x1 window).
+fn pointwise(d: &ConvDims) -> bool {
+    d.kh == 1 && d.kw == 1 && d.p.stride == [1, 1] && d.p.padding == [0, 0] && d.p.groups == 1
+}
+
+/// Where a window's taps fall in the input: `row` and `col` give the input row and column of
+/// a tap of an output pixel, `None` in the padding.
+struct Window {
+    sh: usize,
+    sw: usize,
+    ph: isize,
+    pw: isize,
+    dh: usize,
+    dw: usize,
+}
+
+impl Window {
+    fn new(d: &ConvDims) -> Window {
+        Window {
+            sh: d.p.stride[0],
+            sw: d.p.stride[1],
+            ph: d.p.padding[0] as isize,
+            pw: d.p.padding[1] as isize,
+            dh: d.p.dilation[0],
+            dw: d.p.dilation[1],
+        }
+    }
+    fn row(&self, oy: usize, ky: usize, h: usize) -> Option<usize> {
+        let iy = (oy * self.sh + ky * self.dh) as isize - self.ph;
+        (0..h as isize).contains(&iy).then_some(iy as usize)
+    }
+    fn col(&self, ox: usize, kx: usize, w: usize) -> Option<usize> {
+        let ix = (ox * self.sw + kx * self.dw) as isize - self.pw;
+        (0..w as isize).contains(&ix).then_some(ix as usize)
+    }
+}
+
+/// Unfolds group `g` of one NHWC image into `col`, `[ho wo, kh kw cg]`.
+fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, g: usize, col: &mut [F]) {
+    let (cg, win) = (d.c / d.p.groups, Window::new(d));
+    let kr = d.kh * d.kw * cg;
+    // Whole window rows at once where they are one run of the input: one group, taps side
+    // by side, and the row inside the image.
+    let runs = d.p.groups == 1 && win.dw == 1;
+    let first = valid_cols(d.wo, d.w, win.sw, 0, win.pw as usize);
+    let last = valid_cols(d.wo, d.w, win.sw, (d.kw - 1) * win.dw, win.pw as usize);
+    for oy in 0..d.ho {
+        for ox in 0..d.wo {
+            let row = &mut col[(oy * d.wo + ox) * kr..][..kr];
+            let whole = runs && first.contains(&ox) && last.contains(&ox);
+            for ky in 0..d.kh {
+                let taps = &mut row[ky * d.kw * cg..][..d.kw * cg];
+                let Some(iy) = win.row(oy, ky, d.h) else {
+                    taps.fill(F::zero());
+                    continue;
+                };
+                let line = &x[iy * d.w * d.c..][..d.w * d.c];
+                if whole {
+                    let ix = ox * win.sw - win.pw as usize;
+                    taps.copy_from_slice(&line[ix * d.c..][..d.kw * d.c]);
+                    continue;
+                }
+                for (kx, dst) in taps.chunks_mut(cg).enumerate() {
+                    match win.col(ox, kx, d.w) {
+                        Some(ix) => dst.copy_from_slice(&line[ix * d.c + g * cg..][..cg]),
+                        None => dst.fill(F::zero()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: adds each entry of `col` back into its cell of group `g` of
+/// the NHWC image `x`.
+fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, g: usize, x: &mut [F]) {
+    let (cg, win) = (d.c / d.p.groups, Window::new(d));
+    let kr = d.kh * d.kw * cg;
+    for oy in 0..d.ho {
+        for ox in 0..d.wo {
+            let row = &col[(oy * d.wo + ox) * kr..][..kr];
+            for ky in 0..d.kh {
+                let Some(iy) = win.row(oy, ky, d.h) else {
+                    continue;
+                };
+                for kx in 0..d.kw {
+                    let Some(ix) = win.col(ox, kx, d.w) else {
+                        continue;
+                    };
+                    let src = &row[(ky * d.kw + kx) * cg..][..cg];
+                    let dst = &mut x[(iy * d.w + ix) * d.c + g * cg..][..cg];
+                    for (a, &v) in dst.iter_mut().zip(src) {
+                        *a += v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `job(image, out_chunk)` over the images, in parallel when there are several.
+fn per_image<F: Send>(out: &mut [F], chunk: usize, n: usize, job: impl Fn(usize, &mut [F]) + Sync) {
+    if n > 1 {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| job(i, c));
+    } else {
+        out.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| job(i, c));
+    }
+}
+
+/// `y [n, ho, wo, o] = conv(x [n, h, w, c], w [o, kh, kw, c / groups])`.
+pub(super) fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+    let (cg, og, plane) = (d.c / d.p.groups, d.o / d.p.groups, d.ho * d.wo);
+    let kr = d.kh * d.kw * cg;
+    let mut out = overwritten_buffer(d.n * plane * d.o);
+    if pointwise(d) {
+        // y [n h w, o] = x [n h w, c] w^T.
+        let wt = mat(w, 0, 1, d.c);
+        gemm_into(
+            d.n * plane,
+            d.o,
+            d.c,
+            &mut out,
+            false,
+            mat(x, 0, d.c, 1),
+            wt,
+            true,
+        );
+        return out;
+    }
+    let img_in = d.h * d.w * d.c;
+    per_image(&mut out, plane * d.o, d.n, |i, dst| {
+        let mut col = overwritten_buffer(plane * kr);
+        for g in 0..d.p.groups {
+            im2col(&x[i * img_in..][..img_in], d, g, &mut col);
+            // This group's output channels: y_g [plane, og] = col [plane, kr] w_g^T.
+            let wt = mat(w, g * og * kr, 1, kr);
+            let a = mat(&col, 0, kr, 1);
+            let dst = &mut dst[g * og..];
+            gemm_into_ld(plane, og, kr, dst, d.o, false, a, wt, d.n == 1);
+        }
+    });
+    out
+}
+
+/// `gx [n, h, w, c]` from `gy [n, ho, wo, o]` and `w [o, kh, kw, c / groups]`.
+pub(super) fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+    let (og, plane) = (d.o / d.p.groups, d.ho * d.wo);
+    let kr = d.kh * d.kw * d.c / d.p.groups;
+    if pointwise(d) {
+        // gx [n h w, c] = gy [n h w, o] w [o, c].
+        let mut gx = overwritten_buffer(d.n * plane * d.c);
+        let (a, b) = (mat(gy, 0, d.o, 1), mat(w, 0, d.c, 1));
+        gemm_into(d.n * plane, d.c, d.o, &mut gx, false, a, b, true);
+        return gx;
+    }
+    let img_in = d.h * d.w * d.c;
+    let mut gx = vec![F::zero(); d.n * img_in];
+    per_image(&mut gx, img_in, d.n, |i, dst| {
+        let mut col = overwritten_buffer(plane * kr);
+        for g in 0..d.p.groups {
+            // col [plane, kr] = gy_g [plane, og] w_g [og, kr].
+            let a = mat(gy, i * plane * d.o + g * og, d.o, 1);
+            let b = mat(w, g * og * kr, kr, 1);
+            gemm_into(plane, kr, og, &mut col, false, a, b, d.n == 1);
+            col2im(&col, d, g, dst);
+        }
+    });
+    gx
+}
+
+/// `gw [o, kh, kw, c / groups]` (KRSC) from `x [n, h, w, c]` and `gy [n, ho, wo, o]`.
+pub(super) fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
+    let (og, plane) = (d.o / d.p.groups, d.ho * d.wo);
+    let kr = d.kh * d.kw * d.c / d.p.groups;
+    let wlen = d.o * kr;
+    if pointwise(d) {
+        // gw [o, c] = gy^T [o, n h w] x [n h w, c].
+        let mut gw = overwritten_buffer(wlen);
+        let (a, b) = (mat(gy, 0, 1, d.o), mat(x, 0, d.c, 1));
+        gemm_into(d.o, d.c, d.n * plane, &mut gw, false, a, b, true);
+        return gw;
+    }
+    let img_in = d.h * d.w * d.c;
+    let partial = |images: std::ops::Range<usize>, parallel: bool| -> Vec<F> {
+        let mut gw = vec![F::zero(); wlen];
+        let mut col = overwritten_buffer(plane * kr);
+        for i in images {
+            for g in 0..d.p.groups {
+                im2col(&x[i * img_in..][..img_in], d, g, &mut col);
+                // gw_g [og, kr] += gy_g^T [og, plane] col [plane, kr].
+                let a = mat(gy, i * plane * d.o + g * og, 1, d.o);
+                let dst = &mut gw[g * og * kr..][..og * kr];
+                gemm_into(og, kr, plane, dst, true, a, mat(&col, 0, kr, 1), parallel);
+            }
+        }
+        gw
+    };
+    if d.n <= 1 {
+        return partial(0..d.n, true);
+    }
+    // Images split across the pool, each part summed on its own, then the parts added.
+    let per = d.n.div_ceil(rayon::current_num_threads().max(1));
+    let parts: Vec<Vec<F>> = (0..d.n.div_ceil(per))
+        .into_par_iter()
+        .map(|t| partial(t * per..((t + 1) * per).min(d.n), false))
+        .collect();
+    let mut gw = vec![F::zero(); wlen];
+    for p in parts {
+        for (a, b) in gw.iter_mut().zip(p) {
+            *a += b;
+        }
+    }
+    gw
+}
