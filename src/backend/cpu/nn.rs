@@ -197,27 +197,25 @@ pub(crate) fn max_pool2d(
 /// (the first maximum in row-major window order; a NaN wins and the first NaN is kept), with
 /// the window unrolled.
 fn max_pool_2x2<T: CpuElem>(src: &[T], d: &PoolDims, dv: &mut [T], di: &mut [i64]) {
+    // Branch-free, on slices of exactly the lengths read, so the loop vectorises.
     #[inline(always)]
-    fn pick<A: Float>(a: (A, usize), b: (A, usize)) -> (A, usize) {
-        if b.0 > a.0 || b.0.is_nan() && !a.0.is_nan() {
-            b
-        } else {
-            a
-        }
+    fn pick<A: Float>(a: (A, i64), b: (A, i64)) -> (A, i64) {
+        let take = (b.0 > a.0) | (b.0.is_nan() & !a.0.is_nan());
+        (if take { b.0 } else { a.0 }, if take { b.1 } else { a.1 })
     }
+    let w = d.w as i64;
     for oy in 0..d.ho {
         let top = 2 * oy * d.w;
-        let (r0, r1) = (&src[top..top + d.w], &src[top + d.w..top + 2 * d.w]);
-        let dv = &mut dv[oy * d.wo..(oy + 1) * d.wo];
-        let di = &mut di[oy * d.wo..(oy + 1) * d.wo];
-        for (ox, (v, i)) in dv.iter_mut().zip(di.iter_mut()).enumerate() {
-            let x = 2 * ox;
-            let upper = pick((r0[x].to_acc(), top + x), (r0[x + 1].to_acc(), top + x + 1));
-            let lower = (r1[x].to_acc(), top + d.w + x);
-            let lower = pick(lower, (r1[x + 1].to_acc(), top + d.w + x + 1));
+        let (r0, r1) = (&src[top..][..2 * d.wo], &src[top + d.w..][..2 * d.wo]);
+        let dv = &mut dv[oy * d.wo..][..d.wo];
+        let di = &mut di[oy * d.wo..][..d.wo];
+        for ox in 0..d.wo {
+            let (x, i) = (2 * ox, (top + 2 * ox) as i64);
+            let upper = pick((r0[x].to_acc(), i), (r0[x + 1].to_acc(), i + 1));
+            let lower = pick((r1[x].to_acc(), i + w), (r1[x + 1].to_acc(), i + w + 1));
             let best = pick(upper, lower);
-            *v = T::from_acc(best.0);
-            *i = best.1 as i64;
+            dv[ox] = T::from_acc(best.0);
+            di[ox] = best.1;
         }
     }
 }
