@@ -215,6 +215,101 @@ fn channels_last_convolutions_match_nchw_over_shapes() {
     }
 }
 
+/// Channels-last pooling runs on NHWC in place on the CPU (no reorder before or after) and
+/// must give the NCHW kernels' values and gradients exactly: the same cells picked, the same
+/// window sums in the same order. Ties and NaNs decide which cell a max pool picks.
+#[test]
+fn channels_last_pooling_matches_nchw_exactly() {
+    let max = |k: usize, s: usize, p: usize, dil: usize, ceil_mode: bool| MaxPool2dOptions {
+        stride: Some([s, s]),
+        padding: [p, p],
+        dilation: [dil, dil],
+        ceil_mode,
+        ..MaxPool2dOptions::new(k)
+    };
+    let avg =
+        |k: usize, s: usize, p: usize, ceil_mode: bool, count_include_pad: bool| AvgPool2dOptions {
+            stride: Some([s, s]),
+            padding: [p, p],
+            ceil_mode,
+            count_include_pad,
+            ..AvgPool2dOptions::new(k)
+        };
+    // 21 channels: a block of 16 the max pool compares at once, and 5 more one by one. Few
+    // distinct values, so windows tie, and NaNs in both parts.
+    let shape = [2, 21, 9, 10];
+    let mut ties: Vec<f32> = (0..2 * 21 * 9 * 10).map(|i| ((i * 7) % 3) as f32).collect();
+    for i in [17, 400, 19 * 90 + 33, 21 * 90 + 5 * 90 + 61] {
+        ties[i] = f32::NAN;
+    }
+    let ties = Tensor::from_vec(ties, &shape, Device::Cpu).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        for x in [f32s(&shape, 60), ties.clone()] {
+            let x = x.to_dtype(dt).unwrap();
+            let maxes = [
+                max(2, 2, 0, 1, false),
+                max(3, 2, 1, 1, false),
+                max(3, 1, 1, 2, false),
+                max(2, 3, 1, 1, true),
+            ];
+            for o in maxes {
+                let what = format!("max_pool2d {o:?} {dt:?}");
+                same_exactly(&what, &x, |x| x.max_pool2d(o));
+            }
+            for o in [
+                avg(2, 2, 0, false, true),
+                avg(3, 2, 1, false, true),
+                avg(3, 2, 1, true, false),
+            ] {
+                let what = format!("avg_pool2d {o:?} {dt:?}");
+                same_exactly(&what, &x, |x| x.avg_pool2d(o));
+            }
+            for out in [[1, 1], [4, 3], [9, 10]] {
+                let what = format!("adaptive_avg_pool2d {out:?} {dt:?}");
+                same_exactly(&what, &x, |x| x.adaptive_avg_pool2d(out));
+            }
+        }
+    }
+}
+
+/// `f` on `x` in NCHW and in channels-last: the same bits forward and backward (NaN equal to
+/// NaN), and a channels-last output and input gradient for the channels-last input.
+fn same_exactly(what: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) {
+    let run = |format: MemoryFormat| {
+        let leaf = x.to_memory_format(format).unwrap().detach();
+        let leaf = leaf.requires_grad(true).unwrap();
+        let y = f(&leaf).unwrap();
+        let w = f32s(y.shape(), 61).to_dtype(y.dtype()).unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        let g = leaf.grad().unwrap();
+        assert_eq!(y.is_channels_last(), format == CL, "{what}: output format");
+        assert_eq!(
+            g.is_channels_last(),
+            format == CL,
+            "{what}: gradient format"
+        );
+        (vals(&y), vals(&g))
+    };
+    let (want, got) = (run(MemoryFormat::Contiguous), run(CL));
+    let same = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .all(|(p, q)| p == q || p.is_nan() && q.is_nan())
+    };
+    assert!(
+        same(&got.0, &want.0),
+        "{what} forward\n got  {:?}\n want {:?}",
+        got.0,
+        want.0
+    );
+    assert!(
+        same(&got.1, &want.1),
+        "{what} backward\n got  {:?}\n want {:?}",
+        got.1,
+        want.1
+    );
+}
+
 #[test]
 fn a_channels_last_weight_makes_the_convolution_channels_last() {
     let x = f32s(&[2, 3, 6, 6], 14);

@@ -795,19 +795,6 @@ impl Storage {
         }
     }
 
-    /// The memory format this backend writes pooling outputs and input gradients in: NHWC on
-    /// CUDA for a channels-last input (`d.channels_last`), NCHW planes otherwise.
-    pub(crate) fn pool_format(&self, d: &PoolDims) -> crate::MemoryFormat {
-        match self {
-            #[cfg(feature = "cuda")]
-            Storage::Cuda(_) if d.channels_last => crate::MemoryFormat::ChannelsLast,
-            _ => {
-                let _ = d;
-                crate::MemoryFormat::Contiguous
-            }
-        }
-    }
-
     pub(crate) fn avg_pool2d(&self, l: &Layout, d: &PoolDims, p: &Pool2dParams) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::avg_pool2d(s, l, d, p)?)),

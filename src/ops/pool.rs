@@ -134,22 +134,16 @@ impl AvgPool2dOptions {
     }
 }
 
-/// A pooling result (or input gradient) of `shape`, in the memory format the backend of `like`
-/// wrote it in (NHWC on CUDA for a channels-last input; NCHW planes on the CPU).
-fn pooled(like: &Tensor, s: Storage, shape: [usize; 4], d: &PoolDims) -> Result<Tensor> {
-    let format = like.storage().pool_format(d);
+/// A pooling result (or input gradient) of `shape`, in the memory format the backends write
+/// it in: NHWC for a channels-last input, so the channels-last chain of a network goes on
+/// past the pooling layer.
+fn pooled(s: Storage, shape: [usize; 4], d: &PoolDims) -> Result<Tensor> {
+    let format = match d.channels_last {
+        true => MemoryFormat::ChannelsLast,
+        false => MemoryFormat::Contiguous,
+    };
     let layout = Layout::with_format("pooling", &shape, format)?;
     Ok(Tensor::from_storage_in(s, layout))
-}
-
-/// The pooled `y` in the input's memory format: where the backend pooled NCHW planes (the
-/// CPU), a channels-last input's output is reordered once, so the channels-last chain of a
-/// network goes on past the pooling layer.
-fn same_format(x: &Tensor, y: Tensor) -> Result<Tensor> {
-    match x.memory_format() {
-        MemoryFormat::ChannelsLast => y.to_memory_format(MemoryFormat::ChannelsLast),
-        MemoryFormat::Contiguous => Ok(y),
-    }
 }
 
 impl Tensor {
@@ -162,11 +156,11 @@ impl Tensor {
         let s = x.shape();
         let shape = [s[0], s[1], d.ho, d.wo];
         let in_shape = [s[0], s[1], s[2], s[3]];
-        let y = pooled(&x, v, shape, &d)?.attach("max_pool2d", &[&x], move |g, _| {
+        let y = pooled(v, shape, &d)?.attach("max_pool2d", &[&x], move |g, _| {
             let gx = g.storage().max_pool2d_backward(g.layout(), &idx, &d, &p)?;
-            Ok(vec![Some(pooled(g, gx, in_shape, &d)?)])
+            Ok(vec![Some(pooled(gx, in_shape, &d)?)])
         });
-        same_format(&x, y)
+        Ok(y)
     }
 
     /// Average pooling (PyTorch's `F.avg_pool2d`).
@@ -177,15 +171,12 @@ impl Tensor {
         let v = x.storage().avg_pool2d(x.layout(), &d, &p)?;
         let s = x.shape();
         let in_shape = [s[0], s[1], s[2], s[3]];
-        let y = pooled(&x, v, [s[0], s[1], d.ho, d.wo], &d)?.attach(
-            "avg_pool2d",
-            &[&x],
-            move |g, _| {
+        let y =
+            pooled(v, [s[0], s[1], d.ho, d.wo], &d)?.attach("avg_pool2d", &[&x], move |g, _| {
                 let gx = g.storage().avg_pool2d_backward(g.layout(), &d, &p)?;
-                Ok(vec![Some(pooled(g, gx, in_shape, &d)?)])
-            },
-        );
-        same_format(&x, y)
+                Ok(vec![Some(pooled(gx, in_shape, &d)?)])
+            });
+        Ok(y)
     }
 
     /// Adaptive average pooling to `[oh, ow]` (PyTorch's `F.adaptive_avg_pool2d`).
@@ -210,15 +201,15 @@ impl Tensor {
             channels_last: x.is_channels_last(),
         };
         let v = x.storage().adaptive_avg_pool2d(x.layout(), &d, false)?;
-        let y = pooled(&x, v, [s[0], s[1], out[0], out[1]], &d)?.attach(
+        let y = pooled(v, [s[0], s[1], out[0], out[1]], &d)?.attach(
             "adaptive_avg_pool2d",
             &[&x],
             move |g, _| {
                 let gs = g.storage();
                 let gx = gs.adaptive_avg_pool2d(g.layout(), &d, true)?;
-                Ok(vec![Some(pooled(g, gx, [s[0], s[1], s[2], s[3]], &d)?)])
+                Ok(vec![Some(pooled(gx, [s[0], s[1], s[2], s[3]], &d)?)])
             },
         );
-        same_format(&x, y)
+        Ok(y)
     }
 }

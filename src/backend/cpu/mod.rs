@@ -12,6 +12,7 @@ mod loss;
 mod matmul;
 mod nn;
 mod optim;
+mod pool_nhwc;
 mod reduce;
 mod rnn;
 

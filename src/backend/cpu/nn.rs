@@ -1,5 +1,6 @@
 //! Softmax and pooling kernels. Math runs in the accumulation type (f32 for half storage).
 
+use super::pool_nhwc;
 use super::{contiguous, map_float, overwritten_buffer, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
 use crate::layout::Layout;
@@ -64,10 +65,9 @@ pub(crate) fn log_softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuS
 }
 
 /// Input and output plane sizes of a pooling op over `[n, c, h, w]`, and whether the input
-/// is channels-last (a backend that pools NHWC in place then returns NHWC activations; see
-/// `Storage::pool_format`; the CPU pools NCHW planes).
+/// is channels-last: then both backends pool NHWC in place and return NHWC outputs and
+/// input gradients (`pool_nhwc.rs` on the CPU).
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // `c`, `channels_last`: CUDA reads them
 pub(crate) struct PoolDims {
     pub planes: usize,
     pub c: usize,
@@ -99,6 +99,15 @@ fn per_plane<T: Copy + Send + Sync, U: Copy + Send + Sync + Default>(
     out
 }
 
+/// The layout to read a pooling operand through: the view itself (NCHW planes), or its
+/// NHWC walk when the pooling is channels-last (a borrow when it is stored so).
+fn read_as(l: &Layout, d: &PoolDims) -> Result<Layout> {
+    match d.channels_last {
+        true => l.permute("pooling", &[0, 2, 3, 1]),
+        false => Ok(l.clone()),
+    }
+}
+
 /// Max pooling: values and the flat in-plane index of each maximum (I64).
 pub(crate) fn max_pool2d(
     s: &CpuStorage,
@@ -113,6 +122,10 @@ pub(crate) fn max_pool2d(
         p: &Pool2dParams,
     ) -> (CpuStorage, CpuStorage) {
         let x = contiguous(v, l);
+        if d.channels_last {
+            let (vals, idx) = pool_nhwc::max_pool(&x, d, p);
+            return (vals.into_storage(), idx.into_storage());
+        }
         let out_plane = d.ho * d.wo;
         // Every output cell is written below (an empty window writes -inf and index -1).
         let mut vals = overwritten_buffer::<T>(d.planes * out_plane);
@@ -190,6 +203,7 @@ pub(crate) fn max_pool2d(
         }
         (vals.into_storage(), idx.into_storage())
     }
+    let l = &read_as(l, d)?;
     Ok(map_float!("max_pool2d", s, v => go(v, l, d, p)))
 }
 
@@ -255,6 +269,9 @@ pub(crate) fn max_pool2d_backward(
     d: &PoolDims,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, idx: &[i64], d: &PoolDims) -> CpuStorage {
+        if d.channels_last {
+            return pool_nhwc::max_pool_backward(&contiguous(g, lg), idx, d).into_storage();
+        }
         let out_plane = d.ho * d.wo;
         scatter_planes(g, lg, d, |p, g, acc| {
             for (k, gv) in g.iter().enumerate() {
@@ -265,12 +282,19 @@ pub(crate) fn max_pool2d_backward(
             }
         })
     }
+    let lg = &read_as(lg, d)?;
     Ok(map_float!("max_pool2d_backward", g, v => go(v, lg, idx, d)))
 }
 
 /// The window of output cell `o` along one axis: (start, end) clipped to the input, and the
 /// divisor contribution before clipping.
-fn avg_window(o: usize, k: usize, s: usize, pad: usize, len: usize) -> (usize, usize, usize) {
+pub(super) fn avg_window(
+    o: usize,
+    k: usize,
+    s: usize,
+    pad: usize,
+    len: usize,
+) -> (usize, usize, usize) {
     let start = (o * s) as isize - pad as isize;
     let end = (start + k as isize).min((len + pad) as isize);
     let full = (end - start) as usize;
@@ -278,7 +302,11 @@ fn avg_window(o: usize, k: usize, s: usize, pad: usize, len: usize) -> (usize, u
     (a, b.max(a), full)
 }
 
-fn avg_divisor(p: &Pool2dParams, wy: (usize, usize, usize), wx: (usize, usize, usize)) -> f64 {
+pub(super) fn avg_divisor(
+    p: &Pool2dParams,
+    wy: (usize, usize, usize),
+    wx: (usize, usize, usize),
+) -> f64 {
     if p.count_include_pad {
         (wy.2 * wx.2) as f64
     } else {
@@ -295,6 +323,9 @@ pub(crate) fn avg_pool2d(
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(v: &[T], l: &Layout, d: &PoolDims, p: &Pool2dParams) -> CpuStorage {
         let x = contiguous(v, l);
+        if d.channels_last {
+            return pool_nhwc::avg_pool(&x, d, pool_nhwc::avg_windows(p, d)).into_storage();
+        }
         per_plane(&x, d, d.ho * d.wo, |src, dst: &mut [T]| {
             for oy in 0..d.ho {
                 let wy = avg_window(oy, p.kernel[0], p.stride[0], p.padding[0], d.h);
@@ -313,6 +344,7 @@ pub(crate) fn avg_pool2d(
         })
         .into_storage()
     }
+    let l = &read_as(l, d)?;
     Ok(map_float!("avg_pool2d", s, v => go(v, l, d, p)))
 }
 
@@ -324,6 +356,10 @@ pub(crate) fn avg_pool2d_backward(
     p: &Pool2dParams,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, d: &PoolDims, p: &Pool2dParams) -> CpuStorage {
+        if d.channels_last {
+            let windows = pool_nhwc::avg_windows(p, d);
+            return pool_nhwc::avg_pool_backward(&contiguous(g, lg), d, windows).into_storage();
+        }
         scatter_planes(g, lg, d, |_, g, acc| {
             for oy in 0..d.ho {
                 let wy = avg_window(oy, p.kernel[0], p.stride[0], p.padding[0], d.h);
@@ -340,10 +376,11 @@ pub(crate) fn avg_pool2d_backward(
             }
         })
     }
+    let lg = &read_as(lg, d)?;
     Ok(map_float!("avg_pool2d_backward", g, v => go(v, lg, d, p)))
 }
 
-fn adaptive_window(o: usize, out: usize, len: usize) -> (usize, usize) {
+pub(super) fn adaptive_window(o: usize, out: usize, len: usize) -> (usize, usize) {
     ((o * len) / out, ((o + 1) * len).div_ceil(out))
 }
 
@@ -351,6 +388,9 @@ fn adaptive_window(o: usize, out: usize, len: usize) -> (usize, usize) {
 pub(crate) fn adaptive_avg_pool2d(s: &CpuStorage, l: &Layout, d: &PoolDims) -> Result<CpuStorage> {
     fn go<T: CpuElem>(v: &[T], l: &Layout, d: &PoolDims) -> CpuStorage {
         let x = contiguous(v, l);
+        if d.channels_last {
+            return pool_nhwc::avg_pool(&x, d, pool_nhwc::adaptive_windows(d)).into_storage();
+        }
         per_plane(&x, d, d.ho * d.wo, |src, dst: &mut [T]| {
             for oy in 0..d.ho {
                 let (y0, y1) = adaptive_window(oy, d.ho, d.h);
@@ -370,6 +410,7 @@ pub(crate) fn adaptive_avg_pool2d(s: &CpuStorage, l: &Layout, d: &PoolDims) -> R
         })
         .into_storage()
     }
+    let l = &read_as(l, d)?;
     Ok(map_float!("adaptive_avg_pool2d", s, v => go(v, l, d)))
 }
 
@@ -380,6 +421,10 @@ pub(crate) fn adaptive_avg_pool2d_backward(
     d: &PoolDims,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, d: &PoolDims) -> CpuStorage {
+        if d.channels_last {
+            let windows = pool_nhwc::adaptive_windows(d);
+            return pool_nhwc::avg_pool_backward(&contiguous(g, lg), d, windows).into_storage();
+        }
         scatter_planes(g, lg, d, |_, g, acc| {
             for oy in 0..d.ho {
                 let (y0, y1) = adaptive_window(oy, d.ho, d.h);
@@ -397,5 +442,6 @@ pub(crate) fn adaptive_avg_pool2d_backward(
             }
         })
     }
+    let lg = &read_as(lg, d)?;
     Ok(map_float!("adaptive_avg_pool2d_backward", g, v => go(v, lg, d)))
 }
