@@ -272,6 +272,40 @@ fn channels_last_pooling_matches_nchw_exactly() {
     }
 }
 
+/// Reductions walk a channels-last (or transposed) input in storage order; the results are
+/// those of the NCHW input: sums up to rounding, extremes exactly, and arg-reductions still
+/// count positions in the view's order (ties pick the first there, not in storage).
+#[test]
+fn reductions_of_a_channels_last_tensor_match() {
+    // Few distinct values, so arg-reductions tie.
+    let ties: Vec<f32> = (0..3 * 4 * 5 * 6).map(|i| ((i * 7) % 5) as f32).collect();
+    let ties = Tensor::from_vec(ties, &[3, 4, 5, 6], Device::Cpu).unwrap();
+    for x in [f32s(&[3, 4, 5, 6], 70), ties] {
+        let cl = x.to_memory_format(CL).unwrap();
+        assert!(cl.is_channels_last());
+        let sums: [(&str, fn(&Tensor) -> Result<Tensor>); 4] = [
+            ("sum_all", |t| t.sum_all()),
+            ("sum over n, h, w", |t| t.sum(&[0, 2, 3], false)),
+            ("mean over h, w", |t| t.mean(&[2, 3], true)),
+            ("sum over c", |t| t.sum(&[1], false)),
+        ];
+        for (what, f) in sums {
+            assert_close(&vals(&f(&cl).unwrap()), &vals(&f(&x).unwrap()), 1e-6, what);
+        }
+        let exact: [(&str, fn(&Tensor) -> Result<Tensor>); 6] = [
+            ("max_all", |t| t.max_all()),
+            ("min_all", |t| t.min_all()),
+            ("max over c", |t| Ok(t.max(1, false)?.0)),
+            ("where the max over c is", |t| Ok(t.max(1, false)?.1)),
+            ("argmax over w", |t| t.argmax(3, false)),
+            ("argmin over c", |t| t.argmin(1, false)),
+        ];
+        for (what, f) in exact {
+            assert_eq!(vals(&f(&cl).unwrap()), vals(&f(&x).unwrap()), "{what}");
+        }
+    }
+}
+
 /// `f` on `x` in NCHW and in channels-last: the same bits forward and backward (NaN equal to
 /// NaN), and a channels-last output and input gradient for the channels-last input.
 fn same_exactly(what: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) {

@@ -233,8 +233,14 @@ pub(crate) fn reduce(
     let kept: Vec<usize> = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
     let pick = |ds: &[usize], of: &[usize]| -> Vec<usize> { ds.iter().map(|&d| of[d]).collect() };
     // The reduced dims as a sub-layout walked in rows (shared by every output), and the
-    // storage offset where each output's elements start.
-    let sub = Layout::new(pick(dims, l.shape()), pick(dims, l.strides()), 0);
+    // storage offset where each output's elements start. Sums and extremes walk them in
+    // storage order (outermost stride first), so a channels-last or transposed input is read
+    // in runs; arg-reductions keep the view's order, which their indices count in.
+    let mut walk = dims.to_vec();
+    if !matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+        walk.sort_by_key(|&d| std::cmp::Reverse(l.strides()[d]));
+    }
+    let sub = Layout::new(pick(&walk, l.shape()), pick(&walk, l.strides()), 0);
     let rows = Rows::new([&sub]);
     let (len, inner) = (rows.len, rows.inner[0]);
     let mut starts = Vec::with_capacity(rows.count());
