@@ -272,6 +272,9 @@ fn channels_last_pooling_matches_nchw_exactly() {
     }
 }
 
+/// A reduction under test.
+type Reduction = fn(&Tensor) -> Result<Tensor>;
+
 /// Reductions walk a channels-last (or transposed) input in storage order; the results are
 /// those of the NCHW input: sums up to rounding, extremes exactly, and arg-reductions still
 /// count positions in the view's order (ties pick the first there, not in storage).
@@ -283,7 +286,7 @@ fn reductions_of_a_channels_last_tensor_match() {
     for x in [f32s(&[3, 4, 5, 6], 70), ties] {
         let cl = x.to_memory_format(CL).unwrap();
         assert!(cl.is_channels_last());
-        let sums: [(&str, fn(&Tensor) -> Result<Tensor>); 4] = [
+        let sums: [(&str, Reduction); 4] = [
             ("sum_all", |t| t.sum_all()),
             ("sum over n, h, w", |t| t.sum(&[0, 2, 3], false)),
             ("mean over h, w", |t| t.mean(&[2, 3], true)),
@@ -292,7 +295,7 @@ fn reductions_of_a_channels_last_tensor_match() {
         for (what, f) in sums {
             assert_close(&vals(&f(&cl).unwrap()), &vals(&f(&x).unwrap()), 1e-6, what);
         }
-        let exact: [(&str, fn(&Tensor) -> Result<Tensor>); 6] = [
+        let exact: [(&str, Reduction); 6] = [
             ("max_all", |t| t.max_all()),
             ("min_all", |t| t.min_all()),
             ("max over c", |t| Ok(t.max(1, false)?.0)),
