@@ -10,7 +10,8 @@ use cudarc::cublas::{sys as bs, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use mantissa::backend::cuda::{kernels, nvrtc, probe};
-use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding};
+use mantissa::amp::{GradScaler, GradScalerConfig};
+use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding, Sgd, SgdConfig};
 use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
 use std::sync::Arc;
 use std::time::Instant;
@@ -115,20 +116,29 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
         rel(&gm, &cpu_master)
     );
 
-    // Unscale with the overflow check: one inf among f16 gradients sets the flag.
-    let f = modules["amp"].load_function("amp_unscale_f16_float")?;
-    let mut h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
-    h[n / 2] = f16::INFINITY;
-    let dh = stream.clone_htod(&h)?;
-    let mut out = stream.alloc_zeros::<f32>(n)?;
-    let inv = stream.clone_htod(&[0.5f32])?;
-    let mut found = stream.clone_htod(&[0.0f32])?;
-    let mut b = stream.launch_builder(&f);
-    b.arg(&dh).arg(&mut out).arg(&inv).arg(&mut found).arg(&nn);
-    unsafe { b.launch(cfg(n)) }?;
+    // The loss scaler through the engine (cuda/amp.cu's fused unscale and scale update): an
+    // inf among the gradients skips the step, leaving the parameters as they were, and halves
+    // the scale, with nothing read back until the check below.
+    let gpu = Device::cuda(0)?;
+    let w = Tensor::from_vec(x[..1024].to_vec(), &[1024], Device::Cpu)?
+        .to_device(gpu)?
+        .requires_grad(true)?;
+    let mut c = vec![1.0f32; 1024];
+    c[512] = f32::INFINITY;
+    let c = Tensor::from_vec(c, &[1024], Device::Cpu)?.to_device(gpu)?;
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1))?;
+    let mut scaler = GradScaler::new(GradScalerConfig {
+        init_scale: 1024.0,
+        ..Default::default()
+    })?;
+    let before = w.to_vec::<f32>()?;
+    scaler.scale(&w.mul(&c)?.sum_all()?)?.backward()?;
+    scaler.step(&mut opt)?;
+    scaler.update()?;
     println!(
-        "unscale: found_inf = {} (expected 1)",
-        stream.clone_dtoh(&found)?[0]
+        "GradScaler (engine): step skipped {}, scale {} (expected true, 512)",
+        w.to_vec::<f32>()? == before,
+        scaler.current_scale()?.unwrap_or(f64::NAN)
     );
 
     // Dropout: the same generator state gives the same mask as the CPU, element for element.
