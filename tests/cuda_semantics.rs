@@ -309,3 +309,45 @@ fn a_scaler_state_read_on_the_host_follows_the_loss() {
         "unscaled gradient",
     );
 }
+
+/// Empty batches and empty channel sets: a convolution of an empty batch is an empty output
+/// with a zero weight gradient on the device too (cuDNN is not asked: it refuses a batch of
+/// 0), and pooling an empty batch launches nothing harmful.
+#[test]
+fn empty_batches_convolve_and_pool_to_nothing() {
+    let Some(d) = gpu() else { return };
+    for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+        let x = Tensor::ones(&[0, 3, 6, 6], DType::F16, d)
+            .unwrap()
+            .to_memory_format(format)
+            .unwrap()
+            .detach()
+            .requires_grad(true)
+            .unwrap();
+        let w = own(&input(&[4, 3, 3, 3], DType::F16, 90), d)
+            .requires_grad(true)
+            .unwrap();
+        let y = x.conv2d(&w, None, Conv2dOptions::default()).unwrap();
+        assert_eq!((y.shape(), y.device()), (&[0, 4, 4, 4][..], d));
+        let p = y.max_pool2d(MaxPool2dOptions::new(2)).unwrap();
+        let a = y.adaptive_avg_pool2d([1, 1]).unwrap();
+        assert_eq!(
+            (p.shape(), a.shape()),
+            (&[0, 4, 2, 2][..], &[0, 4, 1, 1][..])
+        );
+        p.sum_all()
+            .unwrap()
+            .add(&a.sum_all().unwrap())
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(x.grad().unwrap().shape(), &[0, 3, 6, 6]);
+        let gw = w.grad().unwrap();
+        assert_eq!(gw.device(), d);
+        assert_same(
+            &vals(&gw),
+            &[0.0; 4 * 3 * 3 * 3],
+            &format!("{format:?} weight gradient"),
+        );
+    }
+}

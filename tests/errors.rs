@@ -169,4 +169,47 @@ fn degenerate_convolutions_are_errors() {
         ..AvgPool2dOptions::new(2)
     }))
     .contains("avg_pool2d"));
+    // No output channels, or no input channels: errors (PyTorch refuses the first), not
+    // panics in the kernels, in either memory format.
+    let cl = MemoryFormat::ChannelsLast;
+    for format in [MemoryFormat::Contiguous, cl] {
+        let conv = |x: &[usize], w: &[usize]| {
+            let x = f(x).to_memory_format(format).unwrap();
+            x.conv2d(&f(w), None, Conv2dOptions::default())
+        };
+        for (x, w) in [([2, 3, 5, 5], [0, 3, 3, 3]), ([2, 0, 5, 5], [4, 0, 3, 3])] {
+            let m = msg(conv(&x, &w));
+            assert!(m.contains("conv2d") && m.contains("empty"), "{m}");
+        }
+        let t = ConvTranspose2dOptions::default();
+        let m = msg(f(&[1, 2, 3, 3])
+            .to_memory_format(format)
+            .unwrap()
+            .conv_transpose2d(&f(&[2, 0, 3, 3]), None, t));
+        assert!(m.contains("conv_transpose2d") && m.contains("empty"), "{m}");
+    }
+}
+
+/// An empty batch convolves to an empty output, and its weight gradient is zero (PyTorch),
+/// without asking a backend (cuDNN refuses a batch of 0).
+#[test]
+fn an_empty_batch_convolves_to_nothing() {
+    for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+        let x = f(&[0, 3, 5, 5])
+            .to_memory_format(format)
+            .unwrap()
+            .detach()
+            .requires_grad(true)
+            .unwrap();
+        let w = f(&[4, 3, 3, 3]).requires_grad(true).unwrap();
+        let b = f(&[4]).requires_grad(true).unwrap();
+        let y = x.conv2d(&w, Some(&b), Conv2dOptions::default()).unwrap();
+        assert_eq!(y.shape(), &[0, 4, 3, 3]);
+        y.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().shape(), &[0, 3, 5, 5]);
+        let gw = w.grad().unwrap();
+        assert_eq!(gw.shape(), &[4, 3, 3, 3]);
+        assert!(gw.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4]);
+    }
 }

@@ -9,8 +9,8 @@
 use cudarc::cublas::{sys as bs, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use mantissa::backend::cuda::{kernels, nvrtc, probe};
 use mantissa::amp::{GradScaler, GradScalerConfig};
+use mantissa::backend::cuda::{kernels, nvrtc, probe};
 use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding, Sgd, SgdConfig};
 use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
 use std::sync::Arc;

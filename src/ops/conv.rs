@@ -69,6 +69,15 @@ fn conv_dims(op: &'static str, x: &[usize], w: &[usize], p: Conv2dParams) -> Res
     check_params(op, &p)?;
     let (n, c, h, wd) = (x[0], x[1], x[2], x[3]);
     let (o, cg, kh, kw) = (w[0], w[1], w[2], w[3]);
+    if o == 0 || cg == 0 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "weight {w:?} is empty: at least one output channel and one input channel per \
+                 group are needed (input {x:?})"
+            ),
+        ));
+    }
     if c % p.groups != 0 || o % p.groups != 0 || cg * p.groups != c || kh == 0 || kw == 0 {
         return Err(Error::invalid(
             op,
@@ -136,9 +145,12 @@ fn with_format(mut d: ConvDims, x: &Tensor, w: &Tensor) -> ConvDims {
 /// `x` convolved with `weight` given the geometry: the forward of conv2d and the backward of
 /// conv_transpose2d.
 fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
-    let s = x
-        .storage()
-        .conv2d(x.layout(), &w.storage(), w.layout(), &d)?;
+    let s = match d.n {
+        0 => Storage::full(x.device(), 0.0, 0, x.dtype())?,
+        _ => x
+            .storage()
+            .conv2d(x.layout(), &w.storage(), w.layout(), &d)?,
+    };
     let (xs, ws) = (x.clone(), w.clone());
     Ok(
         activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach("conv2d", &[x, w], move |g, needs| {
@@ -151,9 +163,12 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
 
 /// The adjoint of [`conv_fwd`] in `x`: the forward of conv_transpose2d.
 fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
-    let s = gy
-        .storage()
-        .conv2d_backward_input(gy.layout(), &w.storage(), w.layout(), &d)?;
+    let s = match d.n {
+        0 => Storage::full(gy.device(), 0.0, 0, gy.dtype())?,
+        _ => gy
+            .storage()
+            .conv2d_backward_input(gy.layout(), &w.storage(), w.layout(), &d)?,
+    };
     let (gs, ws) = (gy.clone(), w.clone());
     Ok(activation(s, [d.n, d.c, d.h, d.w], &d)?.attach(
         "conv_transpose2d",
@@ -167,9 +182,18 @@ fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
 }
 
 fn conv_bwd_weight(x: &Tensor, gy: &Tensor, d: ConvDims) -> Result<Tensor> {
-    let s = x
-        .storage()
-        .conv2d_backward_weight(x.layout(), &gy.storage(), gy.layout(), &d)?;
+    // An empty batch contributes nothing (no backend is asked: cuDNN refuses a batch of 0).
+    let s = match d.n {
+        0 => Storage::full(
+            x.device(),
+            0.0,
+            d.o * (d.c / d.p.groups) * d.kh * d.kw,
+            x.dtype(),
+        )?,
+        _ => x
+            .storage()
+            .conv2d_backward_weight(x.layout(), &gy.storage(), gy.layout(), &d)?,
+    };
     // In the convolution's format: a channels-last weight's gradient matches it, so the
     // optimizer walks both in one order.
     activation(s, [d.o, d.c / d.p.groups, d.kh, d.kw], &d)
