@@ -351,3 +351,42 @@ fn empty_batches_convolve_and_pool_to_nothing() {
         );
     }
 }
+
+/// Reductions and products with an empty extent, on the device as on the CPU: a sum over an
+/// empty dim is one zero per kept position (the reduction's row count is the kept dims'
+/// product, not numel / reduced), a non-empty dim of an empty tensor reduces to nothing, and a
+/// Linear without input features gives its bias rows.
+#[test]
+fn empty_extents_reduce_and_multiply_alike() {
+    let Some(d) = gpu() else { return };
+    for dt in FLOATS {
+        let empty_cols = Tensor::ones(&[3, 0], dt, Device::Cpu).unwrap();
+        let empty_rows = Tensor::ones(&[0, 3], dt, Device::Cpu).unwrap();
+        same_on_both(
+            &format!("sum over an empty dim {dt:?}"),
+            d,
+            &[empty_cols.clone()],
+            |x| x[0].sum(&[1], false),
+        );
+        same_on_both(
+            &format!("mean over a full dim {dt:?}"),
+            d,
+            &[empty_rows.clone()],
+            |x| x[0].mean(&[1], false),
+        );
+        same_on_both(
+            &format!("argmax over a full dim {dt:?}"),
+            d,
+            &[empty_rows],
+            |x| x[0].argmax(1, false),
+        );
+        let w = Tensor::ones(&[4, 0], dt, Device::Cpu).unwrap();
+        let b = input(&[4], dt, 91);
+        same_on_both(
+            &format!("linear without inputs {dt:?}"),
+            d,
+            &[empty_cols, w, b],
+            |x| x[0].linear(&x[1], Some(&x[2])),
+        );
+    }
+}

@@ -93,8 +93,21 @@ fn out_of_range_indices_and_dims() {
 fn empty_tensors() {
     let e = f(&[0, 3]);
     assert!(msg(e.mean_all()).contains("empty"));
-    assert!(msg(e.max(1, false)).contains("empty"));
+    assert!(msg(e.max(0, false)).contains("empty"));
     assert!(msg(e.var(&[], 1, false)).contains("empty"));
+    assert!(msg(e.mean(&[0], false)).contains("empty"));
+    // Reducing a non-empty dim of an empty tensor is an empty result, as in PyTorch.
+    assert_eq!(e.mean(&[1], false).unwrap().shape(), &[0]);
+    let (v, i) = e.max(1, false).unwrap();
+    assert_eq!((v.shape(), i.shape()), (&[0][..], &[0][..]));
+    assert_eq!(e.argmin(1, true).unwrap().shape(), &[0, 1]);
+    assert_eq!(e.var(&[1], 1, false).unwrap().shape(), &[0]);
+    assert_eq!(
+        e.layer_norm(&[3], None, None, 1e-5).unwrap().shape(),
+        &[0, 3]
+    );
+    let m = msg(f(&[3, 0]).layer_norm(&[0], None, None, 1e-5));
+    assert!(m.contains("layer_norm") && m.contains("empty"), "{m}");
     // Sums of nothing are zero, as in PyTorch; shapes of empty results are kept.
     assert_eq!(e.sum_all().unwrap().item().unwrap(), 0.0);
     assert_eq!(e.sum(&[0], false).unwrap().shape(), &[3]);
@@ -188,6 +201,25 @@ fn degenerate_convolutions_are_errors() {
             .conv_transpose2d(&f(&[2, 0, 3, 3]), None, t));
         assert!(m.contains("conv_transpose2d") && m.contains("empty"), "{m}");
     }
+}
+
+/// A Linear with no input features gives its bias in every row (PyTorch), not a division by
+/// zero; its weight gradient is empty and its bias gradient counts the rows.
+#[test]
+fn a_linear_without_inputs_gives_its_bias() {
+    let x = f(&[3, 0]).requires_grad(true).unwrap();
+    let w = f(&[4, 0]).requires_grad(true).unwrap();
+    let b = Tensor::from_vec(vec![1.0f32, -2.0, 0.5, 3.0], &[4], Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let y = x.linear(&w, Some(&b)).unwrap();
+    assert_eq!(y.shape(), &[3, 4]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), [1.0, -2.0, 0.5, 3.0].repeat(3));
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(w.grad().unwrap().shape(), &[4, 0]);
+    assert_eq!(x.grad().unwrap().shape(), &[3, 0]);
+    assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), vec![3.0; 4]);
 }
 
 /// An empty batch convolves to an empty output, and its weight gradient is zero (PyTorch),

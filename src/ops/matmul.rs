@@ -168,7 +168,10 @@ impl Tensor {
                 rhs: b.shape().to_vec(),
             });
         }
-        let x2 = x.reshape(&[x.numel() / inputs, inputs])?;
+        // Rows as the product of the leading dims: with no input features, numel is 0 but
+        // the rows (each just the bias) are not.
+        let rows: usize = x.shape()[..x.rank() - 1].iter().product();
+        let x2 = x.reshape(&[rows, inputs])?;
         let wt = w.layout().permute("linear", &[1, 0])?;
         // A bias of the same dtype is added in the product's accumulator (one pass, as
         // PyTorch's addmm and cuBLASLt's bias epilogue do); another dtype is added after,

@@ -268,3 +268,15 @@ pub(crate) fn expect_nonempty(op: Op, t: &Tensor) -> Result<()> {
         Ok(())
     }
 }
+
+/// `Err` when reducing `dims` of `t` would reduce over no elements (an empty result, where
+/// another dim is 0, is fine).
+pub(crate) fn expect_nonempty_reduction(op: Op, t: &Tensor, dims: &[usize]) -> Result<()> {
+    if dims.iter().any(|&d| t.shape()[d] == 0) {
+        return Err(Error::Empty {
+            op: op.name(),
+            shape: t.shape().to_vec(),
+        });
+    }
+    Ok(())
+}

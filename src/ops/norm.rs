@@ -139,6 +139,12 @@ impl Tensor {
                 });
             }
         }
+        if normalized_shape.contains(&0) {
+            return Err(Error::Empty {
+                op: "layer_norm",
+                shape: x.shape().to_vec(),
+            });
+        }
         let dims: Vec<isize> = (-(k as isize)..0).collect();
         let mean = x.mean(&dims, true)?;
         let var = x.var(&dims, 0, true)?;

@@ -1,6 +1,6 @@
 //! Reductions: sum, mean, max/min (with indices), argmax/argmin, var, and `sum_to`.
 
-use super::{dispatch, expect_float, expect_nonempty, Op};
+use super::{dispatch, expect_float, expect_nonempty_reduction, Op};
 use crate::backend::ops::ReduceOp;
 use crate::layout::{normalize_dim, normalize_dims};
 use crate::{Error, Result, Tensor};
@@ -66,9 +66,11 @@ impl Tensor {
         self.sum(&[], false)
     }
 
-    /// Mean over `dims` (all dims when empty); errors on an empty reduction.
+    /// Mean over `dims` (all dims when empty); errors on an empty reduction (no elements
+    /// to average), not on an empty result (`[0, 3]` averaged over dim 1 is `[0]`).
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        expect_nonempty(Op::Mean, self)?;
+        let d = normalize_dims("mean", dims, self.shape())?;
+        expect_nonempty_reduction(Op::Mean, self, &d)?;
         self.sum_like(dims, keepdim, ReduceOp::Mean, Op::Mean)
     }
 
@@ -80,8 +82,8 @@ impl Tensor {
     /// Variance over `dims` with `correction` (1 = unbiased, PyTorch's default; 0 = biased).
     pub fn var(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
         let [x] = dispatch(Op::Var, [self])?;
-        expect_nonempty(Op::Var, &x)?;
         let d = normalize_dims("var", dims, x.shape())?;
+        expect_nonempty_reduction(Op::Var, &x, &d)?;
         let n: usize = d.iter().map(|&i| x.shape()[i]).product();
         if n <= correction {
             return Err(Error::invalid(
@@ -104,8 +106,8 @@ impl Tensor {
 
     fn extreme(&self, dim: isize, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
         let [x] = dispatch(Op::MaxMin, [self])?;
-        expect_nonempty(Op::MaxMin, &x)?;
         let d = normalize_dim("max/min", dim, x.shape())?;
+        expect_nonempty_reduction(Op::MaxMin, &x, &[d])?;
         let (vop, iop) = if max {
             (ReduceOp::Max, ReduceOp::ArgMax)
         } else {

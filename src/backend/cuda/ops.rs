@@ -319,7 +319,12 @@ pub(crate) fn reduce(
 ) -> Result<CudaStorage> {
     let t = float_kname("reduce", x.dtype())?;
     let cols: usize = dims.iter().map(|&d| l.shape()[d]).product();
-    let rows = l.numel() / cols.max(1);
+    // The kept dims' product, not numel / cols: a sum over an empty dim still has one output
+    // (a zero) per kept position.
+    let rows: usize = (0..l.rank())
+        .filter(|d| !dims.contains(d))
+        .map(|d| l.shape()[d])
+        .product();
     let dense = with_dims_last(x, l, dims)?;
     let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
     let code = match op {
