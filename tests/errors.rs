@@ -222,6 +222,17 @@ fn a_linear_without_inputs_gives_its_bias() {
     assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), vec![3.0; 4]);
 }
 
+/// An LSTM over a sequence of length 0 is an error naming the LSTM and the input as given
+/// (PyTorch refuses it too); an empty batch runs.
+#[test]
+fn an_lstm_needs_a_step() {
+    let lstm = mantissa::nn::Lstm::new(3, 4, 2, true, &mut Generator::new(1)).unwrap();
+    let m = msg(lstm.forward_with_state(&f(&[2, 0, 3]), None));
+    assert!(m.contains("lstm") && m.contains("[2, 0, 3]"), "{m}");
+    let (y, (h, _)) = lstm.forward_with_state(&f(&[0, 5, 3]), None).unwrap();
+    assert_eq!((y.shape(), h.shape()), (&[0, 5, 4][..], &[2, 0, 4][..]));
+}
+
 /// An empty batch convolves to an empty output, and its weight gradient is zero (PyTorch),
 /// without asking a backend (cuDNN refuses a batch of 0).
 #[test]

@@ -80,12 +80,20 @@ impl Lstm {
                 ),
             ));
         }
+        let given = x.shape().to_vec();
         let x = if self.batch_first {
             x.transpose(0, 1)?
         } else {
             x.clone()
         };
         let (steps, batch) = (x.shape()[0], x.shape()[1]);
+        if steps == 0 {
+            // PyTorch refuses it too: there would be no final state to return.
+            return Err(Error::invalid(
+                "lstm",
+                format!("a sequence of length 0 (input {given:?})"),
+            ));
+        }
         let want = [self.layers.len(), batch, self.hidden];
         let (h0, c0) = match state {
             Some((h, c)) if h.shape() == want && c.shape() == want => (h.clone(), c.clone()),
