@@ -69,6 +69,14 @@ impl Layout {
                 .is_ok_and(|l| l.strides() == self.strides())
     }
 
+    /// Whether an op that follows its input's format (convolution, pooling) should work
+    /// channels-last: [`Layout::is_channels_last`], except where the channels-last strides
+    /// are also exactly the row-major ones (`[n, 1, 1, 1]`), which stay NCHW, as PyTorch's
+    /// `suggest_memory_format` decides.
+    pub(crate) fn suggests_channels_last(&self) -> bool {
+        self.is_channels_last() && self.strides() != Layout::contiguous(self.shape()).strides()
+    }
+
     /// The format this layout is in: channels-last when [`Layout::is_channels_last`], else
     /// contiguous (also for layouts that are neither).
     pub fn memory_format(&self) -> MemoryFormat {

@@ -128,6 +128,12 @@ fn run(
     (y, grads)
 }
 
+/// Whether `t` is laid out channels-last (`cl`) or NCHW; a tensor whose two layouts are the
+/// same (one channel, or 1x1 images) is both.
+fn in_format(t: &Tensor, cl: bool) -> bool {
+    (t.is_channels_last() && t.is_contiguous()) || t.is_channels_last() == cl
+}
+
 fn same_in_both_formats(
     what: &str,
     inputs: &[Tensor],
@@ -136,12 +142,8 @@ fn same_in_both_formats(
 ) {
     let (want, want_g) = run(inputs, MemoryFormat::Contiguous, &f);
     let (got, got_g) = run(inputs, CL, &f);
-    assert!(!want.is_channels_last(), "{what}: NCHW input");
-    assert!(
-        got.is_channels_last(),
-        "{what}: strides {:?}",
-        got.strides()
-    );
+    assert!(in_format(&want, false), "{what}: NCHW input");
+    assert!(in_format(&got, true), "{what}: strides {:?}", got.strides());
     assert_close(&vals(&got), &vals(&want), tol, &format!("{what} forward"));
     for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
         assert_close(g, w, tol, &format!("{what} grad {i}"));
@@ -319,12 +321,8 @@ fn same_exactly(what: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) {
         let w = f32s(y.shape(), 61).to_dtype(y.dtype()).unwrap();
         y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
         let g = leaf.grad().unwrap();
-        assert_eq!(y.is_channels_last(), format == CL, "{what}: output format");
-        assert_eq!(
-            g.is_channels_last(),
-            format == CL,
-            "{what}: gradient format"
-        );
+        assert!(in_format(&y, format == CL), "{what}: output format");
+        assert!(in_format(&g, format == CL), "{what}: gradient format");
         (vals(&y), vals(&g))
     };
     let (want, got) = (run(MemoryFormat::Contiguous), run(CL));
@@ -345,6 +343,23 @@ fn same_exactly(what: &str, x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) {
         got.1,
         want.1
     );
+}
+
+/// A `[o, 1, 1, 1]` weight (a 1x1 kernel over one channel) has the same strides in both
+/// formats; like PyTorch's `suggest_memory_format`, such an ambiguous tensor does not make a
+/// convolution channels-last, so an NCHW network stays NCHW through it.
+#[test]
+fn an_ambiguous_weight_keeps_the_input_format() {
+    let w = f32s(&[3, 1, 1, 1], 80);
+    assert!(w.is_channels_last() && w.is_contiguous());
+    let x = f32s(&[2, 1, 4, 5], 81);
+    let y = x.conv2d(&w, None, Conv2dOptions::default()).unwrap();
+    assert!(!y.is_channels_last(), "strides {:?}", y.strides());
+    let y = x
+        .to_memory_format(CL)
+        .unwrap()
+        .conv2d(&w, None, Conv2dOptions::default());
+    assert!(y.unwrap().is_channels_last());
 }
 
 #[test]
@@ -512,4 +527,60 @@ fn a_channels_last_model_round_trips_through_a_checkpoint() {
     let got: Vec<f64> = nchw.parameters().iter().flat_map(vals).collect();
     assert_eq!(got, want);
     assert!(!nchw.parameters()[0].is_channels_last());
+}
+
+mod random_shapes {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Random convolution geometry: the channels-last kernels (unfolding, whole-row runs,
+        /// pointwise products, grouped outputs) agree with the NCHW ones in f64, and the
+        /// channels-last pooling picks and sums exactly as the NCHW pooling does.
+        #[test]
+        fn channels_last_kernels_match_nchw(
+            (n, groups, cg, og) in (1usize..3, 1usize..4, 1usize..5, 1usize..4),
+            (h, w) in (1usize..9, 1usize..9),
+            (kh, kw) in (1usize..4, 1usize..4),
+            (sh, sw, ph, pw, dh, dw) in (1usize..3, 1usize..3, 0usize..2, 0usize..2, 1usize..3, 1usize..3),
+            seed in any::<u64>(),
+        ) {
+            let c = groups * cg;
+            // Windows that fit the padded input (the others are errors in both formats).
+            prop_assume!(dh * (kh - 1) + 1 <= h + 2 * ph && dw * (kw - 1) + 1 <= w + 2 * pw);
+            let x = f32s(&[n, c, h, w], seed).to_dtype(DType::F64).unwrap();
+            let wt = f32s(&[groups * og, cg, kh, kw], seed ^ 1).to_dtype(DType::F64).unwrap();
+            let opts = Conv2dOptions {
+                stride: [sh, sw],
+                padding: [ph, pw],
+                dilation: [dh, dw],
+                groups,
+            };
+            let what = format!("conv {:?} * {:?} {opts:?}", x.shape(), wt.shape());
+            same_in_both_formats(&what, &[x.clone(), wt], 1e-12, |x, p| x.conv2d(&p[0], None, opts));
+            // Pooling windows: padding at most half the kernel, as PyTorch requires.
+            let (k, s) = (kh.max(2), sh);
+            if k <= h && k <= w {
+                let o = MaxPool2dOptions {
+                    stride: Some([s, s]),
+                    padding: [ph.min(k / 2), ph.min(k / 2)],
+                    dilation: [1, dw.min(2)],
+                    ..MaxPool2dOptions::new(k)
+                };
+                if dw.min(2) * (k - 1) < w + 2 * o.padding[1] {
+                    same_exactly(&format!("max_pool {o:?}"), &x, |x| x.max_pool2d(o));
+                }
+                let a = AvgPool2dOptions {
+                    stride: Some([s, s]),
+                    padding: [ph.min(k / 2), pw.min(k / 2)],
+                    count_include_pad: seed % 2 == 0,
+                    ..AvgPool2dOptions::new(k)
+                };
+                same_exactly(&format!("avg_pool {a:?}"), &x, |x| x.avg_pool2d(a));
+            }
+            same_exactly("adaptive", &x, |x| x.adaptive_avg_pool2d([h.div_ceil(2), w.div_ceil(3)]));
+        }
+    }
 }

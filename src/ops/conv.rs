@@ -135,10 +135,11 @@ fn activation(s: Storage, shape: [usize; 4], d: &ConvDims) -> Result<Tensor> {
     ))
 }
 
-/// Channels-last when the input or the weight is (PyTorch's rule): the output, and the
+/// Channels-last when the input or the weight is (PyTorch's rule; a tensor whose strides fit
+/// both formats, such as an `[o, 1, 1, 1]` weight, counts as NCHW): the output, and the
 /// gradients of the activations, are then NHWC, and cuDNN runs its NHWC kernels.
 fn with_format(mut d: ConvDims, x: &Tensor, w: &Tensor) -> ConvDims {
-    d.channels_last = x.is_channels_last() || w.is_channels_last();
+    d.channels_last = x.layout().suggests_channels_last() || w.layout().suggests_channels_last();
     d
 }
 

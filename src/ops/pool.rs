@@ -97,7 +97,7 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
             w: s[3],
             ho,
             wo,
-            channels_last: x.is_channels_last(),
+            channels_last: x.layout().suggests_channels_last(),
         }),
         _ => Err(Error::invalid(
             op.name(),
@@ -198,7 +198,7 @@ impl Tensor {
             w: s[3],
             ho: out[0],
             wo: out[1],
-            channels_last: x.is_channels_last(),
+            channels_last: x.layout().suggests_channels_last(),
         };
         let v = x.storage().adaptive_avg_pool2d(x.layout(), &d, false)?;
         let y = pooled(v, [s[0], s[1], out[0], out[1]], &d)?.attach(
