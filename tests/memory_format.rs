@@ -143,7 +143,14 @@ fn same_in_both_formats(
     let (want, want_g) = run(inputs, MemoryFormat::Contiguous, &f);
     let (got, got_g) = run(inputs, CL, &f);
     assert!(in_format(&want, false), "{what}: NCHW input");
-    assert!(in_format(&got, true), "{what}: strides {:?}", got.strides());
+    // An [n, 1, 1, 1] input has the same strides in both formats and counts as NCHW.
+    let s = inputs[0].shape();
+    let ambiguous = s[1] == 1 && s[2] * s[3] == 1;
+    assert!(
+        ambiguous || in_format(&got, true),
+        "{what}: strides {:?}",
+        got.strides()
+    );
     assert_close(&vals(&got), &vals(&want), tol, &format!("{what} forward"));
     for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
         assert_close(g, w, tol, &format!("{what} grad {i}"));
@@ -549,7 +556,7 @@ mod random_shapes {
         ) {
             let c = groups * cg;
             // Windows that fit the padded input (the others are errors in both formats).
-            prop_assume!(dh * (kh - 1) + 1 <= h + 2 * ph && dw * (kw - 1) + 1 <= w + 2 * pw);
+            prop_assume!(dh * (kh - 1) < h + 2 * ph && dw * (kw - 1) < w + 2 * pw);
             let x = f32s(&[n, c, h, w], seed).to_dtype(DType::F64).unwrap();
             let wt = f32s(&[groups * og, cg, kh, kw], seed ^ 1).to_dtype(DType::F64).unwrap();
             let opts = Conv2dOptions {
