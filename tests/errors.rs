@@ -194,6 +194,14 @@ fn degenerate_convolutions_are_errors() {
             let m = msg(conv(&x, &w));
             assert!(m.contains("conv2d") && m.contains("empty"), "{m}");
         }
+        // No pixels, even where the padding would leave a window (PyTorch refuses it too).
+        let padded = Conv2dOptions {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let x = f(&[1, 2, 0, 3]).to_memory_format(format).unwrap();
+        let m = msg(x.conv2d(&f(&[2, 2, 1, 1]), None, padded));
+        assert!(m.contains("conv2d") && m.contains("no pixels"), "{m}");
         let t = ConvTranspose2dOptions::default();
         let m = msg(f(&[1, 2, 3, 3])
             .to_memory_format(format)

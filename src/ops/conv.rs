@@ -69,6 +69,12 @@ fn conv_dims(op: &'static str, x: &[usize], w: &[usize], p: Conv2dParams) -> Res
     check_params(op, &p)?;
     let (n, c, h, wd) = (x[0], x[1], x[2], x[3]);
     let (o, cg, kh, kw) = (w[0], w[1], w[2], w[3]);
+    if h == 0 || wd == 0 {
+        return Err(Error::invalid(
+            op,
+            format!("input {x:?} has no pixels (only an empty batch is allowed)"),
+        ));
+    }
     if o == 0 || cg == 0 {
         return Err(Error::invalid(
             op,

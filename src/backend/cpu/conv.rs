@@ -206,8 +206,6 @@ fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
     let wlen = d.o * kr;
-    let threads = rayon::current_num_threads().max(1);
-    let per = d.n.div_ceil(threads).max(1);
     let partial = |images: std::ops::Range<usize>, parallel: bool| -> Vec<F> {
         let mut gw = vec![F::zero(); wlen];
         let mut col = overwritten_buffer(kr * plane);
@@ -223,12 +221,24 @@ fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
         }
         gw
     };
-    if d.n <= 1 {
-        return partial(0..d.n, true);
+    sum_over_images(d.n, wlen, partial)
+}
+
+/// A weight gradient summed over `n` images: the images split across the pool, each part
+/// summed by `partial(images, parallel)` (its products single-threaded), then the parts added;
+/// a single image is one part with parallel products.
+pub(super) fn sum_over_images<F: GemmFloat>(
+    n: usize,
+    wlen: usize,
+    partial: impl Fn(std::ops::Range<usize>, bool) -> Vec<F> + Sync,
+) -> Vec<F> {
+    if n <= 1 {
+        return partial(0..n, true);
     }
-    let parts: Vec<Vec<F>> = (0..d.n.div_ceil(per))
+    let per = n.div_ceil(rayon::current_num_threads().max(1));
+    let parts: Vec<Vec<F>> = (0..n.div_ceil(per))
         .into_par_iter()
-        .map(|t| partial(t * per..((t + 1) * per).min(d.n), false))
+        .map(|t| partial(t * per..((t + 1) * per).min(n), false))
         .collect();
     let mut gw = vec![F::zero(); wlen];
     for p in parts {

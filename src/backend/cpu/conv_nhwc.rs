@@ -6,10 +6,9 @@
 //!
 //! The NCHW kernels are in `conv.rs`; both give the same values up to summation order.
 
-use super::conv::{valid_cols, ConvDims};
+use super::conv::{sum_over_images, valid_cols, ConvDims};
 use super::matmul::{gemm_into, gemm_into_ld, GemmFloat, MatRef};
-use super::overwritten_buffer;
-use rayon::prelude::*;
+use super::{overwritten_buffer, per_chunk};
 
 fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
     MatRef { data, off, rs, cs }
@@ -116,19 +115,6 @@ fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, g: usize, x: &mut [F]) {
     }
 }
 
-/// Runs `job(image, out_chunk)` over the images, in parallel when there are several.
-fn per_image<F: Send>(out: &mut [F], chunk: usize, n: usize, job: impl Fn(usize, &mut [F]) + Sync) {
-    if n > 1 {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, c)| job(i, c));
-    } else {
-        out.chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, c)| job(i, c));
-    }
-}
-
 /// `y [n, ho, wo, o] = conv(x [n, h, w, c], w [o, kh, kw, c / groups])`.
 pub(super) fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
     let (cg, og, plane) = (d.c / d.p.groups, d.o / d.p.groups, d.ho * d.wo);
@@ -150,7 +136,7 @@ pub(super) fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
         return out;
     }
     let img_in = d.h * d.w * d.c;
-    per_image(&mut out, plane * d.o, d.n, |i, dst| {
+    per_chunk(&mut out, plane * d.o, d.n > 1, |i, dst| {
         let mut col = overwritten_buffer(plane * kr);
         for g in 0..d.p.groups {
             im2col(&x[i * img_in..][..img_in], d, g, &mut col);
@@ -177,7 +163,7 @@ pub(super) fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> V
     }
     let img_in = d.h * d.w * d.c;
     let mut gx = vec![F::zero(); d.n * img_in];
-    per_image(&mut gx, img_in, d.n, |i, dst| {
+    per_chunk(&mut gx, img_in, d.n > 1, |i, dst| {
         let mut col = overwritten_buffer(plane * kr);
         for g in 0..d.p.groups {
             // col [plane, kr] = gy_g [plane, og] w_g [og, kr].
@@ -217,20 +203,5 @@ pub(super) fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> 
         }
         gw
     };
-    if d.n <= 1 {
-        return partial(0..d.n, true);
-    }
-    // Images split across the pool, each part summed on its own, then the parts added.
-    let per = d.n.div_ceil(rayon::current_num_threads().max(1));
-    let parts: Vec<Vec<F>> = (0..d.n.div_ceil(per))
-        .into_par_iter()
-        .map(|t| partial(t * per..((t + 1) * per).min(d.n), false))
-        .collect();
-    let mut gw = vec![F::zero(); wlen];
-    for p in parts {
-        for (a, b) in gw.iter_mut().zip(p) {
-            *a += b;
-        }
-    }
-    gw
+    sum_over_images(d.n, wlen, partial)
 }

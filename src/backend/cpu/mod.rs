@@ -271,6 +271,27 @@ impl CpuStorage {
     }
 }
 
+/// Runs `f(k, chunk)` on each `chunk`-element piece `k` of `out` (an image, a plane), on the
+/// compute pool when `parallel`; nothing when `chunk` is 0.
+pub(crate) fn per_chunk<U: Send>(
+    out: &mut [U],
+    chunk: usize,
+    parallel: bool,
+    f: impl Fn(usize, &mut [U]) + Sync,
+) {
+    if chunk == 0 {
+        return;
+    }
+    if parallel {
+        use rayon::prelude::*;
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(k, c)| f(k, c));
+    } else {
+        out.chunks_mut(chunk).enumerate().for_each(|(k, c)| f(k, c));
+    }
+}
+
 /// A buffer of `n` elements whose every element the caller writes before reading any (GEMM
 /// outputs without accumulation, im2col columns, rows a kernel fills): skips zeroing memory
 /// that is overwritten anyway, which is most of an allocation's cost for large short-lived

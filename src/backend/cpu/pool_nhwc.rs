@@ -7,28 +7,12 @@
 //! window order, a NaN over any number) and sum windows in the same order.
 
 use super::nn::{adaptive_window, avg_divisor, avg_window, PoolDims};
-use super::{overwritten_buffer, CpuElem, PAR_MIN};
+use super::{overwritten_buffer, per_chunk, CpuElem, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
 use crate::dtype::Float as _;
 use num_traits::{Float, Zero};
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// Runs `f(image, out_chunk)` for every image's `per_image` outputs, in parallel when large.
-fn per_image<U: Send>(out: &mut [U], per_image: usize, f: impl Fn(usize, &mut [U]) + Sync) {
-    if per_image == 0 {
-        return;
-    }
-    if out.len() >= PAR_MIN {
-        out.par_chunks_mut(per_image)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o));
-    } else {
-        out.chunks_mut(per_image)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o));
-    }
-}
 
 /// The input cells (row, column) of output cell `(oy, ox)`'s window, in row-major order,
 /// skipping the padding.
@@ -131,7 +115,8 @@ pub(super) fn max_pool_backward<T: CpuElem>(g: &[T], idx: &[i64], d: &PoolDims) 
     let c = d.c;
     let (img_in, img_out) = (d.h * d.w * c, d.ho * d.wo * c);
     let mut gx = overwritten_buffer::<T>(d.planes * d.h * d.w);
-    per_image(&mut gx, img_in, |i, dst| {
+    let parallel = gx.len() >= PAR_MIN;
+    per_chunk(&mut gx, img_in, parallel, |i, dst| {
         let mut acc = vec![T::Acc::zero(); img_in];
         let (g, idx) = (&g[i * img_out..][..img_out], &idx[i * img_out..][..img_out]);
         for (gs, is) in g.chunks_exact(c).zip(idx.chunks_exact(c)) {
@@ -180,7 +165,8 @@ pub(super) fn avg_pool<T: CpuElem>(
     let c = d.c;
     let (img_in, img_out) = (d.h * d.w * c, d.ho * d.wo * c);
     let mut y = overwritten_buffer::<T>(d.planes * d.ho * d.wo);
-    per_image(&mut y, img_out, |i, dst| {
+    let parallel = y.len() >= PAR_MIN;
+    per_chunk(&mut y, img_out, parallel, |i, dst| {
         let x = &x[i * img_in..][..img_in];
         let mut sum = vec![T::Acc::zero(); c];
         for oy in 0..d.ho {
@@ -215,7 +201,8 @@ pub(super) fn avg_pool_backward<T: CpuElem>(
     let c = d.c;
     let (img_in, img_out) = (d.h * d.w * c, d.ho * d.wo * c);
     let mut gx = overwritten_buffer::<T>(d.planes * d.h * d.w);
-    per_image(&mut gx, img_in, |i, dst| {
+    let parallel = gx.len() >= PAR_MIN;
+    per_chunk(&mut gx, img_in, parallel, |i, dst| {
         let g = &g[i * img_out..][..img_out];
         let mut acc = vec![T::Acc::zero(); img_in];
         let mut share = vec![T::Acc::zero(); c];
