@@ -144,7 +144,8 @@ fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F]) {
     }
 }
 
-fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
+/// The matrix at `off` in `data` with row stride `rs` and column stride `cs`.
+pub(super) fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
     MatRef { data, off, rs, cs }
 }
 

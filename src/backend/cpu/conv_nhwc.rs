@@ -6,13 +6,9 @@
 //!
 //! The NCHW kernels are in `conv.rs`; both give the same values up to summation order.
 
-use super::conv::{sum_over_images, valid_cols, ConvDims};
-use super::matmul::{gemm_into, gemm_into_ld, GemmFloat, MatRef};
+use super::conv::{mat, sum_over_images, valid_cols, ConvDims};
+use super::matmul::{gemm_into, gemm_into_ld, GemmFloat};
 use super::{overwritten_buffer, per_chunk};
-
-fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_, F> {
-    MatRef { data, off, rs, cs }
-}
 
 /// Whether the convolution is a plain product over pixels: 1x1, stride 1, no padding, one
 /// group (dilation does not matter for a 1x1 window).

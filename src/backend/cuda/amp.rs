@@ -4,9 +4,9 @@
 //! Unverified: written in a session without a GPU; the kernels ran on the host only
 //! (`host_kernels/amp.rs`).
 
-use super::storage::{grid, kname, CudaStorage};
+use super::storage::{grid, kname, one_thread, CudaStorage};
 use crate::{DType, Error, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 /// Checks that `s` is the one-element f32 storage the scaler keeps its values in.
 fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
@@ -75,13 +75,19 @@ pub(crate) fn update_scale(
     for s in [scale, tracker, found_inf] {
         scalar(OP, s)?;
     }
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let (sp, tp, fp) = (scale.ptr(), tracker.ptr(), found_inf.ptr());
     let name = "amp_update_scale".to_string();
-    launch!(scale, "amp", name, one, &sp, &tp, &fp, &growth, &backoff, &interval);
+    launch!(
+        scale,
+        "amp",
+        name,
+        one_thread(),
+        &sp,
+        &tp,
+        &fp,
+        &growth,
+        &backoff,
+        &interval
+    );
     Ok(())
 }

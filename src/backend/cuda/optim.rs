@@ -6,11 +6,11 @@
 //! the CPU). Since then the launcher was written and the constants moved to the host in f64
 //! (found by the host run of the kernel, `host_kernels/optim.rs`); neither has run on a GPU.
 
-use super::storage::{grid, CudaStorage};
+use super::storage::{grid, one_thread, CudaStorage};
 use crate::backend::ops::OptimUpdate;
 use crate::backend::rounding::Rounding;
 use crate::{DType, Error, Result};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 /// `cuda/optim.cu`'s `OptimArgs`, field for field.
 #[repr(C)]
@@ -228,12 +228,14 @@ pub(crate) fn optim_update(
         &fp,
         &n64
     );
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(p, "optim", "optim_count".to_string(), one, &sp, &fp);
+    launch!(
+        p,
+        "optim",
+        "optim_count".to_string(),
+        one_thread(),
+        &sp,
+        &fp
+    );
     Ok(true)
 }
 

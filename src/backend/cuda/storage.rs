@@ -136,6 +136,15 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// A single thread: the scalar kernels (a step count, the loss scale) that must not race.
+pub(crate) fn one_thread() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 impl CudaStorage {
     /// An uninitialised storage of `len` elements on device `ordinal`.
     pub(crate) fn alloc(ordinal: usize, dtype: DType, len: usize) -> Result<CudaStorage> {
