@@ -1,5 +1,6 @@
-//! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s (median of several runs after
-//! a warm-up). Run: `cargo run --release --example bench_cpu`.
+//! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s, and reductions, in ms (median
+//! of several runs after a warm-up). Run: `cargo run --release --example bench_cpu`; an
+//! argument (`matmul`, `conv2d` or `reduce`) runs that group alone.
 
 use mantissa::{Conv2dOptions, DType, Device, Generator, MemoryFormat, Result, Tensor};
 use std::time::Instant;
@@ -30,8 +31,23 @@ fn randn(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
 }
 
 fn main() -> Result<()> {
+    let only = std::env::args().nth(1);
+    let run = |group: &str| only.as_deref().map_or(true, |o| o == group);
     println!("threads: {}", rayon::current_num_threads());
     println!("{:<44} {:>10} {:>10}", "workload", "ms", "GFLOP/s");
+    if run("matmul") {
+        matmul()?;
+    }
+    if run("conv2d") {
+        conv2d()?;
+    }
+    if run("reduce") {
+        reduce()?;
+    }
+    Ok(())
+}
+
+fn matmul() -> Result<()> {
     let n = 1024;
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         let (a, b) = (randn(&[n, n], dtype, 1)?, randn(&[n, n], dtype, 2)?);
@@ -118,6 +134,10 @@ fn main() -> Result<()> {
         s * 1e3,
         "-"
     );
+    Ok(())
+}
+
+fn conv2d() -> Result<()> {
     // conv2d: a ResNet stage-1 layer, the MNIST CNN's second layer and a 1x1 bottleneck, in
     // NCHW and channels-last (CL).
     let cases = [
@@ -179,5 +199,43 @@ fn main() -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Reductions whose outputs sit side by side in memory: bias gradients of a channels-last
+/// activation (a sum over n, h, w), in NCHW for comparison, and a max down the columns of a
+/// matrix.
+fn reduce() -> Result<()> {
+    for (c, hw) in [(32, 26), (64, 24)] {
+        for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+            let tag = match format {
+                MemoryFormat::ChannelsLast => " CL",
+                _ => "",
+            };
+            let x = randn(&[64, c, hw, hw], DType::F32, 5)?.to_memory_format(format)?;
+            let s = time(21, || x.sum(&[0, 2, 3], false).map(drop))?;
+            println!(
+                "{:<44} {:>10.3} {:>10}",
+                format!("sum 64x{c}x{hw}x{hw}{tag} over n,h,w"),
+                s * 1e3,
+                "-"
+            );
+        }
+    }
+    let x = randn(&[576, 4096], DType::F32, 6)?;
+    let s = time(21, || x.max(0, false).map(drop))?;
+    println!(
+        "{:<44} {:>10.3} {:>10}",
+        "max 576x4096 over dim 0",
+        s * 1e3,
+        "-"
+    );
+    let s = time(21, || x.sum(&[0], false).map(drop))?;
+    println!(
+        "{:<44} {:>10.3} {:>10}",
+        "sum 576x4096 over dim 0",
+        s * 1e3,
+        "-"
+    );
     Ok(())
 }
