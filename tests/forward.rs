@@ -124,6 +124,93 @@ fn conv2d_matches_direct_definition() {
     }
 }
 
+/// The gradients of `sum(conv(x, w) * gy)` by the definition: `(dx, dw)`.
+#[allow(clippy::too_many_arguments)]
+fn conv_ref_backward(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    gy: &[f64],
+    (s, p, d, g): (usize, usize, usize, usize),
+) -> (Vec<f64>, Vec<f64>) {
+    let [n, c, h, wd] = xs;
+    let [o, cg, kh, kw] = ws;
+    let ho = (h + 2 * p - d * (kh - 1) - 1) / s + 1;
+    let wo = (wd + 2 * p - d * (kw - 1) - 1) / s + 1;
+    let (mut dx, mut dw) = (vec![0.0; x.len()], vec![0.0; w.len()]);
+    for (ni, oc, oy, ox) in (0..n).flat_map(|ni| {
+        (0..o)
+            .flat_map(move |oc| (0..ho).flat_map(move |oy| (0..wo).map(move |ox| (ni, oc, oy, ox))))
+    }) {
+        let gv = gy[((ni * o + oc) * ho + oy) * wo + ox];
+        for ci in 0..cg {
+            let ic = oc / (o / g) * cg + ci;
+            for (ky, kx) in (0..kh).flat_map(|ky| (0..kw).map(move |kx| (ky, kx))) {
+                let iy = (oy * s + ky * d) as isize - p as isize;
+                let ix = (ox * s + kx * d) as isize - p as isize;
+                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wd {
+                    let xi = ((ni * c + ic) * h + iy as usize) * wd + ix as usize;
+                    let wi = ((oc * cg + ci) * kh + ky) * kw + kx;
+                    dx[xi] += gv * w[wi];
+                    dw[wi] += gv * x[xi];
+                }
+            }
+        }
+    }
+    (dx, dw)
+}
+
+/// Batches of small images, which the CPU unfolds several at a time into one product (and
+/// splits unevenly across threads): forward and both gradients against the definition.
+#[test]
+fn batched_small_image_convolutions_match_the_definition() {
+    for (n, hw, (s, p, d, g)) in [
+        (7, 3, (1, 1, 1, 1)),
+        (9, 4, (2, 1, 1, 2)),
+        (5, 2, (1, 1, 1, 1)),
+        (6, 5, (1, 2, 2, 2)),
+    ] {
+        let xs = [n, 4, hw, hw + 1];
+        let ws = [6, 4 / g, 3, 3];
+        let x = randv(xs.iter().product(), 15);
+        let w = randv(ws.iter().product(), 16);
+        let (want, ys) = conv_ref(&x, xs, &w, ws, s, p, d, g);
+        let opts = Conv2dOptions {
+            stride: [s, s],
+            padding: [p, p],
+            dilation: [d, d],
+            groups: g,
+        };
+        let what = format!("n{n} {hw}x{} s{s} p{p} d{d} g{g}", hw + 1);
+        let xt = t(x.clone(), &xs).requires_grad(true).unwrap();
+        let wt = t(w.clone(), &ws).requires_grad(true).unwrap();
+        let y = xt.conv2d(&wt, None, opts).unwrap();
+        assert_eq!(y.shape(), &ys);
+        assert_close(&vals(&y), &want, 1e-13, &what);
+        let gy = randv(want.len(), 17);
+        y.mul(&t(gy.clone(), &ys))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let (dx, dw) = conv_ref_backward(&x, xs, &w, ws, &gy, (s, p, d, g));
+        assert_close(
+            &vals(&xt.grad().unwrap()),
+            &dx,
+            1e-13,
+            &format!("{what} dx"),
+        );
+        assert_close(
+            &vals(&wt.grad().unwrap()),
+            &dw,
+            1e-13,
+            &format!("{what} dw"),
+        );
+    }
+}
+
 #[test]
 fn conv_transpose2d_is_the_adjoint_of_conv2d() {
     // <conv(x), y> == <x, conv_transpose(y)> for the same weight and geometry.

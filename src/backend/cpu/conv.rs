@@ -67,8 +67,9 @@ pub(super) fn valid_cols(
     lo.min(hi)..hi
 }
 
-/// Unfolds one group of an image (`x` starts at its first channel) into `col`, `[kr, ho*wo]`.
-fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F]) {
+/// Unfolds one group of an image (`x` starts at its first channel) into `col`, `[kr, ho*wo]`
+/// with rows `ld` apart (`ld > ho*wo` when several images sit side by side).
+fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F], ld: usize) {
     let (sh, sw) = (d.p.stride[0], d.p.stride[1]);
     let (ph, pw) = (d.p.padding[0] as isize, d.p.padding[1] as isize);
     let (dh, dw) = (d.p.dilation[0], d.p.dilation[1]);
@@ -78,7 +79,7 @@ fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F]) {
         for ky in 0..d.kh {
             for kx in 0..d.kw {
                 let row = (c * d.kh + ky) * d.kw + kx;
-                let dst = &mut col[row * plane..(row + 1) * plane];
+                let dst = &mut col[row * ld..row * ld + plane];
                 let cols = valid_cols(d.wo, d.w, sw, kx * dw, pw as usize);
                 for oy in 0..d.ho {
                     let iy = (oy * sh + ky * dh) as isize - ph;
@@ -105,7 +106,7 @@ fn im2col<F: GemmFloat>(x: &[F], d: &ConvDims, col: &mut [F]) {
 }
 
 /// The adjoint of [`im2col`]: adds each column entry back to its input cell.
-fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F]) {
+fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F], ld: usize) {
     let (sh, sw) = (d.p.stride[0], d.p.stride[1]);
     let (ph, pw) = (d.p.padding[0] as isize, d.p.padding[1] as isize);
     let (dh, dw) = (d.p.dilation[0], d.p.dilation[1]);
@@ -115,7 +116,7 @@ fn col2im<F: GemmFloat>(col: &[F], d: &ConvDims, x: &mut [F]) {
         for ky in 0..d.kh {
             for kx in 0..d.kw {
                 let row = (c * d.kh + ky) * d.kw + kx;
-                let src = &col[row * plane..(row + 1) * plane];
+                let src = &col[row * ld..row * ld + plane];
                 let cols = valid_cols(d.wo, d.w, sw, kx * dw, pw as usize);
                 if cols.is_empty() {
                     continue;
@@ -149,33 +150,83 @@ pub(super) fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_,
     MatRef { data, off, rs, cs }
 }
 
+/// Images unfolded side by side into one product, so that its columns (`images x ho*wo`)
+/// number about 256: with a few output pixels per image (a ResNet's last stages: 4 or 16),
+/// a product per image is too narrow to fill the vector lanes, and reads the whole weight
+/// once per image. At most `n / threads` images a group, so every thread gets one.
+fn images_per_group(d: &ConvDims) -> usize {
+    let per_thread = d.n.div_ceil(crate::parallel::threads().max(1));
+    256usize.div_ceil(d.plane()).min(per_thread).max(1)
+}
+
+/// One group's output gradient of `images` images, `[og, images x plane]`: the images side
+/// by side, as [`im2col`] lays out their columns. Borrowed for a single image.
+fn gather_rows<'a, F: GemmFloat>(
+    gy: &'a [F],
+    d: &ConvDims,
+    images: std::ops::Range<usize>,
+    g: usize,
+) -> (Cow<'a, [F]>, usize) {
+    let (og, plane) = (d.og(), d.plane());
+    let at = |n: usize| n * d.o * plane + g * og * plane;
+    if images.len() == 1 {
+        return (Cow::Borrowed(&gy[at(images.start)..]), plane);
+    }
+    let ld = images.len() * plane;
+    let mut out = overwritten_buffer(og * ld);
+    for (i, n) in images.enumerate() {
+        let src = &gy[at(n)..at(n) + og * plane];
+        for (dst, row) in out.chunks_exact_mut(ld).zip(src.chunks_exact(plane)) {
+            dst[i * plane..(i + 1) * plane].copy_from_slice(row);
+        }
+    }
+    (Cow::Owned(out), ld)
+}
+
 fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
     let mut out = overwritten_buffer(d.n * d.o * plane);
-    let par_images = d.n > 1;
-    let job = |(n, dst): (usize, &mut [F])| {
-        let mut col = overwritten_buffer(kr * plane);
+    let per = images_per_group(d);
+    let par_groups = d.n > per;
+    let job = |(k, dst): (usize, &mut [F])| {
+        let images = dst.len() / (d.o * plane);
+        let ld = images * plane;
+        let mut col = overwritten_buffer(kr * ld);
+        let mut res = overwritten_buffer(if images > 1 { og * ld } else { 0 });
         for g in 0..d.p.groups {
-            im2col(&x[n * img_in + g * cg * d.h * d.w..], d, &mut col);
-            let dst_g = &mut dst[g * og * plane..(g + 1) * og * plane];
+            for i in 0..images {
+                let n = k * per + i;
+                im2col(
+                    &x[n * img_in + g * cg * d.h * d.w..],
+                    d,
+                    &mut col[i * plane..],
+                    ld,
+                );
+            }
             let a = mat(w, g * og * kr, kr, 1);
-            gemm_into(
-                og,
-                plane,
-                kr,
-                dst_g,
-                false,
-                a,
-                mat(&col, 0, plane, 1),
-                !par_images,
-            );
+            let b = mat(&col, 0, ld, 1);
+            if images == 1 {
+                let dst_g = &mut dst[g * og * plane..(g + 1) * og * plane];
+                gemm_into(og, plane, kr, dst_g, false, a, b, !par_groups);
+                continue;
+            }
+            gemm_into(og, ld, kr, &mut res, false, a, b, !par_groups);
+            // Each image's rows of the product to its own output block.
+            for (i, img) in dst.chunks_exact_mut(d.o * plane).enumerate() {
+                let img_g = &mut img[g * og * plane..(g + 1) * og * plane];
+                for (to, row) in img_g.chunks_exact_mut(plane).zip(res.chunks_exact(ld)) {
+                    to.copy_from_slice(&row[i * plane..(i + 1) * plane]);
+                }
+            }
         }
     };
-    if par_images {
-        out.par_chunks_mut(d.o * plane).enumerate().for_each(job);
+    if par_groups {
+        out.par_chunks_mut(per * d.o * plane)
+            .enumerate()
+            .for_each(job);
     } else {
-        out.chunks_mut(d.o * plane).enumerate().for_each(job);
+        out.chunks_mut(per * d.o * plane).enumerate().for_each(job);
     }
     out
 }
@@ -184,21 +235,27 @@ fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
     let mut gx = vec![F::zero(); d.n * img_in];
-    let par_images = d.n > 1;
-    let job = |(n, dst): (usize, &mut [F])| {
-        let mut col = overwritten_buffer(kr * plane);
+    let per = images_per_group(d);
+    let par_groups = d.n > per;
+    let job = |(k, dst): (usize, &mut [F])| {
+        let images = dst.len() / img_in;
+        let ld = images * plane;
+        let mut col = overwritten_buffer(kr * ld);
         for g in 0..d.p.groups {
-            // col (kr x plane) = W_g^T (kr x og) * gy_g (og x plane)
+            // col (kr x images*plane) = W_g^T (kr x og) * gy_g (og x images*plane)
             let wt = mat(w, g * og * kr, 1, kr);
-            let gyg = mat(gy, n * d.o * plane + g * og * plane, plane, 1);
-            gemm_into(kr, plane, og, &mut col, false, wt, gyg, !par_images);
-            col2im(&col, d, &mut dst[g * cg * d.h * d.w..]);
+            let (rows, rs) = gather_rows(gy, d, k * per..k * per + images, g);
+            let gyg = mat(&rows, 0, rs, 1);
+            gemm_into(kr, ld, og, &mut col, false, wt, gyg, !par_groups);
+            for (i, img) in dst.chunks_exact_mut(img_in).enumerate() {
+                col2im(&col[i * plane..], d, &mut img[g * cg * d.h * d.w..], ld);
+            }
         }
     };
-    if par_images {
-        gx.par_chunks_mut(img_in).enumerate().for_each(job);
+    if par_groups {
+        gx.par_chunks_mut(per * img_in).enumerate().for_each(job);
     } else {
-        gx.chunks_mut(img_in).enumerate().for_each(job);
+        gx.chunks_mut(per * img_in).enumerate().for_each(job);
     }
     gx
 }
@@ -207,17 +264,24 @@ fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> Vec<F> {
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
     let wlen = d.o * kr;
+    let per = images_per_group(d);
     let partial = |images: std::ops::Range<usize>, parallel: bool| -> Vec<F> {
         let mut gw = vec![F::zero(); wlen];
-        let mut col = overwritten_buffer(kr * plane);
-        for n in images {
+        let mut col = overwritten_buffer(kr * per.min(images.len()) * plane);
+        for first in images.clone().step_by(per) {
+            let group = first..(first + per).min(images.end);
+            let ld = group.len() * plane;
             for g in 0..d.p.groups {
-                im2col(&x[n * img_in + g * cg * d.h * d.w..], d, &mut col);
-                // gW_g (og x kr) += gy_g (og x plane) * col^T (plane x kr)
-                let gyg = mat(gy, n * d.o * plane + g * og * plane, plane, 1);
-                let colt = mat(&col, 0, 1, plane);
+                for (i, n) in group.clone().enumerate() {
+                    let xn = &x[n * img_in + g * cg * d.h * d.w..];
+                    im2col(xn, d, &mut col[i * plane..], ld);
+                }
+                // gW_g (og x kr) += gy_g (og x images*plane) * col^T (images*plane x kr)
+                let (rows, rs) = gather_rows(gy, d, group.clone(), g);
+                let gyg = mat(&rows, 0, rs, 1);
+                let colt = mat(&col, 0, 1, ld);
                 let dst = &mut gw[g * og * kr..(g + 1) * og * kr];
-                gemm_into(og, kr, plane, dst, true, gyg, colt, parallel);
+                gemm_into(og, kr, ld, dst, true, gyg, colt, parallel);
             }
         }
         gw
