@@ -182,32 +182,33 @@ fn batched_small_image_convolutions_match_the_definition() {
             dilation: [d, d],
             groups: g,
         };
-        let what = format!("n{n} {hw}x{} s{s} p{p} d{d} g{g}", hw + 1);
-        let xt = t(x.clone(), &xs).requires_grad(true).unwrap();
-        let wt = t(w.clone(), &ws).requires_grad(true).unwrap();
-        let y = xt.conv2d(&wt, None, opts).unwrap();
-        assert_eq!(y.shape(), &ys);
-        assert_close(&vals(&y), &want, 1e-13, &what);
         let gy = randv(want.len(), 17);
-        y.mul(&t(gy.clone(), &ys))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
         let (dx, dw) = conv_ref_backward(&x, xs, &w, ws, &gy, (s, p, d, g));
-        assert_close(
-            &vals(&xt.grad().unwrap()),
-            &dx,
-            1e-13,
-            &format!("{what} dx"),
-        );
-        assert_close(
-            &vals(&wt.grad().unwrap()),
-            &dw,
-            1e-13,
-            &format!("{what} dw"),
-        );
+        for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+            let what = format!("n{n} {hw}x{} s{s} p{p} d{d} g{g} {format:?}", hw + 1);
+            let leaf = |v: &[f64], shape: &[usize]| {
+                let v = t(v.to_vec(), shape).to_memory_format(format).unwrap();
+                v.requires_grad(true).unwrap()
+            };
+            let (xt, wt) = (leaf(&x, &xs), leaf(&w, &ws));
+            let y = xt.conv2d(&wt, None, opts).unwrap();
+            assert_eq!(y.shape(), &ys);
+            assert_close(&vals(&y), &want, 1e-13, &what);
+            let weighted = y.mul(&t(gy.clone(), &ys)).unwrap();
+            weighted.sum_all().unwrap().backward().unwrap();
+            assert_close(
+                &vals(&xt.grad().unwrap()),
+                &dx,
+                1e-13,
+                &format!("{what} dx"),
+            );
+            assert_close(
+                &vals(&wt.grad().unwrap()),
+                &dw,
+                1e-13,
+                &format!("{what} dw"),
+            );
+        }
     }
 }
 

@@ -150,11 +150,11 @@ pub(super) fn mat<F>(data: &[F], off: usize, rs: usize, cs: usize) -> MatRef<'_,
     MatRef { data, off, rs, cs }
 }
 
-/// Images unfolded side by side into one product, so that its columns (`images x ho*wo`)
+/// Images unfolded together into one product, so that its columns (`images x ho*wo`)
 /// number about 256: with a few output pixels per image (a ResNet's last stages: 4 or 16),
 /// a product per image is too narrow to fill the vector lanes, and reads the whole weight
 /// once per image. At most `n / threads` images a group, so every thread gets one.
-fn images_per_group(d: &ConvDims) -> usize {
+pub(super) fn images_per_group(d: &ConvDims) -> usize {
     let per_thread = d.n.div_ceil(crate::parallel::threads().max(1));
     256usize.div_ceil(d.plane()).min(per_thread).max(1)
 }

@@ -6,7 +6,7 @@
 //!
 //! The NCHW kernels are in `conv.rs`; both give the same values up to summation order.
 
-use super::conv::{mat, sum_over_images, valid_cols, ConvDims};
+use super::conv::{images_per_group, mat, sum_over_images, valid_cols, ConvDims};
 use super::matmul::{gemm_into, gemm_into_ld, GemmFloat};
 use super::{overwritten_buffer, per_chunk};
 
@@ -131,16 +131,26 @@ pub(super) fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
         );
         return out;
     }
-    let img_in = d.h * d.w * d.c;
-    per_chunk(&mut out, plane * d.o, d.n > 1, |i, dst| {
-        let mut col = overwritten_buffer(plane * kr);
+    // Several small images' rows stacked into one product (see `images_per_group`); their
+    // outputs are consecutive rows of the NHWC output.
+    let (img_in, per) = (d.h * d.w * d.c, images_per_group(d));
+    per_chunk(&mut out, per * plane * d.o, d.n > per, |k, dst| {
+        let images = dst.len() / (plane * d.o);
+        let mut col = overwritten_buffer(images * plane * kr);
         for g in 0..d.p.groups {
-            im2col(&x[i * img_in..][..img_in], d, g, &mut col);
-            // This group's output channels: y_g [plane, og] = col [plane, kr] w_g^T.
+            for (i, n) in (k * per..k * per + images).enumerate() {
+                im2col(
+                    &x[n * img_in..][..img_in],
+                    d,
+                    g,
+                    &mut col[i * plane * kr..][..plane * kr],
+                );
+            }
+            // This group's output channels: y_g [rows, og] = col [rows, kr] w_g^T.
             let wt = mat(w, g * og * kr, 1, kr);
             let a = mat(&col, 0, kr, 1);
             let dst = &mut dst[g * og..];
-            gemm_into_ld(plane, og, kr, dst, d.o, false, a, wt, d.n == 1);
+            gemm_into_ld(images * plane, og, kr, dst, d.o, false, a, wt, d.n <= per);
         }
     });
     out
@@ -157,16 +167,20 @@ pub(super) fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> V
         gemm_into(d.n * plane, d.c, d.o, &mut gx, false, a, b, true);
         return gx;
     }
-    let img_in = d.h * d.w * d.c;
+    let (img_in, per) = (d.h * d.w * d.c, images_per_group(d));
     let mut gx = vec![F::zero(); d.n * img_in];
-    per_chunk(&mut gx, img_in, d.n > 1, |i, dst| {
-        let mut col = overwritten_buffer(plane * kr);
+    per_chunk(&mut gx, per * img_in, d.n > per, |k, dst| {
+        let images = dst.len() / img_in;
+        let rows = images * plane;
+        let mut col = overwritten_buffer(rows * kr);
         for g in 0..d.p.groups {
-            // col [plane, kr] = gy_g [plane, og] w_g [og, kr].
-            let a = mat(gy, i * plane * d.o + g * og, d.o, 1);
+            // col [rows, kr] = gy_g [rows, og] w_g [og, kr].
+            let a = mat(gy, k * per * plane * d.o + g * og, d.o, 1);
             let b = mat(w, g * og * kr, kr, 1);
-            gemm_into(plane, kr, og, &mut col, false, a, b, d.n == 1);
-            col2im(&col, d, g, dst);
+            gemm_into(rows, kr, og, &mut col, false, a, b, d.n <= per);
+            for (i, img) in dst.chunks_exact_mut(img_in).enumerate() {
+                col2im(&col[i * plane * kr..][..plane * kr], d, g, img);
+            }
         }
     });
     gx
@@ -184,17 +198,26 @@ pub(super) fn backward_weight<F: GemmFloat>(x: &[F], gy: &[F], d: &ConvDims) -> 
         gemm_into(d.o, d.c, d.n * plane, &mut gw, false, a, b, true);
         return gw;
     }
-    let img_in = d.h * d.w * d.c;
+    let (img_in, per) = (d.h * d.w * d.c, images_per_group(d));
     let partial = |images: std::ops::Range<usize>, parallel: bool| -> Vec<F> {
         let mut gw = vec![F::zero(); wlen];
-        let mut col = overwritten_buffer(plane * kr);
-        for i in images {
+        let mut col = overwritten_buffer(per.min(images.len()) * plane * kr);
+        for first in images.clone().step_by(per) {
+            let group = first..(first + per).min(images.end);
+            let rows = group.len() * plane;
             for g in 0..d.p.groups {
-                im2col(&x[i * img_in..][..img_in], d, g, &mut col);
-                // gw_g [og, kr] += gy_g^T [og, plane] col [plane, kr].
-                let a = mat(gy, i * plane * d.o + g * og, 1, d.o);
+                for (i, n) in group.clone().enumerate() {
+                    im2col(
+                        &x[n * img_in..][..img_in],
+                        d,
+                        g,
+                        &mut col[i * plane * kr..][..plane * kr],
+                    );
+                }
+                // gw_g [og, kr] += gy_g^T [og, rows] col [rows, kr].
+                let a = mat(gy, first * plane * d.o + g * og, 1, d.o);
                 let dst = &mut gw[g * og * kr..][..og * kr];
-                gemm_into(og, kr, plane, dst, true, a, mat(&col, 0, kr, 1), parallel);
+                gemm_into(og, kr, rows, dst, true, a, mat(&col, 0, kr, 1), parallel);
             }
         }
         gw
