@@ -181,8 +181,11 @@ impl UnaryOp {
             }
             UnaryOp::Affine { mul, .. } => c(mul),
             UnaryOp::PowScalar(p) => {
+                // Squares (variances, norms) without a powf per element.
                 if p == 0.0 {
                     zero
+                } else if p == 2.0 {
+                    c::<A>(2.0) * x
                 } else {
                     c::<A>(p) * x.powf(c(p - 1.0))
                 }
