@@ -10,7 +10,10 @@ use mantissa::data::mnist::{locate_or_fetch, Mnist};
 use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{plot_metrics, EpochMetrics, EpochProgress, MetricsLog};
+use mantissa::train::{
+    classify_step, evaluate_classifier, parse_precision, plot_metrics, EpochMetrics, EpochProgress,
+    MetricsLog,
+};
 use mantissa::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -147,42 +150,6 @@ fn optimizer(kind: Opt, params: Vec<Tensor>, lr: f64, seed: u64) -> Result<Box<d
     })
 }
 
-/// Mean loss and accuracy over a split.
-fn evaluate(
-    net: &Sequential,
-    dl: &mut DataLoader,
-    device: Device,
-    low: Option<DType>,
-    format: MemoryFormat,
-) -> Result<(f64, f64)> {
-    let (mut loss, mut hits, mut n) = (0.0, 0.0, 0.0);
-    for b in dl.epoch(0) {
-        let b = b?;
-        let x = b.x.to_device(device)?.to_memory_format(format)?;
-        let y = b.y.to_device(device)?;
-        let logits = no_grad(|| autocast(low, || net.forward(&x)))?;
-        let opts = CrossEntropyOptions {
-            reduction: Reduction::Sum,
-            ..Default::default()
-        };
-        loss += logits.cross_entropy(&y, opts)?.item()?;
-        hits += logits
-            .argmax(1, false)?
-            .eq(&y)?
-            .to_dtype(DType::F32)?
-            .sum_all()?
-            .item()?;
-        n += b.y.numel() as f64;
-    }
-    Ok((loss / n, hits / n))
-}
-
-/// Runs `f` under autocast to `low` when set.
-fn autocast<R>(low: Option<DType>, f: impl FnOnce() -> Result<R>) -> Result<R> {
-    let _g = low.map(amp::autocast).transpose()?;
-    f()
-}
-
 fn run(args: Args) -> Result<()> {
     let device = match args.device.as_str() {
         "auto" => Device::best(),
@@ -193,18 +160,7 @@ fn run(args: Args) -> Result<()> {
         println!("{}", mantissa::backend::cuda::probe::report(n)?);
         mantissa::backend::cuda::conv::set_cudnn_benchmark(args.cudnn_benchmark);
     }
-    let low = match args.precision.as_str() {
-        "fp32" => None,
-        "fp16" => Some(DType::F16),
-        // bf16 falls back to f16 (with a warning) where the device lacks it.
-        "bf16" => Some(amp::supported_dtype(device, DType::BF16)?),
-        other => {
-            return Err(Error::Invalid {
-                op: "mnist",
-                msg: format!("unknown --precision {other:?}; use fp32, fp16 or bf16"),
-            })
-        }
-    };
+    let low = parse_precision(&args.precision, device)?;
     let name = match low {
         None => "fp32",
         Some(DType::F16) => "fp16",
@@ -342,29 +298,16 @@ fn run(args: Args) -> Result<()> {
             }
             let x = b.x.to_device(device)?.to_memory_format(format)?;
             let y = b.y.to_device(device)?;
-            let (logits, loss) = autocast(low, || {
-                let logits = net.forward(&x)?;
-                let loss = logits.cross_entropy(&y, CrossEntropyOptions::default())?;
-                Ok((logits, loss))
-            })?;
-            opt.zero_grad();
-            scaler.scale(&loss)?.backward()?;
-            scaler.step(opt.as_mut())?;
-            scaler.update()?;
+            let (loss, hits) = classify_step(&net, opt.as_mut(), &mut scaler, low, &x, &y)?;
             if scaler.is_enabled() && k % 50 == 0 {
                 bar.set_extra(format!("scale {}", scaler.current_scale()?.unwrap_or(0.0)));
             }
-            let hits = logits
-                .argmax(1, false)?
-                .eq(&y)?
-                .to_dtype(DType::F32)?
-                .sum_all()?;
             // Summed where they live and read every few steps: no host sync per step.
             bar.step_tensors(y.numel(), &loss, &hits)?;
         }
         bar.finish()?;
         net.eval();
-        let (test_loss, test_acc) = evaluate(&net, &mut test_dl, device, low, format)?;
+        let (test_loss, test_acc) = evaluate_classifier(&net, &mut test_dl, device, low, format)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             train_loss: bar.loss(),

@@ -301,3 +301,98 @@ fn linear_relu_matches_linear_then_relu() {
     let want = want.linear(w2, None).unwrap().relu().unwrap();
     assert_eq!(vals(&y), vals(&want));
 }
+
+/// A basic ResNet block: two 3x3 convolutions with batch norms, and a shortcut that is the
+/// identity or a strided 1x1 projection.
+fn block(c_in: usize, c_out: usize, stride: usize, g: &mut Generator) -> Residual {
+    let conv = |i, o, k, s, p, g: &mut Generator| {
+        let opts = Conv2dOptions {
+            stride: [s, s],
+            padding: [p, p],
+            ..Default::default()
+        };
+        Conv2d::new(i, o, k, opts, false, g).unwrap()
+    };
+    let main = Sequential::new()
+        .push(conv(c_in, c_out, 3, stride, 1, g))
+        .push(BatchNorm2d::new(c_out).unwrap())
+        .push(Activation::Relu)
+        .push(conv(c_out, c_out, 3, 1, 1, g))
+        .push(BatchNorm2d::new(c_out).unwrap());
+    let shortcut = (stride != 1 || c_in != c_out).then(|| {
+        Sequential::new()
+            .push(conv(c_in, c_out, 1, stride, 0, g))
+            .push(BatchNorm2d::new(c_out).unwrap())
+    });
+    Residual::new(main, shortcut)
+}
+
+#[test]
+fn residual_blocks_add_their_branches_and_pass_modes_on() {
+    let mut g = Generator::new(3);
+    for (c_in, c_out, stride) in [(4, 4, 1), (4, 6, 2)] {
+        let mut b = block(c_in, c_out, stride, &mut g);
+        let x = leaf(&[2, c_in, 6, 6], 9);
+        let xf = x
+            .detach()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap();
+        let y = b.forward(&xf).unwrap();
+        // The same sum by hand, from the block's own branches (batch statistics both times).
+        let s = match &b.shortcut {
+            Some(m) => m.forward(&xf).unwrap(),
+            None => xf.clone(),
+        };
+        let want = b
+            .main
+            .forward(&xf)
+            .unwrap()
+            .add(&s)
+            .unwrap()
+            .relu()
+            .unwrap();
+        assert_close(&vals(&y), &vals(&want), 1e-6, "block output");
+        assert_eq!(y.shape(), &[2, c_out, 6 / stride, 6 / stride]);
+        assert!(vals(&y).iter().all(|&v| v >= 0.0));
+        // Gradients reach both branches.
+        y.sum_all().unwrap().backward().unwrap();
+        let names: Vec<String> = b.named_parameters().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names[0], "main.0.weight");
+        assert_eq!(names.iter().any(|n| n == "shortcut.0.weight"), stride != 1);
+        for (n, p) in b.named_parameters() {
+            let gnorm: f64 = vals(&p.grad().unwrap()).iter().map(|v| v * v).sum();
+            assert!(gnorm > 0.0, "{n} got no gradient");
+        }
+        // Eval mode reaches the batch norms in both branches: running statistics stay put
+        // and the output no longer depends on the rest of the batch.
+        b.eval();
+        let buffers = |b: &Residual| -> Vec<f64> {
+            b.named_buffers()
+                .iter()
+                .flat_map(|(_, t)| vals(t))
+                .collect()
+        };
+        let before = buffers(&b);
+        let one = b.forward(&xf.narrow(0, 0, 1).unwrap()).unwrap();
+        let both = b.forward(&xf).unwrap();
+        assert_eq!(buffers(&b), before);
+        assert_close(
+            &vals(&one),
+            &vals(&both.narrow(0, 0, 1).unwrap()),
+            1e-6,
+            "eval",
+        );
+    }
+    // A shortcut that does not match the main branch is an error naming both shapes.
+    let bad = Residual::new(block(4, 6, 2, &mut g).main, None);
+    let e = bad
+        .forward(&f32s(&[1, 4, 6, 6], 1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Residual") && e.contains("[1, 6, 3, 3]") && e.contains("[1, 4, 6, 6]"),
+        "{e}"
+    );
+}

@@ -9,11 +9,13 @@ mod conv;
 mod linear;
 mod lstm;
 mod norm;
+mod residual;
 
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
 pub use linear::{Embedding, Linear};
 pub use lstm::Lstm;
 pub use norm::{BatchNorm2d, Dropout, LayerNorm};
+pub use residual::Residual;
 
 use crate::{DType, Device, Generator, MemoryFormat, Result, Tensor};
 

@@ -1,11 +1,14 @@
-//! Training-run output: per-epoch metrics as CSV, a progress bar with ETA and throughput,
-//! and a PNG plot of the curves (the last two with the default `train-ui` feature).
+//! Training runs: per-epoch metrics as CSV, a progress bar with ETA and throughput, a PNG
+//! plot of the curves (the last two with the default `train-ui` feature), and the steps a
+//! classifier's training loop repeats.
 
+mod classify;
 mod metrics;
 #[cfg(feature = "train-ui")]
 mod plot;
 mod progress;
 
+pub use classify::{autocast_maybe, classify_step, evaluate_classifier, parse_precision};
 pub use metrics::{EpochMetrics, MetricsLog};
 #[cfg(feature = "train-ui")]
 pub use plot::plot_metrics;

@@ -1,0 +1,360 @@
+//! Trains a ResNet (18, 34 or 50): on MNIST to a test accuracy, or on synthetic ImageNet-sized
+//! batches for throughput (DESIGN.md W3: ResNet-50, 224x224, batch 256, AMP, channels-last).
+//!
+//! ```text
+//! cargo run --release --example resnet -- --data mnist --arch resnet18 --width 16 --quick
+//! cargo run --release --example resnet -- --data synthetic --arch resnet50 --batch-size 256 \
+//!     --device cuda --precision fp16 --channels-last --cudnn-benchmark
+//! ```
+//! On MNIST the stem is CIFAR's (a 3x3 convolution, no max pool), on synthetic data
+//! ImageNet's (7x7 stride 2, then a 3x3 max pool). SGD with Nesterov momentum 0.9, weight
+//! decay 5e-4 and a one-cycle schedule. `bench/resnet_peer.py` is the PyTorch peer.
+
+use clap::{Parser, ValueEnum};
+use mantissa::amp::{GradScaler, GradScalerConfig};
+use mantissa::data::mnist::{locate_or_fetch, Mnist};
+use mantissa::data::{DataLoader, DataLoaderConfig};
+use mantissa::nn::*;
+use mantissa::optim::*;
+use mantissa::train::{classify_step, evaluate_classifier, parse_precision, EpochProgress};
+use mantissa::*;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Arch {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Data {
+    /// MNIST, trained for --epochs and tested.
+    Mnist,
+    /// One fixed random batch of 3 x --image-size^2 images on the device, --steps times,
+    /// timed after --warmup steps.
+    Synthetic,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Train a ResNet with mantissa")]
+struct Args {
+    #[arg(long, value_enum, default_value = "resnet18")]
+    arch: Arch,
+    #[arg(long, value_enum, default_value = "mnist")]
+    data: Data,
+    /// Channels of the first stage (64 in the paper); later stages double it.
+    #[arg(long, default_value_t = 64)]
+    width: usize,
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Peak learning rate of the one-cycle schedule.
+    #[arg(long, default_value_t = 0.1)]
+    lr: f64,
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    /// Synthetic data: steps timed, after the warm-up.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    #[arg(long, default_value_t = 224)]
+    image_size: usize,
+    #[arg(long, default_value_t = 1000)]
+    classes: usize,
+    /// MNIST: 10k training and 2k test images.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// auto, cpu or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// fp32, or fp16 / bf16 autocast (fp16 with the dynamic loss scaler).
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// Activations and weights in channels-last (NHWC) memory format.
+    #[arg(long)]
+    channels_last: bool,
+    /// On a GPU: time cuDNN's algorithms once per shape and keep the fastest.
+    #[arg(long)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cudnn_benchmark: bool,
+}
+
+fn conv(i: usize, o: usize, k: usize, stride: usize, g: &mut Generator) -> Result<Conv2d> {
+    let opts = Conv2dOptions {
+        stride: [stride, stride],
+        padding: [k / 2, k / 2],
+        ..Default::default()
+    };
+    Conv2d::new(i, o, k, opts, false, g)
+}
+
+/// One block: basic (two 3x3 convolutions) or bottleneck (1x1, 3x3, 1x1 to 4x the width),
+/// with a projection shortcut where the shape changes. Returns the block and its output
+/// channels.
+fn block(
+    c_in: usize,
+    width: usize,
+    stride: usize,
+    bottleneck: bool,
+    g: &mut Generator,
+) -> Result<(Residual, usize)> {
+    let (main, c_out) = if bottleneck {
+        let c_out = 4 * width;
+        let main = Sequential::new()
+            .push(conv(c_in, width, 1, 1, g)?)
+            .push(BatchNorm2d::new(width)?)
+            .push(Activation::Relu)
+            .push(conv(width, width, 3, stride, g)?)
+            .push(BatchNorm2d::new(width)?)
+            .push(Activation::Relu)
+            .push(conv(width, c_out, 1, 1, g)?)
+            .push(BatchNorm2d::new(c_out)?);
+        (main, c_out)
+    } else {
+        let main = Sequential::new()
+            .push(conv(c_in, width, 3, stride, g)?)
+            .push(BatchNorm2d::new(width)?)
+            .push(Activation::Relu)
+            .push(conv(width, width, 3, 1, g)?)
+            .push(BatchNorm2d::new(width)?);
+        (main, width)
+    };
+    let shortcut = match stride != 1 || c_in != c_out {
+        true => Some(
+            Sequential::new()
+                .push(conv(c_in, c_out, 1, stride, g)?)
+                .push(BatchNorm2d::new(c_out)?),
+        ),
+        false => None,
+    };
+    Ok((Residual::new(main, shortcut), c_out))
+}
+
+/// The network: a stem, four stages of blocks (widths w, 2w, 4w, 8w; strides 1, 2, 2, 2),
+/// global average pooling and a linear classifier.
+fn resnet(
+    args: &Args,
+    in_channels: usize,
+    classes: usize,
+    g: &mut Generator,
+) -> Result<Sequential> {
+    let (counts, bottleneck) = match args.arch {
+        Arch::Resnet18 => ([2, 2, 2, 2], false),
+        Arch::Resnet34 => ([3, 4, 6, 3], false),
+        Arch::Resnet50 => ([3, 4, 6, 3], true),
+    };
+    let w = args.width;
+    let mut net = match args.data {
+        Data::Mnist => Sequential::new().push(conv(in_channels, w, 3, 1, g)?),
+        Data::Synthetic => Sequential::new().push(conv(in_channels, w, 7, 2, g)?),
+    }
+    .push(BatchNorm2d::new(w)?)
+    .push(Activation::Relu);
+    if args.data == Data::Synthetic {
+        let pool = MaxPool2dOptions {
+            stride: Some([2, 2]),
+            padding: [1, 1],
+            ..MaxPool2dOptions::new(3)
+        };
+        net = net.push(MaxPool2d(pool));
+    }
+    let mut c = w;
+    for (stage, &count) in counts.iter().enumerate() {
+        for i in 0..count {
+            let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+            let (b, c_out) = block(c, w << stage, stride, bottleneck, g)?;
+            net = net.push(b);
+            c = c_out;
+        }
+    }
+    Ok(net
+        .push(AdaptiveAvgPool2d([1, 1]))
+        .push(Flatten)
+        .push(Linear::new(c, classes, true, g)?))
+}
+
+fn optimizer(net: &Sequential, lr: f64) -> Result<Sgd> {
+    let cfg = SgdConfig {
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 5e-4,
+        ..SgdConfig::new(lr)
+    };
+    Sgd::new(net.parameters(), cfg)
+}
+
+fn run(args: Args) -> Result<()> {
+    let device = match args.device.as_str() {
+        "auto" => Device::best(),
+        d => Device::parse(d)?.check_available()?,
+    };
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(n) = device {
+        println!("{}", mantissa::backend::cuda::probe::report(n)?);
+        mantissa::backend::cuda::conv::set_cudnn_benchmark(args.cudnn_benchmark);
+    }
+    let low = parse_precision(&args.precision, device)?;
+    let format = match args.channels_last {
+        true => MemoryFormat::ChannelsLast,
+        false => MemoryFormat::Contiguous,
+    };
+    if args.width == 0 || args.batch_size == 0 {
+        return Err(Error::Invalid {
+            op: "resnet",
+            msg: format!("--width {} --batch-size {}", args.width, args.batch_size),
+        });
+    }
+    let mut scaler = GradScaler::new(GradScalerConfig {
+        enabled: low == Some(DType::F16),
+        ..Default::default()
+    })?;
+    let mut gen = Generator::new(args.seed);
+    let (in_channels, classes) = match args.data {
+        Data::Mnist => (1, 10),
+        Data::Synthetic => (3, args.classes),
+    };
+    let mut net = resnet(&args, in_channels, classes, &mut gen)?;
+    net.to_device(device)?;
+    net.to_memory_format(format)?;
+    let mut opt = optimizer(&net, args.lr)?;
+    println!(
+        "{:?} width {} ({} parameters) on {:?}, batch {}, device {device}, precision {}, {format:?} memory format, {} threads",
+        args.arch,
+        args.width,
+        net.num_parameters(),
+        args.data,
+        args.batch_size,
+        args.precision,
+        rayon::current_num_threads()
+    );
+    match args.data {
+        Data::Mnist => train_mnist(
+            &args,
+            &mut net,
+            &mut opt,
+            &mut scaler,
+            (device, low, format),
+        ),
+        Data::Synthetic => {
+            let setting = (device, low, format);
+            throughput(&args, &mut net, &mut opt, &mut scaler, setting, &mut gen)
+        }
+    }
+}
+
+type Setting = (Device, Option<DType>, MemoryFormat);
+
+fn train_mnist(
+    args: &Args,
+    net: &mut Sequential,
+    opt: &mut Sgd,
+    scaler: &mut GradScaler,
+    (device, low, format): Setting,
+) -> Result<()> {
+    let dir = locate_or_fetch()?;
+    let (mut train, mut test) = (Mnist::load(&dir, true)?, Mnist::load(&dir, false)?);
+    if args.quick {
+        (train, test) = (train.take(10_000), test.take(2_000));
+    }
+    let cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: args.seed,
+        num_workers: args.workers,
+        ..DataLoaderConfig::new(args.batch_size)
+    };
+    let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
+    let test_cfg = DataLoaderConfig {
+        num_workers: args.workers,
+        ..DataLoaderConfig::new(500)
+    };
+    let mut test_dl = DataLoader::new(Arc::new(test), test_cfg)?;
+    let steps = train_dl.len();
+    let cycle = OneCycle::new(args.lr, args.epochs * steps);
+    for epoch in 0..args.epochs {
+        net.train();
+        let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.precision);
+        let mut bar = EpochProgress::new(&label, steps);
+        for (k, b) in train_dl.epoch(epoch).enumerate() {
+            let b = b?;
+            opt.set_lr(cycle.lr(epoch * steps + k));
+            let x = b.x.to_device(device)?.to_memory_format(format)?;
+            let y = b.y.to_device(device)?;
+            let (loss, hits) = classify_step(net, opt, scaler, low, &x, &y)?;
+            bar.step_tensors(y.numel(), &loss, &hits)?;
+        }
+        bar.finish()?;
+        net.eval();
+        let (test_loss, test_acc) = evaluate_classifier(net, &mut test_dl, device, low, format)?;
+        println!(
+            "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} images/s",
+            epoch + 1,
+            bar.loss(),
+            100.0 * bar.accuracy(),
+            test_loss,
+            100.0 * test_acc,
+            bar.seconds(),
+            bar.samples_per_s()
+        );
+    }
+    Ok(())
+}
+
+/// Images per second of training steps on one fixed random batch that lives on the device
+/// (no loader in the measurement, as in PyTorch's synthetic-data benchmarks).
+fn throughput(
+    args: &Args,
+    net: &mut Sequential,
+    opt: &mut Sgd,
+    scaler: &mut GradScaler,
+    (device, low, format): Setting,
+    gen: &mut Generator,
+) -> Result<()> {
+    let (n, s) = (args.batch_size, args.image_size);
+    let x = Tensor::randn_with(&[n, 3, s, s], 0.0, 1.0, DType::F32, Device::Cpu, gen)?
+        .to_device(device)?
+        .to_memory_format(format)?;
+    let labels: Vec<i64> = gen
+        .uniform(n)
+        .iter()
+        .map(|u| ((u * args.classes as f64) as i64).min(args.classes as i64 - 1))
+        .collect();
+    let y = Tensor::from_vec(labels, &[n], Device::Cpu)?.to_device(device)?;
+    net.train();
+    let mut start = Instant::now();
+    let mut last = 0.0;
+    for step in 0..args.warmup + args.steps {
+        let (loss, _) = classify_step(net, opt, scaler, low, &x, &y)?;
+        // Reading the loss waits for the device: the clock starts after the warm-up's work.
+        if step + 1 == args.warmup {
+            loss.item()?;
+            start = Instant::now();
+        }
+        if step + 1 == args.warmup + args.steps {
+            last = loss.item()?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{:?} synthetic {s}x{s}, batch {n}, {}, {format:?}: {:.1} images/s ({} steps in {:.2} s, last loss {last:.3})",
+        args.arch,
+        args.precision,
+        (n * args.steps) as f64 / secs,
+        args.steps,
+        secs
+    );
+    Ok(())
+}
+
+fn main() {
+    mantissa::retain_freed_host_memory();
+    if let Err(e) = mantissa::in_compute_pool(|| run(Args::parse())) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

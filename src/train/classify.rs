@@ -1,0 +1,100 @@
+//! The pieces every classifier's training loop repeats: the precision flag, one step under
+//! autocast with the loss scaler, and an evaluation pass.
+
+use crate::amp::{self, GradScaler};
+use crate::data::DataLoader;
+use crate::nn::Module;
+use crate::optim::Optimizer;
+use crate::{no_grad, CrossEntropyOptions, DType, Device, Error, MemoryFormat, Reduction};
+use crate::{Result, Tensor};
+
+/// The autocast dtype for a `--precision` flag: `fp32` (none), `fp16`, or `bf16` (f16, with
+/// a warning, on a device without bf16).
+///
+/// ```
+/// use mantissa::train::parse_precision;
+/// use mantissa::{DType, Device};
+/// assert_eq!(parse_precision("fp16", Device::Cpu)?, Some(DType::F16));
+/// assert_eq!(parse_precision("fp32", Device::Cpu)?, None);
+/// assert!(parse_precision("fp8", Device::Cpu).is_err());
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn parse_precision(flag: &str, device: Device) -> Result<Option<DType>> {
+    match flag {
+        "fp32" => Ok(None),
+        "fp16" => Ok(Some(DType::F16)),
+        "bf16" => Ok(Some(amp::supported_dtype(device, DType::BF16)?)),
+        other => Err(Error::invalid(
+            "parse_precision",
+            format!("unknown precision {other:?}; use fp32, fp16 or bf16"),
+        )),
+    }
+}
+
+/// Runs `f` under autocast to `low` when set.
+pub fn autocast_maybe<R>(low: Option<DType>, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let _guard = low.map(amp::autocast).transpose()?;
+    f()
+}
+
+/// One training step of a classifier: the forward pass and the mean cross-entropy under
+/// autocast to `low`, the backward pass of the scaled loss, the optimizer step through the
+/// scaler (skipped on an overflow) and the scale update. Returns the loss and the number of
+/// correct predictions, both as tensors on the device (nothing is read back).
+pub fn classify_step(
+    net: &dyn Module,
+    opt: &mut dyn Optimizer,
+    scaler: &mut GradScaler,
+    low: Option<DType>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (logits, loss) = autocast_maybe(low, || {
+        let logits = net.forward(x)?;
+        let loss = logits.cross_entropy(y, CrossEntropyOptions::default())?;
+        Ok((logits, loss))
+    })?;
+    opt.zero_grad();
+    scaler.scale(&loss)?.backward()?;
+    scaler.step(opt)?;
+    scaler.update()?;
+    Ok((loss, hits(&logits, y)?))
+}
+
+/// How many rows of `logits` have their largest value at the target class (an f32 scalar).
+fn hits(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
+    logits
+        .argmax(1, false)?
+        .eq(y)?
+        .to_dtype(DType::F32)?
+        .sum_all()
+}
+
+/// Mean cross-entropy and accuracy of `net` over one pass of `loader`, without gradients,
+/// under autocast to `low`, the inputs moved to `device` in `format`.
+pub fn evaluate_classifier(
+    net: &dyn Module,
+    loader: &mut DataLoader,
+    device: Device,
+    low: Option<DType>,
+    format: MemoryFormat,
+) -> Result<(f64, f64)> {
+    let (mut loss, mut correct, mut n) = (0.0, 0.0, 0.0);
+    for b in loader.epoch(0) {
+        let b = b?;
+        let x = b.x.to_device(device)?.to_memory_format(format)?;
+        let y = b.y.to_device(device)?;
+        let logits = no_grad(|| autocast_maybe(low, || net.forward(&x)))?;
+        let opts = CrossEntropyOptions {
+            reduction: Reduction::Sum,
+            ..Default::default()
+        };
+        loss += logits.cross_entropy(&y, opts)?.item()?;
+        correct += hits(&logits, &y)?.item()?;
+        n += b.y.numel() as f64;
+    }
+    if n == 0.0 {
+        return Err(Error::invalid("evaluate_classifier", "the loader is empty"));
+    }
+    Ok((loss / n, correct / n))
+}
