@@ -6,6 +6,8 @@
 # Prepare here first with `bash bench/prepare_gpu.sh`, then run with `.gpu` carried:
 #   bash bench/gpu_session.sh checks     # gpu_check and the tests (a few minutes)
 #   bash bench/gpu_session.sh bench      # M1 and the MNIST runs (about 5 minutes)
+#   bash bench/gpu_session.sh w3         # ResNet-50 synthetic, fp16 and bf16 channels-last,
+#                                        # beside its PyTorch peer (W3)
 #   bash bench/gpu_session.sh            # both, where a call may run long enough
 set -u
 cd "$(dirname "$0")/.."
@@ -19,9 +21,18 @@ run() { # name, limit in seconds, command...
     echo "== $name"
     ( timeout "$limit" "$@" ) >"$OUT/$name.log" 2>&1
     echo "rc=$?" >>"$OUT/$name.log"
-    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
+    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |Resnet|GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
 mode=${1:-all}
+if [ "$mode" = w3 ]; then
+    for p in fp16 bf16; do
+        run "resnet50-$p" 140 .gpu/resnet --data synthetic --arch resnet50 --batch-size 256 \
+            --device cuda:0 --precision $p --channels-last --cudnn-benchmark --steps 30 --warmup 5
+        run "peer-resnet50-$p" 140 $PY bench/resnet_peer.py --arch resnet50 --batch-size 256 \
+            --device cuda --amp $p --channels-last --cudnn-benchmark --steps 30 --warmup 5
+    done
+    exit 0
+fi
 if [ "$mode" != bench ]; then
     # Limits that add up to less than one device call (600 s), with the startup.
     run gpu_check 90 .gpu/gpu_check
