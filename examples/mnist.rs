@@ -11,12 +11,14 @@ use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
-    classify_step, evaluate_classifier, parse_precision, plot_metrics, EpochMetrics, EpochProgress,
-    MetricsLog,
+    classify_step, evaluate_classifier, plot_metrics, EpochMetrics, EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+mod common;
+use common::RunFlags;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Model {
@@ -64,30 +66,12 @@ struct Args {
     /// CNN, as pytorch/examples; 0.3 for the MLP).
     #[arg(long)]
     gamma: Option<f64>,
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// auto, cpu or cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// fp32, or fp16 / bf16: autocast (GEMMs and convolutions in the low dtype, f32
-    /// parameters), with the dynamic loss scaler for fp16.
-    #[arg(long, default_value = "fp32")]
-    precision: String,
     /// With fp16/bf16: the parameters themselves become f16/bf16 working copies of f32
     /// masters the optimizer keeps (moments in f32; bf16 copies stochastically rounded).
     #[arg(long)]
     master_weights: bool,
-    /// On a GPU: time cuDNN's convolution algorithms once per shape and keep the fastest
-    /// (PyTorch's `cudnn.benchmark = True`).
-    #[arg(long)]
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    cudnn_benchmark: bool,
-    /// Images in channels-last (NHWC) memory format, so convolutions run cuDNN's NHWC
-    /// kernels on a GPU (PyTorch's `x.to(memory_format=torch.channels_last)`).
-    #[arg(long)]
-    channels_last: bool,
+    #[command(flatten)]
+    run: RunFlags,
     /// A fast run for trying things: 10k training and 2k test images, one epoch.
     #[arg(long)]
     quick: bool,
@@ -151,16 +135,7 @@ fn optimizer(kind: Opt, params: Vec<Tensor>, lr: f64, seed: u64) -> Result<Box<d
 }
 
 fn run(args: Args) -> Result<()> {
-    let device = match args.device.as_str() {
-        "auto" => Device::best(),
-        d => Device::parse(d)?.check_available()?,
-    };
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(n) = device {
-        println!("{}", mantissa::backend::cuda::probe::report(n)?);
-        mantissa::backend::cuda::conv::set_cudnn_benchmark(args.cudnn_benchmark);
-    }
-    let low = parse_precision(&args.precision, device)?;
+    let (device, low, format) = args.run.open()?;
     let name = match low {
         None => "fp32",
         Some(DType::F16) => "fp16",
@@ -176,16 +151,12 @@ fn run(args: Args) -> Result<()> {
             })
         }
     };
-    let format = match (args.channels_last, args.model) {
-        (false, _) => MemoryFormat::Contiguous,
-        (true, Model::Cnn) => MemoryFormat::ChannelsLast,
-        (true, Model::Mlp) => {
-            return Err(Error::Invalid {
-                op: "mnist",
-                msg: "--channels-last is for the CNN (--model cnn)".into(),
-            })
-        }
-    };
+    if args.run.channels_last && args.model == Model::Mlp {
+        return Err(Error::Invalid {
+            op: "mnist",
+            msg: "--channels-last is for the CNN (--model cnn)".into(),
+        });
+    }
     // bf16 keeps f32's exponent range: no loss scaling (as PyTorch practice and llm.c).
     let mut scaler = GradScaler::new(GradScalerConfig {
         enabled: low == Some(DType::F16),
@@ -199,8 +170,8 @@ fn run(args: Args) -> Result<()> {
         test = test.take(2_000);
         epochs = 1;
     }
-    let mut gen = Generator::new(args.seed);
-    let mut net = build(args.model, &mut gen, args.seed)?;
+    let mut gen = Generator::new(args.run.seed);
+    let mut net = build(args.model, &mut gen, args.run.seed)?;
     net.to_device(device)?;
     // Channels-last weights too (before the optimizer takes the parameters).
     net.to_memory_format(format)?;
@@ -223,10 +194,12 @@ fn run(args: Args) -> Result<()> {
     if let (true, Some(d)) = (args.master_weights, low) {
         net.to_dtype(d)?;
     }
-    let mut opt = optimizer(kind, net.parameters(), lr, args.seed)?;
+    let mut opt = optimizer(kind, net.parameters(), lr, args.run.seed)?;
     match low {
         Some(DType::BF16) if args.master_weights => {
-            opt.use_master_weights(Rounding::Stochastic { seed: args.seed })?
+            opt.use_master_weights(Rounding::Stochastic {
+                seed: args.run.seed,
+            })?
         }
         Some(_) if args.master_weights => opt.use_master_weights(Rounding::Nearest)?,
         _ => {}
@@ -265,20 +238,20 @@ fn run(args: Args) -> Result<()> {
         args.model,
         net.num_parameters(),
         args.batch_size,
-        args.workers,
+        args.run.workers,
         rayon::current_num_threads()
     );
     let cfg = DataLoaderConfig {
         shuffle: true,
-        seed: args.seed,
-        num_workers: args.workers,
+        seed: args.run.seed,
+        num_workers: args.run.workers,
         ..DataLoaderConfig::new(args.batch_size)
     };
     let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
     let mut test_dl = DataLoader::new(
         Arc::new(test),
         DataLoaderConfig {
-            num_workers: args.workers,
+            num_workers: args.run.workers,
             ..DataLoaderConfig::new(1000)
         },
     )?;

@@ -16,10 +16,13 @@ use mantissa::data::mnist::{locate_or_fetch, Mnist};
 use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{classify_step, evaluate_classifier, parse_precision, EpochProgress};
+use mantissa::train::{classify_step, evaluate_classifier, EpochProgress};
 use mantissa::*;
 use std::sync::Arc;
 use std::time::Instant;
+
+mod common;
+use common::RunFlags;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Arch {
@@ -66,23 +69,8 @@ struct Args {
     /// MNIST: 10k training and 2k test images.
     #[arg(long)]
     quick: bool,
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// auto, cpu or cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// fp32, or fp16 / bf16 autocast (fp16 with the dynamic loss scaler).
-    #[arg(long, default_value = "fp32")]
-    precision: String,
-    /// Activations and weights in channels-last (NHWC) memory format.
-    #[arg(long)]
-    channels_last: bool,
-    /// On a GPU: time cuDNN's algorithms once per shape and keep the fastest.
-    #[arg(long)]
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    cudnn_benchmark: bool,
+    #[command(flatten)]
+    run: RunFlags,
 }
 
 fn conv(i: usize, o: usize, k: usize, stride: usize, g: &mut Generator) -> Result<Conv2d> {
@@ -190,20 +178,7 @@ fn optimizer(net: &Sequential, lr: f64) -> Result<Sgd> {
 }
 
 fn run(args: Args) -> Result<()> {
-    let device = match args.device.as_str() {
-        "auto" => Device::best(),
-        d => Device::parse(d)?.check_available()?,
-    };
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(n) = device {
-        println!("{}", mantissa::backend::cuda::probe::report(n)?);
-        mantissa::backend::cuda::conv::set_cudnn_benchmark(args.cudnn_benchmark);
-    }
-    let low = parse_precision(&args.precision, device)?;
-    let format = match args.channels_last {
-        true => MemoryFormat::ChannelsLast,
-        false => MemoryFormat::Contiguous,
-    };
+    let (device, low, format) = args.run.open()?;
     if args.width == 0 || args.batch_size == 0 {
         return Err(Error::Invalid {
             op: "resnet",
@@ -214,7 +189,7 @@ fn run(args: Args) -> Result<()> {
         enabled: low == Some(DType::F16),
         ..Default::default()
     })?;
-    let mut gen = Generator::new(args.seed);
+    let mut gen = Generator::new(args.run.seed);
     let (in_channels, classes) = match args.data {
         Data::Mnist => (1, 10),
         Data::Synthetic => (3, args.classes),
@@ -230,7 +205,7 @@ fn run(args: Args) -> Result<()> {
         net.num_parameters(),
         args.data,
         args.batch_size,
-        args.precision,
+        args.run.precision,
         rayon::current_num_threads()
     );
     match args.data {
@@ -264,13 +239,13 @@ fn train_mnist(
     }
     let cfg = DataLoaderConfig {
         shuffle: true,
-        seed: args.seed,
-        num_workers: args.workers,
+        seed: args.run.seed,
+        num_workers: args.run.workers,
         ..DataLoaderConfig::new(args.batch_size)
     };
     let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
     let test_cfg = DataLoaderConfig {
-        num_workers: args.workers,
+        num_workers: args.run.workers,
         ..DataLoaderConfig::new(500)
     };
     let mut test_dl = DataLoader::new(Arc::new(test), test_cfg)?;
@@ -278,7 +253,7 @@ fn train_mnist(
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
     for epoch in 0..args.epochs {
         net.train();
-        let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.precision);
+        let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
         let mut bar = EpochProgress::new(&label, steps);
         for (k, b) in train_dl.epoch(epoch).enumerate() {
             let b = b?;
@@ -343,7 +318,7 @@ fn throughput(
     println!(
         "{:?} synthetic {s}x{s}, batch {n}, {}, {format:?}: {:.1} images/s ({} steps in {:.2} s, last loss {last:.3})",
         args.arch,
-        args.precision,
+        args.run.precision,
         (n * args.steps) as f64 / secs,
         args.steps,
         secs

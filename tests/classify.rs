@@ -78,8 +78,17 @@ fn a_classifier_learns_quadrants_with_the_training_helpers() {
         let test = Quadrants::new(300, 2);
         let x: Vec<f32> = test.0.iter().flatten().copied().collect();
         let logits = no_grad(|| net.forward(&Tensor::from_vec(x, &[300, 2], Device::Cpu)?));
-        let pred = logits.unwrap().argmax(1, false).unwrap().to_vec::<i64>().unwrap();
-        let right = test.0.iter().zip(&pred).filter(|(p, &k)| Quadrants::label(p) == k);
+        let pred = logits
+            .unwrap()
+            .argmax(1, false)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap();
+        let right = test
+            .0
+            .iter()
+            .zip(&pred)
+            .filter(|(p, &k)| Quadrants::label(p) == k);
         let want = right.count() as f64 / 300.0;
         let mut dl = DataLoader::new(Arc::new(test), DataLoaderConfig::new(64)).unwrap();
         let (loss, acc) =
