@@ -7,7 +7,7 @@
 #   bash bench/gpu_session.sh checks     # gpu_check and the tests (a few minutes)
 #   bash bench/gpu_session.sh bench      # M1 and the MNIST runs (about 5 minutes)
 #   bash bench/gpu_session.sh w3         # ResNet-50 synthetic, fp16 and bf16 channels-last,
-#                                        # beside its PyTorch peer (W3)
+#                                        # and the 2 x 512 LSTM (W4), beside their PyTorch peers
 #   bash bench/gpu_session.sh            # both, where a call may run long enough
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ run() { # name, limit in seconds, command...
     echo "== $name"
     ( timeout "$limit" "$@" ) >"$OUT/$name.log" 2>&1
     echo "rc=$?" >>"$OUT/$name.log"
-    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |Resnet|GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
+    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |Resnet|[0-9]+ training tokens|GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
 mode=${1:-all}
 if [ "$mode" = w3 ]; then
@@ -30,6 +30,8 @@ if [ "$mode" = w3 ]; then
             --device cuda:0 --precision $p --channels-last --cudnn-benchmark --steps 30 --warmup 5
         run "peer-resnet50-$p" 140 $PY bench/resnet_peer.py --arch resnet50 --batch-size 256 \
             --device cuda --amp $p --channels-last --cudnn-benchmark --steps 30 --warmup 5
+        run "lstm-$p" 100 .gpu/lstm --synthetic --device cuda:0 --precision $p --steps 50
+        run "peer-lstm-$p" 100 $PY bench/lstm_peer.py --device cuda --amp $p --steps 50
     done
     exit 0
 fi

@@ -5,8 +5,9 @@ set -eu
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu/tests
-cargo build --release --example gpu_check --example mnist --example resnet
-cp target/release/examples/gpu_check target/release/examples/mnist target/release/examples/resnet .gpu/
+cargo build --release --example gpu_check --example mnist --example resnet --example lstm
+cp target/release/examples/gpu_check target/release/examples/mnist target/release/examples/resnet \
+    target/release/examples/lstm .gpu/
 # The GPU machine has no network: MNIST travels gzip-compressed (MNIST_DIR=.gpu/data there).
 mkdir -p .gpu/data
 for f in data/mnist/*-ubyte; do gzip -c "$f" > ".gpu/data/$(basename "$f").gz"; done
@@ -18,5 +19,5 @@ for l in sys.stdin:
     if m.get("profile", {}).get("test") and m.get("executable"): print(m["executable"])' | tail -n1)
     cp "$bin" ".gpu/tests/$t"
 done
-strip .gpu/gpu_check .gpu/mnist .gpu/resnet .gpu/tests/*
+strip .gpu/gpu_check .gpu/mnist .gpu/resnet .gpu/lstm .gpu/tests/*
 du -sh .gpu
