@@ -184,7 +184,7 @@ fn reduce_columns<T: WithDType>(
     let width = match parallel {
         false => cols,
         true => cols
-            .div_ceil(rayon::current_num_threads())
+            .div_ceil(crate::parallel::threads().max(1))
             .next_multiple_of(16)
             .max(64),
     };
