@@ -276,9 +276,5 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn main() {
-    mantissa::retain_freed_host_memory();
-    if let Err(e) = mantissa::in_compute_pool(|| run(Args::parse())) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    common::main_with(run);
 }

@@ -52,3 +52,14 @@ impl RunFlags {
         Ok((device, low, format))
     }
 }
+
+/// An example's `main`: parses its flags, runs `run` on the compute pool with freed host
+/// memory kept mapped, and prints an error (exit status 1) instead of panicking.
+pub fn main_with<A: clap::Parser + Send>(run: impl FnOnce(A) -> Result<()> + Send) {
+    mantissa::retain_freed_host_memory();
+    let args = A::parse();
+    if let Err(e) = mantissa::in_compute_pool(|| run(args)) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
