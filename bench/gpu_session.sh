@@ -12,6 +12,8 @@
 set -u
 cd "$(dirname "$0")/.."
 source bench/gpu_env.sh
+# prepare_gpu.sh packs the binaries; unpack them once per machine.
+[ -x .gpu/mnist ] || tar -xzf .gpu/bin.tar.gz -C .gpu
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$OUT/env.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.log"
 PY=python3

@@ -20,4 +20,7 @@ for l in sys.stdin:
     cp "$bin" ".gpu/tests/$t"
 done
 strip .gpu/gpu_check .gpu/mnist .gpu/resnet .gpu/lstm .gpu/tests/*
+# The binaries travel gzip-compressed (a carry is 64 MiB at most); gpu_session.sh unpacks them.
+tar -czf .gpu/bin.tar.gz -C .gpu gpu_check mnist resnet lstm tests
+rm -rf .gpu/gpu_check .gpu/mnist .gpu/resnet .gpu/lstm .gpu/tests
 du -sh .gpu
