@@ -1,6 +1,6 @@
 //! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s, and reductions, in ms (median
-//! of several runs after a warm-up). Run: `cargo run --release --example bench_cpu`; an
-//! argument (`matmul`, `conv2d` or `reduce`) runs that group alone.
+//! of several runs after a warm-up), and batch norm, in ms. Run: `cargo run --release --example
+//! bench_cpu`; an argument (`matmul`, `conv2d`, `reduce` or `norm`) runs that group alone.
 
 use mantissa::{Conv2dOptions, DType, Device, Generator, MemoryFormat, Result, Tensor};
 use std::time::Instant;
@@ -43,6 +43,9 @@ fn main() -> Result<()> {
     }
     if run("reduce") {
         reduce()?;
+    }
+    if run("norm") {
+        norm()?;
     }
     Ok(())
 }
@@ -237,5 +240,51 @@ fn reduce() -> Result<()> {
         s * 1e3,
         "-"
     );
+    Ok(())
+}
+
+/// Batch norm in training mode, forward and forward + backward, fused against the same
+/// computation composed of elementwise ops and reductions (what it replaced).
+fn norm() -> Result<()> {
+    let (n, c, hw) = (32, 64, 32);
+    let w = randn(&[c], DType::F32, 7)?.requires_grad(true)?;
+    let b = randn(&[c], DType::F32, 8)?.requires_grad(true)?;
+    let composite = |x: &Tensor| -> Result<Tensor> {
+        let shape = [1, c, 1, 1];
+        let mean = x.mean(&[0, 2, 3], false)?;
+        let var = x.var(&[0, 2, 3], 0, false)?;
+        x.sub(&mean.reshape(&shape)?)?
+            .mul(&var.add(1e-5)?.rsqrt()?.reshape(&shape)?)?
+            .mul(&w.reshape(&shape)?)?
+            .add(&b.reshape(&shape)?)
+    };
+    let fused = |x: &Tensor| x.batch_norm(None, None, Some(&w), Some(&b), true, 0.1, 1e-5);
+    for format in [MemoryFormat::Contiguous, MemoryFormat::ChannelsLast] {
+        let tag = match format {
+            MemoryFormat::ChannelsLast => " CL",
+            _ => "",
+        };
+        let x = randn(&[n, c, hw, hw], DType::F32, 9)?
+            .to_memory_format(format)?
+            .requires_grad(true)?;
+        let g = randn(&[n, c, hw, hw], DType::F32, 10)?.to_memory_format(format)?;
+        type Bn<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
+        for (name, f) in [("fused", &fused as Bn), ("composite", &composite as Bn)] {
+            let fwd = time(11, || mantissa::no_grad(|| f(&x)).map(drop))?;
+            let both = time(11, || f(&x)?.mul(&g)?.sum_all()?.backward())?;
+            println!(
+                "{:<44} {:>10.3} {:>10}",
+                format!("batch_norm {name} {n}x{c}x{hw}x{hw}{tag} fwd"),
+                fwd * 1e3,
+                "-"
+            );
+            println!(
+                "{:<44} {:>10.3} {:>10}",
+                format!("batch_norm {name} {n}x{c}x{hw}x{hw}{tag} fwd+bwd"),
+                both * 1e3,
+                "-"
+            );
+        }
+    }
     Ok(())
 }

@@ -750,6 +750,55 @@ fn composite_ops_match() {
             &[img.clone(), gamma.clone(), beta.clone()],
             |x| x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5),
         );
+        // The fused kernels' other paths: channels-last (two 32-channel tiles, one partial),
+        // several row chunks (1,024-element runs; 300 rows of a 2-D input), eval mode.
+        let wide = input(&[3, 40, 5, 5], dt, 80);
+        let (g40, b40) = (input(&[40], dt, 81), input(&[40], dt, 82));
+        parity(
+            "batch_norm channels-last",
+            d,
+            &[wide, g40.clone(), b40.clone()],
+            |x| {
+                let y = x[0]
+                    .to_memory_format(MemoryFormat::ChannelsLast)?
+                    .batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5)?;
+                assert!(y.is_channels_last(), "batch_norm keeps channels-last");
+                Ok(y)
+            },
+        );
+        let big = input(&[8, 4, 32, 32], dt, 83);
+        parity(
+            "batch_norm (several chunks)",
+            d,
+            &[big, gamma.clone(), beta.clone()],
+            |x| x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5),
+        );
+        let rows = input(&[300, 40], dt, 84);
+        parity("batch_norm 2-D", d, &[rows, g40, b40], |x| {
+            x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5)
+        });
+        parity(
+            "batch_norm eval",
+            d,
+            &[img.clone(), gamma.clone(), beta.clone()],
+            |x| {
+                let on =
+                    |v: Vec<f32>| Tensor::from_vec(v, &[4], Device::Cpu)?.to_device(x[0].device());
+                let (rm, rv) = (
+                    on(vec![0.1, -0.2, 0.3, 0.0])?,
+                    on(vec![1.5, 0.5, 2.0, 1.0])?,
+                );
+                x[0].batch_norm(
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&x[1]),
+                    Some(&x[2]),
+                    false,
+                    0.1,
+                    1e-5,
+                )
+            },
+        );
         let seq = input(&[3, 7, 8], dt, 76);
         let (lw, lb) = (input(&[7, 8], dt, 77), input(&[7, 8], dt, 78));
         parity("layer_norm", d, &[seq.clone(), lw, lb], |x| {

@@ -8,6 +8,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod loss;
+pub(crate) mod norm;
 pub mod ops;
 pub mod rounding;
 

@@ -1,13 +1,41 @@
-//! batch_norm and layer_norm, composed from differentiable ops (statistics in f32 or wider).
+//! batch_norm (fused passes of the backends, statistics in f32 or wider) and layer_norm
+//! (composed from differentiable ops).
 
 use super::{dispatch, expect_float, Op};
-use crate::{no_grad, Error, Result, Tensor};
+use crate::layout::Layout;
+use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
 
-/// Reshapes a per-channel vector `[c]` to broadcast against `[n, c, ...]`.
-fn per_channel(v: &Tensor, rank: usize) -> Result<Tensor> {
-    let mut shape = vec![1; rank];
-    shape[1] = v.numel();
-    v.reshape(&shape)
+/// The dtype batch-norm statistics are kept in: f64 for f64 input, f32 otherwise.
+fn stat_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
+fn update_running(
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    mean: &Tensor,
+    var: &Tensor,
+    momentum: f64,
+    count: usize,
+) -> Result<()> {
+    if let Some(rm) = running_mean {
+        rm.copy_(
+            &rm.mul(1.0 - momentum)?
+                .add(&mean.to_dtype(rm.dtype())?.mul(momentum)?)?,
+        )?;
+    }
+    if let Some(rv) = running_var {
+        let unbiased = var
+            .mul(count as f64 / (count - 1) as f64)?
+            .to_dtype(rv.dtype())?;
+        rv.copy_(&rv.mul(1.0 - momentum)?.add(&unbiased.mul(momentum)?)?)?;
+    }
+    Ok(())
 }
 
 fn check_vec(op: &'static str, what: &str, v: Option<&Tensor>, n: usize) -> Result<()> {
@@ -25,6 +53,22 @@ impl Tensor {
     /// normalises with the batch statistics and, when given, updates the running statistics
     /// in place (`running = (1 - momentum) running + momentum batch`, unbiased variance); in
     /// eval mode it uses the running statistics.
+    ///
+    /// Fused: the backend computes the per-channel statistics in one read of the input (f32,
+    /// or f64 for f64 input; Chan's combination of per-block moments) and the output in one
+    /// more pass; the backward pass is one reduction and one pass. A channels-last input gives
+    /// a channels-last output; any other layout is made row-major first.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let x = Tensor::randn(&[8, 3, 4, 4], DType::F32, Device::Cpu)?.mul(5.0)?.add(2.0)?;
+    /// let y = x.batch_norm(None, None, None, None, true, 0.1, 1e-5)?;
+    /// // Each channel of the output has mean 0 and variance 1.
+    /// let m = y.mean(&[0, 2, 3], false)?.to_vec::<f32>()?;
+    /// let v = y.var(&[0, 2, 3], 0, false)?.to_vec::<f32>()?;
+    /// assert!(m.iter().all(|m| m.abs() < 1e-5) && v.iter().all(|v| (v - 1.0).abs() < 1e-3));
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn batch_norm(
         &self,
@@ -53,62 +97,130 @@ impl Tensor {
         ] {
             check_vec("batch_norm", what, v, c)?;
         }
-        let dims: Vec<isize> = (0..x.rank() as isize).filter(|&d| d != 1).collect();
         let count = x.numel() / c.max(1);
+        if training && count <= 1 {
+            return Err(Error::invalid(
+                "batch_norm",
+                format!(
+                    "expected more than one value per channel in training, got input {:?}",
+                    x.shape()
+                ),
+            ));
+        }
+        if !training && (running_mean.is_none() || running_var.is_none()) {
+            return Err(Error::invalid(
+                "batch_norm",
+                "eval mode needs running_mean and running_var",
+            ));
+        }
+        if x.numel() == 0 {
+            // An empty batch in eval mode: nothing to normalise.
+            return x.mul(0.0);
+        }
+        // The fused passes work on a dense row-major or channels-last tensor; the output
+        // keeps that format.
+        let format = if x.layout().suggests_channels_last() {
+            MemoryFormat::ChannelsLast
+        } else {
+            MemoryFormat::Contiguous
+        };
+        let x = x.to_memory_format(format)?;
+        let sd = stat_dtype(x.dtype());
         let (mean, var) = if training {
-            if count <= 1 {
-                return Err(Error::invalid(
-                    "batch_norm",
-                    format!(
-                        "expected more than one value per channel in training, got input {:?}",
-                        x.shape()
-                    ),
-                ));
-            }
-            let mean = x.mean(&dims, false)?;
-            let var = x.var(&dims, 0, false)?;
-            no_grad(|| -> Result<()> {
-                if let Some(rm) = running_mean {
-                    rm.copy_(
-                        &rm.mul(1.0 - momentum)?
-                            .add(&mean.to_dtype(rm.dtype())?.mul(momentum)?)?,
-                    )?;
-                }
-                if let Some(rv) = running_var {
-                    let unbiased = var
-                        .mul(count as f64 / (count - 1) as f64)?
-                        .to_dtype(rv.dtype())?;
-                    rv.copy_(&rv.mul(1.0 - momentum)?.add(&unbiased.mul(momentum)?)?)?;
-                }
-                Ok(())
-            })?;
+            let m = x.storage().channel_moments(x.layout())?;
+            let m = Tensor::from_storage(m, &[2, c]);
+            let (mean, var) = (
+                m.narrow(0, 0, 1)?.reshape(&[c])?,
+                m.narrow(0, 1, 1)?.reshape(&[c])?,
+            );
+            no_grad(|| update_running(running_mean, running_var, &mean, &var, momentum, count))?;
             (mean, var)
         } else {
-            match (running_mean, running_var) {
-                (Some(m), Some(v)) => (m.to_dtype(x.dtype())?, v.to_dtype(x.dtype())?),
-                _ => {
-                    return Err(Error::invalid(
-                        "batch_norm",
-                        "eval mode needs running_mean and running_var",
-                    ))
-                }
+            // Checked above: both are given in eval mode.
+            let (m, v) = (running_mean.unwrap(), running_var.unwrap());
+            (m.detach().to_dtype(sd)?, v.detach().to_dtype(sd)?)
+        };
+        let invstd = var.add(eps)?.rsqrt()?;
+        // y = a (x - mean) + b with a = invstd * weight, in the statistics dtype.
+        let a = match weight {
+            Some(w) => invstd.mul(&w.detach().to_dtype(sd)?)?,
+            None => invstd.clone(),
+        };
+        let shift = match bias {
+            Some(b) => b.detach().to_dtype(sd)?,
+            None => Tensor::zeros(&[c], sd, x.device())?,
+        };
+        let zeros = Tensor::zeros(&[c], sd, x.device())?;
+        let coef = Tensor::cat(&[&a, &mean, &shift, &zeros], 0)?;
+        let y = x
+            .storage()
+            .channel_affine(x.layout(), None, &coef.storage(), coef.layout())?;
+        let y = Tensor::from_storage_in(y, Layout::with_format("batch_norm", x.shape(), format)?);
+        let mut inputs = vec![&x];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        let (wdt, bdt) = (weight.map(|w| w.dtype()), bias.map(|b| b.dtype()));
+        let xs = x.detach();
+        Ok(y.attach("batch_norm", &inputs, move |dy, needs| {
+            let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
+            let wants_params = needs[1..].iter().any(|&n| n);
+            // Eval mode: the statistics are constants, dx = a dy (one fused pass).
+            let eval_dx = |dy: &Tensor| -> Result<Tensor> {
+                let zeros = Tensor::zeros(&[3 * c], sd, dy.device())?;
+                let coef = Tensor::cat(&[&a, &zeros], 0)?;
+                let s = dy.storage();
+                let dx = s.channel_affine(dy.layout(), None, &coef.storage(), coef.layout())?;
+                let layout = Layout::with_format("batch_norm", dy.shape(), format)?;
+                Ok(Tensor::from_storage_in(dx, layout))
+            };
+            if !training && !wants_params {
+                let mut grads = vec![Some(eval_dx(&dy)?)];
+                grads.resize(needs.len(), None);
+                return Ok(grads);
             }
-        };
-        let r = x.rank();
-        let xhat = x
-            .sub(&per_channel(&mean, r)?)?
-            .mul(&per_channel(&var.add(eps)?.rsqrt()?, r)?)?;
-        let y = match weight {
-            Some(w) => xhat.mul(&per_channel(w, r)?)?,
-            None => xhat,
-        };
-        let y = match bias {
-            Some(b) => y.add(&per_channel(b, r)?)?,
-            None => y,
-        };
-        // Statistics and affine parameters may be wider (f32 under autocast); the output keeps
-        // the input's dtype, as cuDNN's batch norm does.
-        y.to_dtype(x.dtype())
+            let sums = dy.storage().channel_grad_sums(
+                dy.layout(),
+                &xs.storage(),
+                xs.layout(),
+                &mean.storage(),
+                mean.layout(),
+            )?;
+            let sums = Tensor::from_storage(sums, &[2, c]);
+            let (sdy, sdx) = (
+                sums.narrow(0, 0, 1)?.reshape(&[c])?,
+                sums.narrow(0, 1, 1)?.reshape(&[c])?,
+            );
+            let dx = match (needs[0], training) {
+                (false, _) => None,
+                (true, false) => Some(eval_dx(&dy)?),
+                (true, true) => {
+                    // dx = a (dy - sum(dy) / N - (x - mean) invstd^2 sum(dy (x - mean)) / N):
+                    // the statistics' own gradients folded in, as in PyTorch's
+                    // batch_norm_backward.
+                    let n = count as f64;
+                    let k = invstd.mul(&invstd)?.mul(&sdx)?.mul(1.0 / n)?;
+                    let alpha = a.mul(&k)?.neg()?;
+                    let gamma = a.mul(&sdy)?.mul(-1.0 / n)?;
+                    let coef = Tensor::cat(&[&alpha, &mean, &gamma, &a], 0)?;
+                    let dx = xs.storage().channel_affine(
+                        xs.layout(),
+                        Some((&dy.storage(), dy.layout())),
+                        &coef.storage(),
+                        coef.layout(),
+                    )?;
+                    let layout = Layout::with_format("batch_norm", xs.shape(), format)?;
+                    Some(Tensor::from_storage_in(dx, layout))
+                }
+            };
+            let mut grads = vec![dx];
+            if let Some(wdt) = wdt {
+                grads.push(Some(sdx.mul(&invstd)?.to_dtype(wdt)?));
+            }
+            if let Some(bdt) = bdt {
+                grads.push(Some(sdy.to_dtype(bdt)?));
+            }
+            Ok(grads)
+        }))
     }
 
     /// Layer normalisation over the trailing `normalized_shape` dims (PyTorch's

@@ -11,6 +11,7 @@ pub(crate) mod index;
 mod loss;
 mod matmul;
 mod nn;
+pub(crate) mod norm;
 mod optim;
 mod pool_nhwc;
 mod reduce;

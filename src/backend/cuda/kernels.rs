@@ -9,6 +9,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("cast", include_str!("../../../cuda/cast.cu")),
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
     ("index", include_str!("../../../cuda/index.cu")),
+    ("norm", include_str!("../../../cuda/norm.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
     ("pool", include_str!("../../../cuda/pool.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),

@@ -38,6 +38,7 @@ pub mod index;
 pub mod kernels;
 pub mod libs;
 pub mod loss;
+pub mod norm;
 pub mod nvrtc;
 pub mod ops;
 pub mod optim;

@@ -11,6 +11,7 @@ mod amp;
 mod cast;
 mod elementwise;
 mod index;
+mod norm;
 mod optim;
 mod pool;
 mod reduce;

@@ -1,0 +1,164 @@
+// Batch normalisation's fused passes (src/backend/cpu/norm.rs gives the same results up to
+// summation order) over a dense tensor seen as [outer, C, inner]: element (o, c, i) at
+// (o * C + c) * inner + i. Row-major [n, c, ...]: outer = n; channels-last: outer = n h w,
+// inner = 1. Statistics and coefficients are f32; partial results are combined in f64.
+//
+// The reductions run in two kernels: bn_partial_T reduces one chunk of `chunk` outer rows per
+// block, for one channel (inner > 1: threads along the contiguous runs) or for 32 channels
+// (inner == 1: each warp reads 32 adjacent channels of a row), and bn_combine adds the chunks
+// up in order, one thread per channel. No atomics: the result does not depend on timing.
+// Blocks are a multiple of 32 threads, at most 256 (the launcher uses 256).
+
+// The sum over the block's warps of each lane's value (inner == 1: lane = channel); every
+// thread gets its lane's total.
+__device__ float bn_lane_sum(float v, float (*red)[33]) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    __syncthreads(); // red may still be read by a previous call
+    red[warp][lane] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < warps; ++w) t += red[w][lane];
+        red[8][lane] = t;
+    }
+    __syncthreads();
+    return red[8][lane];
+}
+
+// mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
+// mode 1: part = (sum dy, sum dy (x - mean[c])). part[(k * C + c) * 2 + {0, 1}] for chunk k.
+template <typename T>
+__device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restrict__ dy,
+                           const float* __restrict__ mean, float* __restrict__ part, i64 outer,
+                           i64 C, i64 inner, i64 chunk) {
+    __shared__ float scratch[32];
+    __shared__ float red[9][33];
+    i64 chunks = (outer + chunk - 1) / chunk;
+    i64 tiles = inner == 1 ? (C + 31) / 32 : C;
+    for (i64 b = blockIdx.x; b < chunks * tiles; b += gridDim.x) {
+        i64 k = b / tiles, t = b % tiles;
+        i64 o0 = k * chunk;
+        i64 rows = outer - o0 < chunk ? outer - o0 : chunk;
+        if (inner > 1) {
+            // One channel: rows runs of `inner` contiguous elements, C * inner apart.
+            i64 c = t, n = rows * inner;
+            const T* xb = x + (o0 * C + c) * inner;
+            const T* db = dy ? dy + (o0 * C + c) * inner : 0;
+            float m = mode == 1 ? mean[c] : 0.0f;
+            float s1 = 0.0f, s2 = 0.0f;
+            for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+                i64 off = (j / inner) * C * inner + j % inner;
+                float v = to_f32(xb[off]);
+                if (mode == 0) {
+                    s1 += v;
+                } else {
+                    float d = to_f32(db[off]);
+                    s1 += d;
+                    s2 += d * (v - m);
+                }
+            }
+            s1 = block_reduce(0, s1, scratch);
+            if (mode == 0) {
+                m = s1 / (float)n;
+                for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+                    float d = to_f32(xb[(j / inner) * C * inner + j % inner]) - m;
+                    s2 += d * d;
+                }
+            }
+            s2 = block_reduce(0, s2, scratch);
+            if (threadIdx.x == 0) {
+                part[(k * C + c) * 2] = mode == 0 ? m : s1;
+                part[(k * C + c) * 2 + 1] = s2;
+            }
+        } else {
+            // 32 channels: warp w of W reads rows w, w + W, ...; lane l is channel 32 t + l.
+            int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+            i64 c = t * 32 + lane;
+            bool on = c < C;
+            float m = mode == 1 && on ? mean[c] : 0.0f;
+            float s1 = 0.0f, s2 = 0.0f;
+            if (on) {
+                for (i64 r = warp; r < rows; r += warps) {
+                    i64 off = (o0 + r) * C + c;
+                    float v = to_f32(x[off]);
+                    if (mode == 0) {
+                        s1 += v;
+                    } else {
+                        float d = to_f32(dy[off]);
+                        s1 += d;
+                        s2 += d * (v - m);
+                    }
+                }
+            }
+            s1 = bn_lane_sum(s1, red);
+            if (mode == 0) {
+                m = s1 / (float)rows;
+                if (on) {
+                    for (i64 r = warp; r < rows; r += warps) {
+                        float d = to_f32(x[(o0 + r) * C + c]) - m;
+                        s2 += d * d;
+                    }
+                }
+            }
+            s2 = bn_lane_sum(s2, red);
+            if (warp == 0 && on) {
+                part[(k * C + c) * 2] = mode == 0 ? m : s1;
+                part[(k * C + c) * 2 + 1] = s2;
+            }
+        }
+    }
+}
+
+// out[c] and out[C + c] from the chunks' partials, in chunk order: mode 0 (mean, biased
+// variance) by Chan's combination of the chunks' moments, mode 1 the two sums.
+extern "C" __global__ void bn_combine(int mode, const float* __restrict__ part,
+                                      float* __restrict__ out, i64 outer, i64 C, i64 inner,
+                                      i64 chunk) {
+    FOR_EACH(c, C) {
+        i64 chunks = (outer + chunk - 1) / chunk;
+        double count = 0.0, a = 0.0, b = 0.0;
+        for (i64 k = 0; k < chunks; ++k) {
+            double pa = part[(k * C + c) * 2], pb = part[(k * C + c) * 2 + 1];
+            if (mode == 0) {
+                i64 rows = outer - k * chunk < chunk ? outer - k * chunk : chunk;
+                double n = (double)(rows * inner), total = count + n, d = pa - a;
+                a += d * n / total;
+                b += pb + d * d * count * n / total;
+                count = total;
+            } else {
+                a += pa;
+                b += pb;
+            }
+        }
+        out[c] = (float)a;
+        out[C + c] = (float)(mode == 0 ? b / count : b);
+    }
+}
+
+// out = alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy when dy is not null), with coef =
+// [alpha | center | gamma | beta]: the output forward, the input's gradient backward.
+template <typename T>
+__device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ dy,
+                          const float* __restrict__ coef, T* __restrict__ out, i64 n, i64 C,
+                          i64 inner) {
+    FOR_EACH(i, n) {
+        i64 c = (inner == 1 ? i : i / inner) % C;
+        float v = coef[c] * (to_f32(x[i]) - coef[C + c]) + coef[2 * C + c];
+        if (dy) v += coef[3 * C + c] * to_f32(dy[i]);
+        out[i] = from_f32<T>(v);
+    }
+}
+
+#define BN(T)                                                                                  \
+    extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy,               \
+                                              const float* mean, float* part, i64 outer, i64 C, \
+                                              i64 inner, i64 chunk) {                          \
+        bn_partial<T>(mode, x, dy, mean, part, outer, C, inner, chunk);                        \
+    }                                                                                          \
+    extern "C" __global__ void bn_affine_##T(const T* x, const T* dy, const float* coef,       \
+                                             T* out, i64 n, i64 C, i64 inner) {                \
+        bn_affine<T>(x, dy, coef, out, n, C, inner);                                           \
+    }
+BN(float)
+BN(f16)
+BN(bf16)

@@ -1,0 +1,348 @@
+//! Batch normalisation's passes over a dense tensor seen as `[outer, channels, inner]`
+//! ([`ChannelSplit`]): per-channel moments and gradient sums, and the per-channel affine map
+//! that gives both the output and the input gradient. The whole batch norm is two reads and a
+//! write forward, and three reads and a write backward, instead of the composite's dozen
+//! passes.
+//!
+//! Work is split into blocks of whole `outer` rows of a fixed size (not by thread count), each
+//! block reduced in the arithmetic type and the blocks combined in order in f64, so results do
+//! not depend on the number of threads.
+
+use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
+use crate::backend::norm::ChannelSplit;
+use crate::dtype::{Float, WithDType};
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use num_traits::Zero;
+use rayon::prelude::*;
+
+/// Elements per reduction block (whole `outer` rows, at least one).
+const BLOCK: usize = 1 << 14;
+
+/// The dtype statistics are kept in for inputs of `dtype`.
+pub(crate) fn stat_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+fn stats_storage(values: Vec<f64>, dtype: DType) -> CpuStorage {
+    match stat_dtype(dtype) {
+        DType::F64 => CpuStorage::F64(values),
+        _ => CpuStorage::F32(values.into_iter().map(|v| v as f32).collect()),
+    }
+}
+
+/// The sum of `f` over a contiguous run, in 16 independent lanes that vectorise.
+#[inline(always)]
+fn run_sum<T: Copy, A: Float>(run: &[T], f: impl Fn(T) -> A) -> A {
+    let mut lanes = [A::zero(); 16];
+    let mut it = run.chunks_exact(16);
+    for c in &mut it {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += f(x);
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(it.remainder()) {
+        *l += f(x);
+    }
+    lanes.iter().fold(A::zero(), |a, &b| a + b)
+}
+
+/// Adds `f(c, x)` of each element of a block of whole rows to `acc[c]`.
+#[inline(always)]
+fn per_channel<T: Copy, A: Float>(
+    s: ChannelSplit,
+    block: &[T],
+    acc: &mut [A],
+    f: impl Fn(usize, T) -> A + Copy,
+) {
+    if s.inner == 1 {
+        for row in block.chunks_exact(s.channels) {
+            for (c, (a, &x)) in acc.iter_mut().zip(row).enumerate() {
+                *a += f(c, x);
+            }
+        }
+    } else {
+        for row in block.chunks_exact(s.channels * s.inner) {
+            for (c, (a, run)) in acc.iter_mut().zip(row.chunks_exact(s.inner)).enumerate() {
+                *a += run_sum(run, |x| f(c, x));
+            }
+        }
+    }
+}
+
+/// The blocks of `x` (whole rows of `s`), in order.
+fn blocks<T>(s: ChannelSplit, x: &[T]) -> std::slice::Chunks<'_, T> {
+    let row = (s.channels * s.inner).max(1);
+    x.chunks((BLOCK / row).max(1) * row)
+}
+
+/// Runs `f` over the blocks of `x`, in parallel when large, and returns the results in order.
+fn map_blocks<T: Sync, R: Send>(
+    s: ChannelSplit,
+    x: &[T],
+    f: impl Fn(&[T]) -> R + Sync + Send,
+) -> Vec<R> {
+    if x.len() >= PAR_MIN {
+        blocks(s, x)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(f)
+            .collect()
+    } else {
+        blocks(s, x).map(f).collect()
+    }
+}
+
+/// Per-channel mean and biased variance of `x` (`[2, channels]`, means first), in f32 (f64
+/// for f64): each block's mean (from deviations to a pilot value) and sum of squared
+/// deviations from it, two passes over the block while it is in cache, combined across
+/// blocks with Chan's formula.
+pub(crate) fn channel_moments(x: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(x: &[T], s: ChannelSplit) -> Vec<f64> {
+        let parts = map_blocks(s, x, |b| {
+            let n = (b.len() / s.channels) as f64;
+            // Sums of deviations from each channel's first element in the block: long sums
+            // of values far from zero would lose the mean's low digits.
+            let pilot: Vec<T::Acc> = (0..s.channels).map(|c| b[c * s.inner].to_acc()).collect();
+            let mut sum = vec![T::Acc::zero(); s.channels];
+            per_channel(s, b, &mut sum, |c, v: T| v.to_acc() - pilot[c]);
+            let inv = T::Acc::from_f64_(1.0 / n);
+            let mean: Vec<T::Acc> = sum.iter().zip(&pilot).map(|(&v, &p)| p + v * inv).collect();
+            let mut m2 = vec![T::Acc::zero(); s.channels];
+            per_channel(s, b, &mut m2, |c, v: T| {
+                let d = v.to_acc() - mean[c];
+                d * d
+            });
+            (n, mean, m2)
+        });
+        let c = s.channels;
+        let (mut count, mut mean, mut m2) = (0.0f64, vec![0.0f64; c], vec![0.0f64; c]);
+        for (n, bm, bm2) in parts {
+            let total = count + n;
+            for k in 0..c {
+                let d = bm[k].to_f64_() - mean[k];
+                mean[k] += d * n / total;
+                m2[k] += bm2[k].to_f64_() + d * d * count * n / total;
+            }
+            count = total;
+        }
+        mean.extend(m2.iter().map(|v| v / count));
+        mean
+    }
+    let s = ChannelSplit::of("batch_norm", l)?;
+    if s.outer * s.inner == 0 {
+        return Err(Error::Empty {
+            op: "batch_norm",
+            shape: l.shape().to_vec(),
+        });
+    }
+    let range = dense_range(l);
+    let stats = map_float!("batch_norm", x, v => go(&v[range], s));
+    Ok(stats_storage(stats, x.dtype()))
+}
+
+/// Per-channel `[sum dy, sum dy (x - mean)]` (`[2, channels]`) for the backward pass; `dy`
+/// and `x` share one dense layout, `mean` is in the statistics dtype.
+pub(crate) fn channel_grad_sums(
+    dy: &CpuStorage,
+    ld: &Layout,
+    x: &CpuStorage,
+    lx: &Layout,
+    mean: &CpuStorage,
+    lm: &Layout,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(dy: &[T], x: &[T], s: ChannelSplit, mean: &[f64]) -> Vec<f64> {
+        let mean: Vec<T::Acc> = mean.iter().map(|&m| T::Acc::from_f64_(m)).collect();
+        let rows = (s.channels * s.inner).max(1);
+        let step = (BLOCK / rows).max(1) * rows;
+        let starts: Vec<usize> = (0..dy.len()).step_by(step).collect();
+        let part = |&start: &usize| {
+            let end = (start + step).min(dy.len());
+            let (db, xb) = (&dy[start..end], &x[start..end]);
+            let mut sdy = vec![T::Acc::zero(); s.channels];
+            let mut sdx = vec![T::Acc::zero(); s.channels];
+            per_channel(s, db, &mut sdy, |_, v: T| v.to_acc());
+            per_pair(s, db, xb, &mut sdx, &mean);
+            (sdy, sdx)
+        };
+        let parts: Vec<_> = if dy.len() >= PAR_MIN {
+            starts.par_iter().map(part).collect()
+        } else {
+            starts.iter().map(part).collect()
+        };
+        let c = s.channels;
+        let mut out = vec![0.0f64; 2 * c];
+        for (sdy, sdx) in parts {
+            for k in 0..c {
+                out[k] += sdy[k].to_f64_();
+                out[c + k] += sdx[k].to_f64_();
+            }
+        }
+        out
+    }
+    let s = ChannelSplit::of_pair("batch_norm backward", ld, lx)?;
+    let (rd, rx) = (dense_range(ld), dense_range(lx));
+    let mean = stat_values(mean, lm)?;
+    let sums = match (dy, x) {
+        (CpuStorage::F32(d), CpuStorage::F32(v)) => go(&d[rd], &v[rx], s, &mean),
+        (CpuStorage::F16(d), CpuStorage::F16(v)) => go(&d[rd], &v[rx], s, &mean),
+        (CpuStorage::BF16(d), CpuStorage::BF16(v)) => go(&d[rd], &v[rx], s, &mean),
+        (CpuStorage::F64(d), CpuStorage::F64(v)) => go(&d[rd], &v[rx], s, &mean),
+        (d, v) => {
+            return Err(Error::DTypeMismatch {
+                op: "batch_norm backward",
+                lhs: d.dtype(),
+                rhs: v.dtype(),
+            })
+        }
+    };
+    Ok(stats_storage(sums, x.dtype()))
+}
+
+/// Adds `dy (x - mean[c])` of a block to `acc[c]`.
+#[inline(always)]
+fn per_pair<T: WithDType>(s: ChannelSplit, dy: &[T], x: &[T], acc: &mut [T::Acc], mean: &[T::Acc]) {
+    if s.inner == 1 {
+        for (dr, xr) in dy.chunks_exact(s.channels).zip(x.chunks_exact(s.channels)) {
+            for (((a, &d), &v), &m) in acc.iter_mut().zip(dr).zip(xr).zip(mean) {
+                *a += d.to_acc() * (v.to_acc() - m);
+            }
+        }
+        return;
+    }
+    let row = s.channels * s.inner;
+    for (dr, xr) in dy.chunks_exact(row).zip(x.chunks_exact(row)) {
+        let runs = dr.chunks_exact(s.inner).zip(xr.chunks_exact(s.inner));
+        for (c, (dd, xx)) in runs.enumerate() {
+            let m = mean[c];
+            let mut lanes = [T::Acc::zero(); 16];
+            let (mut di, mut xi) = (dd.chunks_exact(16), xx.chunks_exact(16));
+            for (d16, x16) in (&mut di).zip(&mut xi) {
+                for ((l, &d), &v) in lanes.iter_mut().zip(d16).zip(x16) {
+                    *l += d.to_acc() * (v.to_acc() - m);
+                }
+            }
+            for ((l, &d), &v) in lanes.iter_mut().zip(di.remainder()).zip(xi.remainder()) {
+                *l += d.to_acc() * (v.to_acc() - m);
+            }
+            acc[c] += lanes.iter().fold(T::Acc::zero(), |a, &b| a + b);
+        }
+    }
+}
+
+/// The storage range a dense layout covers.
+fn dense_range(l: &Layout) -> std::ops::Range<usize> {
+    l.offset()..l.offset() + l.numel()
+}
+
+/// A statistics vector's values as f64 (any float dtype).
+fn stat_values(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
+    Ok(map_float!("batch_norm", s, v => super::elementwise::map1(v, l, |x| x.to_f64())))
+}
+
+/// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s dtype and dense layout
+/// (`dy`, when given, shares it); `coef` holds `[alpha | center | gamma | beta]`.
+pub(crate) fn channel_affine(
+    x: &CpuStorage,
+    lx: &Layout,
+    dy: Option<(&CpuStorage, &Layout)>,
+    coef: &CpuStorage,
+    lc: &Layout,
+) -> Result<CpuStorage> {
+    fn go<T: CpuElem>(x: &[T], dy: Option<&[T]>, s: ChannelSplit, coef: &[f64]) -> CpuStorage {
+        let c = s.channels;
+        let k: Vec<T::Acc> = coef.iter().map(|&v| T::Acc::from_f64_(v)).collect();
+        let (alpha, center, gamma, beta) = (&k[..c], &k[c..2 * c], &k[2 * c..3 * c], &k[3 * c..]);
+        let mut out = super::overwritten_buffer::<T>(x.len());
+        let row = (c * s.inner).max(1);
+        let step = (BLOCK / row).max(1) * row;
+        let job = |(b, o): (usize, &mut [T])| {
+            let span = b * step..b * step + o.len();
+            let (xb, db) = (&x[span.clone()], dy.map(|d| &d[span]));
+            for (r, orow) in o.chunks_exact_mut(row).enumerate() {
+                let xrow = &xb[r * row..(r + 1) * row];
+                let drow = db.map(|d| &d[r * row..(r + 1) * row]);
+                if s.inner == 1 {
+                    affine_columns(orow, xrow, drow, alpha, center, gamma, beta);
+                    continue;
+                }
+                for ch in 0..c {
+                    let run = ch * s.inner..(ch + 1) * s.inner;
+                    let (a, m, g, bb) = (alpha[ch], center[ch], gamma[ch], beta[ch]);
+                    let (o, xr) = (&mut orow[run.clone()], &xrow[run.clone()]);
+                    match drow {
+                        None => {
+                            for (o, &v) in o.iter_mut().zip(xr) {
+                                *o = T::from_acc(a * (v.to_acc() - m) + g);
+                            }
+                        }
+                        Some(drow) => {
+                            for ((o, &v), &d) in o.iter_mut().zip(xr).zip(&drow[run]) {
+                                *o = T::from_acc(a * (v.to_acc() - m) + g + bb * d.to_acc());
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        if x.len() >= PAR_MIN {
+            out.par_chunks_mut(step).enumerate().for_each(job);
+        } else {
+            out.chunks_mut(step).enumerate().for_each(job);
+        }
+        T::wrap(out)
+    }
+    let s = match dy {
+        Some((_, ld)) => ChannelSplit::of_pair("batch_norm backward", lx, ld)?,
+        None => ChannelSplit::of("batch_norm", lx)?,
+    };
+    let rx = dense_range(lx);
+    let coef = stat_values(coef, lc)?;
+    Ok(match (x, dy.map(|(d, ld)| (d, dense_range(ld)))) {
+        (x, None) => map_float!("batch_norm", x, v => go(&v[rx], None, s, &coef)),
+        (CpuStorage::F32(x), Some((CpuStorage::F32(d), rd))) => go(&x[rx], Some(&d[rd]), s, &coef),
+        (CpuStorage::F16(x), Some((CpuStorage::F16(d), rd))) => go(&x[rx], Some(&d[rd]), s, &coef),
+        (CpuStorage::BF16(x), Some((CpuStorage::BF16(d), rd))) => {
+            go(&x[rx], Some(&d[rd]), s, &coef)
+        }
+        (CpuStorage::F64(x), Some((CpuStorage::F64(d), rd))) => go(&x[rx], Some(&d[rd]), s, &coef),
+        (x, Some((d, _))) => {
+            return Err(Error::DTypeMismatch {
+                op: "batch_norm backward",
+                lhs: x.dtype(),
+                rhs: d.dtype(),
+            })
+        }
+    })
+}
+
+/// One channels-last row (`inner == 1`): channel `c` is element `c`.
+#[inline(always)]
+fn affine_columns<T: WithDType>(
+    o: &mut [T],
+    x: &[T],
+    dy: Option<&[T]>,
+    alpha: &[T::Acc],
+    center: &[T::Acc],
+    gamma: &[T::Acc],
+    beta: &[T::Acc],
+) {
+    let coefs = alpha.iter().zip(center).zip(gamma);
+    match dy {
+        None => {
+            for ((o, &v), ((&a, &m), &g)) in o.iter_mut().zip(x).zip(coefs) {
+                *o = T::from_acc(a * (v.to_acc() - m) + g);
+            }
+        }
+        Some(dy) => {
+            let coefs = coefs.zip(beta);
+            for (((o, &v), &d), (((&a, &m), &g), &bb)) in o.iter_mut().zip(x).zip(dy).zip(coefs) {
+                *o = T::from_acc(a * (v.to_acc() - m) + g + bb * d.to_acc());
+            }
+        }
+    }
+}

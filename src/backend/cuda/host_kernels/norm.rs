@@ -1,0 +1,177 @@
+//! Batch normalisation's kernels (`cuda/norm.cu`) on emulated blocks, against the CPU
+//! backend's fused passes, row-major and channels-last, over several chunks and channel tiles.
+
+use super::{function, library, randn, run_grid, Addr};
+use crate::backend::cuda::norm::{chunk_rows, partial_blocks};
+use crate::backend::norm::ChannelSplit;
+use crate::backend::Storage;
+use crate::layout::Layout;
+use crate::{MemoryFormat, Tensor};
+
+type Partial = unsafe extern "C" fn(
+    i32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *mut f32,
+    i64,
+    i64,
+    i64,
+    i64,
+) -> ();
+type Combine = unsafe extern "C" fn(i32, *const f32, *mut f32, i64, i64, i64, i64) -> ();
+type Affine =
+    unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i64, i64, i64) -> ();
+
+fn values(s: Storage, n: usize) -> Vec<f32> {
+    Tensor::from_storage(s, &[n]).to_vec::<f32>().unwrap()
+}
+
+/// Relative closeness, with an absolute floor for sums that cancel to near zero.
+fn near(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-5 * scale, "{what}: [{i}] {g} vs {w}");
+    }
+}
+
+/// The elements of `t` in its storage order (its layout is dense).
+fn stored(t: &Tensor) -> Vec<f32> {
+    match t.is_channels_last() {
+        true => t.permute(&[0, 2, 3, 1]).unwrap().to_vec::<f32>().unwrap(),
+        false => t.to_vec::<f32>().unwrap(),
+    }
+}
+
+#[test]
+fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
+    let Some(lib) = library("norm") else {
+        return;
+    };
+    let partial: Partial = function(lib, "bn_partial_float");
+    let combine: Combine = function(lib, "bn_combine");
+    let affine: Affine = function(lib, "bn_affine_float");
+    // [n, c, h, w]: 40 channels make two channel tiles channels-last, one of them partial.
+    // (shape, format, chunk rows, threads per block): 64 threads keep the emulation quick;
+    // one case runs the launcher's 256.
+    for (shape, format, chunk, threads) in [
+        ([5, 6, 3, 4], MemoryFormat::Contiguous, 2, 64),
+        ([5, 6, 3, 4], MemoryFormat::ChannelsLast, 7, 64),
+        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 5, 256),
+        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 4, 64),
+        ([3, 7, 2, 3], MemoryFormat::Contiguous, 1, 256),
+    ] {
+        let what = format!("{shape:?} {format:?} chunk {chunk}, {threads} threads");
+        let x = randn(&shape, 40).mul(2.0).unwrap().add(3.0).unwrap();
+        let x = x.to_memory_format(format).unwrap();
+        let dy = randn(&shape, 41).to_memory_format(format).unwrap();
+        let l = x.layout().clone();
+        let s = ChannelSplit::of("test", &l).unwrap();
+        let c = s.channels;
+        let (xs, ds) = (stored(&x), stored(&dy));
+
+        // The chunking the launcher would use covers the same elements in fewer blocks; a
+        // smaller chunk exercises the combination.
+        assert!(partial_blocks(s).0 >= 1 && chunk_rows(s) >= 1);
+        let chunks = s.outer.div_ceil(chunk);
+        let tiles = if s.inner == 1 { c.div_ceil(32) } else { c };
+        let reduce = |mode: i32, mean: &[f32]| {
+            let mut part = vec![f32::NAN; chunks * c * 2];
+            let mut out = vec![f32::NAN; 2 * c];
+            let (xa, da, ma) = (Addr::of(&xs), Addr::of(&ds), Addr::of(mean));
+            let pa = Addr::of_mut(&mut part);
+            let i = |v: usize| v as i64;
+            // Fewer blocks than work: each block strides over (chunk, tile) pairs.
+            let blocks = (chunks * tiles).div_ceil(2) as u32;
+            run_grid(lib, blocks, threads, || {
+                // SAFETY: x and dy hold the tensor's elements, mean c values, part one pair
+                // per (chunk, channel); one thread of a block writes each pair.
+                unsafe {
+                    partial(
+                        mode,
+                        xa.ptr(),
+                        if mode == 1 {
+                            da.ptr()
+                        } else {
+                            std::ptr::null()
+                        },
+                        ma.ptr(),
+                        pa.ptr(),
+                        i(s.outer),
+                        i(c),
+                        i(s.inner),
+                        i(chunk),
+                    )
+                }
+            });
+            assert!(
+                part.iter().all(|v| v.is_finite()),
+                "{what}: every partial written"
+            );
+            // SAFETY: part holds every chunk's pairs, out two values per channel.
+            unsafe {
+                combine(
+                    mode,
+                    part.as_ptr(),
+                    out.as_mut_ptr(),
+                    i(s.outer),
+                    i(c),
+                    i(s.inner),
+                    i(chunk),
+                )
+            };
+            out
+        };
+
+        let moments = reduce(0, &[]);
+        let want = values(x.storage().channel_moments(&l).unwrap(), 2 * c);
+        near(&moments, &want, &format!("{what}: moments"));
+
+        let mean = moments[..c].to_vec();
+        let lm = Layout::contiguous(&[c]);
+        let m = Tensor::from_vec(mean.clone(), &[c], crate::Device::Cpu).unwrap();
+        let sums = reduce(1, &mean);
+        let want = dy
+            .storage()
+            .channel_grad_sums(dy.layout(), &x.storage(), &l, &m.storage(), &lm)
+            .unwrap();
+        near(
+            &sums,
+            &values(want, 2 * c),
+            &format!("{what}: gradient sums"),
+        );
+
+        // coef = [alpha | center | gamma | beta], distinct per channel.
+        let coef: Vec<f32> = (0..4 * c).map(|k| 0.25 + 0.1 * k as f32).collect();
+        let kt = Tensor::from_vec(coef.clone(), &[4 * c], crate::Device::Cpu).unwrap();
+        let lk = Layout::contiguous(&[4 * c]);
+        for with_dy in [false, true] {
+            let n = l.numel();
+            let mut out = vec![f32::NAN; n];
+            let dp = if with_dy {
+                ds.as_ptr()
+            } else {
+                std::ptr::null()
+            };
+            // SAFETY: x, dy and out hold n elements, coef 4 c.
+            unsafe {
+                affine(
+                    xs.as_ptr(),
+                    dp,
+                    coef.as_ptr(),
+                    out.as_mut_ptr(),
+                    n as i64,
+                    c as i64,
+                    s.inner as i64,
+                )
+            };
+            let (xst, dst, kst) = (x.storage(), dy.storage(), kt.storage());
+            let d = with_dy.then_some((&*dst, dy.layout()));
+            let want = xst.channel_affine(&l, d, &kst, &lk);
+            // The CPU writes its output in x's storage order, as the kernel does.
+            let want = values(want.unwrap(), n);
+            near(&out, &want, &format!("{what}: affine (dy: {with_dy})"));
+        }
+    }
+}

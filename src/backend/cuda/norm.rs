@@ -1,0 +1,175 @@
+//! Launchers for `cuda/norm.cu`: batch normalisation's per-channel moments and gradient sums
+//! (a partial per chunk of rows, then an in-order combination) and its per-channel affine
+//! pass, over dense row-major or channels-last operands ([`ChannelSplit`]).
+//!
+//! Unverified: written without a GPU; the kernels run on the host in
+//! `host_kernels/norm.rs`, but have not yet run on a GPU.
+
+use super::ops::same_dtype;
+use super::storage::{float_kname, grid, CudaStorage, Dense};
+use crate::backend::norm::ChannelSplit;
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
+
+/// Threads per block of `bn_partial` (at most 256: its warp sums hold 8 warps).
+const THREADS: u32 = 256;
+/// Elements a `bn_partial` block reduces, about.
+const CHUNK_ELEMS: usize = 4096;
+
+/// Outer rows per chunk: about [`CHUNK_ELEMS`] elements of one channel, or of 32 channels
+/// for channels-last (256 rows).
+pub(crate) fn chunk_rows(s: ChannelSplit) -> usize {
+    if s.inner == 1 {
+        256
+    } else {
+        (CHUNK_ELEMS / s.inner).max(1)
+    }
+}
+
+/// `(chunks, blocks)` of a `bn_partial` launch.
+pub(crate) fn partial_blocks(s: ChannelSplit) -> (usize, usize) {
+    let chunks = s.outer.div_ceil(chunk_rows(s));
+    let tiles = if s.inner == 1 {
+        s.channels.div_ceil(32)
+    } else {
+        s.channels
+    };
+    (chunks, chunks * tiles)
+}
+
+/// An f32 statistics vector's elements in order, and their address (a copy when the view is
+/// not contiguous).
+fn f32_vector<'a>(
+    op: &'static str,
+    v: &'a CudaStorage,
+    l: &Layout,
+) -> Result<(Dense<'a>, sys::CUdeviceptr)> {
+    if v.dtype() != DType::F32 {
+        return Err(Error::DType {
+            op,
+            dtype: v.dtype(),
+            expected: "f32 statistics",
+        });
+    }
+    if l.is_contiguous() {
+        return Ok((Dense::Borrowed(v), v.ptr_at(l.offset())));
+    }
+    let copy = v.copy_strided(l)?;
+    let p = copy.ptr();
+    Ok((Dense::Owned(copy), p))
+}
+
+/// Runs `bn_partial` (mode 0 moments of x, mode 1 gradient sums) and `bn_combine`.
+fn reduce(
+    op: &'static str,
+    mode: i32,
+    x: &CudaStorage,
+    lx: &Layout,
+    dy: Option<sys::CUdeviceptr>,
+    mean: Option<sys::CUdeviceptr>,
+    s: ChannelSplit,
+) -> Result<CudaStorage> {
+    let t = float_kname(op, x.dtype())?;
+    if s.outer * s.inner == 0 {
+        return Err(Error::Empty {
+            op,
+            shape: lx.shape().to_vec(),
+        });
+    }
+    let (chunks, blocks) = partial_blocks(s);
+    let part = CudaStorage::alloc_on(x.rt(), DType::F32, chunks * s.channels * 2)?;
+    let out = CudaStorage::alloc_on(x.rt(), DType::F32, 2 * s.channels)?;
+    let i = |v: usize| v as i64;
+    let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk_rows(s)));
+    let xp = x.ptr_at(lx.offset());
+    let (dp, mp) = (dy.unwrap_or(0), mean.unwrap_or(0));
+    let (pp, op_) = (part.ptr(), out.ptr());
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.min(1 << 20) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let name = format!("bn_partial_{t}");
+    launch!(x, "norm", name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk);
+    let name = "bn_combine".to_string();
+    launch!(
+        x,
+        "norm",
+        name,
+        grid(s.channels),
+        &mode,
+        &pp,
+        &op_,
+        &outer,
+        &c,
+        &inner,
+        &chunk
+    );
+    Ok(out)
+}
+
+/// Per-channel `[mean | biased variance]` (f32) of a dense `[n, c, ...]` tensor.
+pub(crate) fn channel_moments(x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+    let s = ChannelSplit::of("batch_norm", l)?;
+    reduce("batch_norm", 0, x, l, None, None, s)
+}
+
+/// Per-channel `[sum dy | sum dy (x - mean)]` (f32); `dy` and `x` dense in one format.
+pub(crate) fn channel_grad_sums(
+    dy: &CudaStorage,
+    ld: &Layout,
+    x: &CudaStorage,
+    lx: &Layout,
+    mean: &CudaStorage,
+    lm: &Layout,
+) -> Result<CudaStorage> {
+    let op = "batch_norm backward";
+    same_dtype(op, dy, x)?;
+    let s = ChannelSplit::of_pair(op, ld, lx)?;
+    let (_mean, mp) = f32_vector(op, mean, lm)?;
+    // The kernel indexes dy from its own first element as it indexes x.
+    reduce(op, 1, x, lx, Some(dy.ptr_at(ld.offset())), Some(mp), s)
+}
+
+/// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s dtype and layout, with
+/// `coef = [alpha | center | gamma | beta]`.
+pub(crate) fn channel_affine(
+    x: &CudaStorage,
+    lx: &Layout,
+    dy: Option<(&CudaStorage, &Layout)>,
+    coef: &CudaStorage,
+    lc: &Layout,
+) -> Result<CudaStorage> {
+    let op = "batch_norm";
+    let t = float_kname(op, x.dtype())?;
+    let s = match dy {
+        Some((d, ld)) => {
+            same_dtype(op, x, d)?;
+            ChannelSplit::of_pair(op, lx, ld)?
+        }
+        None => ChannelSplit::of(op, lx)?,
+    };
+    let (_coef, kp) = f32_vector(op, coef, lc)?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let xp = x.ptr_at(lx.offset());
+    let dp = dy.map_or(0, |(d, ld)| d.ptr_at(ld.offset()));
+    let outp = out.ptr();
+    let (n64, c, inner) = (n as i64, s.channels as i64, s.inner as i64);
+    let name = format!("bn_affine_{t}");
+    launch!(
+        x,
+        "norm",
+        name,
+        grid(n),
+        &xp,
+        &dp,
+        &kp,
+        &outp,
+        &n64,
+        &c,
+        &inner
+    );
+    Ok(out)
+}

@@ -1,0 +1,150 @@
+//! Device dispatch of batch normalisation's fused passes (`cpu/norm.rs`, `cuda/norm.rs`), and
+//! the `[outer, channels, inner]` view both backends work on.
+
+use super::{common_device, Storage};
+use crate::layout::Layout;
+use crate::{Error, Result};
+
+/// A dense tensor `[n, c, ...]` seen as `[outer, channels, inner]`: element `(o, c, i)` at
+/// storage offset `offset + (o * channels + c) * inner + i`. Row-major: `outer = n`, `inner`
+/// the product of the trailing dims; channels-last: `outer = n h w`, `inner = 1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ChannelSplit {
+    pub outer: usize,
+    pub channels: usize,
+    pub inner: usize,
+}
+
+impl ChannelSplit {
+    /// The split of a row-major or channels-last layout of rank >= 2; any other layout is an
+    /// error (callers make their operands dense first).
+    pub(crate) fn of(op: &'static str, l: &Layout) -> Result<ChannelSplit> {
+        let shape = l.shape();
+        if shape.len() < 2 {
+            return Err(Error::invalid(
+                op,
+                format!("expected [n, c, ...], got {shape:?}"),
+            ));
+        }
+        let (n, c) = (shape[0], shape[1]);
+        let rest: usize = shape[2..].iter().product();
+        if l.is_contiguous() {
+            Ok(ChannelSplit {
+                outer: n,
+                channels: c,
+                inner: rest,
+            })
+        } else if l.is_channels_last() {
+            Ok(ChannelSplit {
+                outer: n * rest,
+                channels: c,
+                inner: 1,
+            })
+        } else {
+            Err(Error::invalid(
+                op,
+                format!(
+                    "internal: expected a row-major or channels-last layout, got shape {shape:?} \
+                     strides {:?}",
+                    l.strides()
+                ),
+            ))
+        }
+    }
+
+    /// The split of two layouts that must agree (shape and strides; offsets may differ).
+    pub(crate) fn of_pair(op: &'static str, a: &Layout, b: &Layout) -> Result<ChannelSplit> {
+        if a.shape() != b.shape() || a.strides() != b.strides() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "internal: operands differ in layout: {:?} strides {:?} vs {:?} strides {:?}",
+                    a.shape(),
+                    a.strides(),
+                    b.shape(),
+                    b.strides()
+                ),
+            ));
+        }
+        ChannelSplit::of(op, a)
+    }
+}
+
+impl Storage {
+    /// Per-channel mean and biased variance `[2, c]` (means first) of a dense `[n, c, ...]`
+    /// tensor, in f32 (f64 for f64 input).
+    pub(crate) fn channel_moments(&self, l: &Layout) -> Result<Storage> {
+        match self {
+            Storage::Cpu(x) => Ok(Storage::Cpu(super::cpu::norm::channel_moments(x, l)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(x) => Ok(Storage::Cuda(super::cuda::norm::channel_moments(x, l)?)),
+        }
+    }
+
+    /// Per-channel `[sum dy, sum dy (x - mean)]` `[2, c]`; `self` is `dy`, `dy` and `x` dense
+    /// in one format, `mean` `[c]` in the statistics dtype.
+    pub(crate) fn channel_grad_sums(
+        &self,
+        ld: &Layout,
+        x: &Storage,
+        lx: &Layout,
+        mean: &Storage,
+        lm: &Layout,
+    ) -> Result<Storage> {
+        let op = "batch_norm backward";
+        common_device(op, &[self, x, mean])?;
+        match (self, x, mean) {
+            (Storage::Cpu(d), Storage::Cpu(x), Storage::Cpu(m)) => Ok(Storage::Cpu(
+                super::cpu::norm::channel_grad_sums(d, ld, x, lx, m, lm)?,
+            )),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(d), Storage::Cuda(x), Storage::Cuda(m)) => Ok(Storage::Cuda(
+                super::cuda::norm::channel_grad_sums(d, ld, x, lx, m, lm)?,
+            )),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
+    }
+
+    /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s (`self`'s) dtype and
+    /// dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the statistics
+    /// dtype; `dy`, when given, shares `x`'s layout and dtype. Forward it is the output
+    /// (`alpha = invstd w`, `center = mean`, `gamma = b`), backward the input's gradient.
+    pub(crate) fn channel_affine(
+        &self,
+        lx: &Layout,
+        dy: Option<(&Storage, &Layout)>,
+        coef: &Storage,
+        lc: &Layout,
+    ) -> Result<Storage> {
+        let op = "batch_norm";
+        match dy {
+            Some((d, _)) => common_device(op, &[self, d, coef])?,
+            None => common_device(op, &[self, coef])?,
+        };
+        match (self, dy, coef) {
+            (Storage::Cpu(x), None, Storage::Cpu(k)) => Ok(Storage::Cpu(
+                super::cpu::norm::channel_affine(x, lx, None, k, lc)?,
+            )),
+            (Storage::Cpu(x), Some((Storage::Cpu(d), ld)), Storage::Cpu(k)) => Ok(Storage::Cpu(
+                super::cpu::norm::channel_affine(x, lx, Some((d, ld)), k, lc)?,
+            )),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), None, Storage::Cuda(k)) => Ok(Storage::Cuda(
+                super::cuda::norm::channel_affine(x, lx, None, k, lc)?,
+            )),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Some((Storage::Cuda(d), ld)), Storage::Cuda(k)) => {
+                Ok(Storage::Cuda(super::cuda::norm::channel_affine(
+                    x,
+                    lx,
+                    Some((d, ld)),
+                    k,
+                    lc,
+                )?))
+            }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
+    }
+}
