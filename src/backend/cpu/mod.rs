@@ -16,6 +16,7 @@ mod optim;
 mod pool_nhwc;
 mod reduce;
 mod rnn;
+pub(crate) mod vmath;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight, ConvDims};
 pub(crate) use loss::{cross_entropy, cross_entropy_backward};

@@ -4,22 +4,28 @@
 //! the activations are recomputed in the backward pass rather than saved.
 
 use super::{contiguous, map_pair, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
+use crate::dtype::Float;
 use crate::layout::Layout;
 use crate::Result;
-use num_traits::Float;
 use rayon::prelude::*;
 
-fn sigmoid<A: Float>(x: A) -> A {
-    A::one() / (A::one() + (-x).exp())
+/// A row of gates as its four blocks of `h`: input, forget, cell, output.
+fn gate_blocks<T>(row: &[T], h: usize) -> [&[T]; 4] {
+    let (a, rest) = row.split_at(h);
+    let (b, rest) = rest.split_at(h);
+    let (c, d) = rest.split_at(h);
+    [a, b, c, &d[..h]]
 }
 
-/// The four activations of element `j` of a row of gates.
-fn acts<T: CpuElem>(row: &[T], h: usize, j: usize) -> [T::Acc; 4] {
+/// The four activations of element `j` (f32 ones branch-free, so the loops over `j`
+/// vectorise: `Float::sigmoid_act`, `Float::tanh_act`).
+#[inline(always)]
+fn acts<T: CpuElem>(g: &[&[T]; 4], j: usize) -> [T::Acc; 4] {
     [
-        sigmoid(row[j].to_acc()),
-        sigmoid(row[h + j].to_acc()),
-        row[2 * h + j].to_acc().tanh(),
-        sigmoid(row[3 * h + j].to_acc()),
+        g[0][j].to_acc().sigmoid_act(),
+        g[1][j].to_acc().sigmoid_act(),
+        g[2][j].to_acc().tanh_act(),
+        g[3][j].to_acc().sigmoid_act(),
     ]
 }
 
@@ -57,11 +63,14 @@ pub(crate) fn lstm_cell(
         let (g, c) = (contiguous(g, lg), contiguous(c, lc));
         let (batch, h) = (lc.shape()[0], lc.shape()[1]);
         rows(batch, 2 * h, &g, &c, h, |_, gr, cr, out: &mut [T]| {
+            let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
+            let (oh, oc) = out.split_at_mut(h);
+            let oc = &mut oc[..h];
             for j in 0..h {
-                let [i, f, gg, o] = acts(gr, h, j);
+                let [i, f, gg, o] = acts(&g, j);
                 let c2 = f * cr[j].to_acc() + i * gg;
-                out[j] = T::from_acc(o * c2.tanh());
-                out[h + j] = T::from_acc(c2);
+                oh[j] = T::from_acc(o * c2.tanh_act());
+                oc[j] = T::from_acc(c2);
             }
         })
         .into_storage()
@@ -96,19 +105,25 @@ pub(crate) fn lstm_cell_backward(
         let (batch, h) = (lc.shape()[0], lc.shape()[1]);
         let one = <T::Acc as num_traits::One>::one();
         Ok(rows(batch, 5 * h, &g, &c, h, |b, gr, cr, out: &mut [T]| {
-            let dr = &d[b * 2 * h..(b + 1) * 2 * h];
+            let (dh, dc) = d[b * 2 * h..(b + 1) * 2 * h].split_at(h);
+            let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
+            let (oi, rest) = out.split_at_mut(h);
+            let (of, rest) = rest.split_at_mut(h);
+            let (og, rest) = rest.split_at_mut(h);
+            let (oo, oc) = rest.split_at_mut(h);
+            let oc = &mut oc[..h];
             for j in 0..h {
-                let [i, f, gg, o] = acts(gr, h, j);
+                let [i, f, gg, o] = acts(&g, j);
                 let cp = cr[j].to_acc();
                 let c2 = f * cp + i * gg;
-                let th = c2.tanh();
-                let (dh, dc2) = (dr[j].to_acc(), dr[h + j].to_acc());
+                let th = c2.tanh_act();
+                let (dh, dc2) = (dh[j].to_acc(), dc[j].to_acc());
                 let dc = dc2 + dh * o * (one - th * th);
-                out[j] = T::from_acc(dc * gg * i * (one - i));
-                out[h + j] = T::from_acc(dc * cp * f * (one - f));
-                out[2 * h + j] = T::from_acc(dc * i * (one - gg * gg));
-                out[3 * h + j] = T::from_acc(dh * th * o * (one - o));
-                out[4 * h + j] = T::from_acc(dc * f);
+                oi[j] = T::from_acc(dc * gg * i * (one - i));
+                of[j] = T::from_acc(dc * cp * f * (one - f));
+                og[j] = T::from_acc(dc * i * (one - gg * gg));
+                oo[j] = T::from_acc(dh * th * o * (one - o));
+                oc[j] = T::from_acc(dc * f);
             }
         })
         .into_storage())
