@@ -14,14 +14,8 @@ pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // Beyond these the result is inf or 0 anyway; NaN fails both tests and stays.
-    let x = if x > 88.8 {
-        88.8
-    } else if x < -104.0 {
-        -104.0
-    } else {
-        x
-    };
+    // Beyond these the result is inf or 0 anyway; `clamp` keeps NaN.
+    let x = x.clamp(-104.0, 88.8);
     // x = n ln 2 + r with |r| <= ln 2 / 2.
     let m = x * LOG2E + ROUND;
     let n = m - ROUND;
@@ -32,7 +26,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     // 2^n in two factors, each a normal f32 for n in [-150, 128]: a subnormal result is
     // rounded once, by the last product, and n = 128 overflows to inf.
@@ -55,10 +49,10 @@ pub(crate) fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
     let mut p = -5.704_988_7e-3f32;
-    p = p * z + 2.063_908_9e-2;
+    p = p * z + 2.063_909e-2;
     p = p * z - 5.373_971_6e-2;
     p = p * z + 1.333_144_2e-1;
-    p = p * z - 3.333_328_2e-1;
+    p = p * z - 3.333_328e-1;
     // The sign from x keeps tanh(-0) = -0.
     let small = (p * z * x + x).copysign(x);
     let large = (1.0 - 2.0 / (exp(2.0 * a) + 1.0)).copysign(x);
