@@ -149,6 +149,63 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ dy,
     }
 }
 
+// Layer normalisation (src/backend/cpu/layer_norm.rs): one block per row of `cols` contiguous
+// elements; stats[2 r] = mean, stats[2 r + 1] = 1 / sqrt(var + eps). w and b may be null.
+template <typename T>
+__device__ void ln_forward(const T* __restrict__ x, const T* __restrict__ w,
+                           const T* __restrict__ b, T* __restrict__ y, float* __restrict__ stats,
+                           i64 rows, i64 cols, float eps) {
+    __shared__ float scratch[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * cols;
+        float s = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) s += to_f32(xr[c]);
+        float m = block_reduce(0, s, scratch) / (float)cols;
+        float q = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float d = to_f32(xr[c]) - m;
+            q += d * d;
+        }
+        float rstd = 1.0f / sqrtf(block_reduce(0, q, scratch) / (float)cols + eps);
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = (to_f32(xr[c]) - m) * rstd;
+            if (w) v *= to_f32(w[c]);
+            if (b) v += to_f32(b[c]);
+            y[r * cols + c] = from_f32<T>(v);
+        }
+        if (threadIdx.x == 0) {
+            stats[2 * r] = m;
+            stats[2 * r + 1] = rstd;
+        }
+    }
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, with g = dy w (dy when w is null).
+template <typename T>
+__device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
+                            const T* __restrict__ w, const float* __restrict__ stats,
+                            T* __restrict__ dx, i64 rows, i64 cols) {
+    __shared__ float scratch[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * cols;
+        const T* dr = dy + r * cols;
+        float m = stats[2 * r], rstd = stats[2 * r + 1];
+        float s1 = 0.0f, s2 = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float g = to_f32(dr[c]) * (w ? to_f32(w[c]) : 1.0f);
+            s1 += g;
+            s2 += g * (to_f32(xr[c]) - m) * rstd;
+        }
+        s1 = block_reduce(0, s1, scratch) / (float)cols;
+        s2 = block_reduce(0, s2, scratch) / (float)cols;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float g = to_f32(dr[c]) * (w ? to_f32(w[c]) : 1.0f);
+            float xhat = (to_f32(xr[c]) - m) * rstd;
+            dx[r * cols + c] = from_f32<T>(rstd * (g - s1 - xhat * s2));
+        }
+    }
+}
+
 #define BN(T)                                                                                  \
     extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy,               \
                                               const float* mean, float* part, i64 outer, i64 C, \
@@ -158,6 +215,14 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ dy,
     extern "C" __global__ void bn_affine_##T(const T* x, const T* dy, const float* coef,       \
                                              T* out, i64 n, i64 C, i64 inner) {                \
         bn_affine<T>(x, dy, coef, out, n, C, inner);                                           \
+    }                                                                                          \
+    extern "C" __global__ void ln_forward_##T(const T* x, const T* w, const T* b, T* y,         \
+                                              float* stats, i64 rows, i64 cols, float eps) {    \
+        ln_forward<T>(x, w, b, y, stats, rows, cols, eps);                                     \
+    }                                                                                          \
+    extern "C" __global__ void ln_backward_##T(const T* dy, const T* x, const T* w,             \
+                                               const float* stats, T* dx, i64 rows, i64 cols) { \
+        ln_backward<T>(dy, x, w, stats, dx, rows, cols);                                       \
     }
 BN(float)
 BN(f16)

@@ -1,5 +1,5 @@
 //! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s, and reductions, in ms (median
-//! of several runs after a warm-up), and batch norm, in ms. Run: `cargo run --release --example
+//! of several runs after a warm-up), and batch and layer norm, in ms. Run: `cargo run --release --example
 //! bench_cpu`; an argument (`matmul`, `conv2d`, `reduce` or `norm`) runs that group alone.
 
 use mantissa::{Conv2dOptions, DType, Device, Generator, MemoryFormat, Result, Tensor};
@@ -202,6 +202,34 @@ fn conv2d() -> Result<()> {
             );
         }
     }
+    // Layer norm over the last dim of [256, 1024], weight and bias.
+    let (rows, cols) = (256, 1024);
+    let w = randn(&[cols], DType::F32, 11)?.requires_grad(true)?;
+    let b = randn(&[cols], DType::F32, 12)?.requires_grad(true)?;
+    let x = randn(&[rows, cols], DType::F32, 13)?.requires_grad(true)?;
+    let g = randn(&[rows, cols], DType::F32, 14)?;
+    let composite = |x: &Tensor| -> Result<Tensor> {
+        let mean = x.mean(&[-1], true)?;
+        let var = x.var(&[-1], 0, true)?;
+        x.sub(&mean)?
+            .mul(&var.add(1e-5)?.rsqrt()?)?
+            .mul(&w)?
+            .add(&b)
+    };
+    let fused = |x: &Tensor| x.layer_norm(&[cols], Some(&w), Some(&b), 1e-5);
+    type Ln<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
+    for (name, f) in [("fused", &fused as Ln), ("composite", &composite as Ln)] {
+        let fwd = time(11, || mantissa::no_grad(|| f(&x)).map(drop))?;
+        let both = time(11, || f(&x)?.mul(&g)?.sum_all()?.backward())?;
+        for (pass, t) in [("fwd", fwd), ("fwd+bwd", both)] {
+            println!(
+                "{:<44} {:>10.3} {:>10}",
+                format!("layer_norm {name} {rows}x{cols} {pass}"),
+                t * 1e3,
+                "-"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -282,6 +310,34 @@ fn norm() -> Result<()> {
                 "{:<44} {:>10.3} {:>10}",
                 format!("batch_norm {name} {n}x{c}x{hw}x{hw}{tag} fwd+bwd"),
                 both * 1e3,
+                "-"
+            );
+        }
+    }
+    // Layer norm over the last dim of [256, 1024], weight and bias.
+    let (rows, cols) = (256, 1024);
+    let w = randn(&[cols], DType::F32, 11)?.requires_grad(true)?;
+    let b = randn(&[cols], DType::F32, 12)?.requires_grad(true)?;
+    let x = randn(&[rows, cols], DType::F32, 13)?.requires_grad(true)?;
+    let g = randn(&[rows, cols], DType::F32, 14)?;
+    let composite = |x: &Tensor| -> Result<Tensor> {
+        let mean = x.mean(&[-1], true)?;
+        let var = x.var(&[-1], 0, true)?;
+        x.sub(&mean)?
+            .mul(&var.add(1e-5)?.rsqrt()?)?
+            .mul(&w)?
+            .add(&b)
+    };
+    let fused = |x: &Tensor| x.layer_norm(&[cols], Some(&w), Some(&b), 1e-5);
+    type Ln<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
+    for (name, f) in [("fused", &fused as Ln), ("composite", &composite as Ln)] {
+        let fwd = time(11, || mantissa::no_grad(|| f(&x)).map(drop))?;
+        let both = time(11, || f(&x)?.mul(&g)?.sum_all()?.backward())?;
+        for (pass, t) in [("fwd", fwd), ("fwd+bwd", both)] {
+            println!(
+                "{:<44} {:>10.3} {:>10}",
+                format!("layer_norm {name} {rows}x{cols} {pass}"),
+                t * 1e3,
                 "-"
             );
         }

@@ -804,6 +804,11 @@ fn composite_ops_match() {
         parity("layer_norm", d, &[seq.clone(), lw, lb], |x| {
             x[0].layer_norm(&[7, 8], Some(&x[1]), Some(&x[2]), 1e-5)
         });
+        // Rows longer than a block, without affine parameters.
+        let long = input(&[4, 1000], dt, 85);
+        parity("layer_norm (long rows, no affine)", d, &[long], |x| {
+            x[0].layer_norm(&[1000], None, None, 1e-5)
+        });
 
         let logits = input(&[6, 5], dt, 79);
         let target = Tensor::from_vec(vec![4i64, -100, 0, 2, 2, 1], &[6], Device::Cpu).unwrap();

@@ -1,7 +1,7 @@
 //! Device dispatch of batch normalisation's fused passes (`cpu/norm.rs`, `cuda/norm.rs`), and
 //! the `[outer, channels, inner]` view both backends work on.
 
-use super::{common_device, Storage};
+use super::{common_device, CpuStorage, Storage};
 use crate::layout::Layout;
 use crate::{Error, Result};
 
@@ -68,6 +68,19 @@ impl ChannelSplit {
         }
         ChannelSplit::of(op, a)
     }
+}
+
+/// An operand already checked to be on the CPU, as the CPU storage.
+fn on_cpu<'a>(v: Option<(&'a Storage, &'a Layout)>) -> Option<(&'a CpuStorage, &'a Layout)> {
+    v.map(|(s, l)| (s.as_cpu().expect("common_device checked the device"), l))
+}
+
+/// An operand already checked to be on a GPU, as the CUDA storage.
+#[cfg(feature = "cuda")]
+fn on_cuda<'a>(
+    v: Option<(&'a Storage, &'a Layout)>,
+) -> Option<(&'a super::cuda::storage::CudaStorage, &'a Layout)> {
+    v.map(|(s, l)| (s.as_cuda().expect("common_device checked the device"), l))
 }
 
 impl Storage {
@@ -143,6 +156,65 @@ impl Storage {
                     lc,
                 )?))
             }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
+    }
+
+    /// Layer norm over rows of `cols` elements (the trailing dims of a contiguous `x`): the
+    /// output in `x`'s dtype and the statistics `[rows, 2]` (mean, 1 / sqrt(var + eps)) in
+    /// f32 (f64 for f64); `w` and `b` (`cols` elements) share `x`'s dtype.
+    pub(crate) fn layer_norm(
+        &self,
+        lx: &Layout,
+        cols: usize,
+        w: Option<(&Storage, &Layout)>,
+        b: Option<(&Storage, &Layout)>,
+        eps: f64,
+    ) -> Result<(Storage, Storage)> {
+        let op = "layer_norm";
+        let mut all = vec![self];
+        all.extend(w.map(|v| v.0));
+        all.extend(b.map(|v| v.0));
+        common_device(op, &all)?;
+        match self {
+            Storage::Cpu(x) => {
+                let (w, b) = (on_cpu(w), on_cpu(b));
+                let (y, s) = super::cpu::layer_norm::layer_norm(x, lx, cols, w, b, eps)?;
+                Ok((Storage::Cpu(y), Storage::Cpu(s)))
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(x) => {
+                let (w, b) = (on_cuda(w), on_cuda(b));
+                let (y, s) = super::cuda::norm::layer_norm(x, lx, cols, w, b, eps)?;
+                Ok((Storage::Cuda(y), Storage::Cuda(s)))
+            }
+        }
+    }
+
+    /// The input's gradient of [`Storage::layer_norm`]; `self` is the output's gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_norm_backward(
+        &self,
+        ld: &Layout,
+        x: &Storage,
+        lx: &Layout,
+        cols: usize,
+        stats: &Storage,
+        w: Option<(&Storage, &Layout)>,
+    ) -> Result<Storage> {
+        let op = "layer_norm backward";
+        let mut all = vec![self, x, stats];
+        all.extend(w.map(|v| v.0));
+        common_device(op, &all)?;
+        match (self, x, stats) {
+            (Storage::Cpu(d), Storage::Cpu(x), Storage::Cpu(s)) => Ok(Storage::Cpu(
+                super::cpu::layer_norm::layer_norm_backward(d, ld, x, lx, cols, s, on_cpu(w))?,
+            )),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(d), Storage::Cuda(x), Storage::Cuda(s)) => Ok(Storage::Cuda(
+                super::cuda::norm::layer_norm_backward(d, ld, x, lx, cols, s, on_cuda(w))?,
+            )),
             #[allow(unreachable_patterns)]
             _ => unreachable!("common_device checked the devices"),
         }

@@ -1,5 +1,5 @@
-//! batch_norm (fused passes of the backends, statistics in f32 or wider) and layer_norm
-//! (composed from differentiable ops).
+//! batch_norm and layer_norm, each a fused pass of the backends forward and backward, with
+//! statistics in f32 or wider.
 
 use super::{dispatch, expect_float, Op};
 use crate::layout::Layout;
@@ -257,17 +257,69 @@ impl Tensor {
                 shape: x.shape().to_vec(),
             });
         }
-        let dims: Vec<isize> = (-(k as isize)..0).collect();
-        let mean = x.mean(&dims, true)?;
-        let var = x.var(&dims, 0, true)?;
-        let y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
-        let y = match weight {
-            Some(w) => y.mul(w)?,
-            None => y,
+        // One dtype for every operand (PyTorch's promotion: f16 input with f32 parameters
+        // gives f32); under autocast the input is f32 already.
+        let dt = [weight, bias]
+            .into_iter()
+            .flatten()
+            .fold(x.dtype(), |d, v| d.promote(v.dtype()));
+        let x = x.to_dtype(dt)?.contiguous()?;
+        let cast = |v: Option<&Tensor>| v.map(|v| v.to_dtype(dt)?.contiguous()).transpose();
+        let (w, b) = (cast(weight)?, cast(bias)?);
+        let cols: usize = normalized_shape.iter().product();
+        let rows = x.numel() / cols;
+        let (y, stats) = {
+            let (xs, ws, bs) = (
+                x.storage(),
+                w.as_ref().map(|w| w.storage()),
+                b.as_ref().map(|b| b.storage()),
+            );
+            let wp = ws.as_deref().zip(w.as_ref().map(|t| t.layout()));
+            let bp = bs.as_deref().zip(b.as_ref().map(|t| t.layout()));
+            xs.layer_norm(x.layout(), cols, wp, bp, eps)?
         };
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
+        let y = Tensor::from_storage(y, x.shape());
+        let stats = Tensor::from_storage(stats, &[rows, 2]);
+        let mut inputs = vec![&x];
+        inputs.extend(w.as_ref());
+        inputs.extend(b.as_ref());
+        let (xs, ws) = (x.detach(), w.as_ref().map(|w| w.detach()));
+        let (has_w, has_b) = (w.is_some(), b.is_some());
+        let pshape = normalized_shape.to_vec();
+        Ok(y.attach("layer_norm", &inputs, move |dy, needs| {
+            let dy = dy.to_dtype(dt)?.contiguous()?;
+            let dx = if needs[0] {
+                let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
+                let wst = ws.as_ref().map(|w| w.storage());
+                let wpart = wst.as_deref().zip(ws.as_ref().map(|w| w.layout()));
+                let dx =
+                    ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart)?;
+                Some(Tensor::from_storage(dx, xs.shape()))
+            } else {
+                None
+            };
+            let mut grads = vec![dx];
+            if has_w || has_b {
+                // Sums over the rows, in the statistics' dtype.
+                let sd = stats.dtype();
+                let dy2 = dy.reshape(&[rows, cols])?.to_dtype(sd)?;
+                if has_w {
+                    let mean = stats.narrow(1, 0, 1)?;
+                    let rstd = stats.narrow(1, 1, 1)?;
+                    let xhat = xs
+                        .reshape(&[rows, cols])?
+                        .to_dtype(sd)?
+                        .sub(&mean)?
+                        .mul(&rstd)?;
+                    let dw = dy2.mul(&xhat)?.sum(&[0], false)?;
+                    grads.push(Some(dw.to_dtype(dt)?.reshape(&pshape)?));
+                }
+                if has_b {
+                    let db = dy2.sum(&[0], false)?;
+                    grads.push(Some(db.to_dtype(dt)?.reshape(&pshape)?));
+                }
+            }
+            Ok(grads)
+        }))
     }
 }

@@ -8,6 +8,7 @@ mod conv;
 mod conv_nhwc;
 mod elementwise;
 pub(crate) mod index;
+pub(crate) mod layer_norm;
 mod loss;
 mod matmul;
 mod nn;

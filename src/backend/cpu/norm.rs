@@ -28,7 +28,7 @@ pub(crate) fn stat_dtype(dtype: DType) -> DType {
     }
 }
 
-fn stats_storage(values: Vec<f64>, dtype: DType) -> CpuStorage {
+pub(crate) fn stats_storage(values: Vec<f64>, dtype: DType) -> CpuStorage {
     match stat_dtype(dtype) {
         DType::F64 => CpuStorage::F64(values),
         _ => CpuStorage::F32(values.into_iter().map(|v| v as f32).collect()),

@@ -175,3 +175,71 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         }
     }
 }
+
+#[test]
+fn layer_norm_kernels_match_the_cpu_on_emulated_blocks() {
+    let Some(lib) = library("norm") else {
+        return;
+    };
+    type Forward =
+        unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, *mut f32, i64, i64, f32);
+    type Backward =
+        unsafe extern "C" fn(*const f32, *const f32, *const f32, *const f32, *mut f32, i64, i64);
+    let fwd: Forward = function(lib, "ln_forward_float");
+    let bwd: Backward = function(lib, "ln_backward_float");
+    let (rows, cols) = (5, 77);
+    let x = randn(&[rows, cols], 42).mul(2.0).unwrap().add(1.5).unwrap();
+    let dy = randn(&[rows, cols], 43);
+    let (w, b) = (randn(&[cols], 44), randn(&[cols], 45));
+    let (xs, ds) = (x.to_vec::<f32>().unwrap(), dy.to_vec::<f32>().unwrap());
+    let (ws, bs) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    let (lx, lw) = (
+        Layout::contiguous(&[rows, cols]),
+        Layout::contiguous(&[cols]),
+    );
+    for affine in [false, true] {
+        let what = format!("affine {affine}");
+        let (wst, bst) = (w.storage(), b.storage());
+        let (wp, bp) = match affine {
+            true => (Some((&*wst, &lw)), Some((&*bst, &lw))),
+            false => (None, None),
+        };
+        let (want_y, want_s) = x.storage().layer_norm(&lx, cols, wp, bp, 1e-5).unwrap();
+        let want_dx = dy
+            .storage()
+            .layer_norm_backward(&lx, &x.storage(), &lx, cols, &want_s, wp)
+            .unwrap();
+        let (mut y, mut stats) = (vec![f32::NAN; rows * cols], vec![f32::NAN; 2 * rows]);
+        let mut dx = vec![f32::NAN; rows * cols];
+        let (wa, ba) = (affine.then(|| Addr::of(&ws)), affine.then(|| Addr::of(&bs)));
+        let pick = |a: Option<Addr>| a.map_or(std::ptr::null(), |a| a.ptr::<f32>() as *const f32);
+        let (xa, da) = (Addr::of(&xs), Addr::of(&ds));
+        let (ya, sa, dxa) = (
+            Addr::of_mut(&mut y),
+            Addr::of_mut(&mut stats),
+            Addr::of_mut(&mut dx),
+        );
+        let (r, c) = (rows as i64, cols as i64);
+        // Fewer blocks than rows: each block strides over rows.
+        run_grid(lib, 2, 64, || {
+            // SAFETY: x and y hold rows x cols elements, w and b cols (or null), stats two per
+            // row; a row's elements are written by distinct threads, its stats by thread 0.
+            unsafe { fwd(xa.ptr(), pick(wa), pick(ba), ya.ptr(), sa.ptr(), r, c, 1e-5) }
+        });
+        run_grid(lib, 3, 64, || {
+            // SAFETY: as above; dx holds rows x cols elements.
+            unsafe { bwd(da.ptr(), xa.ptr(), pick(wa), sa.ptr(), dxa.ptr(), r, c) }
+        });
+        near(&y, &values(want_y, rows * cols), &format!("{what}: output"));
+        near(
+            &stats,
+            &values(want_s, 2 * rows),
+            &format!("{what}: statistics"),
+        );
+        near(
+            &dx,
+            &values(want_dx, rows * cols),
+            &format!("{what}: input gradient"),
+        );
+    }
+}

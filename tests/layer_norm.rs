@@ -1,0 +1,123 @@
+//! The fused layer norm against its definition, composed in f64 from differentiable ops:
+//! outputs and gradients (input, weight, bias), with and without affine parameters, sizes
+//! that run in parallel, half dtypes, inputs far from zero mean, and dtype promotion.
+
+mod common;
+
+use common::{rel_err, vals};
+use mantissa::{DType, Device, Generator, Result, Tensor};
+
+fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    let e = rel_err(got, want);
+    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
+}
+
+fn input(shape: &[usize], dtype: DType, m: f64, s: f64, seed: u64) -> Tensor {
+    let mut g = Generator::new(seed);
+    Tensor::randn_with(shape, m, s, DType::F64, Device::Cpu, &mut g)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap()
+}
+
+/// The definition over the trailing `k` dims, in f64.
+fn reference(x: &Tensor, k: usize, w: Option<&Tensor>, b: Option<&Tensor>) -> Result<Tensor> {
+    let dims: Vec<isize> = (-(k as isize)..0).collect();
+    let mean = x.mean(&dims, true)?;
+    let var = x.var(&dims, 0, true)?;
+    let y = x.sub(&mean)?.mul(&var.add(1e-5)?.rsqrt()?)?;
+    let y = match w {
+        Some(w) => y.mul(w)?,
+        None => y,
+    };
+    match b {
+        Some(b) => y.add(b),
+        None => Ok(y),
+    }
+}
+
+/// Output and the gradients of every leaf in `leaves`, from `sum(y * g)`.
+fn run(y: Tensor, g: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
+    y.mul(&g.to_dtype(y.dtype()).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let mut out = vec![vals(&y)];
+    out.extend(leaves.iter().map(|t| vals(&t.grad().expect("a gradient"))));
+    out
+}
+
+fn check(shape: &[usize], k: usize, dtype: DType, mean: f64, affine: bool, tol: f64) {
+    let what = format!("{shape:?} over {k} dims, {dtype:?}, mean {mean}, affine {affine}");
+    let p = &shape[shape.len() - k..];
+    let x = input(shape, dtype, mean, 2.0, 1);
+    let x64 = Tensor::from_vec(vals(&x), shape, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let (w, b) = (input(p, dtype, 1.0, 0.5, 2), input(p, dtype, 0.0, 1.0, 3));
+    let w64 = Tensor::from_vec(vals(&w), p, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let b64 = Tensor::from_vec(vals(&b), p, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let g = input(shape, DType::F64, 0.0, 1.0, 4);
+    let (got, want) = if affine {
+        let y = x.layer_norm(p, Some(&w), Some(&b), 1e-5).unwrap();
+        assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+        let y64 = reference(&x64, k, Some(&w64), Some(&b64)).unwrap();
+        (run(y, &g, &[&x, &w, &b]), run(y64, &g, &[&x64, &w64, &b64]))
+    } else {
+        let y = x.layer_norm(p, None, None, 1e-5).unwrap();
+        let y64 = reference(&x64, k, None, None).unwrap();
+        (run(y, &g, &[&x]), run(y64, &g, &[&x64]))
+    };
+    for (k, name) in [
+        "output",
+        "input gradient",
+        "weight gradient",
+        "bias gradient",
+    ]
+    .iter()
+    .enumerate()
+    .take(got.len())
+    {
+        assert_close(&got[k], &want[k], tol, &format!("{what}: {name}"));
+    }
+}
+
+#[test]
+fn fused_layer_norm_matches_its_definition() {
+    // [64, 700] is 44,800 elements: rows in parallel.
+    for (shape, k) in [(&[64, 700][..], 1), (&[3, 7, 8][..], 2), (&[5, 1][..], 1)] {
+        for affine in [true, false] {
+            check(shape, k, DType::F64, 0.5, affine, 1e-12);
+            check(shape, k, DType::F32, 0.5, affine, 1e-5);
+            check(shape, k, DType::BF16, 0.5, affine, 2e-2);
+            check(shape, k, DType::F16, 0.5, affine, 3e-3);
+        }
+    }
+}
+
+#[test]
+fn rows_far_from_zero_keep_their_precision() {
+    check(&[64, 700], 1, DType::F32, 1000.0, true, 3e-5);
+}
+
+#[test]
+fn half_input_with_f32_parameters_promotes_to_f32() {
+    let x = input(&[4, 6], DType::F16, 0.0, 1.0, 5);
+    let w = input(&[6], DType::F32, 1.0, 0.5, 6);
+    let y = x.layer_norm(&[6], Some(&w), None, 1e-5).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().dtype(), DType::F16);
+    assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+}
