@@ -52,7 +52,7 @@ __device__ __forceinline__ float unary_df(int op, float a, float x) {
     case 9: return -sinf(x);
     case 10: { float t = tanhf(x); return 1.0f - t * t; }
     case 11: { float s = sigmoid(x); return s * (1.0f - s); }
-    case 12: return x > 0.0f ? 1.0f : 0.0f;
+    case 12: return x <= 0.0f ? 0.0f : 1.0f; // NaN passes the gradient, as in PyTorch
     case 13: return x > 0.0f ? 1.0f : a;
     case 14: return 0.5f * (1.0f + erff(x * FRAC_1_SQRT_2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
     case 15: {

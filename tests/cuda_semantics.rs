@@ -68,6 +68,23 @@ fn nan_propagates_alike() {
         for (name, op) in ops {
             same_on_both(&format!("{name} ({dt:?})"), d, &xy, op);
         }
+        // relu's gradient passes at NaN and stops where x <= 0, on both devices.
+        let relu_grad = |dev: Device| {
+            let xg = own(&x, dev).requires_grad(true).unwrap();
+            xg.relu().unwrap().sum_all().unwrap().backward().unwrap();
+            vals(&xg.grad().unwrap())
+        };
+        let want = [0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0];
+        assert_same(
+            &relu_grad(Device::Cpu),
+            &want,
+            &format!("relu gradient ({dt:?})"),
+        );
+        assert_same(
+            &relu_grad(d),
+            &want,
+            &format!("relu gradient on {d} ({dt:?})"),
+        );
         // A NaN in a row makes that whole softmax row NaN, and only that row.
         let s = x.to_device(d).unwrap().softmax(1).unwrap();
         let s = vals(&s);

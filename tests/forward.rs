@@ -683,6 +683,19 @@ fn relu_clamp_maximum_and_minimum_keep_nan() {
         };
         let nan = f64::NAN;
         same(v(x.relu()), [0.0, nan, 0.5, 3.0], "relu");
+        // Its gradient is zero where x <= 0 and passes elsewhere, NaN included (PyTorch's
+        // threshold_backward); -0 gives zero.
+        let xg = t(vec![-2.0, f64::NAN, 0.5, -0.0], &[4])
+            .to_dtype(dt)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap();
+        xg.relu().unwrap().sum_all().unwrap().backward().unwrap();
+        same(
+            v(Ok(xg.grad().unwrap())),
+            [0.0, 1.0, 1.0, 0.0],
+            "relu gradient",
+        );
         same(v(x.clamp(-1.0, 1.0)), [-1.0, nan, 0.5, 1.0], "clamp");
         same(v(x.maximum(0.0)), [0.0, nan, 0.5, 3.0], "maximum scalar");
         same(v(x.minimum(0.0)), [-2.0, nan, 0.0, 0.0], "minimum scalar");

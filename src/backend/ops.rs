@@ -149,11 +149,13 @@ impl UnaryOp {
                 let s = one / (one + (-x).exp());
                 s * (one - s)
             }
+            // Zero where x <= 0, else one: a NaN input passes its gradient on, as PyTorch's
+            // threshold_backward does.
             UnaryOp::Relu => {
-                if x > zero {
-                    one
-                } else {
+                if x <= zero {
                     zero
+                } else {
+                    one
                 }
             }
             UnaryOp::LeakyRelu(s) => {
