@@ -202,34 +202,6 @@ fn conv2d() -> Result<()> {
             );
         }
     }
-    // Layer norm over the last dim of [256, 1024], weight and bias.
-    let (rows, cols) = (256, 1024);
-    let w = randn(&[cols], DType::F32, 11)?.requires_grad(true)?;
-    let b = randn(&[cols], DType::F32, 12)?.requires_grad(true)?;
-    let x = randn(&[rows, cols], DType::F32, 13)?.requires_grad(true)?;
-    let g = randn(&[rows, cols], DType::F32, 14)?;
-    let composite = |x: &Tensor| -> Result<Tensor> {
-        let mean = x.mean(&[-1], true)?;
-        let var = x.var(&[-1], 0, true)?;
-        x.sub(&mean)?
-            .mul(&var.add(1e-5)?.rsqrt()?)?
-            .mul(&w)?
-            .add(&b)
-    };
-    let fused = |x: &Tensor| x.layer_norm(&[cols], Some(&w), Some(&b), 1e-5);
-    type Ln<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
-    for (name, f) in [("fused", &fused as Ln), ("composite", &composite as Ln)] {
-        let fwd = time(11, || mantissa::no_grad(|| f(&x)).map(drop))?;
-        let both = time(11, || f(&x)?.mul(&g)?.sum_all()?.backward())?;
-        for (pass, t) in [("fwd", fwd), ("fwd+bwd", both)] {
-            println!(
-                "{:<44} {:>10.3} {:>10}",
-                format!("layer_norm {name} {rows}x{cols} {pass}"),
-                t * 1e3,
-                "-"
-            );
-        }
-    }
     Ok(())
 }
 
@@ -271,8 +243,35 @@ fn reduce() -> Result<()> {
     Ok(())
 }
 
-/// Batch norm in training mode, forward and forward + backward, fused against the same
-/// computation composed of elementwise ops and reductions (what it replaced).
+/// A normalisation, as a closure of its input.
+type Norm<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
+
+/// Forward (no graph) and forward + backward (times a fixed gradient `g`) of the fused op and
+/// of the composite it replaced, one row each.
+fn fused_vs_composite(
+    label: &str,
+    x: &Tensor,
+    g: &Tensor,
+    fused: Norm,
+    composite: Norm,
+) -> Result<()> {
+    for (name, f) in [("fused", fused), ("composite", composite)] {
+        let fwd = time(11, || mantissa::no_grad(|| f(x)).map(drop))?;
+        let both = time(11, || f(x)?.mul(g)?.sum_all()?.backward())?;
+        for (pass, t) in [("fwd", fwd), ("fwd+bwd", both)] {
+            println!(
+                "{:<44} {:>10.3} {:>10}",
+                format!("{label} {name} {pass}"),
+                t * 1e3,
+                "-"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Batch norm in training mode (32x64x32x32, both formats) and layer norm (256x1024), fused
+/// against the same computations composed of elementwise ops and reductions.
 fn norm() -> Result<()> {
     let (n, c, hw) = (32, 64, 32);
     let w = randn(&[c], DType::F32, 7)?.requires_grad(true)?;
@@ -296,25 +295,10 @@ fn norm() -> Result<()> {
             .to_memory_format(format)?
             .requires_grad(true)?;
         let g = randn(&[n, c, hw, hw], DType::F32, 10)?.to_memory_format(format)?;
-        type Bn<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
-        for (name, f) in [("fused", &fused as Bn), ("composite", &composite as Bn)] {
-            let fwd = time(11, || mantissa::no_grad(|| f(&x)).map(drop))?;
-            let both = time(11, || f(&x)?.mul(&g)?.sum_all()?.backward())?;
-            println!(
-                "{:<44} {:>10.3} {:>10}",
-                format!("batch_norm {name} {n}x{c}x{hw}x{hw}{tag} fwd"),
-                fwd * 1e3,
-                "-"
-            );
-            println!(
-                "{:<44} {:>10.3} {:>10}",
-                format!("batch_norm {name} {n}x{c}x{hw}x{hw}{tag} fwd+bwd"),
-                both * 1e3,
-                "-"
-            );
-        }
+        let label = format!("batch_norm {n}x{c}x{hw}x{hw}{tag}");
+        fused_vs_composite(&label, &x, &g, &fused, &composite)?;
     }
-    // Layer norm over the last dim of [256, 1024], weight and bias.
+    // Layer norm over the last dim, weight and bias.
     let (rows, cols) = (256, 1024);
     let w = randn(&[cols], DType::F32, 11)?.requires_grad(true)?;
     let b = randn(&[cols], DType::F32, 12)?.requires_grad(true)?;
@@ -329,18 +313,11 @@ fn norm() -> Result<()> {
             .add(&b)
     };
     let fused = |x: &Tensor| x.layer_norm(&[cols], Some(&w), Some(&b), 1e-5);
-    type Ln<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor>;
-    for (name, f) in [("fused", &fused as Ln), ("composite", &composite as Ln)] {
-        let fwd = time(11, || mantissa::no_grad(|| f(&x)).map(drop))?;
-        let both = time(11, || f(&x)?.mul(&g)?.sum_all()?.backward())?;
-        for (pass, t) in [("fwd", fwd), ("fwd+bwd", both)] {
-            println!(
-                "{:<44} {:>10.3} {:>10}",
-                format!("layer_norm {name} {rows}x{cols} {pass}"),
-                t * 1e3,
-                "-"
-            );
-        }
-    }
-    Ok(())
+    fused_vs_composite(
+        &format!("layer_norm {rows}x{cols}"),
+        &x,
+        &g,
+        &fused,
+        &composite,
+    )
 }

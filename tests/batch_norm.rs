@@ -5,14 +5,8 @@
 
 mod common;
 
-use common::{rel_err, vals};
+use common::{assert_outputs_close, output_and_grads, vals};
 use mantissa::{DType, Device, Generator, MemoryFormat, Result, Tensor};
-
-/// Norm-wise relative error within `tol` (the vectors are too long to print).
-fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
-    let e = rel_err(got, want);
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
-}
 
 /// `x (mean m, spread s)` of `dtype`, in `format`, requiring grad.
 fn input(shape: &[usize], dtype: DType, m: f64, s: f64, seed: u64, cl: bool) -> Tensor {
@@ -54,21 +48,10 @@ fn run(
     b: &Tensor,
     g: &Tensor,
     f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
-) -> [Vec<f64>; 4] {
+) -> Vec<Vec<f64>> {
     let y = f(x, w, b).unwrap();
     assert_eq!(y.dtype(), x.dtype(), "the output keeps the input dtype");
-    y.mul(&g.to_dtype(y.dtype()).unwrap())
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let grad = |t: &Tensor| vals(&t.grad().expect("a gradient"));
-    let out = [vals(&y), grad(x), grad(w), grad(b)];
-    for t in [x, w, b] {
-        t.zero_grad();
-    }
-    out
+    output_and_grads(&y, g, &[x, w, b])
 }
 
 fn check(shape: &[usize], cl: bool, dtype: DType, mean: f64, tol: f64) {
@@ -102,17 +85,7 @@ fn check(shape: &[usize], cl: bool, dtype: DType, mean: f64, tol: f64) {
         Ok(y)
     });
     let want = run(&x64, &w64, &b64, &g, |x, w, b| reference(x, w, b, None));
-    for (k, name) in [
-        "output",
-        "input gradient",
-        "weight gradient",
-        "bias gradient",
-    ]
-    .iter()
-    .enumerate()
-    {
-        assert_close(&fused[k], &want[k], tol, &format!("{what}: {name}"));
-    }
+    assert_outputs_close(&fused, &want, tol, &what);
 
     // Eval mode with running statistics: the statistics are constants.
     let rm = Tensor::from_vec(vec![mean as f32; c], &[c], Device::Cpu).unwrap();
@@ -127,17 +100,7 @@ fn check(shape: &[usize], cl: bool, dtype: DType, mean: f64, tol: f64) {
     let want = run(&x64, &w64, &b64, &g, |x, w, b| {
         reference(x, w, b, Some((&rm64, &rv64)))
     });
-    for (k, name) in [
-        "output",
-        "input gradient",
-        "weight gradient",
-        "bias gradient",
-    ]
-    .iter()
-    .enumerate()
-    {
-        assert_close(&fused[k], &want[k], tol, &format!("{what} eval: {name}"));
-    }
+    assert_outputs_close(&fused, &want, tol, &format!("{what} eval"));
 }
 
 #[test]

@@ -4,13 +4,8 @@
 
 mod common;
 
-use common::{rel_err, vals};
+use common::{assert_outputs_close, output_and_grads, vals};
 use mantissa::{DType, Device, Generator, Result, Tensor};
-
-fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
-    let e = rel_err(got, want);
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
-}
 
 fn input(shape: &[usize], dtype: DType, m: f64, s: f64, seed: u64) -> Tensor {
     let mut g = Generator::new(seed);
@@ -38,19 +33,6 @@ fn reference(x: &Tensor, k: usize, w: Option<&Tensor>, b: Option<&Tensor>) -> Re
     }
 }
 
-/// Output and the gradients of every leaf in `leaves`, from `sum(y * g)`.
-fn run(y: Tensor, g: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
-    y.mul(&g.to_dtype(y.dtype()).unwrap())
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let mut out = vec![vals(&y)];
-    out.extend(leaves.iter().map(|t| vals(&t.grad().expect("a gradient"))));
-    out
-}
-
 fn check(shape: &[usize], k: usize, dtype: DType, mean: f64, affine: bool, tol: f64) {
     let what = format!("{shape:?} over {k} dims, {dtype:?}, mean {mean}, affine {affine}");
     let p = &shape[shape.len() - k..];
@@ -73,24 +55,19 @@ fn check(shape: &[usize], k: usize, dtype: DType, mean: f64, affine: bool, tol: 
         let y = x.layer_norm(p, Some(&w), Some(&b), 1e-5).unwrap();
         assert_eq!(y.dtype(), dtype, "{what}: output dtype");
         let y64 = reference(&x64, k, Some(&w64), Some(&b64)).unwrap();
-        (run(y, &g, &[&x, &w, &b]), run(y64, &g, &[&x64, &w64, &b64]))
+        (
+            output_and_grads(&y, &g, &[&x, &w, &b]),
+            output_and_grads(&y64, &g, &[&x64, &w64, &b64]),
+        )
     } else {
         let y = x.layer_norm(p, None, None, 1e-5).unwrap();
         let y64 = reference(&x64, k, None, None).unwrap();
-        (run(y, &g, &[&x]), run(y64, &g, &[&x64]))
+        (
+            output_and_grads(&y, &g, &[&x]),
+            output_and_grads(&y64, &g, &[&x64]),
+        )
     };
-    for (k, name) in [
-        "output",
-        "input gradient",
-        "weight gradient",
-        "bias gradient",
-    ]
-    .iter()
-    .enumerate()
-    .take(got.len())
-    {
-        assert_close(&got[k], &want[k], tol, &format!("{what}: {name}"));
-    }
+    assert_outputs_close(&got, &want, tol, &what);
 }
 
 #[test]

@@ -51,6 +51,14 @@ fn pair<'a>(op: &'static str, a: &'a Storage, b: &'a Storage) -> Result<Pair<'a>
     }
 }
 
+/// `Err` naming `op` and both dtypes when they differ (the backends' operand check).
+pub(crate) fn same_dtypes(op: &'static str, a: DType, b: DType) -> Result<()> {
+    if a != b {
+        return Err(Error::DTypeMismatch { op, lhs: a, rhs: b });
+    }
+    Ok(())
+}
+
 /// The one device of `storages`, or a device-mismatch error naming the op.
 fn common_device(op: &'static str, storages: &[&Storage]) -> Result<Device> {
     let d = storages[0].device();

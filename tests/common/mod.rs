@@ -53,6 +53,43 @@ pub fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
     );
 }
 
+/// `y` and the gradients of `leaves` from `sum(y * g)`; the leaves' gradients are cleared
+/// afterwards, so the same leaves can be used again.
+pub fn output_and_grads(y: &Tensor, g: &Tensor, leaves: &[&Tensor]) -> Vec<Vec<f64>> {
+    y.mul(&g.to_dtype(y.dtype()).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let mut out = vec![vals(y)];
+    for t in leaves {
+        out.push(vals(&t.grad().expect("a gradient")));
+        t.zero_grad();
+    }
+    out
+}
+
+/// Each of `got` (an output, then the inputs' gradients) within `tol` of `want`, norm-wise;
+/// only the error is printed (the vectors are long).
+pub fn assert_outputs_close(got: &[Vec<f64>], want: &[Vec<f64>], tol: f64, what: &str) {
+    let names = [
+        "output",
+        "input gradient",
+        "weight gradient",
+        "bias gradient",
+    ];
+    assert_eq!(got.len(), want.len(), "{what}: number of results");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        let e = rel_err(g, w);
+        let name = names.get(k).copied().unwrap_or("gradient");
+        assert!(
+            e <= tol,
+            "{what}: {name}: relative error {e:.3e} > {tol:.1e}"
+        );
+    }
+}
+
 /// Checks the gradients of `f` at `inputs` (f64 leaves) against central finite differences.
 /// The output is contracted with fixed random weights, so every output element is tested.
 pub fn gradcheck(inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {

@@ -8,7 +8,7 @@ use super::norm::stats_storage;
 use super::{contiguous, map_float, CpuElem, CpuStorage, PAR_MIN};
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
-use crate::{Error, Result};
+use crate::Result;
 use num_traits::{Float as _, One, Zero};
 use rayon::prelude::*;
 
@@ -61,14 +61,7 @@ fn each_row<T: Send, S: Send>(
 }
 
 fn same_dtype(op: &'static str, a: &CpuStorage, b: &CpuStorage) -> Result<()> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            lhs: a.dtype(),
-            rhs: b.dtype(),
-        });
-    }
-    Ok(())
+    crate::backend::same_dtypes(op, a.dtype(), b.dtype())
 }
 
 /// `(y, stats)`: each row of `x` (`[rows, cols]` in order) normalised, times `w` plus `b`

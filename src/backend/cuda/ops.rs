@@ -85,14 +85,7 @@ fn cmp_code(op: CmpOp) -> i32 {
 
 /// `Err` naming `op` and both dtypes when they differ.
 pub(crate) fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op,
-            lhs: a.dtype(),
-            rhs: b.dtype(),
-        });
-    }
-    Ok(())
+    crate::backend::same_dtypes(op, a.dtype(), b.dtype())
 }
 
 pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
