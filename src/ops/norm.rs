@@ -2,17 +2,9 @@
 //! statistics in f32 or wider.
 
 use super::{dispatch, expect_float, Op};
+use crate::backend::cpu::norm::stat_dtype;
 use crate::layout::Layout;
-use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
-
-/// The dtype batch-norm statistics are kept in: f64 for f64 input, f32 otherwise.
-fn stat_dtype(dtype: DType) -> DType {
-    if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    }
-}
+use crate::{no_grad, Error, MemoryFormat, Result, Tensor};
 
 /// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
 fn update_running(

@@ -19,7 +19,8 @@ use rayon::prelude::*;
 /// Elements per reduction block (whole `outer` rows, at least one).
 const BLOCK: usize = 1 << 14;
 
-/// The dtype statistics are kept in for inputs of `dtype`.
+/// The dtype normalisation statistics are kept in for inputs of `dtype` (both backends): f64
+/// for f64, f32 otherwise.
 pub(crate) fn stat_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 {
         DType::F64
