@@ -110,30 +110,19 @@ impl Lstm {
                 (z.clone(), z)
             }
         };
-        // Each step's input as its own tensor: the input's steps once, then each layer's
-        // outputs as they come. (Slicing a whole-sequence tensor per step would make the
-        // backward pass pad every step's gradient to the whole sequence: quadratic in its
-        // length.)
-        let mut inputs: Vec<Tensor> = (0..steps)
-            .map(|t| x.narrow(0, t, 1)?.squeeze(0))
-            .collect::<Result<_>>()?;
-        let (mut hn, mut cn) = (Vec::new(), Vec::new());
+        // Each layer is one op over the whole sequence (`Tensor::lstm_layer`).
+        let (mut seq, mut hn, mut cn) = (x, Vec::new(), Vec::new());
         for (l, layer) in self.layers.iter().enumerate() {
-            // One product per step for the input and the recurrent projections together:
-            // gates = [x_t, h] [W_ih, W_hh]^T + b_ih + b_hh.
-            let w = Tensor::cat(&[&layer.w_ih, &layer.w_hh], 1)?.t()?;
             let b = layer.b_ih.add(&layer.b_hh)?;
-            let mut h = h0.narrow(0, l, 1)?.squeeze(0)?;
-            let mut c = c0.narrow(0, l, 1)?.squeeze(0)?;
-            for x_t in inputs.iter_mut() {
-                let gates = Tensor::cat(&[&*x_t, &h], 1)?.matmul(&w)?.add(&b)?;
-                (h, c) = Tensor::lstm_cell(&gates, &c)?;
-                *x_t = h.clone();
-            }
+            let (h, c) = (
+                h0.narrow(0, l, 1)?.squeeze(0)?,
+                c0.narrow(0, l, 1)?.squeeze(0)?,
+            );
+            let (y, h, c) = Tensor::lstm_layer(&seq, &h, &c, &layer.w_ih, &layer.w_hh, &b)?;
+            seq = y;
             hn.push(h);
             cn.push(c);
         }
-        let seq = Tensor::stack(&inputs.iter().collect::<Vec<_>>(), 0)?;
         let out = if self.batch_first {
             seq.transpose(0, 1)?
         } else {

@@ -81,6 +81,7 @@ pub enum Op {
     LayerNorm,
     Dropout,
     LstmCell,
+    LstmLayer,
 }
 
 impl Op {
@@ -88,7 +89,9 @@ impl Op {
     pub fn cast_policy(self) -> CastPolicy {
         use Op::*;
         match self {
-            Matmul | Linear | Conv2d | ConvTranspose2d | LstmCell => CastPolicy::LowerPrecision,
+            Matmul | Linear | Conv2d | ConvTranspose2d | LstmCell | LstmLayer => {
+                CastPolicy::LowerPrecision
+            }
             Exp | Log | Log1p | Rsqrt | Recip | Pow | PowScalar | Sum | Softmax | LogSoftmax
             | CrossEntropy | NllLoss | MseLoss | BceWithLogits | LayerNorm | Var => {
                 CastPolicy::Fp32
@@ -157,6 +160,7 @@ impl Op {
             LayerNorm => "layer_norm",
             Dropout => "dropout",
             LstmCell => "lstm_cell",
+            LstmLayer => "lstm_layer",
         }
     }
 }

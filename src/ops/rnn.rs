@@ -60,3 +60,164 @@ impl Tensor {
         Ok((hc.narrow(1, 0, h)?, hc.narrow(1, h, h)?))
     }
 }
+
+/// Row `s` of dim 0, the dim removed (a view).
+fn step(t: &Tensor, s: usize) -> Result<Tensor> {
+    t.narrow(0, s, 1)?.squeeze(0)
+}
+
+/// The checks of [`Tensor::lstm_layer`]: `x [T, B, I]` with `T > 0`, `h0` and `c0` `[B, H]`,
+/// `w_ih [4H, I]`, `w_hh [4H, H]`, `bias [4H]`, one float dtype.
+fn check_layer(t: &[Tensor; 6]) -> Result<()> {
+    let [x, h0, c0, w_ih, w_hh, b] = t;
+    for u in t {
+        expect_float(Op::LstmLayer, u)?;
+        expect_same_dtype(Op::LstmLayer, x, u)?;
+    }
+    let bad = |what: &'static str, lhs: &Tensor, rhs: &Tensor| {
+        Err(Error::ShapeMismatch {
+            op: what,
+            lhs: lhs.shape().to_vec(),
+            rhs: rhs.shape().to_vec(),
+        })
+    };
+    if x.rank() != 3 || x.shape()[0] == 0 {
+        return Err(Error::invalid(
+            "lstm_layer",
+            format!(
+                "the input must be [seq, batch, features] with seq > 0, got {:?}",
+                x.shape()
+            ),
+        ));
+    }
+    let hid = w_hh.shape().get(1).copied().unwrap_or(0);
+    if w_hh.rank() != 2 || hid == 0 || w_hh.shape()[0] != 4 * hid {
+        return Err(Error::invalid(
+            "lstm_layer",
+            format!("w_hh must be [4H, H], got {:?}", w_hh.shape()),
+        ));
+    }
+    if w_ih.shape() != [4 * hid, x.shape()[2]] {
+        return bad("lstm_layer (input [T, B, I] and w_ih [4H, I])", x, w_ih);
+    }
+    if b.shape() != [4 * hid] {
+        return bad("lstm_layer (w_hh [4H, H] and bias [4H])", w_hh, b);
+    }
+    let state = [x.shape()[1], hid];
+    for s in [h0, c0] {
+        if s.shape() != state {
+            return bad("lstm_layer (input [T, B, I] and state [B, H])", x, s);
+        }
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// One LSTM layer over a whole sequence as one op, as cuDNN's and PyTorch's fused RNNs
+    /// do: from the input `x [T, B, I]` and the state `(h0, c0)`, each `[B, H]`, returns the
+    /// outputs `y [T, B, H]` and the final `(h, c)`. Weights as in `nn.LSTM`: `w_ih [4H, I]`,
+    /// `w_hh [4H, H]` (gates input, forget, cell, output); `bias [4H]` is `b_ih + b_hh`.
+    ///
+    /// The input projection of all steps is one product of `T B` rows, and so are the
+    /// backward pass's input and weight gradients; only the recurrent product and the cell
+    /// run per step. Under autocast it runs in the low dtype, as `lstm_cell`.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let z = |s: &[usize]| Tensor::zeros(s, DType::F32, Device::Cpu);
+    /// let x = Tensor::ones(&[5, 2, 3], DType::F32, Device::Cpu)?;
+    /// let (y, h, c) = Tensor::lstm_layer(&x, &z(&[2, 4])?, &z(&[2, 4])?, &z(&[16, 3])?, &z(&[16, 4])?, &z(&[16])?)?;
+    /// assert_eq!((y.shape(), h.shape(), c.shape()), (&[5, 2, 4][..], &[2, 4][..], &[2, 4][..]));
+    /// // All gates at sigmoid(0) = 0.5 and tanh(0) = 0: the state stays zero.
+    /// assert!(h.to_vec::<f32>()?.iter().all(|&v| v == 0.0));
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn lstm_layer(
+        x: &Tensor,
+        h0: &Tensor,
+        c0: &Tensor,
+        w_ih: &Tensor,
+        w_hh: &Tensor,
+        bias: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let inputs = dispatch(Op::LstmLayer, [x, h0, c0, w_ih, w_hh, bias])?;
+        check_layer(&inputs)?;
+        let [x, h0, c0, w_ih, w_hh, b] = inputs;
+        let (steps, batch, hid) = (x.shape()[0], x.shape()[1], w_hh.shape()[1]);
+        let x2 = crate::no_grad(|| x.reshape(&[steps * batch, x.shape()[2]]))?;
+        // Per step: the saved gate pre-activations, and the h and c it made.
+        let (mut gates, mut hs, mut cs) = (vec![], vec![], vec![]);
+        let out = crate::no_grad(|| -> Result<Tensor> {
+            let gx = x2.linear(&w_ih, Some(&b))?;
+            let whh_t = w_hh.t()?;
+            for s in 0..steps {
+                let (h, c) = (hs.last().unwrap_or(&h0), cs.last().unwrap_or(&c0));
+                let g = gx.narrow(0, s * batch, batch)?.add(&h.matmul(&whh_t)?)?;
+                let (h, c) = Tensor::lstm_cell(&g, c)?;
+                gates.push(g);
+                hs.push(h);
+                cs.push(c);
+            }
+            let mut rows: Vec<&Tensor> = hs.iter().collect();
+            rows.push(&cs[steps - 1]);
+            Tensor::stack(&rows, 0)
+        })?;
+        let (xs, h0s, c0s) = (x.detach(), h0.detach(), c0.detach());
+        let (wih, whh) = (w_ih.detach(), w_hh.detach());
+        let backward = move |d: &Tensor, needs: &[bool]| -> Result<Vec<Option<Tensor>>> {
+            let mut dgs = Vec::with_capacity(steps);
+            let mut dh: Option<Tensor> = None;
+            let mut dc = step(d, steps)?;
+            for s in (0..steps).rev() {
+                let dy = step(d, s)?;
+                let dh_all = match dh.take() {
+                    Some(v) => dy.add(&v)?,
+                    None => dy,
+                };
+                let c_prev = if s == 0 { &c0s } else { &cs[s - 1] };
+                let dhc = Tensor::cat(&[&dh_all, &dc], 1)?;
+                let g = &gates[s];
+                let all = g.storage().lstm_cell_backward(
+                    g.layout(),
+                    &c_prev.storage(),
+                    c_prev.layout(),
+                    &dhc.storage(),
+                    dhc.layout(),
+                )?;
+                let all = Tensor::from_storage(all, &[batch, 5 * hid]);
+                let dg = all.narrow(1, 0, 4 * hid)?;
+                dc = all.narrow(1, 4 * hid, hid)?;
+                if s > 0 || needs[1] {
+                    dh = Some(dg.matmul(&whh)?);
+                }
+                dgs.push(dg);
+            }
+            dgs.reverse();
+            let dg = Tensor::cat(&dgs.iter().collect::<Vec<_>>(), 0)?;
+            let dx = needs[0]
+                .then(|| dg.matmul(&wih)?.reshape(xs.shape()))
+                .transpose()?;
+            let dw_ih = needs[3]
+                .then(|| {
+                    dg.t()?
+                        .matmul(&xs.reshape(&[steps * batch, xs.shape()[2]])?)
+                })
+                .transpose()?;
+            let dw_hh = needs[4]
+                .then(|| {
+                    let mut prev: Vec<&Tensor> = vec![&h0s];
+                    prev.extend(&hs[..steps - 1]);
+                    dg.t()?.matmul(&Tensor::cat(&prev, 0)?)
+                })
+                .transpose()?;
+            let db = needs[5].then(|| dg.sum(&[0], false)).transpose()?;
+            Ok(vec![dx, dh, needs[2].then_some(dc), dw_ih, dw_hh, db])
+        };
+        let out = out.attach("lstm_layer", &[&x, &h0, &c0, &w_ih, &w_hh, &b], backward);
+        Ok((
+            out.narrow(0, 0, steps)?,
+            step(&out, steps - 1)?,
+            step(&out, steps)?,
+        ))
+    }
+}

@@ -232,9 +232,14 @@ impl CpuStorage {
             } else {
                 let rows = crate::layout::Rows::new([dst_l, src_l]);
                 let [sd, ss] = rows.inner;
+                let n = rows.len;
                 rows.for_each(0, rows.count(), |_, [od, os]| {
-                    for i in 0..rows.len {
-                        d[od + i * sd] = s[os + i * ss];
+                    if sd == 1 && ss == 1 {
+                        d[od..od + n].copy_from_slice(&s[os..os + n]);
+                    } else {
+                        for i in 0..n {
+                            d[od + i * sd] = s[os + i * ss];
+                        }
                     }
                 });
             }
