@@ -95,9 +95,11 @@ impl Float for f32 {
     fn to_f64_(self) -> f64 {
         self as f64
     }
+    #[inline(always)]
     fn sigmoid_act(self) -> Self {
         crate::backend::cpu::vmath::sigmoid(self)
     }
+    #[inline(always)]
     fn tanh_act(self) -> Self {
         crate::backend::cpu::vmath::tanh(self)
     }

@@ -10,6 +10,7 @@ use crate::Result;
 use rayon::prelude::*;
 
 /// A row of gates as its four blocks of `h`: input, forget, cell, output.
+#[inline(always)]
 fn gate_blocks<T>(row: &[T], h: usize) -> [&[T]; 4] {
     let (a, rest) = row.split_at(h);
     let (b, rest) = rest.split_at(h);
@@ -29,27 +30,73 @@ fn acts<T: CpuElem>(g: &[&[T]; 4], j: usize) -> [T::Acc; 4] {
     ]
 }
 
-/// Runs `f(b, gates_row, c_row, out_row)` over the batch rows `b`, in parallel when large.
+/// One batch row of a cell kernel: `row(b, gates_row, c_row, out_row)`. `row` is
+/// `#[inline(always)]` in each kernel so that [`rows`] compiles it for the CPU's widest
+/// vector unit (`pulp`'s dispatch inlines it into an AVX2 or AVX-512 copy).
+trait Row<T, U>: Sync {
+    fn row(&self, b: usize, g: &[T], c: &[T], out: &mut [U]);
+}
+
+/// A [`Row`] call as `pulp` runs it.
+struct OnRow<'a, K, T, U> {
+    k: &'a K,
+    b: usize,
+    g: &'a [T],
+    c: &'a [T],
+    out: &'a mut [U],
+}
+
+impl<K: Row<T, U>, T, U> pulp::WithSimd for OnRow<'_, K, T, U> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        self.k.row(self.b, self.g, self.c, self.out)
+    }
+}
+
+/// Runs `k` over the batch rows, in parallel when large.
 fn rows<T: CpuElem, U: Copy + Send + Sync + Default>(
     batch: usize,
     width: usize,
     g: &[T],
     c: &[T],
     h: usize,
-    f: impl Fn(usize, &[T], &[T], &mut [U]) + Sync,
+    k: &impl Row<T, U>,
 ) -> Vec<U> {
     let mut out = vec![U::default(); batch * width];
     if width == 0 {
         return out;
     }
-    let job =
-        |(b, o): (usize, &mut [U])| f(b, &g[b * 4 * h..(b + 1) * 4 * h], &c[b * h..(b + 1) * h], o);
+    let arch = pulp::Arch::new();
+    let job = |(b, out): (usize, &mut [U])| {
+        let (g, c) = (&g[b * 4 * h..(b + 1) * 4 * h], &c[b * h..(b + 1) * h]);
+        arch.dispatch(OnRow { k, b, g, c, out })
+    };
     if g.len() >= PAR_MIN {
         out.par_chunks_mut(width).enumerate().for_each(job);
     } else {
         out.chunks_mut(width).enumerate().for_each(job);
     }
     out
+}
+
+/// The forward cell: `[h | c']` rows.
+struct Forward(usize);
+
+impl<T: CpuElem> Row<T, T> for Forward {
+    #[inline(always)]
+    fn row(&self, _: usize, gr: &[T], cr: &[T], out: &mut [T]) {
+        let h = self.0;
+        let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
+        let (oh, oc) = out.split_at_mut(h);
+        let oc = &mut oc[..h];
+        for j in 0..h {
+            let [i, f, gg, o] = acts(&g, j);
+            let c2 = f * cr[j].to_acc() + i * gg;
+            oh[j] = T::from_acc(o * c2.tanh_act());
+            oc[j] = T::from_acc(c2);
+        }
+    }
 }
 
 /// `[h | c']` with `c' = f c + i g` and `h = o tanh(c')`.
@@ -62,20 +109,43 @@ pub(crate) fn lstm_cell(
     fn go<T: CpuElem>(g: &[T], lg: &Layout, c: &[T], lc: &Layout) -> CpuStorage {
         let (g, c) = (contiguous(g, lg), contiguous(c, lc));
         let (batch, h) = (lc.shape()[0], lc.shape()[1]);
-        rows(batch, 2 * h, &g, &c, h, |_, gr, cr, out: &mut [T]| {
-            let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
-            let (oh, oc) = out.split_at_mut(h);
-            let oc = &mut oc[..h];
-            for j in 0..h {
-                let [i, f, gg, o] = acts(&g, j);
-                let c2 = f * cr[j].to_acc() + i * gg;
-                oh[j] = T::from_acc(o * c2.tanh_act());
-                oc[j] = T::from_acc(c2);
-            }
-        })
-        .into_storage()
+        rows(batch, 2 * h, &g, &c, h, &Forward(h)).into_storage()
     }
     Ok(map_pair!("lstm_cell", gates, c, g, cs => go(g, lg, cs, lc)))
+}
+
+/// The backward cell: `[d gates | d c]` rows from the `[dh | dc']` rows of `d`.
+struct Backward<'a, T> {
+    h: usize,
+    d: &'a [T],
+}
+
+impl<T: CpuElem> Row<T, T> for Backward<'_, T> {
+    #[inline(always)]
+    fn row(&self, b: usize, gr: &[T], cr: &[T], out: &mut [T]) {
+        let h = self.h;
+        let one = <T::Acc as num_traits::One>::one();
+        let (dh, dc) = self.d[b * 2 * h..(b + 1) * 2 * h].split_at(h);
+        let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
+        let (oi, rest) = out.split_at_mut(h);
+        let (of, rest) = rest.split_at_mut(h);
+        let (og, rest) = rest.split_at_mut(h);
+        let (oo, oc) = rest.split_at_mut(h);
+        let oc = &mut oc[..h];
+        for j in 0..h {
+            let [i, f, gg, o] = acts(&g, j);
+            let cp = cr[j].to_acc();
+            let c2 = f * cp + i * gg;
+            let th = c2.tanh_act();
+            let (dh, dc2) = (dh[j].to_acc(), dc[j].to_acc());
+            let dc = dc2 + dh * o * (one - th * th);
+            oi[j] = T::from_acc(dc * gg * i * (one - i));
+            of[j] = T::from_acc(dc * cp * f * (one - f));
+            og[j] = T::from_acc(dc * i * (one - gg * gg));
+            oo[j] = T::from_acc(dh * th * o * (one - o));
+            oc[j] = T::from_acc(dc * f);
+        }
+    }
 }
 
 /// Gradients of the gates `[B, 4H]` and of the previous cell state `[B, H]`, concatenated as
@@ -103,30 +173,8 @@ pub(crate) fn lstm_cell_backward(
         })?;
         let (g, c, d) = (contiguous(g, lg), contiguous(c, lc), contiguous(d, ld));
         let (batch, h) = (lc.shape()[0], lc.shape()[1]);
-        let one = <T::Acc as num_traits::One>::one();
-        Ok(rows(batch, 5 * h, &g, &c, h, |b, gr, cr, out: &mut [T]| {
-            let (dh, dc) = d[b * 2 * h..(b + 1) * 2 * h].split_at(h);
-            let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
-            let (oi, rest) = out.split_at_mut(h);
-            let (of, rest) = rest.split_at_mut(h);
-            let (og, rest) = rest.split_at_mut(h);
-            let (oo, oc) = rest.split_at_mut(h);
-            let oc = &mut oc[..h];
-            for j in 0..h {
-                let [i, f, gg, o] = acts(&g, j);
-                let cp = cr[j].to_acc();
-                let c2 = f * cp + i * gg;
-                let th = c2.tanh_act();
-                let (dh, dc2) = (dh[j].to_acc(), dc[j].to_acc());
-                let dc = dc2 + dh * o * (one - th * th);
-                oi[j] = T::from_acc(dc * gg * i * (one - i));
-                of[j] = T::from_acc(dc * cp * f * (one - f));
-                og[j] = T::from_acc(dc * i * (one - gg * gg));
-                oo[j] = T::from_acc(dh * th * o * (one - o));
-                oc[j] = T::from_acc(dc * f);
-            }
-        })
-        .into_storage())
+        let k = Backward { h, d: &d };
+        Ok(rows(batch, 5 * h, &g, &c, h, &k).into_storage())
     }
     Ok(map_pair!("lstm_cell backward", gates, c, g, cs => go(g, lg, cs, lc, dhc, ld)?))
 }
