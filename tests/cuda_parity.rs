@@ -707,8 +707,8 @@ fn indexing_stays_on_the_device() {
 
 /// The ops not covered above, most of them built from the device primitives: joins and views
 /// (cat, stack, split, narrow, expand, copy_ into a strided view), masked_fill, pow, var,
-/// batch and layer norm, the losses, conv_transpose2d, the fused LSTM cell and a two-layer
-/// LSTM.
+/// batch and layer norm, the losses, conv_transpose2d, the fused LSTM cell and layer, and a
+/// two-layer LSTM.
 #[test]
 fn composite_ops_match() {
     let Some(d) = gpu() else { return };
@@ -834,6 +834,22 @@ fn composite_ops_match() {
         parity("lstm_cell (h and c', strided c)", d, &[gates, cell], |x| {
             let (h, c2) = Tensor::lstm_cell(&x[0], &x[1].narrow(1, 3, 6)?)?;
             Tensor::cat(&[&h, &c2], 1)
+        });
+        let layer: Vec<Tensor> = [
+            &[5, 3, 4][..],
+            &[3, 6],
+            &[3, 6],
+            &[24, 4],
+            &[24, 6],
+            &[24],
+        ]
+        .iter()
+        .enumerate()
+        .map(|(k, s)| input(s, dt, 87 + k as u64))
+        .collect();
+        parity("lstm_layer (y, h and c; all six gradients)", d, &layer, |x| {
+            let (y, h, c) = Tensor::lstm_layer(&x[0], &x[1], &x[2], &x[3], &x[4], &x[5])?;
+            Tensor::cat(&[&y.reshape(&[15, 6])?, &h, &c], 0)
         });
         let w = input(&[4, 3, 3, 3], dt, 81);
         let topts = ConvTranspose2dOptions {
