@@ -835,22 +835,20 @@ fn composite_ops_match() {
             let (h, c2) = Tensor::lstm_cell(&x[0], &x[1].narrow(1, 3, 6)?)?;
             Tensor::cat(&[&h, &c2], 1)
         });
-        let layer: Vec<Tensor> = [
-            &[5, 3, 4][..],
-            &[3, 6],
-            &[3, 6],
-            &[24, 4],
-            &[24, 6],
-            &[24],
-        ]
-        .iter()
-        .enumerate()
-        .map(|(k, s)| input(s, dt, 87 + k as u64))
-        .collect();
-        parity("lstm_layer (y, h and c; all six gradients)", d, &layer, |x| {
-            let (y, h, c) = Tensor::lstm_layer(&x[0], &x[1], &x[2], &x[3], &x[4], &x[5])?;
-            Tensor::cat(&[&y.reshape(&[15, 6])?, &h, &c], 0)
-        });
+        let layer: Vec<Tensor> = [&[5, 3, 4][..], &[3, 6], &[3, 6], &[24, 4], &[24, 6], &[24]]
+            .iter()
+            .enumerate()
+            .map(|(k, s)| input(s, dt, 87 + k as u64))
+            .collect();
+        parity(
+            "lstm_layer (y, h and c; all six gradients)",
+            d,
+            &layer,
+            |x| {
+                let (y, h, c) = Tensor::lstm_layer(&x[0], &x[1], &x[2], &x[3], &x[4], &x[5])?;
+                Tensor::cat(&[&y.reshape(&[15, 6])?, &h, &c], 0)
+            },
+        );
         let w = input(&[4, 3, 3, 3], dt, 81);
         let topts = ConvTranspose2dOptions {
             stride: [2, 2],

@@ -178,3 +178,33 @@ pub(crate) fn lstm_cell_backward(
     }
     Ok(map_pair!("lstm_cell backward", gates, c, g, cs => go(g, lg, cs, lc, dhc, ld)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pulp::WithSimd;
+
+    /// Row 0 of `k` through the dispatch (the CPU's vector unit) and through the plain build,
+    /// as bits.
+    fn both<K: Row<f32, f32>>(k: &K, g: &[f32], c: &[f32], width: usize) -> [Vec<u32>; 2] {
+        let (mut fast, mut plain) = (vec![0.0f32; width], vec![0.0f32; width]);
+        let on = |out| OnRow { k, b: 0, g, c, out };
+        pulp::Arch::new().dispatch(on(&mut fast));
+        on(&mut plain).with_simd(pulp::Scalar::new());
+        assert!(fast.iter().all(|x| x.is_finite()) && fast.iter().any(|&x| x != 0.0));
+        [fast, plain].map(|v| v.iter().map(|x| x.to_bits()).collect())
+    }
+
+    /// The cell rows compiled for the CPU's vector unit give the same bits as the plain build.
+    #[test]
+    fn vector_builds_give_the_plain_builds_bits() {
+        let h = 37;
+        let wave =
+            |n: usize, k: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * k).sin() * 6.0).collect() };
+        let (g, c, d) = (wave(4 * h, 0.37), wave(h, 1.3), wave(2 * h, 0.71));
+        let [fast, plain] = both(&Forward(h), &g, &c, 2 * h);
+        assert_eq!(fast, plain, "forward");
+        let [fast, plain] = both(&Backward { h, d: &d }, &g, &c, 5 * h);
+        assert_eq!(fast, plain, "backward");
+    }
+}
