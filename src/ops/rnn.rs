@@ -162,7 +162,8 @@ impl Tensor {
             rows.push(&cs[steps - 1]);
             Tensor::stack(&rows, 0)
         })?;
-        let (xs, h0s, c0s) = (x.detach(), h0.detach(), c0.detach());
+        // `x2` (the input as `[T B, I]`, made without a graph) serves the weight gradient.
+        let (x_shape, h0s, c0s) = (x.shape().to_vec(), h0.detach(), c0.detach());
         let (wih, whh) = (w_ih.detach(), w_hh.detach());
         let backward = move |d: &Tensor, needs: &[bool]| -> Result<Vec<Option<Tensor>>> {
             let mut dgs = Vec::with_capacity(steps);
@@ -195,14 +196,9 @@ impl Tensor {
             dgs.reverse();
             let dg = Tensor::cat(&dgs.iter().collect::<Vec<_>>(), 0)?;
             let dx = needs[0]
-                .then(|| dg.matmul(&wih)?.reshape(xs.shape()))
+                .then(|| dg.matmul(&wih)?.reshape(&x_shape))
                 .transpose()?;
-            let dw_ih = needs[3]
-                .then(|| {
-                    dg.t()?
-                        .matmul(&xs.reshape(&[steps * batch, xs.shape()[2]])?)
-                })
-                .transpose()?;
+            let dw_ih = needs[3].then(|| dg.t()?.matmul(&x2)).transpose()?;
             let dw_hh = needs[4]
                 .then(|| {
                     let mut prev: Vec<&Tensor> = vec![&h0s];
