@@ -138,11 +138,11 @@ impl Tensor {
             Some(w) => invstd.mul(&w.detach().to_dtype(sd)?)?,
             None => invstd.clone(),
         };
+        let zeros = Tensor::zeros(&[c], sd, x.device())?;
         let shift = match bias {
             Some(b) => b.detach().to_dtype(sd)?,
-            None => Tensor::zeros(&[c], sd, x.device())?,
+            None => zeros.clone(),
         };
-        let zeros = Tensor::zeros(&[c], sd, x.device())?;
         let coef = Tensor::cat(&[&a, &mean, &shift, &zeros], 0)?;
         let y = x
             .storage()

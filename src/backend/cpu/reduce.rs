@@ -216,7 +216,13 @@ fn reduce_columns<T: WithDType>(
     let part = |t: usize| {
         let (r, c) = (t / blocks * COLUMN_ROWS, t % blocks * width);
         let at = |k: usize| base + starts[k / len] + k % len * inner + c;
-        column_part(op, v, at, r..rows.min(r + COLUMN_ROWS), width.min(cols - c))
+        pulp::Arch::new().dispatch(ColumnPart {
+            op,
+            v,
+            at,
+            rows: r..rows.min(r + COLUMN_ROWS),
+            w: width.min(cols - c),
+        })
     };
     // parts[task * blocks + block][column in the block]
     let parts: Vec<Vec<Acc<T::Acc>>> = match parallel {
@@ -244,22 +250,8 @@ fn reduce_columns<T: WithDType>(
         .collect()
 }
 
-/// One task of [`reduce_columns`]: rows `rows` (row `k` starts at `at(k)`), `w` columns.
-/// Sums add blocks of 256 rows plainly and the blocks with compensation, as in [`sum_run`];
-/// extremes keep the first best of each column, with its row (the index into the reduced
-/// dims, which arg-reductions walk in the view's order).
-fn column_part<T: WithDType>(
-    op: ReduceOp,
-    v: &[T],
-    at: impl Fn(usize) -> usize,
-    rows: std::ops::Range<usize>,
-    w: usize,
-) -> Vec<Acc<T::Acc>> {
-    pulp::Arch::new().dispatch(ColumnPart { op, v, at, rows, w })
-}
-
-/// [`column_part`]'s arguments, for `pulp` to compile its body for the CPU's widest vector
-/// unit (as [`SumRuns`]).
+/// One task of [`reduce_columns`], for `pulp` to compile [`column_part`] for the CPU's widest
+/// vector unit (as [`SumRuns`]).
 struct ColumnPart<'a, T, F> {
     op: ReduceOp,
     v: &'a [T],
@@ -273,12 +265,16 @@ impl<T: WithDType, F: Fn(usize) -> usize> pulp::WithSimd for ColumnPart<'_, T, F
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
         let ColumnPart { op, v, at, rows, w } = self;
-        column_part_body(op, v, at, rows, w)
+        column_part(op, v, at, rows, w)
     }
 }
 
+/// Rows `rows` (row `k` starts at `at(k)`), `w` columns. Sums add blocks of 256 rows plainly
+/// and the blocks with compensation, as in [`sum_run`]; extremes keep the first best of each
+/// column, with its row (the index into the reduced dims, which arg-reductions walk in the
+/// view's order).
 #[inline(always)]
-fn column_part_body<T: WithDType>(
+fn column_part<T: WithDType>(
     op: ReduceOp,
     v: &[T],
     at: impl Fn(usize) -> usize,

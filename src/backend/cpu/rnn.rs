@@ -33,20 +33,20 @@ fn acts<T: CpuElem>(g: &[&[T]; 4], j: usize) -> [T::Acc; 4] {
 /// One batch row of a cell kernel: `row(b, gates_row, c_row, out_row)`. `row` is
 /// `#[inline(always)]` in each kernel so that [`rows`] compiles it for the CPU's widest
 /// vector unit (`pulp`'s dispatch inlines it into an AVX2 or AVX-512 copy).
-trait Row<T, U>: Sync {
-    fn row(&self, b: usize, g: &[T], c: &[T], out: &mut [U]);
+trait Row<T>: Sync {
+    fn row(&self, b: usize, g: &[T], c: &[T], out: &mut [T]);
 }
 
 /// A [`Row`] call as `pulp` runs it.
-struct OnRow<'a, K, T, U> {
+struct OnRow<'a, K, T> {
     k: &'a K,
     b: usize,
     g: &'a [T],
     c: &'a [T],
-    out: &'a mut [U],
+    out: &'a mut [T],
 }
 
-impl<K: Row<T, U>, T, U> pulp::WithSimd for OnRow<'_, K, T, U> {
+impl<K: Row<T>, T> pulp::WithSimd for OnRow<'_, K, T> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
@@ -55,20 +55,20 @@ impl<K: Row<T, U>, T, U> pulp::WithSimd for OnRow<'_, K, T, U> {
 }
 
 /// Runs `k` over the batch rows, in parallel when large.
-fn rows<T: CpuElem, U: Copy + Send + Sync + Default>(
+fn rows<T: CpuElem>(
     batch: usize,
     width: usize,
     g: &[T],
     c: &[T],
     h: usize,
-    k: &impl Row<T, U>,
-) -> Vec<U> {
-    let mut out = vec![U::default(); batch * width];
+    k: &impl Row<T>,
+) -> Vec<T> {
+    let mut out = vec![T::default(); batch * width];
     if width == 0 {
         return out;
     }
     let arch = pulp::Arch::new();
-    let job = |(b, out): (usize, &mut [U])| {
+    let job = |(b, out): (usize, &mut [T])| {
         let (g, c) = (&g[b * 4 * h..(b + 1) * 4 * h], &c[b * h..(b + 1) * h]);
         arch.dispatch(OnRow { k, b, g, c, out })
     };
@@ -83,7 +83,7 @@ fn rows<T: CpuElem, U: Copy + Send + Sync + Default>(
 /// The forward cell: `[h | c']` rows.
 struct Forward(usize);
 
-impl<T: CpuElem> Row<T, T> for Forward {
+impl<T: CpuElem> Row<T> for Forward {
     #[inline(always)]
     fn row(&self, _: usize, gr: &[T], cr: &[T], out: &mut [T]) {
         let h = self.0;
@@ -120,7 +120,7 @@ struct Backward<'a, T> {
     d: &'a [T],
 }
 
-impl<T: CpuElem> Row<T, T> for Backward<'_, T> {
+impl<T: CpuElem> Row<T> for Backward<'_, T> {
     #[inline(always)]
     fn row(&self, b: usize, gr: &[T], cr: &[T], out: &mut [T]) {
         let h = self.h;
@@ -186,7 +186,7 @@ mod tests {
 
     /// Row 0 of `k` through the dispatch (the CPU's vector unit) and through the plain build,
     /// as bits.
-    fn both<K: Row<f32, f32>>(k: &K, g: &[f32], c: &[f32], width: usize) -> [Vec<u32>; 2] {
+    fn both<K: Row<f32>>(k: &K, g: &[f32], c: &[f32], width: usize) -> [Vec<u32>; 2] {
         let (mut fast, mut plain) = (vec![0.0f32; width], vec![0.0f32; width]);
         let on = |out| OnRow { k, b: 0, g, c, out };
         pulp::Arch::new().dispatch(on(&mut fast));
