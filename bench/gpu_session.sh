@@ -23,7 +23,7 @@ run() { # name, limit in seconds, command...
     echo "== $name"
     ( timeout "$limit" "$@" ) >"$OUT/$name.log" 2>&1
     echo "rc=$?" >>"$OUT/$name.log"
-    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |Resnet|[0-9]+ training tokens|GEMM|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
+    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |Resnet|[0-9]+ training tokens|GEMM|host-to-device|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
 mode=${1:-all}
 if [ "$mode" = w3 ]; then

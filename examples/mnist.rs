@@ -245,6 +245,7 @@ fn run(args: Args) -> Result<()> {
         shuffle: true,
         seed: args.run.seed,
         num_workers: args.run.workers,
+        pin_memory: Some(device),
         ..DataLoaderConfig::new(args.batch_size)
     };
     let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
@@ -252,6 +253,7 @@ fn run(args: Args) -> Result<()> {
         Arc::new(test),
         DataLoaderConfig {
             num_workers: args.run.workers,
+            pin_memory: Some(device),
             ..DataLoaderConfig::new(1000)
         },
     )?;
@@ -264,13 +266,12 @@ fn run(args: Args) -> Result<()> {
             train_dl.len(),
         );
         let first_step = epoch * train_dl.len();
-        for (k, b) in train_dl.epoch(epoch).enumerate() {
+        for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
             let b = b?;
             if one_cycle {
                 opt.set_lr(cycle.lr(first_step + k));
             }
-            let x = b.x.to_device(device)?.to_memory_format(format)?;
-            let y = b.y.to_device(device)?;
+            let (x, y) = (b.x.to_memory_format(format)?, b.y);
             let (loss, hits) = classify_step(&net, opt.as_mut(), &mut scaler, low, &x, &y)?;
             if scaler.is_enabled() && k % 50 == 0 {
                 bar.set_extra(format!("scale {}", scaler.current_scale()?.unwrap_or(0.0)));

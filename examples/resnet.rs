@@ -241,11 +241,13 @@ fn train_mnist(
         shuffle: true,
         seed: args.run.seed,
         num_workers: args.run.workers,
+        pin_memory: Some(device),
         ..DataLoaderConfig::new(args.batch_size)
     };
     let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
     let test_cfg = DataLoaderConfig {
         num_workers: args.run.workers,
+        pin_memory: Some(device),
         ..DataLoaderConfig::new(500)
     };
     let mut test_dl = DataLoader::new(Arc::new(test), test_cfg)?;
@@ -255,11 +257,10 @@ fn train_mnist(
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
         let mut bar = EpochProgress::new(&label, steps);
-        for (k, b) in train_dl.epoch(epoch).enumerate() {
+        for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
             let b = b?;
             opt.set_lr(cycle.lr(epoch * steps + k));
-            let x = b.x.to_device(device)?.to_memory_format(format)?;
-            let y = b.y.to_device(device)?;
+            let (x, y) = (b.x.to_memory_format(format)?, b.y);
             let (loss, hits) = classify_step(net, opt, scaler, low, &x, &y)?;
             bar.step_tensors(y.numel(), &loss, &hits)?;
         }

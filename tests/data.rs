@@ -1,7 +1,7 @@
 //! IDX reader errors, DataLoader ordering/shuffling/workers, checkpoints.
 
 use mantissa::data::mnist::{parse_idx, read_idx, Mnist};
-use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
+use mantissa::data::{Batch, DataLoader, DataLoaderConfig, Dataset, HostBatch, HostBuffer};
 use mantissa::*;
 use std::io::Write;
 use std::path::Path;
@@ -165,4 +165,94 @@ fn loader_reports_dataset_errors_and_bad_config() {
             .contains("sample 13"));
     }
     assert!(DataLoader::new(Arc::new(Numbers(3)), DataLoaderConfig::new(0)).is_err());
+}
+
+fn contents(b: Batch) -> (Vec<f32>, Vec<i64>) {
+    (b.x.to_vec::<f32>().unwrap(), b.y.to_vec::<i64>().unwrap())
+}
+
+#[test]
+fn device_batches_are_the_host_batches_in_order() {
+    // The CPU, and the GPU where there is one (pinned buffers and the copy stream there).
+    let mut devices = vec![Device::Cpu];
+    if Device::best() != Device::Cpu {
+        devices.push(Device::best());
+    }
+    for device in devices {
+        for (workers, pin) in [(0, None), (2, None), (0, Some(device)), (3, Some(device))] {
+            let cfg = DataLoaderConfig {
+                shuffle: true,
+                seed: 3,
+                num_workers: workers,
+                pin_memory: pin,
+                ..DataLoaderConfig::new(4)
+            };
+            let mut dl = DataLoader::new(Arc::new(Numbers(10)), cfg).unwrap();
+            let host: Vec<_> = dl.epoch(1).map(|b| contents(b.unwrap())).collect();
+            assert_eq!(host.len(), 3);
+            let it = dl.epoch(1).to_device(device);
+            assert_eq!(it.size_hint(), (3, Some(3)));
+            let on_device: Vec<_> = it
+                .map(|b| {
+                    let b = b.unwrap();
+                    assert_eq!((b.x.device(), b.y.device()), (device, device));
+                    assert_eq!(b.x.shape()[1..], [2]);
+                    contents(b)
+                })
+                .collect();
+            assert_eq!(on_device, host, "{device} workers {workers} pin {pin:?}");
+            // An epoch abandoned with uploads in flight leaves the next one whole.
+            let _ = dl.epoch(2).to_device(device).take(1).count();
+            let again: Vec<_> = dl
+                .epoch(1)
+                .to_device(device)
+                .map(|b| contents(b.unwrap()))
+                .collect();
+            assert_eq!(again, host);
+        }
+    }
+}
+
+#[test]
+fn device_batches_report_dataset_errors_and_bad_buffers() {
+    for workers in [0, 2] {
+        let cfg = DataLoaderConfig {
+            num_workers: workers,
+            pin_memory: Some(Device::best()),
+            ..DataLoaderConfig::new(5)
+        };
+        let mut dl = DataLoader::new(Arc::new(Numbers(14)), cfg).unwrap();
+        let res: Vec<_> = dl.epoch(0).to_device(Device::best()).collect();
+        assert_eq!(res.len(), 3);
+        assert!(res[0].is_ok() && res[1].is_ok());
+        let e = res[2].as_ref().err().unwrap().to_string();
+        assert!(e.contains("sample 13"), "{e}");
+    }
+    // Pinning for a GPU that cannot be used is an error when the loader is made.
+    if Device::Cuda(0).check_available().is_err() {
+        let cfg = DataLoaderConfig {
+            pin_memory: Some(Device::Cuda(0)),
+            ..DataLoaderConfig::new(5)
+        };
+        let e = DataLoader::new(Arc::new(Numbers(14)), cfg).err().unwrap();
+        assert!(e.to_string().contains("cuda:0"), "{e}");
+    }
+    // Buffers that do not fit their shape are refused, on every path.
+    let bad = || HostBatch {
+        x: HostBuffer::Heap(vec![0.5; 5]),
+        y: vec![1, 2],
+        shape: vec![2, 2],
+    };
+    let e = bad().into_batch(Device::Cpu).err().unwrap().to_string();
+    assert!(
+        e.contains("HostBatch::into_batch") && e.contains("[2, 2]"),
+        "{e}"
+    );
+    let wrong_labels = HostBatch {
+        x: HostBuffer::Heap(vec![0.5; 4]),
+        y: vec![1, 2, 3],
+        shape: vec![2, 2],
+    };
+    assert!(wrong_labels.into_batch(Device::best()).is_err());
+    assert!(!bad().x.is_pinned());
 }

@@ -262,6 +262,7 @@ fn main() {
             copy_gbs(&stream)?
         );
         let d = Device::cuda(0)?;
+        println!("{}", engine::transfers(0)?);
         println!("{}", engine::training_step(d)?);
         println!("{}", engine::conv_formats(d)?);
         Ok(())

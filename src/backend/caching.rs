@@ -21,6 +21,12 @@ pub trait RawMemory {
     fn free(&mut self, ptr: Self::Ptr);
 }
 
+/// Tells whether the work that still uses a freed block has finished (a CUDA event
+/// recorded after the last use). A fence that cannot tell (a broken context) reports done.
+pub trait Fence: Send {
+    fn is_done(&self) -> bool;
+}
+
 /// Byte counts of the allocator, as PyTorch reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -71,6 +77,9 @@ pub struct CachingAllocator<M: RawMemory> {
     free: BTreeMap<(u64, usize), Vec<M::Ptr>>,
     /// Live blocks: size class and stream.
     live: HashMap<M::Ptr, (usize, u64)>,
+    /// Blocks freed while work still used them, with their fences; they count as allocated
+    /// until the fence reports done.
+    pending: Vec<(M::Ptr, Box<dyn Fence>)>,
     stats: MemoryStats,
 }
 
@@ -81,6 +90,7 @@ impl<M: RawMemory> CachingAllocator<M> {
             device,
             free: BTreeMap::new(),
             live: HashMap::new(),
+            pending: Vec::new(),
             stats: MemoryStats::default(),
         }
     }
@@ -92,6 +102,7 @@ impl<M: RawMemory> CachingAllocator<M> {
     pub fn alloc(&mut self, bytes: usize, stream: u64) -> Result<(M::Ptr, usize)> {
         let size = size_class(bytes);
         self.stats.requests += 1;
+        self.collect_pending();
         let cached = self.free.get_mut(&(stream, size)).and_then(|v| v.pop());
         let ptr = match cached {
             Some(p) => {
@@ -124,6 +135,16 @@ impl<M: RawMemory> CachingAllocator<M> {
 
     /// Returns a block to the cache of the stream it was allocated for.
     pub fn free(&mut self, ptr: M::Ptr) -> Result<()> {
+        if self.pending.iter().any(|(p, _)| *p == ptr) {
+            return Err(Error::invalid(
+                "CachingAllocator::free",
+                format!("{ptr:?} was already freed and waits for its fence"),
+            ));
+        }
+        self.release(ptr)
+    }
+
+    fn release(&mut self, ptr: M::Ptr) -> Result<()> {
         let (size, stream) = self.live.remove(&ptr).ok_or_else(|| {
             Error::invalid(
                 "CachingAllocator::free",
@@ -135,8 +156,49 @@ impl<M: RawMemory> CachingAllocator<M> {
         Ok(())
     }
 
-    /// Gives every cached (free) block back to the raw allocator.
+    /// Returns a block to the cache once `fence` reports that the work using it is done;
+    /// until then it is not handed out and counts as allocated.
+    pub fn free_after(&mut self, ptr: M::Ptr, fence: Box<dyn Fence>) -> Result<()> {
+        if !self.live.contains_key(&ptr) {
+            return Err(Error::invalid(
+                "CachingAllocator::free_after",
+                format!("{ptr:?} is not a live block of this allocator (double free?)"),
+            ));
+        }
+        if self.pending.iter().any(|(p, _)| *p == ptr) {
+            return Err(Error::invalid(
+                "CachingAllocator::free_after",
+                format!("{ptr:?} was already freed and waits for its fence"),
+            ));
+        }
+        self.pending.push((ptr, fence));
+        Ok(())
+    }
+
+    /// Moves the pending blocks whose fences report done into the cache.
+    fn collect_pending(&mut self) {
+        let mut k = 0;
+        while k < self.pending.len() {
+            if self.pending[k].1.is_done() {
+                let (ptr, _) = self.pending.swap_remove(k);
+                self.release(ptr).expect("a pending block is live");
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    /// Blocks freed with [`CachingAllocator::free_after`] whose fences have not yet reported
+    /// done (after moving those that have into the cache).
+    pub fn pending(&mut self) -> usize {
+        self.collect_pending();
+        self.pending.len()
+    }
+
+    /// Gives every cached (free) block back to the raw allocator; pending blocks whose
+    /// fences report done go with them, the others stay.
     pub fn empty_cache(&mut self) {
+        self.collect_pending();
         for ((_, size), ptrs) in std::mem::take(&mut self.free) {
             for p in ptrs {
                 self.raw.free(p);
@@ -239,6 +301,48 @@ mod tests {
         a.empty_cache();
         assert_eq!((a.stats().reserved, raw.used()), (0, 0));
         assert!(a.free(q).is_err(), "double free is an error, not a panic");
+    }
+
+    /// A fence the test opens by hand.
+    struct Gate(Arc<Mutex<bool>>);
+
+    impl Fence for Gate {
+        fn is_done(&self) -> bool {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    #[test]
+    fn a_fenced_block_is_reused_only_after_its_fence() {
+        let raw = Fake::with_capacity(1 << 30);
+        let mut a = CachingAllocator::new(raw.clone(), Device::Cpu);
+        let open = Arc::new(Mutex::new(false));
+        let (p, _) = a.alloc(1000, 0).unwrap();
+        a.free_after(p, Box::new(Gate(open.clone()))).unwrap();
+        assert!(a.free(p).is_err(), "a pending block cannot be freed again");
+        assert!(a.free_after(p, Box::new(Gate(open.clone()))).is_err());
+        assert_eq!(a.pending(), 1);
+        assert_eq!(
+            a.stats().allocated,
+            1024,
+            "pending blocks count as allocated"
+        );
+        let (q, _) = a.alloc(1000, 0).unwrap();
+        assert_ne!(q, p, "the fenced block is not handed out before its fence");
+        a.empty_cache();
+        assert_eq!(
+            raw.used(),
+            2048,
+            "empty_cache keeps a block whose fence is closed"
+        );
+        *open.lock().unwrap() = true;
+        let (r, _) = a.alloc(1000, 0).unwrap();
+        assert_eq!(r, p, "once the fence opens the block is reused");
+        assert_eq!(a.pending(), 0);
+        a.free(q).unwrap();
+        a.free_after(r, Box::new(Gate(open))).unwrap();
+        a.empty_cache();
+        assert_eq!((raw.used(), a.stats().allocated), (0, 0));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The DataLoader: seeded shuffling, batching, worker threads that live across epochs, and a
 //! bounded number of batches prepared ahead, handed over in order.
 
+use super::host::{Batch, DeviceBatches, HostBatch, PinTarget};
 use super::Dataset;
 use crate::autograd::lock;
 use crate::random::Generator;
-use crate::{Device, Error, Result, Tensor};
+use crate::{Device, Error, Result};
 use std::collections::BTreeMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,11 @@ pub struct DataLoaderConfig {
     pub num_workers: usize,
     /// Batches prepared ahead per worker.
     pub prefetch_factor: usize,
+    /// PyTorch's `pin_memory` with `pin_memory_device`: `Some(Device::Cuda(n))` has the
+    /// workers write features into pinned host memory from device n's pool, which uploads
+    /// without a staging copy ([`EpochIter::to_device`]). `None`, and `Some(Device::Cpu)`
+    /// (as PyTorch ignores the flag without an accelerator), keep ordinary memory.
+    pub pin_memory: Option<Device>,
 }
 
 impl DataLoaderConfig {
@@ -34,47 +40,9 @@ impl DataLoaderConfig {
             drop_last: false,
             num_workers: 0,
             prefetch_factor: 2,
+            pin_memory: None,
         }
     }
-}
-
-/// One batch's host buffers, filled by a worker.
-pub struct HostBatch {
-    /// Features, `[n, sample_shape...]` row-major.
-    pub x: Vec<f32>,
-    /// Labels, `[n]`.
-    pub y: Vec<i64>,
-    pub shape: Vec<usize>,
-}
-
-impl HostBatch {
-    fn load(ds: &dyn Dataset, indices: &[usize]) -> Result<HostBatch> {
-        let sample = ds.sample_shape();
-        let per: usize = sample.iter().product();
-        let mut x = vec![0f32; per * indices.len()];
-        let mut y = Vec::with_capacity(indices.len());
-        for (row, &i) in x.chunks_mut(per.max(1)).zip(indices) {
-            y.push(ds.fill(i, row)?);
-        }
-        let mut shape = vec![indices.len()];
-        shape.extend(sample);
-        Ok(HostBatch { x, y, shape })
-    }
-
-    /// The batch as tensors on `device` (on the CPU the buffers are moved, not copied).
-    pub fn into_batch(self, device: Device) -> Result<Batch> {
-        let n = self.y.len();
-        Ok(Batch {
-            x: Tensor::from_vec(self.x, &self.shape, device)?,
-            y: Tensor::from_vec(self.y, &[n], device)?,
-        })
-    }
-}
-
-/// A batch of features and labels.
-pub struct Batch {
-    pub x: Tensor,
-    pub y: Tensor,
 }
 
 type Job = (u64, usize, Vec<usize>);
@@ -103,6 +71,7 @@ pub struct DataLoader {
     jobs: Option<Sender<Job>>,
     done: Option<Receiver<Done>>,
     workers: Vec<JoinHandle<()>>,
+    pin: PinTarget,
     /// Identifies the epoch iteration results belong to (stale ones are dropped).
     generation: u64,
 }
@@ -124,6 +93,7 @@ impl DataLoader {
             jobs: None,
             done: None,
             workers: Vec::new(),
+            pin: PinTarget::new(cfg.pin_memory)?,
             generation: 0,
         };
         if cfg.num_workers > 0 {
@@ -132,6 +102,7 @@ impl DataLoader {
             let job_rx = Arc::new(Mutex::new(job_rx));
             for w in 0..cfg.num_workers {
                 let (rx, tx, ds) = (job_rx.clone(), done_tx.clone(), dl.dataset.clone());
+                let pin = dl.pin.clone();
                 let handle = std::thread::Builder::new()
                     .name(format!("mantissa-loader-{w}"))
                     .spawn(move || loop {
@@ -140,7 +111,7 @@ impl DataLoader {
                             return;
                         };
                         if tx
-                            .send((generation, k, HostBatch::load(ds.as_ref(), &idx)))
+                            .send((generation, k, HostBatch::load(ds.as_ref(), &idx, &pin)))
                             .is_err()
                         {
                             return;
@@ -229,7 +200,7 @@ pub struct EpochIter<'a> {
     ready: BTreeMap<usize, Result<HostBatch>>,
 }
 
-impl EpochIter<'_> {
+impl<'a> EpochIter<'a> {
     /// The next batch's host buffers (before they become tensors).
     pub fn next_host(&mut self) -> Option<Result<HostBatch>> {
         if self.next_yield >= self.batches.len() {
@@ -238,7 +209,11 @@ impl EpochIter<'_> {
         let (Some(jobs), Some(done)) = (&self.dl.jobs, &self.dl.done) else {
             let k = self.next_yield;
             self.next_yield += 1;
-            return Some(HostBatch::load(self.dl.dataset.as_ref(), &self.batches[k]));
+            return Some(HostBatch::load(
+                self.dl.dataset.as_ref(),
+                &self.batches[k],
+                &self.dl.pin,
+            ));
         };
         let ahead = self.dl.cfg.num_workers * self.dl.cfg.prefetch_factor;
         while self.next_submit < self.batches.len() && self.next_submit < self.next_yield + ahead {
@@ -265,6 +240,38 @@ impl EpochIter<'_> {
         let b = self.ready.remove(&self.next_yield);
         self.next_yield += 1;
         b
+    }
+
+    /// The batches as tensors on `device`. On a CUDA device the next batches' uploads run
+    /// on a copy stream while the current batch is in use ([`DeviceBatches`]); set
+    /// `pin_memory` in the loader's config to the same device so that they need no staging
+    /// copy. On the CPU this is the plain iterator.
+    ///
+    /// ```
+    /// use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
+    /// use mantissa::Device;
+    /// use std::sync::Arc;
+    /// struct Halves;
+    /// impl Dataset for Halves {
+    ///     fn len(&self) -> usize { 6 }
+    ///     fn sample_shape(&self) -> Vec<usize> { vec![2] }
+    ///     fn fill(&self, i: usize, x: &mut [f32]) -> mantissa::Result<i64> {
+    ///         x.fill(i as f32 / 2.0);
+    ///         Ok(i as i64)
+    ///     }
+    /// }
+    /// let device = Device::best();
+    /// let cfg = DataLoaderConfig { pin_memory: Some(device), ..DataLoaderConfig::new(4) };
+    /// let mut dl = DataLoader::new(Arc::new(Halves), cfg)?;
+    /// for b in dl.epoch(0).to_device(device) {
+    ///     let b = b?;
+    ///     assert_eq!(b.x.device(), device);
+    ///     assert_eq!(b.x.shape()[1], 2);
+    /// }
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn to_device(self, device: Device) -> DeviceBatches<'a> {
+        DeviceBatches::new(self, device)
     }
 }
 

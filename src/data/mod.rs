@@ -1,14 +1,17 @@
 //! Datasets and a multi-threaded [`DataLoader`].
 //!
-//! Buffer ownership is laid out for pinned host memory: the loader allocates each batch's
-//! host buffers ([`HostBatch`]) and workers fill rows in place. On the CPU the buffers move
-//! into the batch tensors without a copy; a device path copies from them (pinned, on a copy
-//! stream) and hands them back for reuse.
+//! The loader allocates each batch's host buffers ([`HostBatch`]) and workers fill rows in
+//! place. On the CPU the buffers move into the batch tensors without a copy. For a CUDA
+//! device, `pin_memory` puts the features in pinned host memory, and
+//! [`EpochIter::to_device`] uploads the next batches on a copy stream while the current one
+//! is in use; the pinned blocks go back to their pool once their copies have run.
 
+mod host;
 mod loader;
 pub mod mnist;
 
-pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, HostBatch};
+pub use host::{Batch, DeviceBatches, HostBatch, HostBuffer};
+pub use loader::{DataLoader, DataLoaderConfig, EpochIter};
 
 use crate::Result;
 

@@ -80,10 +80,9 @@ pub fn evaluate_classifier(
     format: MemoryFormat,
 ) -> Result<(f64, f64)> {
     let (mut loss, mut correct, mut n) = (0.0, 0.0, 0.0);
-    for b in loader.epoch(0) {
+    for b in loader.epoch(0).to_device(device) {
         let b = b?;
-        let x = b.x.to_device(device)?.to_memory_format(format)?;
-        let y = b.y.to_device(device)?;
+        let (x, y) = (b.x.to_memory_format(format)?, b.y);
         let logits = no_grad(|| autocast_maybe(low, || net.forward(&x)))?;
         let opts = CrossEntropyOptions {
             reduction: Reduction::Sum,
@@ -91,7 +90,7 @@ pub fn evaluate_classifier(
         };
         loss += logits.cross_entropy(&y, opts)?.item()?;
         correct += hits(&logits, &y)?.item()?;
-        n += b.y.numel() as f64;
+        n += y.numel() as f64;
     }
     if n == 0.0 {
         return Err(Error::invalid("evaluate_classifier", "the loader is empty"));

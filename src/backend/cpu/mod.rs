@@ -253,6 +253,11 @@ impl CpuStorage {
         map_all!(self.copy_strided(layout), v => bytemuck::cast_slice(&v).to_vec())
     }
 
+    /// The whole storage's bytes, borrowed (little-endian, as `to_le_bytes`).
+    pub fn as_bytes(&self) -> &[u8] {
+        map_all!(self, v => bytemuck::cast_slice(v))
+    }
+
     /// Storage of `dtype` from raw little-endian bytes; `None` if the length does not fit.
     pub fn from_le_bytes(bytes: &[u8], dtype: DType) -> Option<CpuStorage> {
         fn go<T: CpuElem>(b: &[u8]) -> Option<CpuStorage> {

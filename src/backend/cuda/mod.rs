@@ -42,6 +42,7 @@ pub mod norm;
 pub mod nvrtc;
 pub mod ops;
 pub mod optim;
+pub mod pinned;
 pub mod pool;
 pub mod probe;
 pub mod rnn;

@@ -7,8 +7,9 @@
 use super::blaslt::LtHandle;
 use super::faults::Faults;
 use super::libs::{self, Lib};
+use super::pinned::{PinnedBuffer, PinnedMemory};
 use super::{kernels, nvrtc, probe};
-use crate::backend::caching::{CachingAllocator, MemoryStats, RawMemory};
+use crate::backend::caching::{CachingAllocator, Fence, MemoryStats, RawMemory};
 use crate::{Device, Error, Result};
 use cudarc::cublas::{sys as bs, CudaBlas};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -51,6 +52,10 @@ pub struct CudaRuntime {
     /// Kernels looked up so far, by "file/name" (one driver lookup per kernel, not per launch).
     functions: Mutex<HashMap<String, CudaFunction>>,
     memory: Mutex<CachingAllocator<DriverMemory>>,
+    /// Pinned host blocks for uploads (staging, and the loaders' batches).
+    pinned: Mutex<CachingAllocator<PinnedMemory>>,
+    /// The stream batches are uploaded on ahead of the compute stream, created at first use.
+    copy_stream: Mutex<Option<Arc<CudaStream>>>,
     /// The cuBLAS handle on `stream`, created at the first product.
     blas: Mutex<Option<CudaBlas>>,
     /// The cuDNN handle on `stream`, created at the first convolution.
@@ -116,6 +121,11 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
             DriverMemory { ctx: ctx.clone() },
             device,
         )),
+        pinned: Mutex::new(CachingAllocator::new(
+            PinnedMemory { ctx: ctx.clone() },
+            Device::Cpu,
+        )),
+        copy_stream: Mutex::new(None),
         ctx,
         stream,
         arch: (major * 10 + minor) as u32,
@@ -197,7 +207,8 @@ impl CudaRuntime {
 
     /// Returns a block from [`CudaRuntime::alloc`] to the cache. Work on the stream that
     /// still reads it is ordered before any later use of the block, since every op runs on
-    /// the same stream.
+    /// the compute stream (an upload on the copy stream first waits for the compute work
+    /// queued before it).
     pub fn free(&self, ptr: sys::CUdeviceptr) -> Result<()> {
         lock(&self.memory).free(ptr)
     }
@@ -212,11 +223,61 @@ impl CudaRuntime {
     }
 
     /// Gives the cached blocks back to the driver (`torch.cuda.empty_cache`), after the
-    /// stream has finished with them.
+    /// streams have finished with them; cached pinned host blocks go too.
     pub fn empty_cache(&self) -> Result<()> {
         self.synchronize()?;
+        if let Some(copy) = lock(&self.copy_stream).as_ref() {
+            copy.synchronize()
+                .map_err(|e| self.driver("synchronize the copy stream", e))?;
+        }
         lock(&self.memory).empty_cache();
+        lock(&self.pinned).empty_cache();
         Ok(())
+    }
+
+    /// A block of at least `bytes` of pinned host memory from this device's pool, handed
+    /// back when the buffer is dropped (once the uploads queued from it have run).
+    /// [`Error::OutOfMemory`] when the driver refuses even after the pool's cache is
+    /// released.
+    ///
+    /// Not yet run on a GPU.
+    pub fn pinned_buffer(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuffer> {
+        let (ptr, _) = lock(&self.pinned).alloc(bytes.max(1), 0)?;
+        Ok(PinnedBuffer::new(self.clone(), ptr, bytes))
+    }
+
+    /// Returns a pinned block, after `fence` when a copy may still read it.
+    pub(crate) fn free_pinned(&self, ptr: usize, fence: Option<Box<dyn Fence>>) {
+        let mut pool = lock(&self.pinned);
+        // Both fail only for a block that is not live, which a PinnedBuffer's single drop
+        // rules out.
+        let _ = match fence {
+            Some(f) => pool.free_after(ptr, f),
+            None => pool.free(ptr),
+        };
+    }
+
+    /// The pinned host pool's statistics (blocks whose uploads are still queued count as
+    /// allocated).
+    pub fn pinned_stats(&self) -> MemoryStats {
+        let mut pool = lock(&self.pinned);
+        pool.pending(); // moves the blocks whose uploads have run back into the cache
+        pool.stats()
+    }
+
+    /// The stream uploads run on ahead of the compute stream ([`crate::data::DeviceBatches`]),
+    /// created at first use.
+    pub fn copy_stream(&self) -> Result<Arc<CudaStream>> {
+        let mut copy = lock(&self.copy_stream);
+        if let Some(s) = copy.as_ref() {
+            return Ok(s.clone());
+        }
+        let s = self
+            .ctx
+            .new_stream()
+            .map_err(|e| self.driver("creating the copy stream", e))?;
+        *copy = Some(s.clone());
+        Ok(s)
     }
 
     /// Runs `f` with this device's cuBLAS handle (bound to the compute stream; calls are

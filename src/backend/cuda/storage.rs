@@ -3,6 +3,7 @@
 //!
 //! Run on an H100: tests/cuda_parity.rs checks transfers and casts bit for bit.
 
+use super::pinned::PinnedBuffer;
 use super::runtime::{runtime, CudaRuntime};
 use crate::backend::cpu::CpuStorage;
 use crate::layout::Layout;
@@ -10,6 +11,10 @@ use crate::{DType, Device, Error, Result};
 use cudarc::driver::{result, sys, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 use std::sync::Arc;
+
+/// Uploads up to this size are staged through the pinned pool; larger ones (rare outside a
+/// model's first upload) take the driver's pageable path.
+pub const STAGE_MAX_BYTES: usize = 64 << 20;
 
 /// A device block, returned to the cache when the last storage using it is dropped.
 struct Block {
@@ -19,8 +24,9 @@ struct Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        // Every op runs on the runtime's one stream, so work still queued on this block is
-        // ordered before any later use of it; a failed free only leaves it to the driver.
+        // Every op runs on the runtime's compute stream, so work still queued on this block
+        // is ordered before any later use of it there (an upload on the copy stream waits
+        // for the compute work queued before it); a failed free only leaves it to the driver.
         let _ = self.rt.free(self.ptr);
     }
 }
@@ -210,7 +216,11 @@ impl CudaStorage {
         self.rt().function(file, name)
     }
 
-    /// Copies the selected elements of a host storage to device `ordinal`, row-major.
+    /// Copies the selected elements of a host storage to device `ordinal`, row-major. The
+    /// host does not wait: up to [`STAGE_MAX_BYTES`] are copied into a pinned block from the
+    /// runtime's pool and uploaded from there on the compute stream (the driver's own path
+    /// for pageable memory may wait for the stream first). Larger uploads, and any when
+    /// pinned memory runs out, take the driver's pageable path.
     pub(crate) fn from_cpu(s: &CpuStorage, l: &Layout, ordinal: usize) -> Result<CudaStorage> {
         let rt = runtime(ordinal)?;
         let host = if l.is_contiguous() && l.offset() == 0 && l.numel() == s.len() {
@@ -218,25 +228,50 @@ impl CudaStorage {
         } else {
             std::borrow::Cow::Owned(s.copy_strided(l))
         };
-        let out = Self::alloc_on(&rt, host.dtype(), l.numel())?;
         kname("to_device", host.dtype())?;
+        let out = Self::alloc_on(&rt, host.dtype(), l.numel())?;
+        let bytes = host.as_bytes();
+        if bytes.is_empty() {
+            return Ok(out);
+        }
+        if bytes.len() <= STAGE_MAX_BYTES {
+            match super::pinned::staged(&rt, bytes) {
+                Ok(mut staging) => {
+                    staging.upload(out.ptr(), bytes.len(), rt.stream())?;
+                    return Ok(out);
+                }
+                Err(Error::OutOfMemory { .. }) => {} // the pageable path below
+                Err(e) => return Err(e),
+            }
+        }
         rt.context()
             .bind_to_thread()
             .map_err(|e| out.driver("binding the context", e))?;
         let stream = rt.stream().cu_stream();
-        // SAFETY: `out` holds `numel` elements of the host's dtype; a pageable source is
-        // staged by the driver before the call returns.
-        let r = unsafe {
-            match &*host {
-                CpuStorage::F32(v) => result::memcpy_htod_async(out.ptr(), v, stream),
-                CpuStorage::F16(v) => result::memcpy_htod_async(out.ptr(), v, stream),
-                CpuStorage::BF16(v) => result::memcpy_htod_async(out.ptr(), v, stream),
-                CpuStorage::I64(v) => result::memcpy_htod_async(out.ptr(), v, stream),
-                CpuStorage::U8(v) => result::memcpy_htod_async(out.ptr(), v, stream),
-                CpuStorage::F64(_) => unreachable!("refused by kname above"),
-            }
+        // SAFETY: `out` holds `bytes.len()` bytes; a pageable source is staged by the driver
+        // before the call returns.
+        unsafe { result::memcpy_htod_async(out.ptr(), bytes, stream) }
+            .map_err(|e| out.driver("copying to the device", e))?;
+        Ok(out)
+    }
+
+    /// `len` elements of `dtype` uploaded from the start of a pinned buffer on the compute
+    /// stream. The host does not wait.
+    ///
+    /// Not yet run on a GPU.
+    pub(crate) fn from_pinned(
+        buf: &mut PinnedBuffer,
+        dtype: DType,
+        len: usize,
+    ) -> Result<CudaStorage> {
+        kname("to_device", dtype)?;
+        let Device::Cuda(ordinal) = buf.device() else {
+            unreachable!("pinned buffers come from a CUDA runtime")
         };
-        r.map_err(|e| out.driver("copying to the device", e))?;
+        let out = Self::alloc(ordinal, dtype, len)?;
+        if len > 0 {
+            buf.upload(out.ptr(), len * dtype.size_in_bytes(), out.rt().stream())?;
+        }
         Ok(out)
     }
 

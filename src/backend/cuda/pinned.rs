@@ -1,0 +1,195 @@
+//! Page-locked ("pinned") host memory from a caching pool, and uploads from it that the host
+//! does not wait for.
+//!
+//! A copy from pageable memory makes the driver stage it through a pinned buffer of its own,
+//! and it may wait for the stream first: every upload would wait for the work queued before
+//! it. A copy from a pinned block is a plain DMA queued on the stream. The block must then
+//! stay untouched until the copy has run, so each upload records an event after it, and the
+//! pool hands the block out again only once that event has completed
+//! ([`CachingAllocator::free_after`]).
+//!
+//! Written without a GPU (session 13) and not yet run on one.
+
+use super::runtime::CudaRuntime;
+use crate::backend::caching::{Fence, RawMemory};
+use crate::{Device, Error, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Pinned host memory straight from the driver (`cuMemHostAlloc`), for the caching pool.
+pub struct PinnedMemory {
+    pub(crate) ctx: Arc<CudaContext>,
+}
+
+impl RawMemory for PinnedMemory {
+    type Ptr = usize;
+
+    fn alloc(&mut self, bytes: usize) -> std::result::Result<usize, String> {
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        // Portable: usable by every context. Not write-combined: the host reads these blocks
+        // too (a loader's batches), and write-combined memory is slow to read.
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: the context is current on this thread; the block is freed by `free`.
+        unsafe { result::malloc_host(bytes, flags) }
+            .map(|p| p as usize)
+            .map_err(|e| e.to_string())
+    }
+
+    fn free(&mut self, ptr: usize) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from `alloc`, and the pool frees it once, after the fences
+            // of the copies that read it.
+            let _ = unsafe { result::free_host(ptr as *mut c_void) };
+        }
+    }
+}
+
+/// A recorded event as the pool's fence.
+struct EventFence(CudaEvent);
+
+impl Fence for EventFence {
+    fn is_done(&self) -> bool {
+        // A failed query means a broken context, where no copy runs any more.
+        self.0.try_is_complete().unwrap_or(true)
+    }
+}
+
+/// A block of pinned host memory from a device runtime's pool
+/// ([`CudaRuntime::pinned_buffer`]), returned to the pool when dropped, once the copies
+/// queued from it have run.
+pub struct PinnedBuffer {
+    rt: Arc<CudaRuntime>,
+    ptr: usize,
+    bytes: usize,
+    /// Recorded after the last copy queued from this buffer.
+    fence: Option<CudaEvent>,
+}
+
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PinnedBuffer({} bytes for {})",
+            self.bytes,
+            self.rt.device()
+        )
+    }
+}
+
+impl PinnedBuffer {
+    pub(crate) fn new(rt: Arc<CudaRuntime>, ptr: usize, bytes: usize) -> PinnedBuffer {
+        PinnedBuffer {
+            rt,
+            ptr,
+            bytes,
+            fence: None,
+        }
+    }
+
+    /// The device whose runtime the block came from.
+    pub fn device(&self) -> Device {
+        self.rt.device()
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// The bytes (a copy queued from them may still be reading them, which is harmless).
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the block holds at least `bytes` bytes and lives as long as `self`; the
+        // only writes are through `as_bytes_mut`, which borrows `self` mutably.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.bytes) }
+    }
+
+    /// The bytes, for writing: waits first for the copies queued from them.
+    pub fn as_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        if let Some(fence) = self.fence.take() {
+            fence.synchronize().map_err(|e| Error::CudaDriver {
+                op: "waiting for an upload from pinned memory",
+                device: self.rt.device(),
+                msg: e.to_string(),
+            })?;
+        }
+        // SAFETY: as in `as_bytes`, and no copy reads the block any more.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.bytes) })
+    }
+
+    /// The first `len` elements of type `T`, for writing (waits as `as_bytes_mut`).
+    pub fn as_mut_slice<T: bytemuck::Pod>(&mut self, len: usize) -> Result<&mut [T]> {
+        let bytes = len * std::mem::size_of::<T>();
+        let have = self.bytes;
+        let b = self.as_bytes_mut()?;
+        b.get_mut(..bytes)
+            .and_then(|b| bytemuck::try_cast_slice_mut(b).ok())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "PinnedBuffer::as_mut_slice",
+                    format!(
+                        "{len} elements of {} bytes do not fit {have} bytes",
+                        std::mem::size_of::<T>()
+                    ),
+                )
+            })
+    }
+
+    /// Queues a copy of the first `bytes` bytes to device address `dst` on `stream`, and
+    /// records the event the block's reuse waits for. The host does not wait.
+    pub(crate) fn upload(
+        &mut self,
+        dst: sys::CUdeviceptr,
+        bytes: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let driver = |op, e: cudarc::driver::DriverError| Error::CudaDriver {
+            op,
+            device: self.rt.device(),
+            msg: e.to_string(),
+        };
+        if bytes > self.bytes {
+            return Err(Error::invalid(
+                "PinnedBuffer::upload",
+                format!("{bytes} bytes asked of a {}-byte buffer", self.bytes),
+            ));
+        }
+        self.rt
+            .context()
+            .bind_to_thread()
+            .map_err(|e| driver("binding the context", e))?;
+        // SAFETY: `dst` holds at least `bytes` bytes on the device (the caller's contract);
+        // the source stays allocated and unwritten until the event recorded below has
+        // completed (`as_bytes_mut` and the pool both wait for it).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, self.ptr as *const c_void, bytes, stream.cu_stream())
+        }
+        .result()
+        .map_err(|e| driver("copying from pinned memory to the device", e))?;
+        let event = stream
+            .record_event(None)
+            .map_err(|e| driver("recording an upload's event", e))?;
+        self.fence = Some(event);
+        Ok(())
+    }
+}
+
+/// A pinned buffer from `rt`'s pool holding a copy of `bytes`.
+pub(crate) fn staged(rt: &Arc<CudaRuntime>, bytes: &[u8]) -> Result<PinnedBuffer> {
+    let mut buf = rt.pinned_buffer(bytes.len())?;
+    buf.as_bytes_mut()?.copy_from_slice(bytes);
+    Ok(buf)
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        let fence = self
+            .fence
+            .take()
+            .map(|e| Box::new(EventFence(e)) as Box<dyn Fence>);
+        self.rt.free_pinned(self.ptr, fence);
+    }
+}

@@ -1,0 +1,143 @@
+//! Host-to-device uploads that the host does not wait for: staging through the pinned pool,
+//! pinned loader batches uploaded on the compute stream, and the pool's fences. Without a GPU
+//! each test prints `skipped: no CUDA device` and passes (tests/data.rs runs the loader's
+//! device batches on the GPU too, where there is one).
+//!
+//! Not yet run on a GPU (written in a session without one).
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::parity::gpu;
+use mantissa::backend::cuda::runtime::runtime;
+use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, HostBatch, HostBuffer};
+use mantissa::*;
+use std::sync::Arc;
+
+/// Keeps the device busy for a while: products of 2048^2 f32 matrices (a few ms each).
+fn busy(d: Device) -> Tensor {
+    let a = Tensor::randn(&[2048, 2048], DType::F32, d).unwrap();
+    let mut c = a.matmul(&a).unwrap();
+    for _ in 0..20 {
+        c = c.matmul(&a).unwrap().mul(1e-3).unwrap();
+    }
+    c
+}
+
+fn pattern(n: usize, k: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7 + k * 13) % 1009) as f32 - 500.0)
+        .collect()
+}
+
+#[test]
+fn staged_uploads_arrive_intact_behind_busy_work() {
+    let Some(d) = gpu() else { return };
+    let Device::Cuda(n) = d else { unreachable!() };
+    let rt = runtime(n).unwrap();
+    let _work = busy(d);
+    let before = rt.pinned_stats();
+    // Two uploads of one size while the device is busy: the first one's staging block is
+    // still fenced, so the second gets another block.
+    let size = 1 << 20;
+    let a = Tensor::from_vec(pattern(size, 1), &[size], d).unwrap();
+    let b = Tensor::from_vec(pattern(size, 2), &[size], d).unwrap();
+    let grew = rt.pinned_stats().reserved - before.reserved;
+    assert!(
+        grew >= 8 * size,
+        "two fenced 4 MB blocks, not one reused: grew {grew}"
+    );
+    // Many more, of many sizes, their host vectors dropped at once.
+    let mut kept = vec![(a, pattern(size, 1)), (b, pattern(size, 2))];
+    for k in 0..60 {
+        let len = 1 + (k * 7919) % 300_000;
+        let t = Tensor::from_vec(pattern(len, k), &[len], d).unwrap();
+        if k % 3 == 0 {
+            drop(t); // its device block goes back while the copy may still be queued
+        } else {
+            kept.push((t, pattern(len, k)));
+        }
+    }
+    for (t, want) in &kept {
+        assert_eq!(&t.to_vec::<f32>().unwrap(), want);
+    }
+    // Once the copies have run, the pool hands the same blocks out again.
+    rt.synchronize().unwrap();
+    let hits = rt.pinned_stats().cache_hits;
+    for k in 0..5 {
+        let t = Tensor::from_vec(pattern(size, k), &[size], d).unwrap();
+        rt.synchronize().unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), pattern(size, k));
+    }
+    assert!(rt.pinned_stats().cache_hits >= hits + 5);
+    rt.empty_cache().unwrap();
+    let s = rt.pinned_stats();
+    assert_eq!(
+        s.reserved, s.allocated,
+        "empty_cache releases the cached pinned blocks"
+    );
+}
+
+struct Rows;
+impl Dataset for Rows {
+    fn len(&self) -> usize {
+        40
+    }
+    fn sample_shape(&self) -> Vec<usize> {
+        vec![3, 5]
+    }
+    fn fill(&self, i: usize, x: &mut [f32]) -> Result<i64> {
+        for (j, v) in x.iter_mut().enumerate() {
+            *v = (i * 100 + j) as f32;
+        }
+        Ok(i as i64 % 7)
+    }
+}
+
+#[test]
+fn pinned_batches_upload_on_either_stream() {
+    let Some(d) = gpu() else { return };
+    let cfg = DataLoaderConfig {
+        num_workers: 2,
+        pin_memory: Some(d),
+        ..DataLoaderConfig::new(8)
+    };
+    let mut dl = DataLoader::new(Arc::new(Rows), cfg).unwrap();
+    let _work = busy(d);
+    let mut it = dl.epoch(0);
+    let mut k = 0;
+    while let Some(h) = it.next_host() {
+        let h = h.unwrap();
+        assert!(h.x.is_pinned());
+        let want_x = h.x.to_vec();
+        let want_y = h.y.clone();
+        let b = h.into_batch(d).unwrap();
+        assert_eq!(b.x.shape(), &[8, 3, 5]);
+        assert_eq!(b.x.to_vec::<f32>().unwrap(), want_x, "batch {k}");
+        assert_eq!(b.y.to_vec::<i64>().unwrap(), want_y, "batch {k}");
+        k += 1;
+    }
+    assert_eq!(k, 5);
+    // A pinned batch taken to the CPU is a copy of the same values.
+    let h = dl.epoch(0).next_host().unwrap().unwrap();
+    let want = h.x.to_vec();
+    let b = h.into_batch(Device::Cpu).unwrap();
+    assert_eq!(b.x.to_vec::<f32>().unwrap(), want);
+    // A buffer of the wrong length for its shape is refused before any copy.
+    let Device::Cuda(n) = d else { unreachable!() };
+    let buf = runtime(n).unwrap().pinned_buffer(16).unwrap();
+    let bad = HostBatch {
+        x: HostBuffer::Pinned { buf, len: 4 },
+        y: vec![0],
+        shape: vec![1, 5],
+    };
+    assert!(bad.into_batch(d).is_err());
+    // So is one whose length runs past its pinned block, without reading past it.
+    let buf = runtime(n).unwrap().pinned_buffer(16).unwrap();
+    let past = HostBatch {
+        x: HostBuffer::Pinned { buf, len: 9 },
+        y: vec![0],
+        shape: vec![1, 9],
+    };
+    assert_eq!(past.x.len(), 4);
+    assert!(past.into_batch(d).is_err());
+}
