@@ -1,6 +1,7 @@
 //! CPU micro-benchmarks: matmul 1024^3 and conv2d, in GFLOP/s, and reductions, in ms (median
 //! of several runs after a warm-up), and batch and layer norm, in ms. Run: `cargo run --release --example
-//! bench_cpu`; an argument (`matmul`, `conv2d`, `reduce` or `norm`) runs that group alone.
+//! bench_cpu`; an argument (`matmul`, `conv2d`, `reduce`, `norm` or `overhead`) runs that
+//! group alone.
 
 use mantissa::{Conv2dOptions, DType, Device, Generator, MemoryFormat, Result, Tensor};
 use std::time::Instant;
@@ -47,6 +48,68 @@ fn main() -> Result<()> {
     if run("norm") {
         norm()?;
     }
+    if run("overhead") {
+        overhead()?;
+    }
+    Ok(())
+}
+
+/// DESIGN.md's M4 on the CPU: the host's cost per op on one-element tensors (dispatch,
+/// layout, allocation, graph recording), where the arithmetic is nothing. The peer is
+/// `bench/overhead_peer.py`.
+fn overhead() -> Result<()> {
+    let n = 10_000;
+    let a = Tensor::from_vec(vec![1.5f32], &[1], Device::Cpu)?;
+    let b = Tensor::from_vec(vec![0.25f32], &[1], Device::Cpu)?;
+    let s = time(5, || {
+        for _ in 0..n {
+            a.add(&b)?;
+        }
+        Ok(())
+    })?;
+    println!(
+        "{:<44} {:>10.3}",
+        "us per tiny add, no grad",
+        s / n as f64 * 1e6
+    );
+    let (ga, gb) = (
+        a.clone().requires_grad(true)?,
+        b.clone().requires_grad(true)?,
+    );
+    let s = time(5, || {
+        for _ in 0..n {
+            ga.add(&gb)?;
+        }
+        Ok(())
+    })?;
+    println!(
+        "{:<44} {:>10.3}",
+        "us per tiny add, recorded",
+        s / n as f64 * 1e6
+    );
+    // A chain of 1000 recorded ops (mul, add alternating) and its backward pass.
+    let chain = 1000;
+    let mut back = 0.0;
+    let s = time(5, || {
+        let mut y = ga.clone();
+        for k in 0..chain {
+            y = if k % 2 == 0 { y.mul(&gb)? } else { y.add(&gb)? };
+        }
+        let t = Instant::now();
+        y.backward()?;
+        back = t.elapsed().as_secs_f64();
+        Ok(())
+    })?;
+    println!(
+        "{:<44} {:>10.3}",
+        "us per op, chain forward+backward",
+        s / chain as f64 * 1e6
+    );
+    println!(
+        "{:<44} {:>10.3}",
+        "us per op, chain backward (last run)",
+        back / chain as f64 * 1e6
+    );
     Ok(())
 }
 
