@@ -29,6 +29,26 @@ pub enum Storage {
     Cuda(CudaStorage),
 }
 
+/// The gradients an LSTM cell's backward pass starts from, each `[B, H]` with any row stride
+/// (views such as a step of a sequence need no copy): of `h`, optionally a second one of `h`
+/// that is added to it (in f32), and of `c'`.
+pub(crate) struct CellGrads<'a, S> {
+    pub dh: (&'a S, &'a Layout),
+    pub dh2: Option<(&'a S, &'a Layout)>,
+    pub dc: (&'a S, &'a Layout),
+}
+
+impl<'a, S> CellGrads<'a, S> {
+    /// The same operands seen as another storage type (a backend's).
+    fn map<U>(&self, f: impl Fn(&'a S) -> &'a U) -> CellGrads<'a, U> {
+        CellGrads {
+            dh: (f(self.dh.0), self.dh.1),
+            dh2: self.dh2.map(|(s, l)| (f(s), l)),
+            dc: (f(self.dc.0), self.dc.1),
+        }
+    }
+}
+
 /// Unwraps two same-device storages into `Cpu(a, b)` or `Cuda(a, b)`, or returns a
 /// device-mismatch error naming the op.
 enum Pair<'a> {
@@ -691,24 +711,36 @@ impl Storage {
         }
     }
 
-    /// `[d gates | d c]` `[B, 5H]` of the fused LSTM cell from the gradient of `[h | c']`.
+    /// `[d gates | d c]` `[B, 5H]` of the fused LSTM cell from the gradients of `h` and `c'`.
     pub(crate) fn lstm_cell_backward(
         &self,
         lg: &Layout,
         c: &Storage,
         lc: &Layout,
-        d: &Storage,
-        ld: &Layout,
+        d: CellGrads<'_, Storage>,
     ) -> Result<Storage> {
-        common_device("lstm_cell backward", &[self, c, d])?;
-        match (self, c, d) {
-            (Storage::Cpu(g), Storage::Cpu(c), Storage::Cpu(d)) => {
-                Ok(Storage::Cpu(cpu::lstm_cell_backward(g, lg, c, lc, d, ld)?))
+        let mut all = vec![self, c, d.dh.0, d.dc.0];
+        all.extend(d.dh2.map(|x| x.0));
+        common_device("lstm_cell backward", &all)?;
+        match (self, c) {
+            (Storage::Cpu(g), Storage::Cpu(c)) => {
+                let d = d.map(|s| match s {
+                    Storage::Cpu(x) => x,
+                    #[allow(unreachable_patterns)]
+                    _ => unreachable!("common_device checked the devices"),
+                });
+                Ok(Storage::Cpu(cpu::lstm_cell_backward(g, lg, c, lc, d)?))
             }
             #[cfg(feature = "cuda")]
-            (Storage::Cuda(g), Storage::Cuda(c), Storage::Cuda(d)) => Ok(Storage::Cuda(
-                cuda::rnn::lstm_cell_backward(g, lg, c, lc, d, ld)?,
-            )),
+            (Storage::Cuda(g), Storage::Cuda(c)) => {
+                let d = d.map(|s| match s {
+                    Storage::Cuda(x) => x,
+                    _ => unreachable!("common_device checked the devices"),
+                });
+                Ok(Storage::Cuda(cuda::rnn::lstm_cell_backward(
+                    g, lg, c, lc, d,
+                )?))
+            }
             #[allow(unreachable_patterns)]
             _ => unreachable!("common_device checked the devices"),
         }

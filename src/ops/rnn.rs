@@ -1,6 +1,7 @@
 //! The fused LSTM cell.
 
 use super::{dispatch, expect_float, expect_same_dtype, Op};
+use crate::backend::CellGrads;
 use crate::{Error, Result, Tensor};
 
 impl Tensor {
@@ -44,12 +45,17 @@ impl Tensor {
         let (gs, cs) = (g.detach(), c.detach());
         let hc =
             Tensor::from_storage(s, &[b, 2 * h]).attach("lstm_cell", &[&g, &c], move |d, _| {
+                let (dh, dc) = (d.narrow(1, 0, h)?, d.narrow(1, h, h)?);
+                let (sdh, sdc) = (dh.storage(), dc.storage());
                 let s = gs.storage().lstm_cell_backward(
                     gs.layout(),
                     &cs.storage(),
                     cs.layout(),
-                    &d.storage(),
-                    d.layout(),
+                    CellGrads {
+                        dh: (&sdh, dh.layout()),
+                        dh2: None,
+                        dc: (&sdc, dc.layout()),
+                    },
                 )?;
                 let all = Tensor::from_storage(s, &[b, 5 * h]);
                 Ok(vec![
@@ -170,20 +176,23 @@ impl Tensor {
             let mut dh: Option<Tensor> = None;
             let mut dc = step(d, steps)?;
             for s in (0..steps).rev() {
+                // The output's gradient and the next step's recurrent one both flow into h;
+                // the cell kernel adds them and reads every operand in place.
                 let dy = step(d, s)?;
-                let dh_all = match dh.take() {
-                    Some(v) => dy.add(&v)?,
-                    None => dy,
-                };
+                let recurrent = dh.take();
                 let c_prev = if s == 0 { &c0s } else { &cs[s - 1] };
-                let dhc = Tensor::cat(&[&dh_all, &dc], 1)?;
                 let g = &gates[s];
+                let (sdy, sdc) = (dy.storage(), dc.storage());
+                let sdh = recurrent.as_ref().map(|v| (v.storage(), v.layout()));
                 let all = g.storage().lstm_cell_backward(
                     g.layout(),
                     &c_prev.storage(),
                     c_prev.layout(),
-                    &dhc.storage(),
-                    dhc.layout(),
+                    CellGrads {
+                        dh: (&sdy, dy.layout()),
+                        dh2: sdh.as_ref().map(|(s, l)| (&**s, *l)),
+                        dc: (&sdc, dc.layout()),
+                    },
                 )?;
                 let all = Tensor::from_storage(all, &[batch, 5 * hid]);
                 let dg = all.narrow(1, 0, 4 * hid)?;

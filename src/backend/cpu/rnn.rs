@@ -4,6 +4,7 @@
 //! the activations are recomputed in the backward pass rather than saved.
 
 use super::{contiguous, map_pair, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
+use crate::backend::CellGrads;
 use crate::dtype::Float;
 use crate::layout::Layout;
 use crate::Result;
@@ -59,7 +60,7 @@ fn rows<T: CpuElem>(
     batch: usize,
     width: usize,
     g: &[T],
-    c: &[T],
+    c: Rows<'_, T>,
     h: usize,
     k: &impl Row<T>,
 ) -> Vec<T> {
@@ -69,7 +70,7 @@ fn rows<T: CpuElem>(
     }
     let arch = pulp::Arch::new();
     let job = |(b, out): (usize, &mut [T])| {
-        let (g, c) = (&g[b * 4 * h..(b + 1) * 4 * h], &c[b * h..(b + 1) * h]);
+        let (g, c) = (&g[b * 4 * h..(b + 1) * 4 * h], c.row(b, h));
         arch.dispatch(OnRow { k, b, g, c, out })
     };
     if g.len() >= PAR_MIN {
@@ -107,17 +108,69 @@ pub(crate) fn lstm_cell(
     lc: &Layout,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(g: &[T], lg: &Layout, c: &[T], lc: &Layout) -> CpuStorage {
-        let (g, c) = (contiguous(g, lg), contiguous(c, lc));
+        let (g, c) = (contiguous(g, lg), row_view(c, lc));
         let (batch, h) = (lc.shape()[0], lc.shape()[1]);
-        rows(batch, 2 * h, &g, &c, h, &Forward(h)).into_storage()
+        rows(batch, 2 * h, &g, rows_of(&c), h, &Forward(h)).into_storage()
     }
     Ok(map_pair!("lstm_cell", gates, c, g, cs => go(g, lg, cs, lc)))
 }
 
-/// The backward cell: `[d gates | d c]` rows from the `[dh | dc']` rows of `d`.
+/// Rows of a `[B, H]` operand: row `b` starts at `off + b * stride`.
+#[derive(Clone, Copy)]
+struct Rows<'a, T> {
+    data: &'a [T],
+    off: usize,
+    stride: usize,
+}
+
+impl<'a, T> Rows<'a, T> {
+    #[inline(always)]
+    fn row(&self, b: usize, h: usize) -> &'a [T] {
+        &self.data[self.off + b * self.stride..][..h]
+    }
+}
+
+/// A `[B, H]` operand's elements with a row stride: the view itself when its rows are unit
+/// stride, else a dense copy.
+fn row_view<'a, T: CpuElem>(v: &'a [T], l: &Layout) -> (std::borrow::Cow<'a, [T]>, usize, usize) {
+    let (shape, st) = (l.shape(), l.strides());
+    if shape.len() == 2 && (st[1] == 1 || shape[1] <= 1) {
+        return (std::borrow::Cow::Borrowed(v), l.offset(), st[0]);
+    }
+    (contiguous(v, l), 0, shape.last().copied().unwrap_or(1))
+}
+
+/// A gradient operand's elements as `T`, or an error naming both dtypes.
+fn typed<'a, T: CpuElem>(
+    s: &'a CpuStorage,
+    l: &Layout,
+) -> Result<(std::borrow::Cow<'a, [T]>, usize, usize)> {
+    let v = T::slice(s).ok_or(crate::Error::DTypeMismatch {
+        op: "lstm_cell backward",
+        lhs: T::DTYPE,
+        rhs: s.dtype(),
+    })?;
+    Ok(row_view(v, l))
+}
+
+/// [`Rows`] over what [`row_view`] gave.
+fn rows_of<'a, T: Clone>(v: &'a (std::borrow::Cow<'_, [T]>, usize, usize)) -> Rows<'a, T> {
+    Rows {
+        data: &v.0[..],
+        off: v.1,
+        stride: v.2,
+    }
+}
+
+/// The backward cell: `[d gates | d c]` rows from the rows of `dh` (plus `dh2`'s, when
+/// given) and `dc`.
 struct Backward<'a, T> {
     h: usize,
-    d: &'a [T],
+    dh: Rows<'a, T>,
+    dh2: Option<Rows<'a, T>>,
+    dc: Rows<'a, T>,
+    /// `h` zeros, for a missing `dh2`.
+    zeros: Vec<T>,
 }
 
 impl<T: CpuElem> Row<T> for Backward<'_, T> {
@@ -125,20 +178,23 @@ impl<T: CpuElem> Row<T> for Backward<'_, T> {
     fn row(&self, b: usize, gr: &[T], cr: &[T], out: &mut [T]) {
         let h = self.h;
         let one = <T::Acc as num_traits::One>::one();
-        let (dh, dc) = self.d[b * 2 * h..(b + 1) * 2 * h].split_at(h);
+        let (dh, dc) = (self.dh.row(b, h), self.dc.row(b, h));
         let (g, cr) = (gate_blocks(gr, h), &cr[..h]);
         let (oi, rest) = out.split_at_mut(h);
         let (of, rest) = rest.split_at_mut(h);
         let (og, rest) = rest.split_at_mut(h);
         let (oo, oc) = rest.split_at_mut(h);
         let oc = &mut oc[..h];
+        // Without a second h gradient, a row of zeros stands in (one loop, which
+        // vectorises; adding +0 changes no value but the sign of a zero).
+        let dh2 = self.dh2.map_or(&self.zeros[..h], |r| r.row(b, h));
         for j in 0..h {
             let [i, f, gg, o] = acts(&g, j);
             let cp = cr[j].to_acc();
             let c2 = f * cp + i * gg;
             let th = c2.tanh_act();
-            let (dh, dc2) = (dh[j].to_acc(), dc[j].to_acc());
-            let dc = dc2 + dh * o * (one - th * th);
+            let dh = dh[j].to_acc() + dh2[j].to_acc();
+            let dc = dc[j].to_acc() + dh * o * (one - th * th);
             oi[j] = T::from_acc(dc * gg * i * (one - i));
             of[j] = T::from_acc(dc * cp * f * (one - f));
             og[j] = T::from_acc(dc * i * (one - gg * gg));
@@ -149,34 +205,36 @@ impl<T: CpuElem> Row<T> for Backward<'_, T> {
 }
 
 /// Gradients of the gates `[B, 4H]` and of the previous cell state `[B, H]`, concatenated as
-/// `[B, 5H]`, from the gradient of `[h | c']` (`dhc`, `[B, 2H]`).
+/// `[B, 5H]`, from the gradients of `h` and `c'` ([`CellGrads`]).
 pub(crate) fn lstm_cell_backward(
     gates: &CpuStorage,
     lg: &Layout,
     c: &CpuStorage,
     lc: &Layout,
-    dhc: &CpuStorage,
-    ld: &Layout,
+    d: CellGrads<'_, CpuStorage>,
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(
         g: &[T],
         lg: &Layout,
         c: &[T],
         lc: &Layout,
-        dhc: &CpuStorage,
-        ld: &Layout,
+        d: &CellGrads<'_, CpuStorage>,
     ) -> Result<CpuStorage> {
-        let d = T::slice(dhc).ok_or(crate::Error::DTypeMismatch {
-            op: "lstm_cell backward",
-            lhs: T::DTYPE,
-            rhs: dhc.dtype(),
-        })?;
-        let (g, c, d) = (contiguous(g, lg), contiguous(c, lc), contiguous(d, ld));
+        let (g, c) = (contiguous(g, lg), row_view(c, lc));
         let (batch, h) = (lc.shape()[0], lc.shape()[1]);
-        let k = Backward { h, d: &d };
-        Ok(rows(batch, 5 * h, &g, &c, h, &k).into_storage())
+        let dh = typed::<T>(d.dh.0, d.dh.1)?;
+        let dc = typed::<T>(d.dc.0, d.dc.1)?;
+        let dh2 = d.dh2.map(|(s, l)| typed::<T>(s, l)).transpose()?;
+        let k = Backward {
+            h,
+            dh: rows_of(&dh),
+            dh2: dh2.as_ref().map(rows_of),
+            dc: rows_of(&dc),
+            zeros: vec![T::default(); h],
+        };
+        Ok(rows(batch, 5 * h, &g, rows_of(&c), h, &k).into_storage())
     }
-    Ok(map_pair!("lstm_cell backward", gates, c, g, cs => go(g, lg, cs, lc, dhc, ld)?))
+    Ok(map_pair!("lstm_cell backward", gates, c, g, cs => go(g, lg, cs, lc, &d)?))
 }
 
 #[cfg(test)]
@@ -204,7 +262,26 @@ mod tests {
         let (g, c, d) = (wave(4 * h, 0.37), wave(h, 1.3), wave(2 * h, 0.71));
         let [fast, plain] = both(&Forward(h), &g, &c, 2 * h);
         assert_eq!(fast, plain, "forward");
-        let [fast, plain] = both(&Backward { h, d: &d }, &g, &c, 5 * h);
-        assert_eq!(fast, plain, "backward");
+        let at = |off| Rows {
+            data: &d,
+            off,
+            stride: 2 * h,
+        };
+        for dh2 in [None, Some(at(h / 2))] {
+            let k = Backward {
+                h,
+                dh: at(0),
+                dh2,
+                dc: at(h),
+                zeros: vec![0.0; h],
+            };
+            let [fast, plain] = both(&k, &g, &c, 5 * h);
+            assert_eq!(
+                fast,
+                plain,
+                "backward, a second h gradient: {}",
+                dh2.is_some()
+            );
+        }
     }
 }

@@ -182,56 +182,108 @@ fn max_min_relu_and_clamp_kernels_keep_nan_as_the_cpu_does() {
 
 #[test]
 fn lstm_cell_kernels_match_the_cpu() {
+    use crate::backend::CellGrads;
     let Some(lib) = library("rnn") else { return };
-    type Forward = unsafe extern "C" fn(*const f32, *const f32, *mut f32, i64, i64) -> ();
-    type Backward =
-        unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i64, i64) -> ();
+    type Forward = unsafe extern "C" fn(*const f32, *const f32, i64, *mut f32, i64, i64) -> ();
+    type Backward = unsafe extern "C" fn(
+        *const f32,
+        *const f32,
+        i64,
+        *const f32,
+        i64,
+        *const f32,
+        i64,
+        *const f32,
+        i64,
+        *mut f32,
+        i64,
+        i64,
+    ) -> ();
     let (b, h) = (3, 5);
-    let (g, c, d) = (
+    // The cell state and the gradients as views with row strides other than h: c in
+    // [B, 2H], dh and dc in [B, 3H], dh2 in [B, H].
+    let (g, cw, dw, d2) = (
         randn(&[b, 4 * h], 10),
-        randn(&[b, h], 11),
-        randn(&[b, 2 * h], 12),
+        randn(&[b, 2 * h], 11),
+        randn(&[b, 3 * h], 12),
+        randn(&[b, h], 13),
     );
     let l = |t: &Tensor| Layout::contiguous(t.shape());
-    let fwd = g.storage().lstm_cell(&l(&g), &c.storage(), &l(&c)).unwrap();
-    let bwd = g
-        .storage()
-        .lstm_cell_backward(&l(&g), &c.storage(), &l(&c), &d.storage(), &l(&d))
-        .unwrap();
+    let view = |w: usize, off: usize| Layout::new(vec![b, h], vec![w, 1], off);
+    let (lc, ldh, ldc) = (view(2 * h, h), view(3 * h, 0), view(3 * h, 2 * h));
+    let fwd = g.storage().lstm_cell(&l(&g), &cw.storage(), &lc).unwrap();
     let want_f = Tensor::from_storage(fwd, &[b, 2 * h])
         .to_vec::<f32>()
         .unwrap();
-    let want_b = Tensor::from_storage(bwd, &[b, 5 * h])
-        .to_vec::<f32>()
-        .unwrap();
-    let (gs, cs, ds) = (
+    let (gs, cs, ds, d2s) = (
         g.to_vec::<f32>().unwrap(),
-        c.to_vec::<f32>().unwrap(),
-        d.to_vec::<f32>().unwrap(),
+        cw.to_vec::<f32>().unwrap(),
+        dw.to_vec::<f32>().unwrap(),
+        d2.to_vec::<f32>().unwrap(),
     );
-    let (mut out_f, mut out_b) = (vec![0f32; b * 2 * h], vec![0f32; b * 5 * h]);
+    let mut out_f = vec![0f32; b * 2 * h];
     let f: Forward = function(lib, "lstm_cell_float");
     let bk: Backward = function(lib, "lstm_cell_backward_float");
-    // SAFETY: the buffers hold [B, 4H], [B, H], [B, 2H] and the outputs' elements.
+    let (b64, h64) = (b as i64, h as i64);
+    // SAFETY: the buffers hold [B, 4H], [B, 2H] and the output's elements.
     unsafe {
         f(
             gs.as_ptr(),
-            cs.as_ptr(),
+            cs.as_ptr().add(h),
+            2 * h64,
             out_f.as_mut_ptr(),
-            b as i64,
-            h as i64,
-        );
-        bk(
-            gs.as_ptr(),
-            cs.as_ptr(),
-            ds.as_ptr(),
-            out_b.as_mut_ptr(),
-            b as i64,
-            h as i64,
+            b64,
+            h64,
+        )
+    };
+    close(&out_f, &want_f, "lstm_cell");
+    for second in [false, true] {
+        let (dws, d2st) = (dw.storage(), d2.storage());
+        let bwd = g
+            .storage()
+            .lstm_cell_backward(
+                &l(&g),
+                &cw.storage(),
+                &lc,
+                CellGrads {
+                    dh: (&dws, &ldh),
+                    dh2: second.then_some((&*d2st, &l(&d2))),
+                    dc: (&dws, &ldc),
+                },
+            )
+            .unwrap();
+        let want_b = Tensor::from_storage(bwd, &[b, 5 * h])
+            .to_vec::<f32>()
+            .unwrap();
+        let mut out_b = vec![0f32; b * 5 * h];
+        let dh2 = if second {
+            d2s.as_ptr()
+        } else {
+            std::ptr::null()
+        };
+        // SAFETY: as above; the gradients hold [B, 3H] and [B, H] elements.
+        unsafe {
+            bk(
+                gs.as_ptr(),
+                cs.as_ptr().add(h),
+                2 * h64,
+                ds.as_ptr(),
+                3 * h64,
+                dh2,
+                h64,
+                ds.as_ptr().add(2 * h),
+                3 * h64,
+                out_b.as_mut_ptr(),
+                b64,
+                h64,
+            )
+        };
+        close(
+            &out_b,
+            &want_b,
+            &format!("lstm_cell backward, dh2 {second}"),
         );
     }
-    close(&out_f, &want_f, "lstm_cell");
-    close(&out_b, &want_b, "lstm_cell backward");
 }
 
 #[test]
