@@ -401,6 +401,52 @@ impl Storage {
         }
     }
 
+    /// `self[ld] += a @ b` in place: `a [m, k]`, `b [k, n]`, and a destination view
+    /// `[m, n]` with unit-stride rows (an LSTM layer adds each step's recurrent product onto
+    /// its input projection this way; on CUDA it is one cuBLAS call with `beta = 1`).
+    pub(crate) fn matmul_acc(
+        &mut self,
+        ld: &Layout,
+        a: &Storage,
+        la: &Layout,
+        b: &Storage,
+        lb: &Layout,
+    ) -> Result<()> {
+        let op = "matmul (accumulate)";
+        common_device(op, &[&*self, a, b])?;
+        let (sa, sb, sd) = (la.shape(), lb.shape(), ld.shape());
+        let fits = sa.len() == 2
+            && sb.len() == 2
+            && sa[1] == sb[0]
+            && sd == [sa[0], sb[1]]
+            && (ld.strides()[1] == 1 || sd[1] <= 1)
+            && (sd[0] <= 1 || ld.strides()[0] >= sd[1]);
+        if !fits {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{sa:?} @ {sb:?} onto a [{}] view with strides {:?}",
+                    sd.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    ld.strides()
+                ),
+            ));
+        }
+        match (self, a, b) {
+            (Storage::Cpu(d), Storage::Cpu(x), Storage::Cpu(y)) => {
+                cpu::matmul_acc(d, ld, x, la, y, lb)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(d), Storage::Cuda(x), Storage::Cuda(y)) => {
+                cuda::ops::matmul_acc(d, ld, x, la, y, lb)
+            }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("common_device checked the devices"),
+        }
+    }
+
     /// `self @ rhs + bias` with the bias added in the product's accumulator (on CUDA the
     /// output starts as the bias rows and cuBLAS adds the product, `beta = 1`): `bias` has as
     /// many elements as the product has columns.

@@ -154,11 +154,17 @@ impl Tensor {
         // Per step: the saved gate pre-activations, and the h and c it made.
         let (mut gates, mut hs, mut cs) = (vec![], vec![], vec![]);
         let out = crate::no_grad(|| -> Result<Tensor> {
+            // The input projection of every step; each step's recurrent product is then
+            // added onto its rows in place (one product with beta = 1, no separate add), and
+            // those rows are the step's gate pre-activations.
             let gx = x2.linear(&w_ih, Some(&b))?;
             let whh_t = w_hh.t()?;
             for s in 0..steps {
                 let (h, c) = (hs.last().unwrap_or(&h0), cs.last().unwrap_or(&c0));
-                let g = gx.narrow(0, s * batch, batch)?.add(&h.matmul(&whh_t)?)?;
+                let g = gx.narrow(0, s * batch, batch)?;
+                let (sh, sw) = (h.storage(), whh_t.storage());
+                gx.0.storage
+                    .write(|st| st.matmul_acc(g.layout(), &sh, h.layout(), &sw, whh_t.layout()))?;
                 let (h, c) = Tensor::lstm_cell(&g, c)?;
                 gates.push(g);
                 hs.push(h);

@@ -218,6 +218,101 @@ fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout, bias: Optio
     out
 }
 
+/// `dst[ld] += a @ b` in place, for `[m, k]` and `[k, n]` operands and a destination view
+/// `[m, n]` with unit-stride rows (checked by the caller, `Storage::matmul_acc`). Halves
+/// are widened to f32, the destination included, and rounded once on store.
+pub(crate) fn matmul_acc(
+    dst: &mut CpuStorage,
+    ld: &Layout,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<()> {
+    let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
+    let (off, rs) = (ld.offset(), ld.strides()[0].max(n));
+    fn mat<'a, F>(data: &'a [F], l: &Layout) -> MatRef<'a, F> {
+        MatRef {
+            data,
+            off: l.offset(),
+            rs: l.strides()[0],
+            cs: l.strides()[1],
+        }
+    }
+    let wide = |s: &CpuStorage, l: &Layout| match s.to_dtype(l, crate::DType::F32) {
+        CpuStorage::F32(v) => v,
+        _ => unreachable!("to_dtype(F32) gives F32"),
+    };
+    let dtype = dst.dtype();
+    if a.dtype() != dtype || b.dtype() != dtype {
+        return Err(Error::DTypeMismatch {
+            op: "matmul (accumulate)",
+            lhs: dtype,
+            rhs: if a.dtype() != dtype {
+                a.dtype()
+            } else {
+                b.dtype()
+            },
+        });
+    }
+    match (&mut *dst, a, b) {
+        (CpuStorage::F32(d), CpuStorage::F32(x), CpuStorage::F32(y)) => gemm_into_ld(
+            m,
+            n,
+            k,
+            &mut d[off..],
+            rs,
+            true,
+            mat(x, la),
+            mat(y, lb),
+            true,
+        ),
+        (CpuStorage::F64(d), CpuStorage::F64(x), CpuStorage::F64(y)) => gemm_into_ld(
+            m,
+            n,
+            k,
+            &mut d[off..],
+            rs,
+            true,
+            mat(x, la),
+            mat(y, lb),
+            true,
+        ),
+        _ if dtype.is_half() => {
+            let (xa, xb) = (wide(a, la), wide(b, lb));
+            let mut acc = wide(dst, ld);
+            let (ca, cb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
+            gemm_into(m, n, k, &mut acc, true, mat(&xa, &ca), mat(&xb, &cb), true);
+            fn store<T: crate::dtype::WithDType>(
+                d: &mut [T],
+                acc: &[f32],
+                off: usize,
+                rs: usize,
+                n: usize,
+            ) {
+                for (r, row) in acc.chunks(n.max(1)).enumerate() {
+                    for (o, &v) in d[off + r * rs..][..n].iter_mut().zip(row) {
+                        *o = T::from_f64(v as f64);
+                    }
+                }
+            }
+            match dst {
+                CpuStorage::F16(d) => store(d, &acc, off, rs, n),
+                CpuStorage::BF16(d) => store(d, &acc, off, rs, n),
+                _ => unreachable!("the half dtypes"),
+            }
+        }
+        _ => {
+            return Err(Error::DType {
+                op: "matmul (accumulate)",
+                dtype,
+                expected: "a float dtype",
+            })
+        }
+    }
+    Ok(())
+}
+
 /// Batched product of `[..., m, k]` and `[..., k, n]` layouts with equal batch dims (stride 0
 /// for broadcast batches allowed). Output is contiguous `[..., m, n]`. With `bias` (a
 /// storage and layout of `n` elements, same dtype) each output row is `bias + a_row @ b`,
@@ -287,4 +382,61 @@ pub(crate) fn matmul(
             })
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::layout::Layout;
+    use crate::{DType, Device, Tensor};
+
+    /// `dst[view] += a @ b` in place equals the product added out of place, within one
+    /// rounding for halves, leaves the rest of `dst` alone, and refuses operands that do not
+    /// fit.
+    #[test]
+    fn accumulating_product_adds_onto_a_strided_view_only() {
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+            let (m, k, n, width) = (5, 7, 3, 8);
+            let r = |shape: &[usize], seed| {
+                Tensor::randn_with(
+                    shape,
+                    0.0,
+                    1.0,
+                    dtype,
+                    Device::Cpu,
+                    &mut crate::Generator::new(seed),
+                )
+                .unwrap()
+            };
+            let (a, b, d) = (r(&[m, k], 1), r(&[k, n], 2), r(&[m + 1, width], 3));
+            // Rows 1.. and columns 2..5 of d.
+            let view = Layout::new(vec![m, n], vec![width, 1], width + 2);
+            let before = d.to_vec_f64().unwrap();
+            let want = a.matmul(&b).unwrap().to_vec_f64().unwrap();
+            let mut st = d.storage().to_dtype(d.layout(), dtype).unwrap();
+            st.matmul_acc(&view, &a.storage(), a.layout(), &b.storage(), b.layout())
+                .unwrap();
+            let got = Tensor::from_storage(st, &[m + 1, width])
+                .to_vec_f64()
+                .unwrap();
+            let tol = if dtype.is_half() { 2e-2 } else { 1e-6 };
+            for (i, (&g, &w0)) in got.iter().zip(&before).enumerate() {
+                let (row, col) = (i / width, i % width);
+                if row >= 1 && (2..2 + n).contains(&col) {
+                    let want = w0 + want[(row - 1) * n + col - 2];
+                    assert!(
+                        (g - want).abs() <= tol * (1.0 + want.abs()),
+                        "{dtype:?} {i}"
+                    );
+                } else {
+                    assert_eq!(g, w0, "{dtype:?}: element {i} outside the view changed");
+                }
+            }
+            let mut st = d.storage().to_dtype(d.layout(), dtype).unwrap();
+            let bad = Layout::new(vec![m, n + 1], vec![width, 1], 0);
+            let e = st
+                .matmul_acc(&bad, &a.storage(), a.layout(), &b.storage(), b.layout())
+                .unwrap_err();
+            assert!(e.to_string().contains("matmul (accumulate)"), "{e}");
+        }
+    }
 }

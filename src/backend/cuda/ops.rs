@@ -568,6 +568,21 @@ pub(crate) fn matmul(
     if m * n * batch == 0 {
         return Ok(out);
     }
+    let (beta, c) = (if bias.is_some() { 1.0f32 } else { 0.0 }, out.ptr());
+    gemm(a, (&oa, &ob), (m, n, k, batch), (c, n), beta)?;
+    Ok(out)
+}
+
+/// One cuBLAS call `C = a @ b + beta C` over `batch` matrices (`cublasGemmStridedBatchedEx`,
+/// f32 accumulation; f16/bf16 on tensor cores, f32 exact or TF32 when allowed), with `C` at
+/// address `c`, rows `ldc` apart, matrices `m * n` apart.
+fn gemm(
+    a: &CudaStorage,
+    (oa, ob): (&Operand, &Operand),
+    (m, n, k, batch): (usize, usize, usize, usize),
+    (c, ldc): (cudarc::driver::sys::CUdeviceptr, usize),
+    beta: f32,
+) -> Result<()> {
     let (ty, compute) = match a.dtype() {
         DType::F32 if allow_tf32() => (
             bs::cudaDataType_t::CUDA_R_32F,
@@ -590,7 +605,7 @@ pub(crate) fn matmul(
         true => bs::cublasOperation_t::CUBLAS_OP_T,
         false => bs::cublasOperation_t::CUBLAS_OP_N,
     };
-    let (alpha, beta) = (1.0f32, if bias.is_some() { 1.0f32 } else { 0.0 });
+    let alpha = 1.0f32;
     // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand is b.
     // SAFETY: the pointers address `batch` matrices of the stated shapes and strides on this
     // device; the handle's stream is the runtime's stream.
@@ -613,9 +628,9 @@ pub(crate) fn matmul(
                 oa.ld as i32,
                 oa.batch_stride,
                 &beta as *const f32 as *const _,
-                out.ptr() as *mut _,
+                c as *mut _,
                 ty,
-                n as i32,
+                ldc as i32,
                 (m * n) as i64,
                 batch as i32,
                 compute,
@@ -627,5 +642,37 @@ pub(crate) fn matmul(
             device: a.device(),
             msg: format!("{e:?} ({m}x{k} @ {k}x{n}, batch {batch}, {:?})", a.dtype()),
         })?;
-    Ok(out)
+    Ok(())
+}
+
+/// `dst[ld] += a @ b` in place: one cuBLAS call with `beta = 1` whose `C` is the view
+/// (checked by `Storage::matmul_acc`: 2-D operands, unit-stride destination rows).
+///
+/// Not yet run on a GPU.
+pub(crate) fn matmul_acc(
+    dst: &mut CudaStorage,
+    ld: &Layout,
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+) -> Result<()> {
+    same_dtype("matmul (accumulate)", dst, a)?;
+    same_dtype("matmul (accumulate)", a, b)?;
+    float_kname("matmul (accumulate)", a.dtype())?;
+    let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
+    if m * n == 0 {
+        return Ok(());
+    }
+    let (mut ca, mut cb) = (None, None);
+    let oa = readable(a, la, &mut ca)?;
+    let ob = readable(b, lb, &mut cb)?;
+    let ldc = ld.strides()[0].max(n);
+    gemm(
+        a,
+        (&oa, &ob),
+        (m, n, k, 1),
+        (dst.ptr_at(ld.offset()), ldc),
+        1.0,
+    )
 }
