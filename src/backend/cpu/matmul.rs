@@ -255,29 +255,27 @@ pub(crate) fn matmul_acc(
             },
         });
     }
+    /// The natively multiplied dtypes: straight into the destination's rows.
+    fn native<F: GemmFloat>(d: &mut [F], x: &[F], y: &[F], (ld, la, lb): Ls) {
+        let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
+        let rs = ld.strides()[0].max(n);
+        gemm_into_ld(
+            m,
+            n,
+            k,
+            &mut d[ld.offset()..],
+            rs,
+            true,
+            mat(x, la),
+            mat(y, lb),
+            true,
+        )
+    }
+    type Ls<'a> = (&'a Layout, &'a Layout, &'a Layout);
+    let ls = (ld, la, lb);
     match (&mut *dst, a, b) {
-        (CpuStorage::F32(d), CpuStorage::F32(x), CpuStorage::F32(y)) => gemm_into_ld(
-            m,
-            n,
-            k,
-            &mut d[off..],
-            rs,
-            true,
-            mat(x, la),
-            mat(y, lb),
-            true,
-        ),
-        (CpuStorage::F64(d), CpuStorage::F64(x), CpuStorage::F64(y)) => gemm_into_ld(
-            m,
-            n,
-            k,
-            &mut d[off..],
-            rs,
-            true,
-            mat(x, la),
-            mat(y, lb),
-            true,
-        ),
+        (CpuStorage::F32(d), CpuStorage::F32(x), CpuStorage::F32(y)) => native(d, x, y, ls),
+        (CpuStorage::F64(d), CpuStorage::F64(x), CpuStorage::F64(y)) => native(d, x, y, ls),
         _ if dtype.is_half() => {
             let (xa, xb) = (wide(a, la), wide(b, lb));
             let mut acc = wide(dst, ld);
