@@ -34,6 +34,8 @@ fn staged_uploads_arrive_intact_behind_busy_work() {
     let Some(d) = gpu() else { return };
     let Device::Cuda(n) = d else { unreachable!() };
     let rt = runtime(n).unwrap();
+    // No cached pinned blocks to start from, so each staging block below is a new one.
+    rt.empty_cache().unwrap();
     let _work = busy(d);
     let before = rt.pinned_stats();
     // Two uploads of one size while the device is busy: the first one's staging block is
