@@ -245,7 +245,7 @@ impl<'a> EpochIter<'a> {
     /// The batches as tensors on `device`. On a CUDA device the next batches' uploads run
     /// on a copy stream while the current batch is in use ([`DeviceBatches`]); set
     /// `pin_memory` in the loader's config to the same device so that they need no staging
-    /// copy. On the CPU this is the plain iterator.
+    /// copy. On the CPU the batches are the plain iterator's, a few taken ahead.
     ///
     /// ```
     /// use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};

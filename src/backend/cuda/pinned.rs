@@ -87,6 +87,11 @@ impl PinnedBuffer {
         }
     }
 
+    /// The runtime whose pool the block came from.
+    pub(crate) fn runtime(&self) -> &Arc<CudaRuntime> {
+        &self.rt
+    }
+
     /// The device whose runtime the block came from.
     pub fn device(&self) -> Device {
         self.rt.device()

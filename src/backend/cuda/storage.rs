@@ -265,10 +265,7 @@ impl CudaStorage {
         len: usize,
     ) -> Result<CudaStorage> {
         kname("to_device", dtype)?;
-        let Device::Cuda(ordinal) = buf.device() else {
-            unreachable!("pinned buffers come from a CUDA runtime")
-        };
-        let out = Self::alloc(ordinal, dtype, len)?;
+        let out = Self::alloc_on(buf.runtime(), dtype, len)?;
         if len > 0 {
             buf.upload(out.ptr(), len * dtype.size_in_bytes(), out.rt().stream())?;
         }
