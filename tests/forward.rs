@@ -703,3 +703,52 @@ fn relu_clamp_maximum_and_minimum_keep_nan() {
         same(v(x.minimum(&y)), [-2.0, nan, nan, -1.0], "minimum");
     }
 }
+
+/// One unbatched sample (logits `[C]`, a scalar target) is a batch of one, as in PyTorch:
+/// the same loss (with `Reduction::None`, a scalar) and a `[C]` gradient equal to the batch's
+/// row. Logits with no classes and some targets are an error; an empty batch is not.
+#[test]
+fn cross_entropy_and_nll_take_one_unbatched_sample() {
+    let x = randv(5, 44);
+    let single = t(x.clone(), &[5]).requires_grad(true).unwrap();
+    let batch = t(x, &[1, 5]).requires_grad(true).unwrap();
+    let target = |shape: &[usize]| Tensor::from_vec(vec![3i64], shape, Device::Cpu).unwrap();
+    let a = single
+        .cross_entropy(&target(&[]), Default::default())
+        .unwrap();
+    let b = batch
+        .cross_entropy(&target(&[1]), Default::default())
+        .unwrap();
+    assert_eq!(a.item().unwrap(), b.item().unwrap());
+    a.backward().unwrap();
+    b.backward().unwrap();
+    assert_eq!(single.grad().unwrap().shape(), &[5]);
+    assert_eq!(vals(&single.grad().unwrap()), vals(&batch.grad().unwrap()));
+    let none = single
+        .log_softmax(0)
+        .unwrap()
+        .nll_loss(&target(&[]), Reduction::None, -100)
+        .unwrap();
+    assert_eq!(none.shape(), &[] as &[usize]);
+    assert!((none.item().unwrap() - a.item().unwrap()).abs() < 1e-12);
+
+    let no_classes = t(vec![], &[2, 0]);
+    let two = Tensor::from_vec(vec![0i64, 0], &[2], Device::Cpu).unwrap();
+    let m = no_classes
+        .cross_entropy(&two, Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.contains("cross_entropy") && m.contains("no classes"),
+        "{m}"
+    );
+    let empty = Tensor::from_vec(Vec::<i64>::new(), &[0], Device::Cpu).unwrap();
+    let sum = CrossEntropyOptions {
+        reduction: Reduction::Sum,
+        ..Default::default()
+    };
+    for c in [0, 3] {
+        let l = t(vec![], &[0, c]).cross_entropy(&empty, sum).unwrap();
+        assert_eq!(l.item().unwrap(), 0.0);
+    }
+}

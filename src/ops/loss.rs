@@ -46,19 +46,33 @@ fn flatten_classes(op: Op, logits: &Tensor, target: &Tensor) -> Result<(Tensor, 
         });
     }
     let r = logits.rank();
+    // One unbatched sample (logits `[C]`, a scalar target) is a batch of one, as in PyTorch.
+    let class_dim = usize::from(r >= 2);
     let mut want = logits.shape().to_vec();
-    if r >= 2 {
-        want.remove(1);
+    if r >= 1 {
+        want.remove(class_dim);
     }
-    if r < 2 || target.shape() != want.as_slice() {
+    if r < 1 || target.shape() != want.as_slice() {
         return Err(Error::ShapeMismatch {
             op: op.name(),
             lhs: logits.shape().to_vec(),
             rhs: target.shape().to_vec(),
         });
     }
-    let c = logits.shape()[1];
-    let x = if r == 2 {
+    let c = logits.shape()[class_dim];
+    if c == 0 && target.numel() > 0 {
+        return Err(Error::invalid(
+            op.name(),
+            format!(
+                "logits {:?} have no classes for {} targets",
+                logits.shape(),
+                target.numel()
+            ),
+        ));
+    }
+    let x = if r == 1 {
+        logits.reshape(&[1, c])?
+    } else if r == 2 {
         logits.clone()
     } else {
         let mut perm: Vec<usize> = (0..r).filter(|&d| d != 1).collect();
@@ -101,8 +115,8 @@ fn nll_rows(lp: &Tensor, t: &Tensor, ignore_index: i64) -> Result<(Tensor, Tenso
 }
 
 impl Tensor {
-    /// Negative log-likelihood of log-probabilities `[N, C]` (or `[N, C, d...]`) and I64
-    /// targets `[N]` (or `[N, d...]`).
+    /// Negative log-likelihood of log-probabilities `[N, C]` (or `[N, C, d...]`, or one
+    /// unbatched `[C]`) and I64 targets `[N]` (or `[N, d...]`, or a scalar).
     pub fn nll_loss(
         &self,
         target: &Tensor,
@@ -122,7 +136,9 @@ impl Tensor {
         )
     }
 
-    /// Cross-entropy of raw logits against class indices (PyTorch's `F.cross_entropy`).
+    /// Cross-entropy of raw logits against class indices (PyTorch's `F.cross_entropy`):
+    /// logits `[N, C]`, `[N, C, d...]` or one unbatched `[C]`, I64 targets of the logits'
+    /// shape without the class dim.
     ///
     /// ```
     /// use mantissa::{Tensor, Device, CrossEntropyOptions};

@@ -47,10 +47,17 @@ fn counted(t: i64, c: usize, ignore: i64) -> Result<bool> {
     Ok(true)
 }
 
-/// Runs `f(row index, row)` over the rows of `x` into one output per row.
-fn per_row<T: CpuElem>(x: &[T], c: usize, f: impl Fn(usize, &[T]) -> f64 + Sync) -> Vec<f64> {
+/// Runs `f(row index, row)` over the `rows` rows of `c` values of `x`, one output per row.
+fn per_row<T: CpuElem>(
+    x: &[T],
+    rows: usize,
+    c: usize,
+    f: impl Fn(usize, &[T]) -> f64 + Sync,
+) -> Vec<f64> {
     let job = |(r, row): (usize, &[T])| f(r, row);
-    if x.len() >= PAR_MIN {
+    if c == 0 {
+        (0..rows).map(|r| f(r, &[])).collect()
+    } else if x.len() >= PAR_MIN {
         x.par_chunks(c).enumerate().map(job).collect()
     } else {
         x.chunks(c).enumerate().map(job).collect()
@@ -92,10 +99,12 @@ pub(crate) fn cross_entropy(
         eps: f64,
     ) -> (Vec<f64>, Vec<f64>) {
         let x = contiguous(x, l);
-        let lses = per_row(&x, c, |_, row| lse(row).to_f64().unwrap_or(f64::NAN));
+        let lses = per_row(&x, target.len(), c, |_, row| {
+            lse(row).to_f64().unwrap_or(f64::NAN)
+        });
         let eps_a = <T::Acc as num_traits::NumCast>::from(eps).expect("eps is finite");
         let cn = <T::Acc as num_traits::NumCast>::from(c).expect("class count fits");
-        let loss = per_row(&x, c, |r, row| {
+        let loss = per_row(&x, target.len(), c, |r, row| {
             if !valid[r] {
                 return 0.0;
             }
@@ -163,7 +172,9 @@ pub(crate) fn cross_entropy_backward(
                 *o = T::from_acc(gr * ((v.to_acc() - z).exp() - hot - off));
             }
         };
-        if x.len() >= PAR_MIN {
+        if c == 0 {
+            // No classes, no gradient to write.
+        } else if x.len() >= PAR_MIN {
             out.par_chunks_mut(c)
                 .zip(x.par_chunks(c))
                 .enumerate()
