@@ -167,6 +167,45 @@ fn loader_reports_dataset_errors_and_bad_config() {
     assert!(DataLoader::new(Arc::new(Numbers(3)), DataLoaderConfig::new(0)).is_err());
 }
 
+/// Panics (a bug in the user's dataset) on sample 6.
+struct Panicky;
+impl Dataset for Panicky {
+    fn len(&self) -> usize {
+        12
+    }
+    fn sample_shape(&self) -> Vec<usize> {
+        vec![1]
+    }
+    fn fill(&self, i: usize, x: &mut [f32]) -> Result<i64> {
+        assert!(i != 6, "sample {i} is cursed");
+        x[0] = i as f32;
+        Ok(i as i64)
+    }
+}
+
+#[test]
+fn a_panic_in_a_worker_is_that_batch_error_and_the_workers_live_on() {
+    for workers in [1, 3] {
+        let cfg = DataLoaderConfig {
+            num_workers: workers,
+            ..DataLoaderConfig::new(4)
+        };
+        let mut dl = DataLoader::new(Arc::new(Panicky), cfg).unwrap();
+        for epoch in 0..2 {
+            let res: Vec<_> = dl.epoch(epoch).collect();
+            assert_eq!(res.len(), 3);
+            assert!(res[0].is_ok() && res[2].is_ok(), "workers {workers}");
+            let m = res[1].as_ref().err().unwrap().to_string();
+            assert!(
+                m.contains("DataLoader")
+                    && m.contains("panicked")
+                    && m.contains("sample 6 is cursed"),
+                "{m}"
+            );
+        }
+    }
+}
+
 fn contents(b: Batch) -> (Vec<f32>, Vec<i64>) {
     (b.x.to_vec::<f32>().unwrap(), b.y.to_vec::<i64>().unwrap())
 }

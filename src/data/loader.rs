@@ -6,7 +6,9 @@ use super::Dataset;
 use crate::autograd::lock;
 use crate::random::Generator;
 use crate::{Device, Error, Result};
+use std::any::Any;
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -110,10 +112,13 @@ impl DataLoader {
                         let Ok((generation, k, idx)) = job else {
                             return;
                         };
-                        if tx
-                            .send((generation, k, HostBatch::load(ds.as_ref(), &idx, &pin)))
-                            .is_err()
-                        {
+                        // A panic in the dataset's code becomes this batch's error (PyTorch
+                        // re-raises a worker's exception too); the worker lives on, so the
+                        // epoch neither hangs waiting for the batch nor loses a worker.
+                        let load = || HostBatch::load(ds.as_ref(), &idx, &pin);
+                        let batch = catch_unwind(AssertUnwindSafe(load))
+                            .unwrap_or_else(|p| Err(worker_panic(w, &idx, p.as_ref())));
+                        if tx.send((generation, k, batch)).is_err() {
                             return;
                         }
                     })
@@ -180,6 +185,24 @@ impl DataLoader {
             ready: BTreeMap::new(),
         }
     }
+}
+
+/// The error for a batch whose loading panicked in worker `w`.
+fn worker_panic(w: usize, idx: &[usize], payload: &(dyn Any + Send)) -> Error {
+    let what = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message");
+    let (first, last) = (idx.first().copied(), idx.last().copied());
+    Error::invalid(
+        "DataLoader",
+        format!(
+            "worker {w} panicked loading the batch of samples {}..={}: {what}",
+            first.unwrap_or(0),
+            last.unwrap_or(0)
+        ),
+    )
 }
 
 impl Drop for DataLoader {
