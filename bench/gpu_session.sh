@@ -18,12 +18,14 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$OUT/env.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.log"
 PY=python3
 [ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
+# tests/fuzz_api: 20,000 random calls on the CPU, then 5,000 on the GPU.
+export MANTISSA_FUZZ_CASES=20000
 run() { # name, limit in seconds, command...
     local name=$1 limit=$2; shift 2
     echo "== $name"
     ( timeout "$limit" "$@" ) >"$OUT/$name.log" 2>&1
     echo "rc=$?" >>"$OUT/$name.log"
-    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |epoch [0-9]+:|torch |Resnet|[0-9]+ training tokens|GEMM|host-to-device|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
+    tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |Cpu: |Cuda|case [0-9]|epoch [0-9]+:|torch |Resnet|[0-9]+ training tokens|GEMM|host-to-device|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
 mode=${1:-all}
 if [ "$mode" = w3 ]; then
@@ -41,7 +43,7 @@ if [ "$mode" != bench ]; then
     # Limits that add up to less than one device call (600 s), with the startup.
     run gpu_check 90 .gpu/gpu_check
     for t in .gpu/tests/*; do
-        case $(basename "$t") in cuda_parity) limit=250 ;; *) limit=100 ;; esac
+        case $(basename "$t") in cuda_parity) limit=250 ;; fuzz_api) limit=60 ;; *) limit=100 ;; esac
         run "test-$(basename "$t")" "$limit" "$t" --test-threads 1
     done
 fi

@@ -4,7 +4,17 @@
 //! and the integer arguments (dims, sizes, kernel shapes) range past the valid ones.
 
 use mantissa::*;
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+thread_local! {
+    /// The device the cases make their tensors and layers on.
+    static DEVICE: Cell<Device> = const { Cell::new(Device::Cpu) };
+}
+
+fn dev() -> Device {
+    DEVICE.with(Cell::get)
+}
 
 /// A small deterministic generator (splitmix64), so a failure names the case to rerun.
 #[derive(Clone)]
@@ -94,13 +104,13 @@ fn tensor(r: &mut Rng, shape: &[usize], dtype: DType) -> Result<Tensor> {
     }
     let n: usize = base.iter().product();
     let t = if dtype.is_float() {
-        Tensor::randn(&base, DType::F32, Device::Cpu)?.to_dtype(dtype)?
+        Tensor::randn(&base, DType::F32, dev())?.to_dtype(dtype)?
     } else if dtype == DType::U8 {
         let v: Vec<u8> = (0..n).map(|_| r.below(2) as u8).collect();
-        Tensor::from_vec(v, &base, Device::Cpu)?
+        Tensor::from_vec(v, &base, dev())?
     } else {
         let v: Vec<i64> = (0..n).map(|_| r.below(6) as i64 - 1).collect();
-        Tensor::from_vec(v, &base, Device::Cpu)?
+        Tensor::from_vec(v, &base, dev())?
     };
     let t = match view {
         1 if shape.len() >= 2 => t.transpose(-1, -2)?,
@@ -507,16 +517,16 @@ fn call(r: &mut Rng, op: usize) -> Result<Vec<Tensor>> {
             let shape = r.shape();
             let dt = r.dtype();
             one(match r.below(4) {
-                0 => Tensor::zeros(&shape, dt, Device::Cpu),
-                1 => Tensor::full(&shape, 3.0, dt, Device::Cpu),
+                0 => Tensor::zeros(&shape, dt, dev()),
+                1 => Tensor::full(&shape, 3.0, dt, dev()),
                 2 => Tensor::arange(
                     r.size() as f64,
                     r.size() as f64,
                     [1.0, -1.0, 0.0, 0.5][r.below(4)],
                     dt,
-                    Device::Cpu,
+                    dev(),
                 ),
-                _ => Tensor::randn(&shape, dt, Device::Cpu),
+                _ => Tensor::randn(&shape, dt, dev()),
             })
         }
     }
@@ -668,6 +678,7 @@ fn modules(r: &mut Rng) -> Result<Vec<Tensor>> {
     }
     let same = r.clone();
     let (mut m, shape, dtype) = layer(r)?;
+    m.to_device(dev())?;
     if r.chance(30) {
         m.eval();
     }
@@ -697,6 +708,7 @@ fn modules(r: &mut Rng) -> Result<Vec<Tensor>> {
     } else {
         layer(r)?.0
     };
+    other.to_device(dev())?;
     let loaded = checkpoint::load(&path, other.as_mut(), None);
     let _ = std::fs::remove_file(&path);
     loaded?;
@@ -723,21 +735,9 @@ fn consume(outs: Vec<Tensor>) -> Result<()> {
     }
 }
 
-#[test]
-fn random_calls_return_ok_or_err_and_never_panic() {
-    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-    if let Some(case) = var("MANTISSA_FUZZ_CASE") {
-        // Replays one case with the panic (and its backtrace) shown.
-        let mut r = Rng(case.wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let got = call(&mut r, case as usize % OPS).and_then(consume);
-        println!("case {case}: {got:?}");
-        return;
-    }
-    let cases = var("MANTISSA_FUZZ_CASES").unwrap_or(27_000);
-    let quiet = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+/// Runs `cases` cases on the current device; returns the panics, and Ok and Err per op.
+fn run_cases(cases: u64) -> (Vec<String>, [[usize; 2]; OPS]) {
     let mut failures = Vec::new();
-    // Per op: calls that returned Ok, and Err.
     let mut outcomes = [[0usize; 2]; OPS];
     for case in 0..cases {
         let op = (case as usize) % OPS;
@@ -762,18 +762,61 @@ fn random_calls_return_ok_or_err_and_never_panic() {
             }
         }
     }
+    (failures, outcomes)
+}
+
+/// On the CPU, then on the first CUDA device when there is one (fewer cases). Replay one
+/// case with `MANTISSA_FUZZ_CASE=n` (and `MANTISSA_FUZZ_DEVICE=cuda` for the GPU's).
+#[test]
+fn random_calls_return_ok_or_err_and_never_panic() {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let gpu = Device::cuda(0);
+    if let Some(case) = var("MANTISSA_FUZZ_CASE") {
+        // Replays one case with the panic (and its backtrace) shown.
+        if std::env::var("MANTISSA_FUZZ_DEVICE").as_deref() == Ok("cuda") {
+            DEVICE.with(|d| d.set(gpu.expect("MANTISSA_FUZZ_DEVICE=cuda needs a GPU")));
+        }
+        let mut r = Rng(case.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let got = call(&mut r, case as usize % OPS).and_then(consume);
+        println!("case {case}: {got:?}");
+        return;
+    }
+    let cases = var("MANTISSA_FUZZ_CASES").unwrap_or(27_000);
+    let mut runs = vec![(Device::Cpu, cases)];
+    match gpu {
+        Ok(d) => runs.push((d, cases / 4)),
+        Err(e) => println!("skipped: no CUDA device ({e})"),
+    }
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let results: Vec<_> = runs
+        .iter()
+        .map(|&(device, n)| {
+            DEVICE.with(|d| d.set(device));
+            (device, n, run_cases(n))
+        })
+        .collect();
     std::panic::set_hook(quiet);
-    println!(
-        "{cases} cases, {} panics; Ok and Err per op:",
-        failures.len()
-    );
-    println!("{outcomes:?}");
-    assert!(failures.is_empty(), "panics:\n{}", failures.join("\n"));
-    // Every op must be reached with valid and with invalid input, or the test checks less
-    // than it claims.
-    if cases >= 20 * OPS as u64 {
-        for (op, [ok, err]) in outcomes.iter().enumerate() {
-            assert!(*ok >= 5 && *err >= 5, "op {op}: {ok} Ok, {err} Err");
+    for (device, n, (failures, outcomes)) in results {
+        println!(
+            "{device:?}: {n} cases, {} panics; Ok and Err per op:",
+            failures.len()
+        );
+        println!("{outcomes:?}");
+        assert!(
+            failures.is_empty(),
+            "panics on {device:?}:\n{}",
+            failures.join("\n")
+        );
+        // Every op must be reached with valid and with invalid input, or the test checks
+        // less than it claims.
+        if n >= 20 * OPS as u64 {
+            for (op, [ok, err]) in outcomes.iter().enumerate() {
+                assert!(
+                    *ok >= 5 && *err >= 5,
+                    "{device:?}, op {op}: {ok} Ok, {err} Err"
+                );
+            }
         }
     }
 }
