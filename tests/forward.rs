@@ -752,3 +752,64 @@ fn cross_entropy_and_nll_take_one_unbatched_sample() {
         assert_eq!(l.item().unwrap(), 0.0);
     }
 }
+
+/// Convolutions and pooling take one unbatched image `[c, h, w]` as PyTorch does: the
+/// result is the batch-of-one result without its batch dim, and so is the input's gradient.
+/// Other ranks are an error naming both accepted shapes.
+#[test]
+fn image_ops_take_one_unbatched_image() {
+    let img = randv(3 * 6 * 5, 45);
+    let w = t(randv(4 * 3 * 3 * 3, 46), &[4, 3, 3, 3]);
+    let wt = t(randv(3 * 2 * 2 * 2, 47), &[3, 2, 2, 2]);
+    type ImageOp = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
+    let (w2, wt2) = (w.clone(), wt.clone());
+    let ops: Vec<(&str, ImageOp)> = vec![
+        (
+            "conv2d",
+            Box::new(move |x| x.conv2d(&w2, None, Default::default())),
+        ),
+        (
+            "conv_transpose2d",
+            Box::new(move |x| x.conv_transpose2d(&wt2, None, Default::default())),
+        ),
+        (
+            "max_pool2d",
+            Box::new(|x| x.max_pool2d(MaxPool2dOptions::new(2))),
+        ),
+        (
+            "avg_pool2d",
+            Box::new(|x| x.avg_pool2d(AvgPool2dOptions::new(2))),
+        ),
+        (
+            "adaptive_avg_pool2d",
+            Box::new(|x| x.adaptive_avg_pool2d([2, 3])),
+        ),
+    ];
+    for (name, op) in &ops {
+        let single = t(img.clone(), &[3, 6, 5]).requires_grad(true).unwrap();
+        let batch = t(img.clone(), &[1, 3, 6, 5]).requires_grad(true).unwrap();
+        let (a, b) = (op(&single).unwrap(), op(&batch).unwrap());
+        assert_eq!(a.shape(), &b.shape()[1..], "{name}");
+        assert_eq!(vals(&a), vals(&b), "{name}");
+        // A weighted sum, so the gradient is not the same everywhere.
+        let g = t(randv(a.numel(), 48), a.shape());
+        a.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        b.mul(&g.unsqueeze(0).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(single.grad().unwrap().shape(), &[3, 6, 5], "{name}");
+        assert_eq!(
+            vals(&single.grad().unwrap()),
+            vals(&batch.grad().unwrap()),
+            "{name}"
+        );
+        let m = op(&t(randv(30, 49), &[6, 5])).unwrap_err().to_string();
+        assert!(
+            m.contains(name) && m.contains("[c, h, w]") && m.contains("[6, 5]"),
+            "{m}"
+        );
+    }
+}

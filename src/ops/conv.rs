@@ -207,7 +207,7 @@ fn conv_bwd_weight(x: &Tensor, gy: &Tensor, d: ConvDims) -> Result<Tensor> {
 }
 
 impl Tensor {
-    /// 2-D convolution of `self [n, c, h, w]` with `weight [o, c/groups, kh, kw]` plus an
+    /// 2-D convolution of `self [n, c, h, w]` (or one image `[c, h, w]`) with `weight [o, c/groups, kh, kw]` plus an
     /// optional `bias [o]` (PyTorch's `F.conv2d`).
     ///
     /// ```
@@ -220,6 +220,15 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        o: Conv2dOptions,
+    ) -> Result<Tensor> {
+        super::per_image(Op::Conv2d, self, |x| x.conv2d_batch(weight, bias, o))
+    }
+
+    fn conv2d_batch(
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,
@@ -241,9 +250,20 @@ impl Tensor {
         add_bias("conv2d", conv_fwd(&x, &w, d)?, bias.as_ref())
     }
 
-    /// Transposed 2-D convolution of `self [n, c, h, w]` with `weight [c, o/groups, kh, kw]`
+    /// Transposed 2-D convolution of `self [n, c, h, w]` (or one image `[c, h, w]`) with `weight [c, o/groups, kh, kw]`
     /// (PyTorch's `F.conv_transpose2d`): the gradient of conv2d with respect to its input.
     pub fn conv_transpose2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        o: ConvTranspose2dOptions,
+    ) -> Result<Tensor> {
+        super::per_image(Op::ConvTranspose2d, self, |x| {
+            x.conv_transpose2d_batch(weight, bias, o)
+        })
+    }
+
+    fn conv_transpose2d_batch(
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,

@@ -249,6 +249,27 @@ pub(crate) fn expect_same_dtype(op: Op, a: &Tensor, b: &Tensor) -> Result<()> {
     }
 }
 
+/// Runs the image op `f` on `x`: a batch `[n, c, h, w]` as it is, one unbatched image
+/// `[c, h, w]` as a batch of one whose result loses the batch dim again (as PyTorch's conv
+/// and pooling functions take either).
+pub(crate) fn per_image(
+    op: Op,
+    x: &Tensor,
+    f: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    match x.rank() {
+        4 => f(x),
+        3 => f(&x.unsqueeze(0)?)?.squeeze(0),
+        _ => Err(Error::invalid(
+            op.name(),
+            format!(
+                "the input must be [n, c, h, w] or one image [c, h, w], got shape {:?}",
+                x.shape()
+            ),
+        )),
+    }
+}
+
 /// Errors unless `t` has rank `rank`.
 pub(crate) fn expect_rank(op: Op, t: &Tensor, rank: usize, what: &str) -> Result<()> {
     if t.rank() == rank {

@@ -147,8 +147,12 @@ fn pooled(s: Storage, shape: [usize; 4], d: &PoolDims) -> Result<Tensor> {
 }
 
 impl Tensor {
-    /// Max pooling (PyTorch's `F.max_pool2d`).
+    /// Max pooling of `[n, c, h, w]` (or one image `[c, h, w]`), PyTorch's `F.max_pool2d`.
     pub fn max_pool2d(&self, o: MaxPool2dOptions) -> Result<Tensor> {
+        super::per_image(Op::MaxPool2d, self, |x| x.max_pool2d_batch(o))
+    }
+
+    fn max_pool2d_batch(&self, o: MaxPool2dOptions) -> Result<Tensor> {
         let [x] = dispatch(Op::MaxPool2d, [self])?;
         let p = o.params();
         let d = pool_dims(Op::MaxPool2d, &x, &p)?;
@@ -163,8 +167,13 @@ impl Tensor {
         Ok(y)
     }
 
-    /// Average pooling (PyTorch's `F.avg_pool2d`).
+    /// Average pooling of `[n, c, h, w]` (or one image `[c, h, w]`), PyTorch's
+    /// `F.avg_pool2d`.
     pub fn avg_pool2d(&self, o: AvgPool2dOptions) -> Result<Tensor> {
+        super::per_image(Op::AvgPool2d, self, |x| x.avg_pool2d_batch(o))
+    }
+
+    fn avg_pool2d_batch(&self, o: AvgPool2dOptions) -> Result<Tensor> {
         let [x] = dispatch(Op::AvgPool2d, [self])?;
         let p = o.params();
         let d = pool_dims(Op::AvgPool2d, &x, &p)?;
@@ -179,8 +188,15 @@ impl Tensor {
         Ok(y)
     }
 
-    /// Adaptive average pooling to `[oh, ow]` (PyTorch's `F.adaptive_avg_pool2d`).
+    /// Adaptive average pooling of `[n, c, h, w]` (or one image `[c, h, w]`) to `[oh, ow]`
+    /// (PyTorch's `F.adaptive_avg_pool2d`).
     pub fn adaptive_avg_pool2d(&self, out: [usize; 2]) -> Result<Tensor> {
+        super::per_image(Op::AdaptiveAvgPool2d, self, |x| {
+            x.adaptive_avg_pool2d_batch(out)
+        })
+    }
+
+    fn adaptive_avg_pool2d_batch(&self, out: [usize; 2]) -> Result<Tensor> {
         let [x] = dispatch(Op::AdaptiveAvgPool2d, [self])?;
         expect_float(Op::AdaptiveAvgPool2d, &x)?;
         expect_rank(Op::AdaptiveAvgPool2d, &x, 4, "the input")?;
