@@ -245,7 +245,7 @@ impl<'a> EpochIter<'a> {
                 .send((self.dl.generation, k, std::mem::take(&mut self.batches[k])))
                 .is_err()
             {
-                return Some(Err(Error::invalid("DataLoader", "worker threads are gone")));
+                return Some(self.workers_gone());
             }
             self.next_submit += 1;
         }
@@ -255,14 +255,19 @@ impl<'a> EpochIter<'a> {
                     self.ready.insert(k, b);
                 }
                 Ok(_) => {} // from an abandoned epoch
-                Err(_) => {
-                    return Some(Err(Error::invalid("DataLoader", "worker threads are gone")))
-                }
+                Err(_) => return Some(self.workers_gone()),
             }
         }
         let b = self.ready.remove(&self.next_yield);
         self.next_yield += 1;
         b
+    }
+
+    /// The error when the worker threads have gone; the epoch ends with it (an iterator
+    /// that kept returning it would never end).
+    fn workers_gone(&mut self) -> Result<HostBatch> {
+        self.next_yield = self.batches.len();
+        Err(Error::invalid("DataLoader", "worker threads are gone"))
     }
 
     /// The batches as tensors on `device`. On a CUDA device the next batches' uploads run
