@@ -3,7 +3,9 @@
 # gpu_check and mnist examples, MNIST, and the test binaries that touch CUDA, stripped.
 set -eu
 cd "$(dirname "$0")/.."
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 rm -rf .gpu && mkdir -p .gpu/tests
 cargo build --release --example gpu_check --example mnist --example resnet --example lstm
 cp target/release/examples/gpu_check target/release/examples/mnist target/release/examples/resnet \
