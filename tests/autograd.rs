@@ -259,3 +259,65 @@ fn matmul_gradients_computed_side_by_side_are_exact() {
         }
     }
 }
+
+/// A tensor a backward reads (an op's input or output), written in place after the forward,
+/// makes backward an `Err` naming the op (PyTorch's saved-tensor version check) instead of a
+/// silently wrong gradient; ops that read nothing (add) still run, and writes after
+/// backward are fine.
+#[test]
+fn in_place_writes_to_saved_tensors_fail_backward() {
+    let ones = |n: usize| v(vec![1.0; n], &[n]);
+    let m = |r: Result<()>| r.unwrap_err().to_string();
+    // exp reads its input.
+    let x = v(vec![0.5, -1.0, 2.0, 0.0], &[4])
+        .requires_grad(true)
+        .unwrap();
+    let a = x.mul(2.0).unwrap();
+    let y = a.exp().unwrap();
+    a.detach().copy_(&ones(4)).unwrap();
+    let e = m(y.sum_all().unwrap().backward());
+    assert!(
+        e.contains("`exp`") && e.contains("modified in place"),
+        "{e}"
+    );
+    // matmul reads both operands: a constant input written before backward.
+    let w = v(vec![0.5; 6], &[3, 2]).requires_grad(true).unwrap();
+    let h = v(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let out = h.matmul(&w).unwrap();
+    h.copy_(&v(vec![0.0; 6], &[2, 3])).unwrap();
+    let e = m(out.sum_all().unwrap().backward());
+    assert!(e.contains("`matmul`") && e.contains("[2, 3]"), "{e}");
+    // An optimizer step between forward and backward writes the weight linear reads.
+    let w = v(vec![0.5; 6], &[2, 3]).requires_grad(true).unwrap();
+    let mut opt = optim::Sgd::new(vec![w.clone()], optim::SgdConfig::new(0.1)).unwrap();
+    let out = h.linear(&w, None).unwrap().sum_all().unwrap();
+    w.set_grad(Some(v(vec![1.0; 6], &[2, 3]))).unwrap();
+    optim::Optimizer::step(&mut opt).unwrap();
+    let e = m(out.backward());
+    assert!(e.contains("`linear`"), "{e}");
+    // softmax reads its output.
+    let z = v(vec![0.1, 0.2, 0.3], &[3]).requires_grad(true).unwrap();
+    let s = z.softmax(0).unwrap();
+    // A tensor in the graph is not written in place with grad mode on (as in PyTorch)...
+    let e = s.copy_(&ones(3)).unwrap_err().to_string();
+    assert!(e.contains("copy_") && e.contains("no_grad"), "{e}");
+    let e = z.copy_(&ones(3)).unwrap_err().to_string();
+    assert!(e.contains("leaf"), "{e}");
+    // ...but its storage can be, through a detached view, and then backward refuses.
+    s.detach().copy_(&ones(3)).unwrap();
+    let e = m(s.mul(&ones(3)).unwrap().sum_all().unwrap().backward());
+    assert!(e.contains("softmax"), "{e}");
+    // add reads no values: its inputs may change, as in PyTorch.
+    let p = v(vec![1.0, 2.0], &[2]).requires_grad(true).unwrap();
+    let q = v(vec![3.0, 4.0], &[2]);
+    let sum = p.add(&q).unwrap().sum_all().unwrap();
+    q.copy_(&ones(2)).unwrap();
+    sum.backward().unwrap();
+    assert_eq!(p.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+    // After backward the graph is gone and writes are free.
+    let r = v(vec![1.0, 2.0], &[2]).requires_grad(true).unwrap();
+    let t = r.mul(&r).unwrap();
+    t.sum_all().unwrap().backward().unwrap();
+    r.detach().copy_(&ones(2)).unwrap();
+    assert_eq!(r.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+}

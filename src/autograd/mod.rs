@@ -64,15 +64,40 @@ pub(crate) struct Node {
     id: u64,
     pub(crate) name: &'static str,
     state: Mutex<Option<(Vec<Edge>, BackwardFn)>>,
+    /// The tensors the backward reads (inputs or outputs), with their storage versions when
+    /// they were saved: an in-place write since then would make the gradient wrong, so
+    /// backward refuses it (PyTorch's saved-tensor version check).
+    saved: Vec<(Tensor, u64)>,
 }
 
 impl Node {
-    fn new(name: &'static str, edges: Vec<Edge>, f: BackwardFn) -> Node {
+    fn new(name: &'static str, edges: Vec<Edge>, f: BackwardFn, saved: &[&Tensor]) -> Node {
         Node {
             id: NEXT_NODE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name,
             state: Mutex::new(Some((edges, f))),
+            // Detached: a saved output must not hold its own node (a reference cycle).
+            saved: saved.iter().map(|t| (t.detach(), t.version())).collect(),
         }
+    }
+
+    /// `Err` when a saved tensor was written in place after it was saved.
+    fn check_saved(&self) -> Result<()> {
+        for (i, (t, v)) in self.saved.iter().enumerate() {
+            let now = t.version();
+            if now != *v {
+                return Err(Error::Autograd(format!(
+                    "operand {i} of `{}` (shape {:?}, {:?}), which its backward reads, was \
+                     modified in place after the forward (version {v}, now {now}), so the \
+                     gradient would be wrong; write into a clone instead, or make the change \
+                     after backward()",
+                    self.name,
+                    t.shape(),
+                    t.dtype()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The nodes this one sends gradients to.
@@ -144,9 +169,22 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
 impl Tensor {
     /// Attaches a backward closure when grad mode is on and an input requires grad.
     pub(crate) fn attach(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
+        self.attach_saving(name, inputs, &[], backward)
+    }
+
+    /// [`Tensor::attach`] for a backward that reads `saved` (inputs, or the output). Their
+    /// versions are recorded, and backward refuses to run this op when one of them was
+    /// written in place since.
+    pub(crate) fn attach_saving(
         mut self,
         name: &'static str,
         inputs: &[&Tensor],
+        saved: &[&Tensor],
         backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
         if !is_grad_enabled() || !inputs.iter().any(|t| t.is_requires_grad()) {
@@ -156,6 +194,7 @@ impl Tensor {
             name,
             inputs.iter().map(|t| Edge::of(t)).collect(),
             Box::new(backward),
+            saved,
         );
         match Arc::get_mut(&mut self.0) {
             Some(inner) => inner.node = Some(Arc::new(node)),
@@ -219,6 +258,7 @@ impl Tensor {
             let Some(g) = grads.remove(&node.id) else {
                 continue;
             };
+            node.check_saved()?;
             let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
             let in_grads = f(&g, &needs)?;
             for (edge, ig) in edges.iter().zip(in_grads) {

@@ -159,13 +159,16 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
             .conv2d(x.layout(), &w.storage(), w.layout(), &d)?,
     };
     let (xs, ws) = (x.clone(), w.clone());
-    Ok(
-        activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach("conv2d", &[x, w], move |g, needs| {
+    Ok(activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach_saving(
+        "conv2d",
+        &[x, w],
+        &[x, w],
+        move |g, needs| {
             let gx = needs[0].then(|| conv_bwd_input(g, &ws, d)).transpose()?;
             let gw = needs[1].then(|| conv_bwd_weight(&xs, g, d)).transpose()?;
             Ok(vec![gx, gw])
-        }),
-    )
+        },
+    ))
 }
 
 /// The adjoint of [`conv_fwd`] in `x`: the forward of conv_transpose2d.
@@ -177,8 +180,9 @@ fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
             .conv2d_backward_input(gy.layout(), &w.storage(), w.layout(), &d)?,
     };
     let (gs, ws) = (gy.clone(), w.clone());
-    Ok(activation(s, [d.n, d.c, d.h, d.w], &d)?.attach(
+    Ok(activation(s, [d.n, d.c, d.h, d.w], &d)?.attach_saving(
         "conv_transpose2d",
+        &[gy, w],
         &[gy, w],
         move |g, needs| {
             let ggy = needs[0].then(|| conv_fwd(g, &ws, d)).transpose()?;

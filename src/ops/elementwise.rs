@@ -46,7 +46,7 @@ impl Tensor {
         let (s, l) = elementwise(name, [x.layout()], |[l]| x.storage().unary(l, op))?;
         let saved = x.clone();
         Ok(
-            Tensor::from_storage_in(s, l).attach(name, &[&x], move |g, _| {
+            Tensor::from_storage_in(s, l).attach_saving(name, &[&x], &[&x], move |g, _| {
                 let (s, l) = elementwise(name, [saved.layout(), g.layout()], |[ls, lg]| {
                     saved.storage().unary_grad(ls, &g.storage(), lg, op)
                 })?;
@@ -75,7 +75,11 @@ impl Tensor {
             BinaryOp::Add | BinaryOp::Sub => None,
             _ => Some((a.clone(), b.clone())),
         };
-        Ok(out.attach(name, &[&a, &b], move |g, needs| {
+        let reads: &[&Tensor] = match saved {
+            Some(_) => &[&a, &b],
+            None => &[],
+        };
+        Ok(out.attach_saving(name, &[&a, &b], reads, move |g, needs| {
             let (ga, gb) = binary_grads(op, saved.as_ref(), g, needs)?;
             let ga = ga.map(|t| t.sum_to(&shapes.0)).transpose()?;
             let gb = gb.map(|t| t.sum_to(&shapes.1)).transpose()?;
@@ -301,18 +305,20 @@ impl Tensor {
             return Ok(out);
         }
         let (sa, sb, sc) = (a.shape().to_vec(), b.shape().to_vec(), c.clone());
-        Ok(out.attach("where", &[&a, &b], move |g, needs| {
-            let zero = Tensor::zeros(&[], g.dtype(), g.device())?;
-            let ga = match needs[0] {
-                true => Some(Tensor::where_cond(&sc, g, &zero)?.sum_to(&sa)?),
-                false => None,
-            };
-            let gb = match needs[1] {
-                true => Some(Tensor::where_cond(&sc, &zero, g)?.sum_to(&sb)?),
-                false => None,
-            };
-            Ok(vec![ga, gb])
-        }))
+        Ok(
+            out.attach_saving("where", &[&a, &b], &[&c], move |g, needs| {
+                let zero = Tensor::zeros(&[], g.dtype(), g.device())?;
+                let ga = match needs[0] {
+                    true => Some(Tensor::where_cond(&sc, g, &zero)?.sum_to(&sa)?),
+                    false => None,
+                };
+                let gb = match needs[1] {
+                    true => Some(Tensor::where_cond(&sc, &zero, g)?.sum_to(&sb)?),
+                    false => None,
+                };
+                Ok(vec![ga, gb])
+            }),
+        )
     }
 
     /// Replaces the elements where `mask` is nonzero with `value`.

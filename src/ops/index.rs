@@ -97,15 +97,19 @@ impl Tensor {
         let mut shape = x.shape().to_vec();
         shape[d] = idx.numel();
         let in_shape = x.shape().to_vec();
-        Ok(
-            Tensor::from_storage(s, &shape).attach("index_select", &[&x], move |g, _| {
+        let read = idx.clone();
+        Ok(Tensor::from_storage(s, &shape).attach_saving(
+            "index_select",
+            &[&x],
+            &[&read],
+            move |g, _| {
                 let z = Tensor::zeros(&in_shape, g.dtype(), g.device())?;
                 let (gs, is) = (g.storage(), idx.storage());
                 z.0.storage
                     .write(|s| s.index_add(&in_shape, d, (&is, idx.layout()), (&gs, g.layout())))?;
                 Ok(vec![Some(z)])
-            }),
-        )
+            },
+        ))
     }
 
     /// `out[i][j] = self[index[i][j]][j]` for `dim = 0` (and so on): PyTorch's `gather`.
@@ -118,12 +122,15 @@ impl Tensor {
             .storage()
             .gather(x.layout(), d, &idx.storage(), idx.layout())?;
         let (in_shape, saved) = (x.shape().to_vec(), idx.clone());
-        Ok(
-            Tensor::from_storage(s, idx.shape()).attach("gather", &[&x], move |g, _| {
+        Ok(Tensor::from_storage(s, idx.shape()).attach_saving(
+            "gather",
+            &[&x],
+            &[&idx],
+            move |g, _| {
                 let z = Tensor::zeros(&in_shape, g.dtype(), g.device())?;
                 Ok(vec![Some(z.scatter_add(d as isize, &saved, g)?)])
-            }),
-        )
+            },
+        ))
     }
 
     /// A copy of `self` with `src` added at the positions `index` names along `dim`
@@ -143,9 +150,10 @@ impl Tensor {
         )?;
         let saved = idx.clone();
         let src_shape = src.shape().to_vec();
-        Ok(Tensor::from_storage(s, x.shape()).attach(
+        Ok(Tensor::from_storage(s, x.shape()).attach_saving(
             "scatter_add",
             &[&x, &src],
+            &[&idx],
             move |g, needs| {
                 let gs = match needs[1] {
                     true => Some(g.gather(d as isize, &saved)?.pad_to(&src_shape)?),

@@ -168,8 +168,11 @@ impl Tensor {
         let rows = x.shape()[0];
         let lse = Tensor::from_storage(lse, &[rows]);
         let (xs, ts) = (x.detach(), t.clone());
-        let per =
-            Tensor::from_storage(loss, &[rows]).attach("cross_entropy", &[&x], move |g, _| {
+        let per = Tensor::from_storage(loss, &[rows]).attach_saving(
+            "cross_entropy",
+            &[&x],
+            &[&x, &t],
+            move |g, _| {
                 let s = xs.storage().cross_entropy_backward(
                     xs.layout(),
                     &ts.storage(),
@@ -181,7 +184,8 @@ impl Tensor {
                     e,
                 )?;
                 Ok(vec![Some(Tensor::from_storage(s, xs.shape()))])
-            });
+            },
+        );
         // Reduced in the arithmetic dtype, then returned in the logits' dtype.
         let w = t.ne(ignore as f64)?.to_dtype(per.dtype())?;
         let out = reduce(

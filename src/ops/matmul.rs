@@ -20,8 +20,11 @@ impl Tensor {
             .storage()
             .matmul(self.layout(), &rhs.storage(), rhs.layout())?;
         let (a, b) = (self.clone(), rhs.clone());
-        Ok(
-            Tensor::from_storage(s, &shape).attach("matmul", &[self, rhs], move |g, needs| {
+        Ok(Tensor::from_storage(s, &shape).attach_saving(
+            "matmul",
+            &[self, rhs],
+            &[self, rhs],
+            move |g, needs| {
                 // The two products are independent: side by side on the CPU.
                 let (ga, gb) = crate::parallel::join_backward(
                     g.device() == Device::Cpu
@@ -32,8 +35,8 @@ impl Tensor {
                     || needs[1].then(|| a.t()?.bmm(g)).transpose(),
                 );
                 Ok(vec![ga?, gb?])
-            }),
-        )
+            },
+        ))
     }
 
     /// Matrix product with PyTorch's rules: 1-D operands are promoted to matrices and the
@@ -139,7 +142,9 @@ impl Tensor {
                     let gb = needs[2].then(|| gp.sum(&[0], false)).transpose()?;
                     Ok(vec![gx, gw, gb])
                 };
-                return Ok(y.attach("linear_relu", &[&x, &w, &b], backward));
+                let read = y.detach();
+                let reads = [&x, &w, &read];
+                return Ok(y.attach_saving("linear_relu", &[&x, &w, &b], &reads, backward));
             }
         }
         x.linear(&w, Some(&b))?.relu()
@@ -207,8 +212,8 @@ impl Tensor {
         };
         let out = Tensor::from_storage(s, &[x2.shape()[0], outputs]);
         let y = match fused {
-            Some(b) => out.attach("linear", &[&x2, &w, b], backward),
-            None => out.attach("linear", &[&x2, &w], backward),
+            Some(b) => out.attach_saving("linear", &[&x2, &w, b], &[&x2, &w], backward),
+            None => out.attach_saving("linear", &[&x2, &w], &[&x2, &w], backward),
         };
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank >= 1") = outputs;

@@ -17,14 +17,17 @@ impl Tensor {
         // Saved output, detached so the graph holds no cycle.
         let y = out.detach();
         let di = d as isize;
-        Ok(out.attach(kind.name(), &[&x], move |g, _| {
-            let gx = if log {
-                g.sub(&y.exp()?.mul(&g.sum(&[di], true)?)?)?
-            } else {
-                y.mul(&g.sub(&g.mul(&y)?.sum(&[di], true)?)?)?
-            };
-            Ok(vec![Some(gx)])
-        }))
+        let read = y.clone();
+        Ok(
+            out.attach_saving(kind.name(), &[&x], &[&read], move |g, _| {
+                let gx = if log {
+                    g.sub(&y.exp()?.mul(&g.sum(&[di], true)?)?)?
+                } else {
+                    y.mul(&g.sub(&g.mul(&y)?.sum(&[di], true)?)?)?
+                };
+                Ok(vec![Some(gx)])
+            }),
+        )
     }
 
     /// Softmax along `dim` (computed in f32 for half inputs, stable for large values).

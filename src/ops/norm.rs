@@ -153,66 +153,68 @@ impl Tensor {
         inputs.extend(bias);
         let (wdt, bdt) = (weight.map(|w| w.dtype()), bias.map(|b| b.dtype()));
         let xs = x.detach();
-        Ok(y.attach("batch_norm", &inputs, move |dy, needs| {
-            let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
-            let wants_params = needs[1..].iter().any(|&n| n);
-            // Eval mode: the statistics are constants, dx = a dy (one fused pass).
-            let eval_dx = |dy: &Tensor| -> Result<Tensor> {
-                let zeros = Tensor::zeros(&[3 * c], sd, dy.device())?;
-                let coef = Tensor::cat(&[&a, &zeros], 0)?;
-                let s = dy.storage();
-                let dx = s.channel_affine(dy.layout(), None, &coef.storage(), coef.layout())?;
-                let layout = Layout::with_format("batch_norm", dy.shape(), format)?;
-                Ok(Tensor::from_storage_in(dx, layout))
-            };
-            if !training && !wants_params {
-                let mut grads = vec![Some(eval_dx(&dy)?)];
-                grads.resize(needs.len(), None);
-                return Ok(grads);
-            }
-            let sums = dy.storage().channel_grad_sums(
-                dy.layout(),
-                &xs.storage(),
-                xs.layout(),
-                &mean.storage(),
-                mean.layout(),
-            )?;
-            let sums = Tensor::from_storage(sums, &[2, c]);
-            let (sdy, sdx) = (
-                sums.narrow(0, 0, 1)?.reshape(&[c])?,
-                sums.narrow(0, 1, 1)?.reshape(&[c])?,
-            );
-            let dx = match (needs[0], training) {
-                (false, _) => None,
-                (true, false) => Some(eval_dx(&dy)?),
-                (true, true) => {
-                    // dx = a (dy - sum(dy) / N - (x - mean) invstd^2 sum(dy (x - mean)) / N):
-                    // the statistics' own gradients folded in, as in PyTorch's
-                    // batch_norm_backward.
-                    let n = count as f64;
-                    let k = invstd.mul(&invstd)?.mul(&sdx)?.mul(1.0 / n)?;
-                    let alpha = a.mul(&k)?.neg()?;
-                    let gamma = a.mul(&sdy)?.mul(-1.0 / n)?;
-                    let coef = Tensor::cat(&[&alpha, &mean, &gamma, &a], 0)?;
-                    let dx = xs.storage().channel_affine(
-                        xs.layout(),
-                        Some((&dy.storage(), dy.layout())),
-                        &coef.storage(),
-                        coef.layout(),
-                    )?;
-                    let layout = Layout::with_format("batch_norm", xs.shape(), format)?;
-                    Some(Tensor::from_storage_in(dx, layout))
+        Ok(
+            y.attach_saving("batch_norm", &inputs, &[&x], move |dy, needs| {
+                let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
+                let wants_params = needs[1..].iter().any(|&n| n);
+                // Eval mode: the statistics are constants, dx = a dy (one fused pass).
+                let eval_dx = |dy: &Tensor| -> Result<Tensor> {
+                    let zeros = Tensor::zeros(&[3 * c], sd, dy.device())?;
+                    let coef = Tensor::cat(&[&a, &zeros], 0)?;
+                    let s = dy.storage();
+                    let dx = s.channel_affine(dy.layout(), None, &coef.storage(), coef.layout())?;
+                    let layout = Layout::with_format("batch_norm", dy.shape(), format)?;
+                    Ok(Tensor::from_storage_in(dx, layout))
+                };
+                if !training && !wants_params {
+                    let mut grads = vec![Some(eval_dx(&dy)?)];
+                    grads.resize(needs.len(), None);
+                    return Ok(grads);
                 }
-            };
-            let mut grads = vec![dx];
-            if let Some(wdt) = wdt {
-                grads.push(Some(sdx.mul(&invstd)?.to_dtype(wdt)?));
-            }
-            if let Some(bdt) = bdt {
-                grads.push(Some(sdy.to_dtype(bdt)?));
-            }
-            Ok(grads)
-        }))
+                let sums = dy.storage().channel_grad_sums(
+                    dy.layout(),
+                    &xs.storage(),
+                    xs.layout(),
+                    &mean.storage(),
+                    mean.layout(),
+                )?;
+                let sums = Tensor::from_storage(sums, &[2, c]);
+                let (sdy, sdx) = (
+                    sums.narrow(0, 0, 1)?.reshape(&[c])?,
+                    sums.narrow(0, 1, 1)?.reshape(&[c])?,
+                );
+                let dx = match (needs[0], training) {
+                    (false, _) => None,
+                    (true, false) => Some(eval_dx(&dy)?),
+                    (true, true) => {
+                        // dx = a (dy - sum(dy) / N - (x - mean) invstd^2 sum(dy (x - mean)) / N):
+                        // the statistics' own gradients folded in, as in PyTorch's
+                        // batch_norm_backward.
+                        let n = count as f64;
+                        let k = invstd.mul(&invstd)?.mul(&sdx)?.mul(1.0 / n)?;
+                        let alpha = a.mul(&k)?.neg()?;
+                        let gamma = a.mul(&sdy)?.mul(-1.0 / n)?;
+                        let coef = Tensor::cat(&[&alpha, &mean, &gamma, &a], 0)?;
+                        let dx = xs.storage().channel_affine(
+                            xs.layout(),
+                            Some((&dy.storage(), dy.layout())),
+                            &coef.storage(),
+                            coef.layout(),
+                        )?;
+                        let layout = Layout::with_format("batch_norm", xs.shape(), format)?;
+                        Some(Tensor::from_storage_in(dx, layout))
+                    }
+                };
+                let mut grads = vec![dx];
+                if let Some(wdt) = wdt {
+                    grads.push(Some(sdx.mul(&invstd)?.to_dtype(wdt)?));
+                }
+                if let Some(bdt) = bdt {
+                    grads.push(Some(sdy.to_dtype(bdt)?));
+                }
+                Ok(grads)
+            }),
+        )
     }
 
     /// Layer normalisation over the trailing `normalized_shape` dims (PyTorch's
@@ -278,40 +280,44 @@ impl Tensor {
         let (xs, ws) = (x.detach(), w.as_ref().map(|w| w.detach()));
         let (has_w, has_b) = (w.is_some(), b.is_some());
         let pshape = normalized_shape.to_vec();
-        Ok(y.attach("layer_norm", &inputs, move |dy, needs| {
-            let dy = dy.to_dtype(dt)?.contiguous()?;
-            let dx = if needs[0] {
-                let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
-                let wst = ws.as_ref().map(|w| w.storage());
-                let wpart = wst.as_deref().zip(ws.as_ref().map(|w| w.layout()));
-                let dx =
-                    ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart)?;
-                Some(Tensor::from_storage(dx, xs.shape()))
-            } else {
-                None
-            };
-            let mut grads = vec![dx];
-            if has_w || has_b {
-                // Sums over the rows, in the statistics' dtype.
-                let sd = stats.dtype();
-                let dy2 = dy.reshape(&[rows, cols])?.to_dtype(sd)?;
-                if has_w {
-                    let mean = stats.narrow(1, 0, 1)?;
-                    let rstd = stats.narrow(1, 1, 1)?;
-                    let xhat = xs
-                        .reshape(&[rows, cols])?
-                        .to_dtype(sd)?
-                        .sub(&mean)?
-                        .mul(&rstd)?;
-                    let dw = dy2.mul(&xhat)?.sum(&[0], false)?;
-                    grads.push(Some(dw.to_dtype(dt)?.reshape(&pshape)?));
+        let mut reads = vec![&x];
+        reads.extend(w.as_ref());
+        Ok(
+            y.attach_saving("layer_norm", &inputs, &reads, move |dy, needs| {
+                let dy = dy.to_dtype(dt)?.contiguous()?;
+                let dx = if needs[0] {
+                    let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
+                    let wst = ws.as_ref().map(|w| w.storage());
+                    let wpart = wst.as_deref().zip(ws.as_ref().map(|w| w.layout()));
+                    let dx =
+                        ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart)?;
+                    Some(Tensor::from_storage(dx, xs.shape()))
+                } else {
+                    None
+                };
+                let mut grads = vec![dx];
+                if has_w || has_b {
+                    // Sums over the rows, in the statistics' dtype.
+                    let sd = stats.dtype();
+                    let dy2 = dy.reshape(&[rows, cols])?.to_dtype(sd)?;
+                    if has_w {
+                        let mean = stats.narrow(1, 0, 1)?;
+                        let rstd = stats.narrow(1, 1, 1)?;
+                        let xhat = xs
+                            .reshape(&[rows, cols])?
+                            .to_dtype(sd)?
+                            .sub(&mean)?
+                            .mul(&rstd)?;
+                        let dw = dy2.mul(&xhat)?.sum(&[0], false)?;
+                        grads.push(Some(dw.to_dtype(dt)?.reshape(&pshape)?));
+                    }
+                    if has_b {
+                        let db = dy2.sum(&[0], false)?;
+                        grads.push(Some(db.to_dtype(dt)?.reshape(&pshape)?));
+                    }
                 }
-                if has_b {
-                    let db = dy2.sum(&[0], false)?;
-                    grads.push(Some(db.to_dtype(dt)?.reshape(&pshape)?));
-                }
-            }
-            Ok(grads)
-        }))
+                Ok(grads)
+            }),
+        )
     }
 }

@@ -117,7 +117,8 @@ impl Tensor {
         let vals = x.reduce_raw(&[d], vop)?;
         let vals = if x.dtype().is_float() {
             let (shape, saved_idx) = (x.shape().to_vec(), idx.clone());
-            vals.attach(if max { "max" } else { "min" }, &[&x], move |g, _| {
+            let name = if max { "max" } else { "min" };
+            vals.attach_saving(name, &[&x], &[&idx], move |g, _| {
                 let z = Tensor::zeros(&shape, g.dtype(), g.device())?;
                 Ok(vec![Some(z.scatter_add(d as isize, &saved_idx, g)?)])
             })

@@ -43,8 +43,11 @@ impl Tensor {
             .lstm_cell(g.layout(), &c.storage(), c.layout())?;
         // Saved detached, so the graph holds no cycle; the activations are recomputed.
         let (gs, cs) = (g.detach(), c.detach());
-        let hc =
-            Tensor::from_storage(s, &[b, 2 * h]).attach("lstm_cell", &[&g, &c], move |d, _| {
+        let hc = Tensor::from_storage(s, &[b, 2 * h]).attach_saving(
+            "lstm_cell",
+            &[&g, &c],
+            &[&g, &c],
+            move |d, _| {
                 let (dh, dc) = (d.narrow(1, 0, h)?, d.narrow(1, h, h)?);
                 let (sdh, sdc) = (dh.storage(), dc.storage());
                 let s = gs.storage().lstm_cell_backward(
@@ -62,7 +65,8 @@ impl Tensor {
                     Some(all.narrow(1, 0, 4 * h)?),
                     Some(all.narrow(1, 4 * h, h)?),
                 ])
-            });
+            },
+        );
         Ok((hc.narrow(1, 0, h)?, hc.narrow(1, h, h)?))
     }
 }
@@ -224,7 +228,8 @@ impl Tensor {
             let db = needs[5].then(|| dg.sum(&[0], false)).transpose()?;
             Ok(vec![dx, dh, needs[2].then_some(dc), dw_ih, dw_hh, db])
         };
-        let out = out.attach("lstm_layer", &[&x, &h0, &c0, &w_ih, &w_hh, &b], backward);
+        let inputs = [&x, &h0, &c0, &w_ih, &w_hh, &b];
+        let out = out.attach_saving("lstm_layer", &inputs, &inputs[..5], backward);
         Ok((
             out.narrow(0, 0, steps)?,
             step(&out, steps - 1)?,

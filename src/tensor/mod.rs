@@ -274,8 +274,36 @@ impl Tensor {
     }
 
     /// Copies `src` into this tensor's elements in place (no graph is recorded; shapes must
-    /// match, dtypes are converted). Meant for parameter and buffer updates.
+    /// match, dtypes are converted). Meant for parameter and buffer updates: as in PyTorch,
+    /// a tensor that requires grad (a parameter, or an op's output in the graph) is written
+    /// only under [`crate::no_grad`], since the graph would not see the write.
+    ///
+    /// ```
+    /// use mantissa::{no_grad, Tensor, Device};
+    /// let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu)?.requires_grad(true)?;
+    /// let zeros = Tensor::from_vec(vec![0.0f32; 2], &[2], Device::Cpu)?;
+    /// assert!(w.copy_(&zeros).is_err());
+    /// no_grad(|| w.copy_(&zeros))?;
+    /// assert_eq!(w.to_vec::<f32>()?, vec![0.0, 0.0]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        if crate::is_grad_enabled() && self.is_requires_grad() {
+            return Err(Error::invalid(
+                "copy_",
+                format!(
+                    "cannot write in place into a {} {:?} that requires grad while grad mode \
+                     is on (the graph would not see the write); wrap parameter updates in \
+                     no_grad, or write into a detach()ed or cloned tensor",
+                    if self.is_leaf() {
+                        "leaf"
+                    } else {
+                        "recorded op's output"
+                    },
+                    self.shape()
+                ),
+            ));
+        }
         if src.shape() != self.shape() {
             return Err(Error::ShapeMismatch {
                 op: "copy_",
