@@ -194,13 +194,12 @@ fn worker_panic(w: usize, idx: &[usize], payload: &(dyn Any + Send)) -> Error {
         .map(String::as_str)
         .or_else(|| payload.downcast_ref::<&str>().copied())
         .unwrap_or("a panic without a message");
-    let (first, last) = (idx.first().copied(), idx.last().copied());
     Error::invalid(
         "DataLoader",
         format!(
-            "worker {w} panicked loading the batch of samples {}..={}: {what}",
-            first.unwrap_or(0),
-            last.unwrap_or(0)
+            "worker {w} panicked loading a batch of {} samples (the first is sample {}): {what}",
+            idx.len(),
+            idx.first().copied().unwrap_or(0)
         ),
     )
 }
