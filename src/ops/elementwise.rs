@@ -158,11 +158,17 @@ impl Tensor {
     pub fn scalar_pow(&self, scalar: f64) -> Result<Tensor> {
         self.unary_op(UnaryOp::ScalarPow(scalar), Op::Pow)
     }
-    /// Clamps into `[lo, hi]` (NaN stays NaN).
+    /// Clamps into `[lo, hi]`: `min(max(self, lo), hi)` (NaN stays NaN). As in PyTorch, when
+    /// `lo > hi` every element becomes `hi` (and gets no gradient).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// let x = Tensor::from_vec(vec![-2.0f32, 0.5, 3.0], &[3], Device::Cpu)?;
+    /// assert_eq!(x.clamp(-1.0, 1.0)?.to_vec::<f32>()?, vec![-1.0, 0.5, 1.0]);
+    /// assert_eq!(x.clamp(1.0, -1.0)?.to_vec::<f32>()?, vec![-1.0, -1.0, -1.0]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
-        if lo > hi {
-            return Err(Error::invalid("clamp", format!("min {lo} > max {hi}")));
-        }
         self.maximum(lo)?.minimum(hi)
     }
 

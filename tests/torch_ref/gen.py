@@ -1,0 +1,669 @@
+#!/usr/bin/env python3
+"""Writes tests/torch_ref/cases.safetensors: random calls of the engine's ops with PyTorch's
+results, for tests/torch_reference.rs, which runs the same calls through mantissa and compares.
+
+Each case is one op call on small random f32 inputs. PyTorch computes it in float64 from those
+f32 values: the outputs, and the gradient of sum(out * g) for each input that requires grad,
+with g random. Where PyTorch raises, the case records that (`err=1`), and mantissa must return
+an Err too. Cases are described in the file's metadata, one `key=value` list per case
+(`case.N`); tensors are named `N.name`.
+
+Regenerate (PyTorch on the CPU is enough):  python3 tests/torch_ref/gen.py
+"""
+import json
+import math
+import os
+import random
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SEED = 20261123
+rng = random.Random(SEED)
+torch.manual_seed(SEED)
+
+
+def randn(*shape):
+    return torch.randn(tuple(shape), dtype=torch.float32)
+
+
+def positive(*shape):
+    return randn(*shape).abs() + 0.5
+
+
+def away_from_zero(*shape):
+    x = randn(*shape)
+    return torch.where(x < 0, x - 0.5, x + 0.5)
+
+
+def index(high, *shape):
+    return torch.randint(0, high, tuple(shape), dtype=torch.int64)
+
+
+def shape(rank, lo=1, hi=5):
+    return [rng.randint(lo, hi) for _ in range(rank)]
+
+
+def csv(v):
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, (list, tuple)):
+        return ",".join(csv(x) for x in v) if v else "[]"
+    return str(v)
+
+
+cases = []  # (spec dict, inputs [(name, tensor, grad)], fn(tensors dict) -> outputs)
+
+
+def case(op, inputs, fn, **params):
+    cases.append((op, params, inputs, fn))
+
+
+# ---- elementwise -------------------------------------------------------------------------
+UNARY = {
+    "neg": (torch.neg, randn),
+    "abs": (torch.abs, away_from_zero),
+    "exp": (torch.exp, randn),
+    "log": (torch.log, positive),
+    "log1p": (torch.log1p, positive),
+    "sqrt": (torch.sqrt, positive),
+    "rsqrt": (torch.rsqrt, positive),
+    "recip": (torch.reciprocal, away_from_zero),
+    "sqr": (torch.square, randn),
+    "sin": (torch.sin, randn),
+    "cos": (torch.cos, randn),
+    "tanh": (torch.tanh, randn),
+    "sigmoid": (torch.sigmoid, randn),
+    "relu": (torch.relu, away_from_zero),
+    "gelu": (F.gelu, randn),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), randn),
+    "silu": (F.silu, randn),
+}
+for name, (fn, make) in UNARY.items():
+    for _ in range(2):
+        s = shape(rng.randint(0, 3))
+        case(name, [("x", make(*s), True)], lambda t, fn=fn: [fn(t["x"])])
+for _ in range(3):
+    slope = rng.choice([0.01, 0.2, 1.5])
+    case("leaky_relu", [("x", away_from_zero(3, 4), True)],
+         lambda t, s=slope: [F.leaky_relu(t["x"], s)], slope=slope)
+for lo, hi in [(-0.5, 0.5), (0.0, 10.0), (0.3, -0.3), (-1.0, -1.0)]:
+    case("clamp", [("x", randn(4, 5), True)],
+         lambda t, lo=lo, hi=hi: [torch.clamp(t["x"], lo, hi)], lo=lo, hi=hi)
+for p in [2.0, 0.5, -1.5, 3.0, 0.0, 1.0]:
+    case("pow_scalar", [("x", positive(3, 4), True)],
+         lambda t, p=p: [torch.pow(t["x"], p)], p=p)
+for p in [2.0, 0.5, 1.0]:
+    case("scalar_pow", [("x", randn(3, 4), True)],
+         lambda t, p=p: [torch.pow(p, t["x"])], p=p)
+case("rsub", [("x", randn(5), True)], lambda t: [2.5 - t["x"]], s=2.5)
+
+
+def broadcast_pair():
+    """Two shapes that broadcast (sometimes of different ranks, sometimes with 1s)."""
+    out = shape(rng.randint(1, 4))
+    a, b = list(out), list(out)
+    for v in (a, b):
+        for i in range(len(v)):
+            if rng.random() < 0.3:
+                v[i] = 1
+    if rng.random() < 0.3:
+        b = b[rng.randint(1, len(b)):] if len(b) > 1 else b
+    if rng.random() < 0.15:
+        a = []
+    return a, b
+
+
+BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+}
+for name, fn in BINARY.items():
+    for _ in range(4):
+        sa, sb = broadcast_pair()
+        make_a = positive if name == "pow" else randn
+        make_b = away_from_zero if name == "div" else randn
+        case(name, [("a", make_a(*sa), True), ("b", make_b(*sb), True)],
+             lambda t, fn=fn: [fn(t["a"], t["b"])])
+    # Shapes that do not broadcast.
+    case(name, [("a", randn(3, 4), True), ("b", randn(2, 4), True)],
+         lambda t, fn=fn: [fn(t["a"], t["b"])])
+for name, fn in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le),
+                 ("gt", torch.gt), ("ge", torch.ge)]:
+    sa, sb = broadcast_pair()
+    # Small integers, so that ties occur.
+    a = torch.randint(-2, 3, sa).float()
+    b = torch.randint(-2, 3, sb).float()
+    case(name, [("a", a, False), ("b", b, False)],
+         lambda t, fn=fn: [fn(t["a"], t["b"]).to(torch.uint8)])
+for _ in range(3):
+    sa, sb = broadcast_pair()
+    cond_shape = rng.choice([sa, sb])
+    cond = (torch.rand(cond_shape) < 0.5).to(torch.uint8)
+    case("where", [("cond", cond, False), ("a", randn(*sa), True), ("b", randn(*sb), True)],
+         lambda t: [torch.where(t["cond"].bool(), t["a"], t["b"])])
+for _ in range(2):
+    s = shape(3)
+    mask_shape = [1 if rng.random() < 0.5 else d for d in s]
+    mask = (torch.rand(mask_shape) < 0.5).to(torch.uint8)
+    case("masked_fill", [("x", randn(*s), True), ("mask", mask, False)],
+         lambda t: [t["x"].masked_fill(t["mask"].bool(), -3.0)], value=-3.0)
+
+# ---- reductions --------------------------------------------------------------------------
+
+
+def some_dims(rank):
+    dims = [d for d in range(rank) if rng.random() < 0.5] or [rng.randrange(rank)]
+    return [d - rank if rng.random() < 0.3 else d for d in dims]
+
+
+for _ in range(6):
+    r = rng.randint(1, 4)
+    s, dims, keep = shape(r), None, rng.random() < 0.5
+    dims = some_dims(r)
+    case("sum", [("x", randn(*s), True)],
+         lambda t, d=dims, k=keep: [t["x"].sum(d, keepdim=k)], dims=dims, keepdim=keep)
+    case("mean", [("x", randn(*s), True)],
+         lambda t, d=dims, k=keep: [t["x"].mean(d, keepdim=k)], dims=dims, keepdim=keep)
+for correction in [0, 1, 2]:
+    for _ in range(2):
+        r = rng.randint(1, 3)
+        s, dims, keep = shape(r, 2, 5), some_dims(r), rng.random() < 0.5
+        for name, fn in [("var", torch.var), ("std", torch.std)]:
+            case(name, [("x", randn(*s), True)],
+                 lambda t, fn=fn, d=dims, c=correction, k=keep:
+                 [fn(t["x"], d, correction=c, keepdim=k)],
+                 dims=dims, correction=correction, keepdim=keep)
+case("sum_all", [("x", randn(3, 4), True)], lambda t: [t["x"].sum()])
+case("mean_all", [("x", randn(3, 4), True)], lambda t: [t["x"].mean()])
+case("max_all", [("x", randn(3, 4), True)], lambda t: [t["x"].max()])
+case("min_all", [("x", randn(2, 5), True)], lambda t: [t["x"].min()])
+for _ in range(4):
+    r = rng.randint(1, 3)
+    s, keep = shape(r), rng.random() < 0.5
+    dim = rng.randrange(-r, r)
+    for name, fn in [("max", torch.max), ("min", torch.min)]:
+        case(name, [("x", randn(*s), True)],
+             lambda t, fn=fn, d=dim, k=keep: list(fn(t["x"], d, keepdim=k)), dim=dim, keepdim=keep)
+    for name, fn in [("argmax", torch.argmax), ("argmin", torch.argmin)]:
+        case(name, [("x", randn(*s), False)],
+             lambda t, fn=fn, d=dim, k=keep: [fn(t["x"], d, keepdim=k)], dim=dim, keepdim=keep)
+case("max", [("x", randn(3), True)], lambda t: list(torch.max(t["x"], 1)), dim=1, keepdim=False)
+for _ in range(4):
+    r = rng.randint(1, 4)
+    s = shape(r)
+    dim = rng.randrange(-r, r)
+    case("softmax", [("x", randn(*s) * 3, True)],
+         lambda t, d=dim: [torch.softmax(t["x"], d)], dim=dim)
+    case("log_softmax", [("x", randn(*s) * 3, True)],
+         lambda t, d=dim: [torch.log_softmax(t["x"], d)], dim=dim)
+
+# ---- indexing ----------------------------------------------------------------------------
+for _ in range(4):
+    r = rng.randint(1, 3)
+    s = shape(r)
+    dim = rng.randrange(-r, r)
+    parts = [list(s) for _ in range(rng.randint(1, 3))]
+    for p in parts:
+        p[dim] = rng.randint(0, 3)
+    ins = [(f"t{i}", randn(*p), True) for i, p in enumerate(parts)]
+    names = [n for n, _, _ in ins]
+    case("cat", ins, lambda t, d=dim, n=names: [torch.cat([t[k] for k in n], d)], dim=dim)
+for _ in range(3):
+    r = rng.randint(0, 3)
+    s = shape(r)
+    dim = rng.randrange(-(r + 1), r + 1)
+    ins = [(f"t{i}", randn(*s), True) for i in range(rng.randint(1, 3))]
+    names = [n for n, _, _ in ins]
+    case("stack", ins, lambda t, d=dim, n=names: [torch.stack([t[k] for k in n], d)], dim=dim)
+case("cat", [("t0", randn(2, 3), True), ("t1", randn(3, 3), True)],
+     lambda t: [torch.cat([t["t0"], t["t1"]], 1)], dim=1)
+for _ in range(4):
+    r = rng.randint(1, 3)
+    s = shape(r)
+    dim = rng.randrange(-r, r)
+    idx = index(s[dim], rng.randint(0, 6))
+    case("index_select", [("x", randn(*s), True), ("idx", idx, False)],
+         lambda t, d=dim: [torch.index_select(t["x"], d, t["idx"])], dim=dim)
+for _ in range(5):
+    r = rng.randint(1, 3)
+    s = shape(r)
+    dim = rng.randrange(-r, r)
+    ishape = [rng.randint(1, d) for d in s]
+    ishape[dim] = rng.randint(1, 5)
+    idx = index(s[dim], *ishape)
+    case("gather", [("x", randn(*s), True), ("idx", idx, False)],
+         lambda t, d=dim: [torch.gather(t["x"], d, t["idx"])], dim=dim)
+    # src may be larger than the index; PyTorch's backward then fails (its src gradient has
+    # the index's shape), so src requires grad only when it has the index's shape.
+    sshape = [i + rng.randint(0, 1) for i in ishape]
+    src = randn(*sshape)
+    case("scatter_add",
+         [("x", randn(*s), True), ("idx", idx, False), ("src", src, sshape == ishape)],
+         lambda t, d=dim: [torch.scatter_add(t["x"], d, t["idx"], t["src"])], dim=dim)
+for _ in range(3):
+    n, d = rng.randint(1, 8), rng.randint(1, 5)
+    idx = index(n, *shape(rng.randint(1, 2)))
+    case("embedding", [("idx", idx, False), ("w", randn(n, d), True)],
+         lambda t: [F.embedding(t["idx"], t["w"])])
+
+# ---- products ----------------------------------------------------------------------------
+MATMUL_SHAPES = [
+    ([4], [4]), ([3, 4], [4]), ([4], [4, 5]), ([3, 4], [4, 5]), ([2, 3, 4], [4, 5]),
+    ([3, 4], [2, 4, 5]), ([2, 1, 3, 4], [5, 4, 2]), ([2, 3, 4], [2, 4, 5]), ([4], [2, 4, 3]),
+    ([2, 3, 4], [4]), ([3, 4], [5, 6]), ([0, 4], [4, 3]), ([3, 0], [0, 2]),
+]
+for sa, sb in MATMUL_SHAPES:
+    case("matmul", [("a", randn(*sa), True), ("b", randn(*sb), True)],
+         lambda t: [torch.matmul(t["a"], t["b"])])
+for xs, bias in [([5, 3], True), ([2, 4, 3], False), ([3], True), ([6, 3], True)]:
+    ins = [("x", randn(*xs), True), ("w", randn(4, 3), True)]
+    if bias:
+        ins.append(("b", randn(4), True))
+    case("linear", ins, lambda t: [F.linear(t["x"], t["w"], t.get("b"))])
+case("linear_relu", [("x", randn(5, 3), True), ("w", randn(4, 3), True), ("b", randn(4), True)],
+     lambda t: [F.relu(F.linear(t["x"], t["w"], t["b"]))])
+
+# ---- convolution and pooling -------------------------------------------------------------
+for _ in range(14):
+    groups = rng.choice([1, 1, 2, 3])
+    c, o = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
+    kh, kw = rng.randint(1, 3), rng.randint(1, 3)
+    stride = [rng.randint(1, 3), rng.randint(1, 3)]
+    padding = [rng.randint(0, 2), rng.randint(0, 2)]
+    dilation = [rng.randint(1, 2), rng.randint(1, 2)]
+    h, w = rng.randint(3, 8), rng.randint(3, 8)
+    xs = [rng.randint(1, 3), c, h, w] if rng.random() < 0.85 else [c, h, w]
+    ins = [("x", randn(*xs), True), ("w", randn(o, c // groups, kh, kw), True)]
+    if rng.random() < 0.6:
+        ins.append(("b", randn(o), True))
+    case("conv2d", ins,
+         lambda t, s=stride, p=padding, d=dilation, g=groups:
+         [F.conv2d(t["x"], t["w"], t.get("b"), s, p, d, g)],
+         stride=stride, padding=padding, dilation=dilation, groups=groups)
+for _ in range(10):
+    groups = rng.choice([1, 1, 2])
+    c, o = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
+    kh, kw = rng.randint(1, 3), rng.randint(1, 3)
+    stride = [rng.randint(1, 3), rng.randint(1, 3)]
+    dilation = [rng.randint(1, 2), rng.randint(1, 2)]
+    padding = [rng.randint(0, 1), rng.randint(0, 1)]
+    out_pad = [rng.randint(0, max(stride[i], dilation[i]) - 1) for i in range(2)]
+    xs = [rng.randint(1, 2), c, rng.randint(2, 5), rng.randint(2, 5)]
+    ins = [("x", randn(*xs), True), ("w", randn(c, o // groups, kh, kw), True)]
+    if rng.random() < 0.5:
+        ins.append(("b", randn(o), True))
+    case("conv_transpose2d", ins,
+         lambda t, s=stride, p=padding, op=out_pad, d=dilation, g=groups:
+         [F.conv_transpose2d(t["x"], t["w"], t.get("b"), s, p, op, g, d)],
+         stride=stride, padding=padding, output_padding=out_pad, dilation=dilation,
+         groups=groups)
+# Bad convolutions: channels that do not match, a kernel larger than the padded input.
+case("conv2d", [("x", randn(1, 3, 5, 5), True), ("w", randn(2, 2, 3, 3), True)],
+     lambda t: [F.conv2d(t["x"], t["w"])], stride=[1, 1], padding=[0, 0], dilation=[1, 1],
+     groups=1)
+case("conv2d", [("x", randn(1, 2, 2, 2), True), ("w", randn(2, 2, 3, 3), True)],
+     lambda t: [F.conv2d(t["x"], t["w"])], stride=[1, 1], padding=[0, 0], dilation=[1, 1],
+     groups=1)
+for _ in range(14):
+    k = [rng.randint(1, 3), rng.randint(1, 3)]
+    stride = [rng.randint(1, 3), rng.randint(1, 3)]
+    padding = [rng.randint(0, k[0] // 2), rng.randint(0, k[1] // 2)]
+    dilation = [rng.randint(1, 2), rng.randint(1, 2)]
+    ceil = rng.random() < 0.5
+    xs = [rng.randint(1, 2), rng.randint(1, 3), rng.randint(3, 8), rng.randint(3, 8)]
+    case("max_pool2d", [("x", randn(*xs), True)],
+         lambda t, k=k, s=stride, p=padding, d=dilation, c=ceil:
+         [F.max_pool2d(t["x"], k, s, p, d, ceil_mode=c)],
+         kernel=k, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil)
+    include = rng.random() < 0.5
+    case("avg_pool2d", [("x", randn(*xs), True)],
+         lambda t, k=k, s=stride, p=padding, c=ceil, i=include:
+         [F.avg_pool2d(t["x"], k, s, p, ceil_mode=c, count_include_pad=i)],
+         kernel=k, stride=stride, padding=padding, ceil_mode=ceil, count_include_pad=include)
+for out in [[1, 1], [2, 3], [3, 3], [5, 7], [4, 1]]:
+    xs = [rng.randint(1, 2), rng.randint(1, 3), rng.randint(1, 7), rng.randint(1, 7)]
+    case("adaptive_avg_pool2d", [("x", randn(*xs), True)],
+         lambda t, o=out: [F.adaptive_avg_pool2d(t["x"], o)], out=out)
+
+# ---- normalisation -----------------------------------------------------------------------
+for xs in [[4, 3], [2, 3, 5], [3, 2, 3, 4], [3, 4, 1, 1]]:
+    for training in [True, False]:
+        c = xs[1]
+        ins = [("x", randn(*xs) * 2 + 1, True), ("rm", randn(c), False),
+               ("rv", positive(c), False)]
+        affine = rng.random() < 0.7
+        if affine:
+            ins += [("w", randn(c), True), ("b", randn(c), True)]
+
+        def bn(t, tr=training):
+            rm, rv = t["rm"].clone(), t["rv"].clone()
+            y = F.batch_norm(t["x"], rm, rv, t.get("w"), t.get("b"), tr, 0.1, 1e-5)
+            return [y, rm, rv]
+        case("batch_norm", ins, bn, training=training, momentum=0.1, eps=1e-5)
+for xs, norm in [([4, 6], [6]), ([2, 3, 4], [3, 4]), ([3, 5], [5]), ([2, 2, 3], [2, 3])]:
+    ins = [("x", randn(*xs) * 2 + 1, True)]
+    if rng.random() < 0.7:
+        ins += [("w", randn(*norm), True), ("b", randn(*norm), True)]
+    case("layer_norm", ins,
+         lambda t, n=norm: [F.layer_norm(t["x"], n, t.get("w"), t.get("b"), 1e-5)],
+         normalized_shape=norm, eps=1e-5)
+
+# ---- losses ------------------------------------------------------------------------------
+REDUCTIONS = ["mean", "sum", "none"]
+for _ in range(12):
+    n, c = rng.randint(1, 5), rng.randint(2, 5)
+    spatial = [rng.randint(1, 3)] if rng.random() < 0.3 else []
+    target = index(c, n, *spatial)
+    ignore = -100
+    if rng.random() < 0.4:
+        ignore = rng.randrange(c)
+    red = rng.choice(REDUCTIONS)
+    smooth = rng.choice([0.0, 0.0, 0.1, 0.3])
+    case("cross_entropy", [("x", randn(n, c, *spatial) * 2, True), ("target", target, False)],
+         lambda t, r=red, i=ignore, s=smooth:
+         [F.cross_entropy(t["x"], t["target"], reduction=r, ignore_index=i, label_smoothing=s)],
+         reduction=red, ignore_index=ignore, label_smoothing=smooth)
+    lp = torch.log_softmax(randn(n, c, *spatial) * 2, 1)
+    case("nll_loss", [("x", lp, True), ("target", target, False)],
+         lambda t, r=red, i=ignore: [F.nll_loss(t["x"], t["target"], reduction=r, ignore_index=i)],
+         reduction=red, ignore_index=ignore)
+# Every target ignored; one unbatched sample.
+case("cross_entropy", [("x", randn(3, 4), True), ("target", torch.tensor([1, 1, 1]), False)],
+     lambda t: [F.cross_entropy(t["x"], t["target"], ignore_index=1)],
+     reduction="mean", ignore_index=1, label_smoothing=0.0)
+case("cross_entropy", [("x", randn(4), True), ("target", torch.tensor(2), False)],
+     lambda t: [F.cross_entropy(t["x"], t["target"])],
+     reduction="mean", ignore_index=-100, label_smoothing=0.0)
+for red in REDUCTIONS:
+    s = shape(rng.randint(1, 3))
+    case("mse_loss", [("x", randn(*s), True), ("target", randn(*s), True)],
+         lambda t, r=red: [F.mse_loss(t["x"], t["target"], reduction=r)], reduction=red)
+    case("bce_with_logits", [("x", randn(*s) * 4, True), ("target", torch.rand(*s), True)],
+         lambda t, r=red: [F.binary_cross_entropy_with_logits(t["x"], t["target"], reduction=r)],
+         reduction=red)
+
+# ---- recurrent ---------------------------------------------------------------------------
+
+
+def torch_lstm_cell(gates, c):
+    i, f, g, o = gates.chunk(4, 1)
+    c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return [torch.sigmoid(o) * torch.tanh(c2), c2]
+
+
+for b, h in [(1, 1), (3, 4), (2, 7)]:
+    case("lstm_cell", [("gates", randn(b, 4 * h) * 2, True), ("c", randn(b, h), True)],
+         lambda t: torch_lstm_cell(t["gates"], t["c"]))
+
+
+def torch_lstm_layer(t):
+    h, c, outs = t["h0"], t["c0"], []
+    for step in t["x"]:
+        gates = F.linear(step, t["w_ih"], t["bias"]) + F.linear(h, t["w_hh"])
+        h, c = torch_lstm_cell(gates, c)
+        outs.append(h)
+    return [torch.stack(outs), h, c]
+
+
+for steps, b, i, h in [(1, 2, 3, 2), (4, 3, 2, 5), (3, 1, 4, 3)]:
+    case("lstm_layer",
+         [("x", randn(steps, b, i), True), ("h0", randn(b, h), True), ("c0", randn(b, h), True),
+          ("w_ih", randn(4 * h, i) * 0.5, True), ("w_hh", randn(4 * h, h) * 0.5, True),
+          ("bias", randn(4 * h) * 0.5, True)],
+         torch_lstm_layer)
+
+
+# ---- medium sizes: past the CPU kernels' SIMD widths and blocking, with ragged tails ------
+for name in ["exp", "tanh", "sigmoid", "gelu", "silu", "sqrt"]:
+    fn, make = UNARY[name]
+    case(name, [("x", make(1037), True)], lambda t, fn=fn: [fn(t["x"])])
+case("add", [("a", randn(37, 61), True), ("b", randn(61), True)],
+     lambda t: [t["a"] + t["b"]])
+case("mul", [("a", randn(29, 1, 43), True), ("b", randn(7, 1), True)],
+     lambda t: [t["a"] * t["b"]])
+for dims in [[0], [1], [0, 1]]:
+    case("sum", [("x", randn(67, 45), True)],
+         lambda t, d=dims: [t["x"].sum(d)], dims=dims, keepdim=False)
+case("var", [("x", randn(33, 70), True)],
+     lambda t: [t["x"].var([1], correction=1)], dims=[1], correction=1, keepdim=False)
+case("max", [("x", randn(45, 67), True)], lambda t: list(torch.max(t["x"], 0)), dim=0,
+     keepdim=False)
+case("softmax", [("x", randn(9, 261) * 3, True)], lambda t: [torch.softmax(t["x"], 1)], dim=1)
+case("log_softmax", [("x", randn(261, 9) * 3, True)],
+     lambda t: [torch.log_softmax(t["x"], 0)], dim=0)
+case("matmul", [("a", randn(37, 70), True), ("b", randn(70, 29), True)],
+     lambda t: [t["a"] @ t["b"]])
+case("conv2d", [("x", randn(2, 6, 13, 11), True), ("w", randn(10, 6, 3, 3), True),
+                ("b", randn(10), True)],
+     lambda t: [F.conv2d(t["x"], t["w"], t["b"], 1, 1)],
+     stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1)
+case("max_pool2d", [("x", randn(2, 5, 17, 15), True)],
+     lambda t: [F.max_pool2d(t["x"], 2, 2)],
+     kernel=[2, 2], stride=[2, 2], padding=[0, 0], dilation=[1, 1], ceil_mode=False)
+case("layer_norm", [("x", randn(21, 67) * 2 + 1, True), ("w", randn(67), True),
+                    ("b", randn(67), True)],
+     lambda t: [F.layer_norm(t["x"], [67], t["w"], t["b"], 1e-5)],
+     normalized_shape=[67], eps=1e-5)
+case("batch_norm", [("x", randn(7, 19, 5, 3) * 2 + 1, True), ("rm", randn(19), False),
+                    ("rv", positive(19), False), ("w", randn(19), True), ("b", randn(19), True)],
+     lambda t: (lambda rm, rv: [F.batch_norm(t["x"], rm, rv, t["w"], t["b"], True, 0.1, 1e-5),
+                                rm, rv])(t["rm"].clone(), t["rv"].clone()),
+     training=True, momentum=0.1, eps=1e-5)
+case("cross_entropy", [("x", randn(131, 17) * 2, True), ("target", index(17, 131), False)],
+     lambda t: [F.cross_entropy(t["x"], t["target"], label_smoothing=0.1)],
+     reduction="mean", ignore_index=-100, label_smoothing=0.1)
+
+# ---- variants: transposed (strided) inputs, and f16 / bf16 --------------------------------
+HALF_OPS = {"exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "add", "mul", "div",
+            "sum", "mean", "var", "max", "softmax", "log_softmax", "matmul", "linear", "conv2d",
+            "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
+            "layer_norm", "cross_entropy", "nll_loss", "mse_loss", "bce_with_logits",
+            "lstm_cell", "lstm_layer", "embedding", "index_select", "gather", "cat"}
+HALF = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def add_variants():
+    seen = {}
+    for op, params, inputs, fn in list(cases):
+        seen[op] = seen.get(op, 0) + 1
+        if seen[op] > 2:
+            continue
+        strided = [n for n, x, _ in inputs if x.dim() >= 2]
+        if strided:
+            ins = [(n, x.transpose(-1, -2).contiguous() if n in strided else x, g)
+                   for n, x, g in inputs]
+            cases.append((op, {**params, "T": strided}, ins, fn))
+        if op in HALF_OPS:
+            for name, dt in HALF.items():
+                ins = [(n, x.to(dt).float() if x.is_floating_point() else x, g)
+                       for n, x, g in inputs]
+                cases.append((op, {**params, "dtype": name}, ins, fn))
+
+
+add_variants()
+
+# ---- optimizers, schedules, clipping (after the variants: these are not varied) ----------
+OPT_STEPS = 6
+
+
+def torch_optim(kind, cfg):
+    def fn(t):
+        p = t["p"].detach().clone().requires_grad_(True)
+        if kind == "sgd":
+            opt = torch.optim.SGD([p], **cfg)
+        elif kind == "adam":
+            opt = torch.optim.Adam([p], **cfg)
+        elif kind == "adamw":
+            opt = torch.optim.AdamW([p], **cfg)
+        else:
+            opt = torch.optim.Adadelta([p], **cfg)
+        for k in range(OPT_STEPS):
+            p.grad = t[f"g{k}"].clone()
+            opt.step()
+        return [p.detach()]
+    return fn
+
+
+OPTIMS = [
+    ("sgd", dict(lr=0.1)),
+    ("sgd", dict(lr=0.1, momentum=0.9)),
+    ("sgd", dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01)),
+    ("sgd", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.1)),
+    ("adam", dict(lr=0.01)),
+    ("adam", dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
+    ("adamw", dict(lr=0.01)),
+    ("adamw", dict(lr=0.02, betas=(0.5, 0.9), weight_decay=0.3)),
+    ("adadelta", dict(lr=1.0)),
+    ("adadelta", dict(lr=0.5, rho=0.7, eps=1e-4, weight_decay=0.05)),
+]
+for kind, cfg in OPTIMS:
+    ins = [("p", randn(3, 4), False)] + [(f"g{k}", randn(3, 4), False) for k in range(OPT_STEPS)]
+    params = {k: v for k, v in cfg.items() if k != "betas"}
+    if "betas" in cfg:
+        params["beta1"], params["beta2"] = cfg["betas"]
+    case("optim", ins, torch_optim(kind, cfg), kind=kind, steps=OPT_STEPS, **params)
+
+
+def torch_lrs(make, steps, lr):
+    def fn(t):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+        sched = make(opt)
+        lrs = []
+        for _ in range(steps):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return [torch.tensor(lrs, dtype=torch.float64)]
+    return fn
+
+
+S = torch.optim.lr_scheduler
+case("lr_schedule", [], torch_lrs(lambda o: S.StepLR(o, 3, 0.5), 10, 0.1),
+     kind="step", base=0.1, step_size=3, gamma=0.5, steps=10)
+case("lr_schedule", [], torch_lrs(lambda o: S.CosineAnnealingLR(o, 8, 0.001), 9, 0.1),
+     kind="cosine", base=0.1, t_max=8, eta_min=0.001, steps=9)
+for total in [10, 37]:
+    case("lr_schedule", [], torch_lrs(lambda o, n=total: S.OneCycleLR(o, 0.3, total_steps=n), total,
+                                      0.1),
+         kind="one_cycle", max_lr=0.3, steps=total)
+for max_norm in [0.5, 100.0]:
+    def clip(t, m=max_norm):
+        # Each parameter's gradient is twice its value.
+        ps = [t[n].detach().clone().requires_grad_(True) for n in ("p0", "p1")]
+        for p in ps:
+            p.grad = 2 * p.detach()
+        total = torch.nn.utils.clip_grad_norm_(ps, m)
+        return [total] + [p.grad for p in ps]
+    case("clip_grad_norm", [("p0", randn(3, 4), False), ("p1", randn(5), False)], clip,
+         max_norm=max_norm)
+
+# The loss scaler with Adam: steps whose gradients hold inf or NaN are skipped (parameter and
+# Adam state unchanged) and back the scale off; every growth_interval clean steps it grows.
+SCALER_STEPS = 10
+
+
+def torch_scaler(t):
+    w = t["w"].detach().clone().requires_grad_(True)
+    opt = torch.optim.Adam([w], lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=2.0,
+                                  backoff_factor=0.5, growth_interval=3)
+    scales = []
+    for k in range(SCALER_STEPS):
+        opt.zero_grad()
+        scaler.scale((w * t[f"x{k}"]).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return [w.detach(), torch.tensor(scales, dtype=torch.float64)]
+
+
+for bad_steps in [[2], [0, 1, 5, 6, 7]]:
+    xs = []
+    for k in range(SCALER_STEPS):
+        x = randn(3, 4)
+        if k in bad_steps:
+            x[rng.randrange(3), rng.randrange(4)] = rng.choice([math.inf, -math.inf, math.nan])
+        xs.append((f"x{k}", x, False))
+    case("grad_scaler", [("w", randn(3, 4), False)] + xs, torch_scaler, steps=SCALER_STEPS,
+         init_scale=1024.0, growth_interval=3)
+
+# ---- run and write -----------------------------------------------------------------------
+
+
+def run(op, params, inputs, fn):
+    # Inputs named in T are stored transposed (last two dims); the op gets the transposed
+    # view of the stored leaf, and the gradient is the leaf's.
+    t, leaves = {}, {}
+    for name, x, grad in inputs:
+        x = x.double() if x.is_floating_point() else x
+        leaves[name] = x.requires_grad_(grad) if grad else x
+        t[name] = leaves[name].transpose(-1, -2) if name in params.get("T", []) else leaves[name]
+    outs = fn(t)
+    tensors = {f"in.{name}": x for name, x, _ in inputs}
+    loss = 0
+    for k, y in enumerate(outs):
+        tensors[f"out.{k}"] = y.detach()
+        if y.is_floating_point() and y.requires_grad:
+            g = torch.randn(y.shape, dtype=torch.float32)
+            tensors[f"gout.{k}"] = g
+            loss = loss + (y * g.double()).sum()
+    if torch.is_tensor(loss):
+        loss.backward()
+        for name, x, grad in inputs:
+            if grad and leaves[name].grad is not None:
+                tensors[f"grad.{name}"] = leaves[name].grad
+    return tensors
+
+
+def dtype_code(x):
+    return {torch.float32: "F32", torch.float64: "F32", torch.int64: "I64",
+            torch.uint8: "U8"}[x.dtype]
+
+
+def main():
+    header, blobs, offset, meta = {}, [], 0, {}
+    errors = 0
+    for n, (op, params, inputs, fn) in enumerate(cases):
+        spec = {"op": op, "in": [name for name, _, _ in inputs],
+                "grad": [name for name, _, g in inputs if g], **params}
+        try:
+            tensors = run(op, params, inputs, fn)
+        except (RuntimeError, ValueError, IndexError) as e:
+            spec["err"] = True
+            errors += 1
+            if "-v" in sys.argv:
+                print(f"case {n} {op} {params}: {str(e).splitlines()[0]}", file=sys.stderr)
+            tensors = {f"in.{name}": x for name, x, _ in inputs}
+        meta[f"case.{n}"] = " ".join(f"{k}={csv(v)}" for k, v in spec.items())
+        for name, x in tensors.items():
+            x = x.detach().contiguous()
+            if x.dtype == torch.float64:
+                x = x.float()
+            data = x.numpy().tobytes()
+            header[f"{n}.{name}"] = {"dtype": dtype_code(x), "shape": list(x.shape),
+                                     "data_offsets": [offset, offset + len(data)]}
+            blobs.append(data)
+            offset += len(data)
+    header["__metadata__"] = meta
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+    print(f"{len(cases)} cases ({errors} where PyTorch raises), {offset} bytes of tensors, "
+          f"torch {torch.__version__}: {path}")
+
+
+if __name__ == "__main__":
+    main()
