@@ -124,8 +124,13 @@ impl GradScaler {
                 s
             }
         };
-        // f32 scale times the loss: an f16 loss is promoted (65536 does not fit in f16).
+        // f32 scale times the loss, in f32: an f16 loss is promoted (65536 does not fit in
+        // f16), whatever its shape (a 0-d f32 factor alone would not promote a loss with dims).
         let _ac = crate::amp::autocast_disabled();
+        let loss = match loss.dtype() {
+            DType::F16 | DType::BF16 => loss.to_dtype(DType::F32)?,
+            _ => loss.clone(),
+        };
         loss.mul(&s)
     }
 

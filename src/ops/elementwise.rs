@@ -121,9 +121,26 @@ impl Tensor {
             add: 0.0,
         })
     }
-    /// `self / rhs` with broadcasting.
+    /// `self / rhs` with broadcasting. True division, as in PyTorch: integer tensors divided
+    /// by integer tensors or by scalars give f32.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let a = Tensor::from_vec(vec![1i64, -3], &[2], Device::Cpu)?;
+    /// let q = a.div(2.0)?;
+    /// assert_eq!((q.dtype(), q.to_vec::<f32>()?), (DType::F32, vec![0.5, -1.5]));
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn div<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary_or_scalar(rhs.into(), BinaryOp::Div, Op::Div, |v| UnaryOp::Affine {
+        let rhs = rhs.into();
+        let integer = match rhs {
+            Operand::Tensor(t) => !t.dtype().is_float(),
+            Operand::Scalar(_) => true,
+        };
+        if !self.dtype().is_float() && integer {
+            return self.to_dtype(DType::F32)?.div(rhs);
+        }
+        self.binary_or_scalar(rhs, BinaryOp::Div, Op::Div, |v| UnaryOp::Affine {
             mul: 1.0 / v,
             add: 0.0,
         })

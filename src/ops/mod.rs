@@ -197,17 +197,29 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
             }
         }
     }
-    if op.cast_policy() != CastPolicy::Promote {
+    // pow promotes too (its autocast policy is f32, which outside autocast leaves the
+    // operands as they are).
+    if op.cast_policy() != CastPolicy::Promote && op != Op::Pow {
         return Ok(out);
     }
     // Ops with index or mask inputs promote only their floating inputs; the others promote
     // every input (an i64 added to an f16 becomes f16, as in PyTorch).
     let values = |d: &DType| d.is_float() || !op.has_index_inputs();
-    let target = out
-        .iter()
-        .map(|t| t.dtype())
-        .filter(values)
-        .reduce(DType::promote);
+    let promote = |rank0: bool| {
+        out.iter()
+            .filter(|t| (t.rank() == 0) == rank0)
+            .map(|t| t.dtype())
+            .filter(values)
+            .reduce(DType::promote)
+    };
+    // PyTorch's rule for 0-d tensors: they take part only when they are of a higher category
+    // (float over integer) than every tensor with dims, so an f16 tensor times an f32 0-d
+    // tensor stays f16, and an i64 tensor plus an f64 0-d tensor becomes f64.
+    let target = match (promote(false), promote(true)) {
+        (Some(d), Some(z)) if !d.is_float() && z.is_float() => Some(d.promote(z)),
+        (Some(d), _) => Some(d),
+        (None, z) => z,
+    };
     if let Some(target) = target {
         for t in out.iter_mut() {
             if values(&t.dtype()) && t.dtype() != target {

@@ -421,6 +421,41 @@ for steps, b, i, h in [(1, 2, 3, 2), (4, 3, 2, 5), (3, 1, 4, 3)]:
          torch_lstm_layer)
 
 
+# ---- type promotion: dtype pairs, with 0-d operands -------------------------------------
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
+      "i64": torch.int64, "u8": torch.uint8}
+DT_NAME = {v: k for k, v in DT.items()}
+PROMOTE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+           "maximum": torch.maximum, "pow": torch.pow}
+
+
+def promote_case(fn_name, da, db, ra, rb):
+    # Small positive integers: exact in every dtype, and sub is kept off u8 (PyTorch's u8
+    # arithmetic wraps around; the engine's saturates).
+    a = torch.randint(1, 4, [3] * ra).float()
+    b = torch.randint(1, 4, [3] * rb).float()
+    fn = PROMOTE[fn_name]
+    try:
+        out = {"out_dtype": DT_NAME[fn(a.to(DT[da]), b.to(DT[db])).dtype]}
+    except RuntimeError:
+        out = {}
+    case("promote", [("a", a, False), ("b", b, False)],
+         lambda t: [fn(t["a"].to(DT[da]), t["b"].to(DT[db])).double()],
+         func=fn_name, dtypes=[da, db], **out)
+
+
+for da in DT:
+    for db in DT:
+        for ra, rb in [(1, 1), (1, 0), (0, 1)]:
+            promote_case("add", da, db, ra, rb)
+for fn_name in ["sub", "mul", "div", "maximum", "pow"]:
+    for da, db in [("i64", "i64"), ("f16", "f32"), ("i64", "f16"), ("u8", "i64"),
+                   ("bf16", "f16"), ("f32", "f64"), ("f32", "i64")]:
+        if fn_name == "sub" and "u8" in (da, db):
+            continue
+        for ra, rb in [(1, 1), (1, 0), (0, 0)]:
+            promote_case(fn_name, da, db, ra, rb)
+
 # ---- medium sizes: past the CPU kernels' SIMD widths and blocking, with ragged tails ------
 for name in ["exp", "tanh", "sigmoid", "gelu", "silu", "sqrt"]:
     fn, make = UNARY[name]
