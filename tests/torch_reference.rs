@@ -8,13 +8,17 @@
 //! All mismatches are listed before the test fails. `MANTISSA_TORCH_CASE=n` runs one case.
 
 use mantissa::amp::{GradScaler, GradScalerConfig};
+use mantissa::nn::{
+    Activation, BatchNorm2d, Conv2d, Embedding, Flatten, LayerNorm, Linear, Lstm, MaxPool2d,
+    Module, Sequential,
+};
 use mantissa::optim::{
     clip_grad_norm, Adadelta, Adam, AdamConfig, CosineAnnealing, LrSchedule, OneCycle, Optimizer,
     Sgd, SgdConfig, StepLr,
 };
 use mantissa::{
     AvgPool2dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, DType, Device,
-    MaxPool2dOptions, Reduction, Result, Tensor,
+    Generator, MaxPool2dOptions, Reduction, Result, Tensor,
 };
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -334,6 +338,7 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
             Ok(vec![norm, ps[0].grad().unwrap(), ps[1].grad().unwrap()])
         }
         "grad_scaler" => scaled_steps(c),
+        "module" => run_module(c),
         "promote" => {
             let d = c.list("dtypes");
             let a = a().to_dtype(dtype_named(d[0]))?;
@@ -349,6 +354,94 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
         }
         op => panic!("the test does not know op {op}"),
     }
+}
+
+/// Replaces every parameter and buffer of `m` by the case's input `p.<name>`; an Err when
+/// the names differ from PyTorch's. Returns the buffers by name.
+fn load_module(c: &Case, m: &mut dyn Module) -> Result<HashMap<String, Tensor>> {
+    let mut unknown = vec![];
+    m.visit_mut("", &mut |name, t, _| {
+        match c.opt(&format!("p.{name}")) {
+            Some(v) => *t = v.clone(),
+            None => unknown.push(name),
+        }
+        Ok(())
+    })?;
+    let ours: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+    let buffers: HashMap<String, Tensor> = m.named_buffers().into_iter().collect();
+    let theirs = c
+        .list("in")
+        .into_iter()
+        .filter(|n| n.starts_with("p."))
+        .count();
+    if !unknown.is_empty() || ours.len() + buffers.len() != theirs {
+        return Err(mantissa::Error::Checkpoint {
+            path: "the case".into(),
+            problems: vec![format!(
+                "module names: parameters {ours:?}, buffers {:?}, PyTorch's {:?}",
+                buffers.keys(),
+                c.list("in")
+            )],
+        });
+    }
+    Ok(buffers)
+}
+
+/// The case's module (PyTorch's configuration, any initial values) with the case's
+/// parameters and buffers, run in the case's modes: the outputs of each call, then the
+/// buffers (in PyTorch's order).
+fn run_module(c: &Case) -> Result<Vec<Tensor>> {
+    let mut g = Generator::new(0);
+    let u = |k: &str| c.int(k) as usize;
+    if c.get("kind") == "lstm" {
+        let bf = c.flag("batch_first");
+        let mut lstm = Lstm::new(u("fan_in"), u("hidden"), u("layers"), bf, &mut g)?;
+        load_module(c, &mut lstm)?;
+        // nn.LSTM's (output, (h, c)).
+        let (y, (h, cell)) = lstm.forward_with_state(c.t("x0"), None)?;
+        return Ok(vec![y, h, cell]);
+    }
+    let mut m: Box<dyn Module> = match c.get("kind") {
+        "linear" => Box::new(Linear::new(u("fan_in"), u("fan_out"), true, &mut g)?),
+        "conv2d" => {
+            let o = Conv2dOptions {
+                stride: [u("stride"); 2],
+                padding: [u("padding"); 2],
+                dilation: [1, 1],
+                groups: u("groups"),
+            };
+            let k = u("kernel");
+            Box::new(Conv2d::new(u("fan_in"), u("fan_out"), k, o, true, &mut g)?)
+        }
+        "embedding" => Box::new(Embedding::new(u("num"), u("dim"), &mut g)?),
+        "layer_norm" => Box::new(LayerNorm::new(&c.usizes("shape"))?),
+        "batch_norm2d" => Box::new(BatchNorm2d::new(u("channels"))?),
+        _ => Box::new(
+            Sequential::new()
+                .push(Conv2d::new(1, 4, 3, Default::default(), true, &mut g)?)
+                .push(BatchNorm2d::new(4)?)
+                .push(Activation::Relu)
+                .push(MaxPool2d(MaxPool2dOptions::new(2)))
+                .push(Flatten)
+                .push(Linear::new(64, 3, true, &mut g)?),
+        ),
+    };
+    let buffers = load_module(c, m.as_mut())?;
+    let mut outs = vec![];
+    for (i, mode) in c.list("calls").into_iter().enumerate() {
+        match mode {
+            "train" => m.train(),
+            _ => m.eval(),
+        }
+        outs.push(m.forward(c.t(&format!("x{i}")))?);
+    }
+    let grads = c.list("grad");
+    for name in c.list("in") {
+        if let Some(buffer) = name.strip_prefix("p.").filter(|_| !grads.contains(&name)) {
+            outs.push(buffers[buffer].clone());
+        }
+    }
+    Ok(outs)
 }
 
 /// The dtype of a short name (`f32`, `bf16`, `i64`, ...).

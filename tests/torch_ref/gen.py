@@ -630,6 +630,53 @@ for bad_steps in [[2], [0, 1, 5, 6, 7]]:
     case("grad_scaler", [("w", randn(3, 4), False)] + xs, torch_scaler, steps=SCALER_STEPS,
          init_scale=1024.0, growth_interval=3)
 
+# ---- nn modules: PyTorch's parameter and buffer names, and their forward and backward -----
+# The module's state_dict entries are inputs `p.<name>` (the parameters require grad); the
+# engine's module of the same configuration gets them by name, so a name that differs fails.
+
+
+def module_case(kind, make, xs, calls=("train",), **cfg):
+    torch.manual_seed(rng.randrange(1 << 30))
+    m = make().double()
+    state = {k: v.detach().float().clone() for k, v in m.state_dict().items()}
+    params = {k for k, _ in m.named_parameters()}
+    ins = [(f"p.{k}", v, k in params) for k, v in state.items()]
+    ins += [(f"x{i}", x, x.is_floating_point()) for i, x in enumerate(xs)]
+
+    def fn(t):
+        mod = make().double()
+        tensors = {k: t[f"p.{k}"] for k in state}
+        outs = []
+        for i, mode in enumerate(calls):
+            mod.train(mode == "train")
+            y = torch.func.functional_call(mod, tensors, (t[f"x{i}"],))
+            # nn.LSTM returns (output, (h, c)).
+            outs += [y[0], *y[1]] if isinstance(y, tuple) else [y]
+        # Buffers after the calls (running statistics, batches tracked).
+        outs += [tensors[k].detach() for k, _ in m.named_buffers()]
+        return outs
+    case("module", ins, fn, kind=kind, calls=list(calls), **cfg)
+
+
+module_case("linear", lambda: torch.nn.Linear(5, 3), [randn(4, 5)], fan_in=5, fan_out=3)
+module_case("conv2d", lambda: torch.nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2),
+            [randn(2, 4, 7, 6)], fan_in=4, fan_out=6, kernel=3, stride=2, padding=1, groups=2)
+module_case("embedding", lambda: torch.nn.Embedding(7, 3), [index(7, 2, 5)], num=7, dim=3)
+module_case("layer_norm", lambda: torch.nn.LayerNorm([3, 4]), [randn(2, 3, 4) * 2 + 1],
+            shape=[3, 4])
+module_case("batch_norm2d", lambda: torch.nn.BatchNorm2d(3),
+            [randn(4, 3, 2, 2) * 2 + 1, randn(4, 3, 2, 2) - 1, randn(2, 3, 2, 2)],
+            calls=("train", "train", "eval"), channels=3)
+for layers, batch_first in [(1, False), (2, True)]:
+    xs = [randn(3, 4, 5) if batch_first else randn(4, 3, 5)]
+    module_case("lstm", lambda l=layers, b=batch_first: torch.nn.LSTM(5, 6, l, batch_first=b),
+                xs, fan_in=5, hidden=6, layers=layers, batch_first=batch_first)
+module_case("sequential",
+            lambda: torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
+                                        torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                        torch.nn.Flatten(), torch.nn.Linear(64, 3)),
+            [randn(2, 1, 10, 10), randn(3, 1, 10, 10)], calls=("train", "eval"))
+
 # ---- run and write -----------------------------------------------------------------------
 
 
