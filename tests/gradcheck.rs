@@ -168,7 +168,7 @@ proptest! {
             xs[0].unsqueeze(0)?.expand(&big)?.mul(&xs[0])
         });
         gradcheck(std::slice::from_ref(&x), |xs| xs[0].unsqueeze(1)?.squeeze(1)?.flatten(0, -1));
-        gradcheck(std::slice::from_ref(&x), |xs| xs[0].t()?.copy()?.sqr());
+        gradcheck(std::slice::from_ref(&x), |xs| xs[0].mt()?.copy()?.sqr());
         gradcheck(std::slice::from_ref(&x), |xs| {
             let parts = xs[0].split(2, 0)?;
             let refs: Vec<&Tensor> = parts.iter().rev().collect();

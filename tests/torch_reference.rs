@@ -338,6 +338,21 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
             Ok(vec![norm, ps[0].grad().unwrap(), ps[1].grad().unwrap()])
         }
         "grad_scaler" => scaled_steps(c),
+        "squeeze" => one(x().squeeze(c.int("dim") as isize)),
+        "squeeze_all" => one(x().squeeze_all()),
+        "unsqueeze" => one(x().unsqueeze(c.int("dim") as isize)),
+        "flatten" => one(x().flatten(c.int("start") as isize, c.int("end") as isize)),
+        "reshape_infer" => one(x().reshape_infer(&c.isizes("shape"))),
+        "split" => x().split(c.int("size") as usize, c.int("dim") as isize),
+        "transpose" => one(x().transpose(c.int("d0") as isize, c.int("d1") as isize)),
+        "permute" => one(x().permute(&c.usizes("perm"))),
+        "narrow" => one(x().narrow(
+            c.int("dim") as isize,
+            c.int("start") as usize,
+            c.int("len") as usize,
+        )),
+        "expand" => one(x().expand(&c.usizes("shape"))),
+        "t" => one(x().t()),
         "module" => run_module(c),
         "promote" => {
             let d = c.list("dtypes");

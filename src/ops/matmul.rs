@@ -31,8 +31,8 @@ impl Tensor {
                         && needs[0]
                         && needs[1]
                         && g.numel() * a.shape()[a.rank() - 1] >= SIDE_BY_SIDE_WORK,
-                    || needs[0].then(|| g.bmm(&b.t()?)).transpose(),
-                    || needs[1].then(|| a.t()?.bmm(g)).transpose(),
+                    || needs[0].then(|| g.bmm(&b.mt()?)).transpose(),
+                    || needs[1].then(|| a.mt()?.bmm(g)).transpose(),
                 );
                 Ok(vec![ga?, gb?])
             },

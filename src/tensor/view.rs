@@ -121,11 +121,43 @@ impl Tensor {
         self.permute(&perm)
     }
 
-    /// Transpose of the last two dims.
+    /// The transpose of a matrix, as PyTorch's `t()`: a 2-D tensor's two dims swapped, a 0-D
+    /// or 1-D tensor as it is, and an Err for more dims (use [`Tensor::mt`] there).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let a = Tensor::zeros(&[2, 3], DType::F32, Device::Cpu)?;
+    /// assert_eq!(a.t()?.shape(), &[3, 2]);
+    /// assert_eq!(Tensor::zeros(&[3], DType::F32, Device::Cpu)?.t()?.shape(), &[3]);
+    /// assert!(Tensor::zeros(&[2, 3, 4], DType::F32, Device::Cpu)?.t().is_err());
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn t(&self) -> Result<Tensor> {
+        match self.rank() {
+            0 | 1 => Ok(self.clone()),
+            2 => self.transpose(0, 1),
+            _ => Err(Error::invalid(
+                "t",
+                format!(
+                    "expects at most 2 dims, shape is {:?} (mt() transposes the last two)",
+                    self.shape()
+                ),
+            )),
+        }
+    }
+
+    /// The last two dims swapped, for a batch of matrices (PyTorch's `.mT`); rank >= 2.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, DType, Device};
+    /// let a = Tensor::zeros(&[5, 2, 3], DType::F32, Device::Cpu)?;
+    /// assert_eq!(a.mt()?.shape(), &[5, 3, 2]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn mt(&self) -> Result<Tensor> {
         if self.rank() < 2 {
             return Err(Error::invalid(
-                "t",
+                "mt",
                 format!("needs rank >= 2, shape is {:?}", self.shape()),
             ));
         }

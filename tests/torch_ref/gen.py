@@ -630,6 +630,34 @@ for bad_steps in [[2], [0, 1, 5, 6, 7]]:
     case("grad_scaler", [("w", randn(3, 4), False)] + xs, torch_scaler, steps=SCALER_STEPS,
          init_scale=1024.0, growth_interval=3)
 
+# ---- views (each with its gradient) --------------------------------------------------------
+VIEWS = [
+    ("squeeze", [3, 1, 4], dict(dim=1), lambda x: x.squeeze(1)),
+    ("squeeze", [3, 1, 4], dict(dim=-1), lambda x: x.squeeze(-1)),
+    ("squeeze", [3, 1, 4], dict(dim=0), lambda x: x.squeeze(0)),
+    ("squeeze_all", [1, 3, 1, 1, 2], {}, lambda x: x.squeeze()),
+    ("unsqueeze", [3, 4], dict(dim=-1), lambda x: x.unsqueeze(-1)),
+    ("unsqueeze", [3, 4], dict(dim=-3), lambda x: x.unsqueeze(-3)),
+    ("unsqueeze", [3, 4], dict(dim=2), lambda x: x.unsqueeze(2)),
+    ("flatten", [2, 3, 4, 5], dict(start=1, end=-2), lambda x: x.flatten(1, -2)),
+    ("flatten", [2, 3, 4], dict(start=0, end=-1), lambda x: x.flatten()),
+    ("flatten", [], dict(start=0, end=-1), lambda x: x.flatten()),
+    ("reshape_infer", [2, 3, 4], dict(shape=[-1, 6]), lambda x: x.reshape(-1, 6)),
+    ("reshape_infer", [2, 3, 4], dict(shape=[4, -1, 2]), lambda x: x.reshape(4, -1, 2)),
+    ("split", [7, 3], dict(size=3, dim=0), lambda x: list(x.split(3, 0))),
+    ("split", [2, 5], dict(size=2, dim=-1), lambda x: list(x.split(2, -1))),
+    ("transpose", [2, 3, 4], dict(d0=-1, d1=0), lambda x: x.transpose(-1, 0)),
+    ("permute", [2, 3, 4], dict(perm=[2, 0, 1]), lambda x: x.permute(2, 0, 1)),
+    ("narrow", [5, 4], dict(dim=-1, start=1, len=2), lambda x: x.narrow(-1, 1, 2)),
+    ("expand", [3, 1], dict(shape=[2, 3, 4]), lambda x: x.expand(2, 3, 4)),
+    ("t", [3, 4], {}, lambda x: x.t()),
+    ("t", [5], {}, lambda x: x.t()),
+    ("t", [2, 3, 4], {}, lambda x: x.t()),
+]
+for name, shp, params, fn in VIEWS:
+    case(name, [("x", randn(*shp), True)],
+         lambda t, fn=fn: (lambda y: y if isinstance(y, list) else [y])(fn(t["x"])), **params)
+
 # ---- nn modules: PyTorch's parameter and buffer names, and their forward and backward -----
 # The module's state_dict entries are inputs `p.<name>` (the parameters require grad); the
 # engine's module of the same configuration gets them by name, so a name that differs fails.
