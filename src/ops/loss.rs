@@ -225,10 +225,26 @@ impl Tensor {
                 rhs: y.shape().to_vec(),
             });
         }
-        let per = x
-            .relu()?
-            .sub(&x.mul(&y)?)?
-            .add(&x.abs()?.neg()?.exp()?.log1p()?)?;
+        let per = crate::no_grad(|| {
+            x.relu()?
+                .sub(&x.mul(&y)?)?
+                .add(&x.abs()?.neg()?.exp()?.log1p()?)
+        })?;
+        // The gradients as PyTorch writes them: d/dx = sigmoid(x) - y, d/dy = -x. (The
+        // stable form's own pieces, relu and abs, would give -y at x = 0 instead of 0.5 - y.)
+        let (xs, ys) = (x.detach(), y.detach());
+        let per = per.attach_saving(
+            "binary_cross_entropy_with_logits",
+            &[&x, &y],
+            &[&x, &y],
+            move |g, needs| {
+                let dx = needs[0]
+                    .then(|| g.mul(&xs.sigmoid()?.sub(&ys)?))
+                    .transpose()?;
+                let dy = needs[1].then(|| g.mul(&xs)?.neg()).transpose()?;
+                Ok(vec![dx, dy])
+            },
+        );
         let shape = x.shape().to_vec();
         reduce(Op::BceWithLogits, per, None, reduction, &shape)
     }

@@ -141,14 +141,47 @@ impl Tensor {
         self.extreme(dim, keepdim, false)
     }
 
-    /// Maximum of every element (gradient to the first maximum).
+    /// Maximum of every element, a 0-d tensor. As in PyTorch, the gradient is shared evenly
+    /// by every element equal to the maximum (by the NaNs when it is NaN).
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// let x = Tensor::from_vec(vec![3.0f32, 1.0, 3.0], &[3], Device::Cpu)?.requires_grad(true)?;
+    /// x.max_all()?.backward()?;
+    /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![0.5, 0.0, 0.5]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn max_all(&self) -> Result<Tensor> {
-        Ok(self.flatten(0, -1)?.max(0, false)?.0)
+        self.extreme_all(true)
     }
 
-    /// Minimum of every element (gradient to the first minimum).
+    /// Minimum of every element, a 0-d tensor; ties share the gradient, as in [`Tensor::max_all`].
     pub fn min_all(&self) -> Result<Tensor> {
-        Ok(self.flatten(0, -1)?.min(0, false)?.0)
+        self.extreme_all(false)
+    }
+
+    fn extreme_all(&self, max: bool) -> Result<Tensor> {
+        let name = if max { "max" } else { "min" };
+        let flat = self.flatten(0, -1)?;
+        let v = crate::no_grad(|| match max {
+            true => flat.max(0, false),
+            false => flat.min(0, false),
+        })?
+        .0;
+        if !self.is_requires_grad() || !crate::is_grad_enabled() {
+            return Ok(v);
+        }
+        let (xs, vs) = (self.detach(), v.detach());
+        Ok(v.attach_saving(name, &[self], &[self], move |g, _| {
+            // The elements equal to the result; when it is NaN, the NaNs.
+            let dt = xs.dtype();
+            let equal = xs.eq(&vs)?.to_dtype(dt)?;
+            let nans = xs.ne(&xs)?.to_dtype(dt)?;
+            let v_nan = vs.ne(&vs)?.to_dtype(dt)?;
+            let mask = equal.add(&nans.sub(&equal)?.mul(&v_nan)?)?;
+            let share = g.to_dtype(dt)?.div(&mask.sum_all()?)?;
+            Ok(vec![Some(mask.mul(&share)?)])
+        }))
     }
 
     /// Index (I64) of the first maximum along `dim`.

@@ -630,6 +630,69 @@ for bad_steps in [[2], [0, 1, 5, 6, 7]]:
     case("grad_scaler", [("w", randn(3, 4), False)] + xs, torch_scaler, steps=SCALER_STEPS,
          init_scale=1024.0, growth_interval=3)
 
+# ---- special values: NaN, infinities, ties ------------------------------------------------
+nan, inf = math.nan, math.inf
+special = torch.tensor([[1.0, nan, 3.0, -2.0], [0.5, 2.0, 2.0, -1.0], [-inf, 4.0, inf, 0.0]])
+for dim in [0, 1]:
+    case("max", [("x", special.clone(), True)],
+         lambda t, d=dim: list(torch.max(t["x"], d)), dim=dim, keepdim=False)
+    case("min", [("x", special.clone(), True)],
+         lambda t, d=dim: list(torch.min(t["x"], d)), dim=dim, keepdim=False)
+    case("argmax", [("x", special.clone(), False)],
+         lambda t, d=dim: [torch.argmax(t["x"], d)], dim=dim, keepdim=False)
+    case("argmin", [("x", special.clone(), False)],
+         lambda t, d=dim: [torch.argmin(t["x"], d)], dim=dim, keepdim=False)
+# Ties: the first index, as PyTorch documents for argmax.
+ties = torch.tensor([[2.0, 5.0, 5.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
+case("argmax", [("x", ties, False)], lambda t: [torch.argmax(t["x"], 1)], dim=1, keepdim=False)
+case("argmin", [("x", ties, False)], lambda t: [torch.argmin(t["x"], 1)], dim=1, keepdim=False)
+case("max_all", [("x", special.clone(), True)], lambda t: [t["x"].max()])
+case("sum", [("x", special.clone(), True)], lambda t: [t["x"].sum([1])], dims=[1], keepdim=False)
+case("relu", [("x", special.clone(), True)], lambda t: [torch.relu(t["x"])])
+case("clamp", [("x", special.clone(), True)], lambda t: [torch.clamp(t["x"], -1.0, 1.5)],
+     lo=-1.0, hi=1.5)
+case("sigmoid", [("x", special[2:].clone(), True)], lambda t: [torch.sigmoid(t["x"])])
+case("tanh", [("x", special[2:].clone(), True)], lambda t: [torch.tanh(t["x"])])
+case("exp", [("x", special[2:].clone(), True)], lambda t: [torch.exp(t["x"])])
+# Masked attention rows: some entries -inf, and one row entirely -inf (NaN in PyTorch).
+masked = torch.tensor([[0.5, -inf, 1.0, -inf], [-inf, -inf, -inf, -inf], [1.0, 2.0, 3.0, 4.0]])
+case("softmax", [("x", masked.clone(), True)], lambda t: [torch.softmax(t["x"], 1)], dim=1)
+case("log_softmax", [("x", masked.clone(), True)], lambda t: [torch.log_softmax(t["x"], 1)],
+     dim=1)
+case("cross_entropy", [("x", masked[[0, 2]].clone(), True), ("target", torch.tensor([0, 3]), False)],
+     lambda t: [F.cross_entropy(t["x"], t["target"])], reduction="mean", ignore_index=-100,
+     label_smoothing=0.0)
+case("max_pool2d", [("x", special.reshape(1, 1, 3, 4).clone(), True)],
+     lambda t: [F.max_pool2d(t["x"], 2, 1)],
+     kernel=[2, 2], stride=[1, 1], padding=[0, 0], dilation=[1, 1], ceil_mode=False)
+case("bce_with_logits", [("x", torch.tensor([-inf, 200.0, -200.0, 0.0]), True),
+                         ("target", torch.tensor([0.0, 1.0, 0.0, 0.5]), True)],
+     lambda t: [F.binary_cross_entropy_with_logits(t["x"], t["target"], reduction="none")],
+     reduction="none")
+
+# Kinks: inputs exactly at the points where a derivative is a convention.
+kinks = torch.tensor([[-1.0, 0.0, 0.5, 1.0], [2.0, 0.0, 1.0, -0.0]])
+for name, fn in [("relu", torch.relu), ("abs", torch.abs),
+                 ("leaky_relu", lambda x: F.leaky_relu(x, 0.1))]:
+    case(name, [("x", kinks.clone(), True)], lambda t, fn=fn: [fn(t["x"])], slope=0.1)
+case("clamp", [("x", kinks.clone(), True)], lambda t: [torch.clamp(t["x"], 0.0, 1.0)],
+     lo=0.0, hi=1.0)
+for name, fn in [("maximum", torch.maximum), ("minimum", torch.minimum)]:
+    case(name, [("a", kinks.clone(), True), ("b", torch.tensor([0.0, 0.0, 1.0, 1.0]), True)],
+         lambda t, fn=fn: [fn(t["a"], t["b"])])
+ties = torch.tensor([[3.0, 1.0, 3.0], [2.0, 2.0, 2.0]])
+case("max", [("x", ties.clone(), True)], lambda t: list(torch.max(t["x"], 1)), dim=1,
+     keepdim=False)
+case("max_all", [("x", ties.clone(), True)], lambda t: [t["x"].max()])
+case("min_all", [("x", ties.clone(), True)], lambda t: [t["x"].min()])
+case("max_pool2d", [("x", torch.tensor([[[[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]]]), True)],
+     lambda t: [F.max_pool2d(t["x"], 2, 1)],
+     kernel=[2, 2], stride=[1, 1], padding=[0, 0], dilation=[1, 1], ceil_mode=False)
+case("sqrt", [("x", torch.tensor([0.0, 1.0, 4.0]), True)], lambda t: [torch.sqrt(t["x"])])
+case("bce_with_logits", [("x", torch.zeros(3), True), ("target", torch.tensor([0.0, 0.3, 1.0]),
+                                                       True)],
+     lambda t: [F.binary_cross_entropy_with_logits(t["x"], t["target"])], reduction="mean")
+
 # ---- views (each with its gradient) --------------------------------------------------------
 VIEWS = [
     ("squeeze", [3, 1, 4], dict(dim=1), lambda x: x.squeeze(1)),
