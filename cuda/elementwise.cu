@@ -63,7 +63,7 @@ __device__ __forceinline__ float unary_df(int op, float a, float x) {
     case 16: { float s = sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
     case 17: return a;
     case 18: return a == 0.0f ? 0.0f : a * powf(x, a - 1.0f);
-    case 19: return powf(a, x) * logf(a);
+    case 19: return a == 0.0f && x >= 0.0f ? 0.0f : powf(a, x) * logf(a); // PyTorch's 0^x
     case 20: return x > a ? 1.0f : 0.0f;
     default: return x < a ? 1.0f : 0.0f;
     }

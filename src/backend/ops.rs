@@ -192,6 +192,8 @@ impl UnaryOp {
                     c::<A>(p) * x.powf(c(p - 1.0))
                 }
             }
+            // d/dx s^x = s^x ln s; for s = 0 and x >= 0 PyTorch takes 0 (not 0 * -inf).
+            UnaryOp::ScalarPow(s) if s == 0.0 && x >= zero => zero,
             UnaryOp::ScalarPow(s) => c::<A>(s).powf(x) * c::<A>(s).ln(),
             UnaryOp::MaxScalar(s) => {
                 if x > c(s) {

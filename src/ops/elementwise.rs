@@ -396,9 +396,20 @@ fn binary_grads(
             want(0, &|| g.div(b))?,
             want(1, &|| g.mul(a)?.div(&b.sqr()?)?.neg())?,
         ),
+        // PyTorch's conventions: no gradient to the base where the exponent is 0, none to
+        // the exponent where the base is 0 and the exponent >= 0 (not 0 * inf = NaN).
         BinaryOp::Pow => (
-            want(0, &|| g.mul(b)?.mul(&a.pow(&b.sub(1.0)?)?))?,
-            want(1, &|| g.mul(&a.pow(b)?)?.mul(&a.log()?))?,
+            want(0, &|| {
+                g.mul(b)?
+                    .mul(&a.pow(&b.sub(1.0)?)?)?
+                    .masked_fill(&b.eq(0.0)?, 0.0)
+            })?,
+            want(1, &|| {
+                let zero_base = a.eq(0.0)?.to_dtype(dt)?.mul(&b.ge(0.0)?.to_dtype(dt)?)?;
+                g.mul(&a.pow(b)?)?
+                    .mul(&a.log()?)?
+                    .masked_fill(&zero_base.gt(0.5)?, 0.0)
+            })?,
         ),
         BinaryOp::Max | BinaryOp::Min => {
             let win = if op == BinaryOp::Max {

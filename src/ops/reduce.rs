@@ -101,7 +101,18 @@ impl Tensor {
 
     /// Standard deviation (see [`Tensor::var`]).
     pub fn std(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.var(dims, correction, keepdim)?.sqrt()
+        let v = self.var(dims, correction, keepdim)?;
+        let s = crate::no_grad(|| v.sqrt())?;
+        if !v.is_requires_grad() || !crate::is_grad_enabled() {
+            return Ok(s);
+        }
+        // d std = d var / (2 std), and 0 where std is 0 (PyTorch's convention; the plain
+        // square root's derivative would make it 0 * inf = NaN for a constant slice).
+        let out = s.detach();
+        Ok(s.attach_saving("std", &[&v], &[], move |g, _| {
+            let dv = g.div(&out.mul(2.0)?)?.masked_fill(&out.eq(0.0)?, 0.0)?;
+            Ok(vec![Some(dv)])
+        }))
     }
 
     fn extreme(&self, dim: isize, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {

@@ -693,6 +693,24 @@ case("bce_with_logits", [("x", torch.zeros(3), True), ("target", torch.tensor([0
                                                        True)],
      lambda t: [F.binary_cross_entropy_with_logits(t["x"], t["target"])], reduction="mean")
 
+# Zeros where a function or its derivative is singular or a convention.
+zeros_in = torch.tensor([0.0, 0.0, 1.5, 2.0])
+for p in [0.0, 1.0, 2.0, 0.5, 3.0]:
+    case("pow_scalar", [("x", zeros_in.clone(), True)], lambda t, p=p: [torch.pow(t["x"], p)], p=p)
+case("pow", [("a", zeros_in.clone(), True), ("b", torch.tensor([0.0, 2.0, 0.0, -1.0]), True)],
+     lambda t: [torch.pow(t["a"], t["b"])])
+case("scalar_pow", [("x", torch.tensor([0.0, -1.0, 2.0]), True)],
+     lambda t: [torch.pow(0.0, t["x"])], p=0.0)
+case("div", [("a", torch.tensor([1.0, -1.0, 0.0, 2.0]), True),
+             ("b", torch.tensor([0.0, 0.0, 0.0, 4.0]), True)],
+     lambda t: [t["a"] / t["b"]])
+case("log", [("x", torch.tensor([0.0, 1.0, 2.0]), True)], lambda t: [torch.log(t["x"])])
+case("rsqrt", [("x", torch.tensor([0.0, 1.0, 4.0]), True)], lambda t: [torch.rsqrt(t["x"])])
+case("std", [("x", torch.tensor([[2.0, 2.0, 2.0], [1.0, 2.0, 3.0]]), True)],
+     lambda t: [torch.std(t["x"], [1], correction=1)], dims=[1], correction=1, keepdim=False)
+case("layer_norm", [("x", torch.tensor([[2.0, 2.0, 2.0], [1.0, 2.0, 3.0]]), True)],
+     lambda t: [F.layer_norm(t["x"], [3], None, None, 1e-5)], normalized_shape=[3], eps=1e-5)
+
 # ---- views (each with its gradient) --------------------------------------------------------
 VIEWS = [
     ("squeeze", [3, 1, 4], dict(dim=1), lambda x: x.squeeze(1)),

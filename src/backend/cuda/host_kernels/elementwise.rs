@@ -316,3 +316,84 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
         assert_eq!(out, want, "{op:?}");
     }
 }
+
+#[test]
+fn unary_grad_kernel_matches_the_cpu_including_its_conventions() {
+    use crate::backend::cuda::storage::Strided;
+    use crate::backend::ops::UnaryOp;
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    type UnaryGrad = unsafe extern "C" fn(
+        i32,
+        f32,
+        *const f32,
+        Strided,
+        *const f32,
+        Strided,
+        *mut f32,
+        i64,
+    ) -> ();
+    let f: UnaryGrad = function(lib, "unary_grad_float");
+    // Random values, and the points where a derivative is a convention (0, +-1, 0.25).
+    let mut xs = randn(&[64], 41).to_vec::<f32>().unwrap();
+    xs.extend([0.0, -0.0, 1.0, -1.0, 0.25, 2.0]);
+    let n = xs.len();
+    let gs = randn(&[n], 42).to_vec::<f32>().unwrap();
+    let x = Tensor::from_vec(xs.clone(), &[n], Device::Cpu).unwrap();
+    let g = Tensor::from_vec(gs.clone(), &[n], Device::Cpu).unwrap();
+    let l = Layout::contiguous(&[n]);
+    let ops = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::LeakyRelu(0.1),
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Affine {
+            mul: 1.5,
+            add: -0.25,
+        },
+        UnaryOp::PowScalar(2.0),
+        UnaryOp::PowScalar(0.0),
+        UnaryOp::ScalarPow(1.3),
+        UnaryOp::ScalarPow(0.0),
+        UnaryOp::MaxScalar(0.25),
+        UnaryOp::MinScalar(0.25),
+    ];
+    let mut out = vec![0f32; n];
+    let s = Strided::new("t", &l).unwrap();
+    for op in ops {
+        let (code, a, _) = crate::backend::cuda::ops::unary_code(op);
+        // SAFETY: every buffer holds n elements.
+        unsafe {
+            f(
+                code,
+                a,
+                xs.as_ptr(),
+                s,
+                gs.as_ptr(),
+                s,
+                out.as_mut_ptr(),
+                n as i64,
+            )
+        };
+        let want = x.storage().unary_grad(&l, &g.storage(), &l, op).unwrap();
+        let want = Tensor::from_storage(want, &[n]).to_vec::<f32>().unwrap();
+        // Non-finite values (0^x for x < 0) must agree exactly; the rest closely.
+        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+            let same = a == b || (a.is_nan() && b.is_nan());
+            assert!(
+                same || (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{op:?} at x = {}: kernel {a}, CPU {b}",
+                xs[i]
+            );
+        }
+    }
+}
