@@ -96,7 +96,11 @@ def main():
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=gamma)
     n = xtr.shape[0]
     steps = (n + a.batch_size - 1) // a.batch_size
-    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=a.epochs * steps) if a.one_cycle else None
+    # cycle_momentum=False: mantissa's OneCycle schedules the learning rate only (PyTorch's
+    # default would also cycle Adam's beta1 between 0.85 and 0.95).
+    cycle = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=a.epochs * steps,
+                                                 cycle_momentum=False)
+             if a.one_cycle else None)
     for epoch in range(a.epochs):
         model.train()
         perm = torch.randperm(n, device=dev)

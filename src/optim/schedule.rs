@@ -49,7 +49,9 @@ impl LrSchedule for CosineAnnealing {
 }
 
 /// `OneCycleLR` with cosine annealing: from `max_lr / div_factor` up to `max_lr` over the
-/// first `pct_start` of the steps, then down to `initial / final_div_factor`.
+/// first `pct_start` of the steps, then down to `initial / final_div_factor`. The learning
+/// rate only: PyTorch's `cycle_momentum=False` (its default also cycles momentum or Adam's
+/// beta1).
 #[derive(Debug, Clone, Copy)]
 pub struct OneCycle {
     pub max_lr: f64,
