@@ -2,7 +2,7 @@
 //! backend.
 
 use super::{close, function, library, randn};
-use crate::backend::ops::BinaryOp;
+use crate::backend::ops::{BinaryOp, UnaryOp};
 use crate::layout::Layout;
 use crate::{bf16, Device, Tensor};
 use libloading::Library;
@@ -18,6 +18,35 @@ const BINARY_OPS: [BinaryOp; 7] = [
     BinaryOp::Min,
 ];
 
+/// Every unary op (with sample parameters).
+const UNARY_OPS: [UnaryOp; 22] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Log1p,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Recip,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::LeakyRelu(0.1),
+    UnaryOp::GeluErf,
+    UnaryOp::GeluTanh,
+    UnaryOp::Silu,
+    UnaryOp::Affine {
+        mul: 1.5,
+        add: -0.25,
+    },
+    UnaryOp::PowScalar(1.7),
+    UnaryOp::ScalarPow(1.3),
+    UnaryOp::MaxScalar(1.0),
+    UnaryOp::MinScalar(1.0),
+];
+
 type Unary<T> = unsafe extern "C" fn(i32, f32, f32, *const T, *mut T, i64) -> ();
 type Binary<T> = unsafe extern "C" fn(i32, *const T, *const T, *mut T, i64) -> ();
 
@@ -31,7 +60,6 @@ fn start<T>(v: &[T], skew: usize) -> usize {
 /// op, through the vectorised path (aligned, with a tail) and the scalar one (misaligned),
 /// and compares them with the CPU backend within `tol` (norm-wise).
 fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) {
-    use crate::backend::ops::UnaryOp;
     use crate::backend::Storage;
     let n = 37;
     let mut g = crate::Generator::new(9);
@@ -50,33 +78,7 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
             "{what} ({t}): {got:?} vs {want:?}"
         );
     };
-    let unary = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Log1p,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Recip,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::LeakyRelu(0.1),
-        UnaryOp::GeluErf,
-        UnaryOp::GeluTanh,
-        UnaryOp::Silu,
-        UnaryOp::Affine {
-            mul: 1.5,
-            add: -0.25,
-        },
-        UnaryOp::PowScalar(1.7),
-        UnaryOp::ScalarPow(1.3),
-        UnaryOp::MaxScalar(1.0),
-        UnaryOp::MinScalar(1.0),
-    ];
+    let unary = UNARY_OPS;
     let (xs, ys) = (x.to_vec::<T>().unwrap(), y.to_vec::<T>().unwrap());
     // Room to place each buffer at an aligned start, or one element past it.
     let pad = |v: &[T]| [v, &[T::default(); 16][..]].concat();
@@ -137,7 +139,6 @@ fn elementwise_kernels_match_the_cpu_vectorised_and_not() {
 
 #[test]
 fn max_min_relu_and_clamp_kernels_keep_nan_as_the_cpu_does() {
-    use crate::backend::ops::UnaryOp;
     let Some(lib) = library("elementwise") else {
         return;
     };
@@ -320,7 +321,6 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
 #[test]
 fn unary_grad_kernel_matches_the_cpu_including_its_conventions() {
     use crate::backend::cuda::storage::Strided;
-    use crate::backend::ops::UnaryOp;
     let Some(lib) = library("elementwise") else {
         return;
     };
@@ -343,30 +343,9 @@ fn unary_grad_kernel_matches_the_cpu_including_its_conventions() {
     let x = Tensor::from_vec(xs.clone(), &[n], Device::Cpu).unwrap();
     let g = Tensor::from_vec(gs.clone(), &[n], Device::Cpu).unwrap();
     let l = Layout::contiguous(&[n]);
-    let ops = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Exp,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::LeakyRelu(0.1),
-        UnaryOp::GeluErf,
-        UnaryOp::GeluTanh,
-        UnaryOp::Silu,
-        UnaryOp::Affine {
-            mul: 1.5,
-            add: -0.25,
-        },
-        UnaryOp::PowScalar(2.0),
-        UnaryOp::PowScalar(0.0),
-        UnaryOp::ScalarPow(1.3),
-        UnaryOp::ScalarPow(0.0),
-        UnaryOp::MaxScalar(0.25),
-        UnaryOp::MinScalar(0.25),
-    ];
+    // Every op, and the exponents 0 whose derivatives are conventions.
+    let extra = [UnaryOp::PowScalar(0.0), UnaryOp::ScalarPow(0.0)];
+    let ops = UNARY_OPS.into_iter().chain(extra);
     let mut out = vec![0f32; n];
     let s = Strided::new("t", &l).unwrap();
     for op in ops {
