@@ -18,7 +18,7 @@ use mantissa::optim::{
 };
 use mantissa::{
     AvgPool2dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, DType, Device,
-    Generator, MaxPool2dOptions, Reduction, Result, Tensor,
+    Generator, MaxPool2dOptions, Operand, Reduction, Result, Tensor,
 };
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -338,6 +338,24 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
             Ok(vec![norm, ps[0].grad().unwrap(), ps[1].grad().unwrap()])
         }
         "grad_scaler" => scaled_steps(c),
+        "scalar_op" => {
+            let a = a().to_dtype(dtype_named(c.list("dtypes")[0]))?;
+            let v = c.float("scalar");
+            let s = match c.get("scalar_kind") {
+                "int" => Operand::Int(v as i64),
+                _ => Operand::Scalar(v),
+            };
+            one(match c.get("func") {
+                "add" => a.add(s),
+                "sub" => a.sub(s),
+                "mul" => a.mul(s),
+                "div" => a.div(s),
+                "pow" => a.pow(s),
+                "maximum" => a.maximum(s),
+                "eq" => a.eq(s),
+                _ => a.lt(s),
+            })
+        }
         "squeeze" => one(x().squeeze(c.int("dim") as isize)),
         "squeeze_all" => one(x().squeeze_all()),
         "unsqueeze" => one(x().unsqueeze(c.int("dim") as isize)),

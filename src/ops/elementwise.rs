@@ -6,19 +6,25 @@ use crate::layout::broadcast_shapes;
 use crate::memory_format::elementwise;
 use crate::{DType, Error, Result, Tensor};
 
-/// The right-hand side of a binary op: a tensor or a scalar.
+/// The right-hand side of a binary op: a tensor, a float scalar or an integer scalar. As in
+/// PyTorch, a scalar takes the tensor's dtype, except that a float scalar with an integer
+/// tensor gives f32; an integer scalar keeps an integer tensor integer.
 ///
 /// ```
-/// use mantissa::{Tensor, Device};
+/// use mantissa::{Tensor, DType, Device};
 /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu)?;
 /// assert_eq!(x.add(1.0)?.to_vec::<f32>()?, vec![2.0, 3.0]);
 /// assert_eq!(x.add(&x)?.to_vec::<f32>()?, vec![2.0, 4.0]);
+/// let i = Tensor::from_vec(vec![3i64, 4], &[2], Device::Cpu)?;
+/// assert_eq!(i.add(1)?.to_vec::<i64>()?, vec![4, 5]);
+/// assert_eq!(i.mul(0.5)?.dtype(), DType::F32);
 /// # Ok::<(), mantissa::Error>(())
 /// ```
 #[derive(Clone, Copy)]
 pub enum Operand<'a> {
     Tensor(&'a Tensor),
     Scalar(f64),
+    Int(i64),
 }
 
 impl<'a> From<&'a Tensor> for Operand<'a> {
@@ -35,6 +41,46 @@ impl From<f32> for Operand<'_> {
     fn from(v: f32) -> Self {
         Operand::Scalar(v as f64)
     }
+}
+impl From<i64> for Operand<'_> {
+    fn from(v: i64) -> Self {
+        Operand::Int(v)
+    }
+}
+impl From<i32> for Operand<'_> {
+    fn from(v: i32) -> Self {
+        Operand::Int(v as i64)
+    }
+}
+
+impl<'a> Operand<'a> {
+    /// The operand for an op on `x`: a 0-d tensor of `x`'s dtype for an integer scalar with
+    /// an integer tensor (integer arithmetic), a float scalar otherwise; and `x` itself, or
+    /// `x` in f32 when a float scalar meets an integer tensor (PyTorch's result type).
+    fn resolve(self, x: &Tensor) -> Result<(Tensor, Resolved<'a>)> {
+        let int = !x.dtype().is_float();
+        Ok(match self {
+            Operand::Tensor(t) => (x.clone(), Resolved::Tensor(TensorRef::Borrowed(t))),
+            Operand::Int(v) if int => {
+                let s = Tensor::scalar(v as f64, x.dtype(), x.device())?;
+                (x.clone(), Resolved::Tensor(TensorRef::Owned(s)))
+            }
+            Operand::Int(v) => (x.clone(), Resolved::Scalar(v as f64)),
+            Operand::Scalar(v) if int => (x.to_dtype(DType::F32)?, Resolved::Scalar(v)),
+            Operand::Scalar(v) => (x.clone(), Resolved::Scalar(v)),
+        })
+    }
+}
+
+enum TensorRef<'a> {
+    Borrowed(&'a Tensor),
+    Owned(Tensor),
+}
+
+/// An [`Operand`] made ready for a tensor: a tensor or a float scalar.
+enum Resolved<'a> {
+    Tensor(TensorRef<'a>),
+    Scalar(f64),
 }
 
 impl Tensor {
@@ -94,9 +140,11 @@ impl Tensor {
         kind: Op,
         scalar: impl Fn(f64) -> UnaryOp,
     ) -> Result<Tensor> {
+        let (x, rhs) = rhs.resolve(self)?;
         match rhs {
-            Operand::Tensor(t) => self.binary_op(t, op, kind),
-            Operand::Scalar(v) => self.unary_op(scalar(v), kind),
+            Resolved::Tensor(TensorRef::Borrowed(t)) => x.binary_op(t, op, kind),
+            Resolved::Tensor(TensorRef::Owned(t)) => x.binary_op(&t, op, kind),
+            Resolved::Scalar(v) => x.unary_op(scalar(v), kind),
         }
     }
 
@@ -135,7 +183,7 @@ impl Tensor {
         let rhs = rhs.into();
         let integer = match rhs {
             Operand::Tensor(t) => !t.dtype().is_float(),
-            Operand::Scalar(_) => true,
+            Operand::Scalar(_) | Operand::Int(_) => true,
         };
         if !self.dtype().is_float() && integer {
             return self.to_dtype(DType::F32)?.div(rhs);
@@ -147,9 +195,11 @@ impl Tensor {
     }
     /// `self ^ rhs` with broadcasting.
     pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        match rhs.into() {
-            Operand::Tensor(t) => self.binary_op(t, BinaryOp::Pow, Op::Pow),
-            Operand::Scalar(v) => self.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),
+        let (x, rhs) = rhs.into().resolve(self)?;
+        match rhs {
+            Resolved::Tensor(TensorRef::Borrowed(t)) => x.binary_op(t, BinaryOp::Pow, Op::Pow),
+            Resolved::Tensor(TensorRef::Owned(t)) => x.binary_op(&t, BinaryOp::Pow, Op::Pow),
+            Resolved::Scalar(v) => x.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),
         }
     }
     /// Elementwise maximum (ties split the gradient evenly; NaN in either operand gives NaN,
@@ -253,8 +303,17 @@ impl Tensor {
         let scalar;
         let rhs = match rhs.into() {
             Operand::Tensor(t) => t,
+            // An integer tensor against a fractional scalar compares as f32 (PyTorch compares
+            // in the promoted type: 2 == 2.5 is false).
+            Operand::Scalar(v) if !self.dtype().is_float() && v.fract() != 0.0 => {
+                return self.to_dtype(DType::F32)?.compare(v, op);
+            }
             Operand::Scalar(v) => {
                 scalar = Tensor::scalar(v, self.dtype(), self.device())?;
+                &scalar
+            }
+            Operand::Int(v) => {
+                scalar = Tensor::scalar(v as f64, self.dtype(), self.device())?;
                 &scalar
             }
         };

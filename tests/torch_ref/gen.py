@@ -456,6 +456,24 @@ for fn_name in ["sub", "mul", "div", "maximum", "pow"]:
         for ra, rb in [(1, 1), (1, 0), (0, 0)]:
             promote_case(fn_name, da, db, ra, rb)
 
+# Tensor and Python scalar: an int scalar keeps an integer tensor integer, a float scalar
+# makes it f32; either takes a float tensor's dtype.
+SCALAR_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+              "pow": torch.pow, "maximum": lambda a, b: torch.clamp(a, min=b),
+              "eq": torch.eq, "lt": torch.lt}
+for fn_name, fn in SCALAR_FNS.items():
+    for dt in ["f32", "f16", "i64"]:
+        for scalar in [2, 2.5, -3]:
+            if fn_name == "pow" and scalar == -3 and dt == "i64":
+                continue  # PyTorch refuses negative integer powers of integers
+            a = torch.randint(1, 5, (4,)).float()
+            out = fn(a.to(DT[dt]), scalar)
+            out_name = DT_NAME[torch.uint8 if out.dtype == torch.bool else out.dtype]
+            case("scalar_op", [("a", a, False)],
+                 lambda t, fn=fn, dt=dt, v=scalar: [fn(t["a"].to(DT[dt]), v).double()],
+                 func=fn_name, dtypes=[dt], scalar=scalar,
+                 scalar_kind="int" if isinstance(scalar, int) else "float", out_dtype=out_name)
+
 # ---- medium sizes: past the CPU kernels' SIMD widths and blocking, with ragged tails ------
 for name in ["exp", "tanh", "sigmoid", "gelu", "silu", "sqrt"]:
     fn, make = UNARY[name]
