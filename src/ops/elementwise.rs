@@ -53,17 +53,17 @@ impl From<i32> for Operand<'_> {
     }
 }
 
-impl<'a> Operand<'a> {
+impl Operand<'_> {
     /// The operand for an op on `x`: a 0-d tensor of `x`'s dtype for an integer scalar with
     /// an integer tensor (integer arithmetic), a float scalar otherwise; and `x` itself, or
     /// `x` in f32 when a float scalar meets an integer tensor (PyTorch's result type).
-    fn resolve(self, x: &Tensor) -> Result<(Tensor, Resolved<'a>)> {
+    fn resolve(self, x: &Tensor) -> Result<(Tensor, Resolved)> {
         let int = !x.dtype().is_float();
         Ok(match self {
-            Operand::Tensor(t) => (x.clone(), Resolved::Tensor(TensorRef::Borrowed(t))),
+            Operand::Tensor(t) => (x.clone(), Resolved::Tensor(t.clone())),
             Operand::Int(v) if int => {
                 let s = Tensor::scalar(v as f64, x.dtype(), x.device())?;
-                (x.clone(), Resolved::Tensor(TensorRef::Owned(s)))
+                (x.clone(), Resolved::Tensor(s))
             }
             Operand::Int(v) => (x.clone(), Resolved::Scalar(v as f64)),
             Operand::Scalar(v) if int => (x.to_dtype(DType::F32)?, Resolved::Scalar(v)),
@@ -72,14 +72,9 @@ impl<'a> Operand<'a> {
     }
 }
 
-enum TensorRef<'a> {
-    Borrowed(&'a Tensor),
-    Owned(Tensor),
-}
-
 /// An [`Operand`] made ready for a tensor: a tensor or a float scalar.
-enum Resolved<'a> {
-    Tensor(TensorRef<'a>),
+enum Resolved {
+    Tensor(Tensor),
     Scalar(f64),
 }
 
@@ -142,8 +137,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let (x, rhs) = rhs.resolve(self)?;
         match rhs {
-            Resolved::Tensor(TensorRef::Borrowed(t)) => x.binary_op(t, op, kind),
-            Resolved::Tensor(TensorRef::Owned(t)) => x.binary_op(&t, op, kind),
+            Resolved::Tensor(t) => x.binary_op(&t, op, kind),
             Resolved::Scalar(v) => x.unary_op(scalar(v), kind),
         }
     }
@@ -197,8 +191,7 @@ impl Tensor {
     pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
         let (x, rhs) = rhs.into().resolve(self)?;
         match rhs {
-            Resolved::Tensor(TensorRef::Borrowed(t)) => x.binary_op(t, BinaryOp::Pow, Op::Pow),
-            Resolved::Tensor(TensorRef::Owned(t)) => x.binary_op(&t, BinaryOp::Pow, Op::Pow),
+            Resolved::Tensor(t) => x.binary_op(&t, BinaryOp::Pow, Op::Pow),
             Resolved::Scalar(v) => x.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),
         }
     }
