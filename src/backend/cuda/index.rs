@@ -266,7 +266,7 @@ fn add_pairs(
 /// The (destination, source) pairs grouped by destination cell: the distinct cells, where each
 /// cell's sources start in the third list (plus the end), and the sources. A stable sort keeps
 /// each cell's additions in the pairs' order, which is the order the CPU adds them in.
-fn groups(mut pairs: Vec<(usize, usize)>) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+pub(super) fn groups(mut pairs: Vec<(usize, usize)>) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
     pairs.sort_by_key(|&(d, _)| d);
     let (mut dst_pos, mut starts) = (Vec::new(), Vec::new());
     for (k, &(d, _)) in pairs.iter().enumerate() {
@@ -298,17 +298,34 @@ pub(crate) fn scatter_add(
         return add_at(op, dst, dst_shape, dim, idx, il, src, &sview, 0);
     }
     let ids = host_indices(op, idx, il, dim, dst_shape[dim])?;
+    add_pairs(
+        op,
+        dst,
+        src,
+        scatter_pairs(dst_shape, dim, &ids, il.shape(), sl),
+    )
+}
+
+/// scatter_add's (destination, source) element offsets, in the index's order: `ids` is the
+/// checked index of shape `ishape`, `sl` the source's view.
+pub(super) fn scatter_pairs(
+    dst_shape: &[usize],
+    dim: usize,
+    ids: &[usize],
+    ishape: &[usize],
+    sl: &Layout,
+) -> Vec<(usize, usize)> {
     let dl = Layout::contiguous(dst_shape);
-    let mut pos = vec![0; il.rank()];
+    let mut pos = vec![0; ishape.len()];
     let mut pairs = Vec::with_capacity(ids.len());
-    for &i in &ids {
+    for &i in ids {
         pairs.push((
             offset_with(&dl, &pos, dim, i),
             offset_with(sl, &pos, usize::MAX, 0),
         ));
-        step(&mut pos, il.shape());
+        step(&mut pos, ishape);
     }
-    add_pairs(op, dst, src, pairs)
+    pairs
 }
 
 /// `dst[.., idx[i], ..] += src[.., i, ..]` along `dim`; `dst` is contiguous.
@@ -329,6 +346,18 @@ pub(crate) fn index_add(
         return add_at(op, dst, dst_shape, dim, idx, il, src, sl, inner);
     }
     let ids = host_indices(op, idx, il, dim, dst_shape[dim])?;
+    add_pairs(op, dst, src, index_add_pairs(dst_shape, dim, &ids, sl))
+}
+
+/// index_add's (destination, source) element offsets, in the source's order: `ids` is the
+/// checked index, `sl` the source's view.
+pub(super) fn index_add_pairs(
+    dst_shape: &[usize],
+    dim: usize,
+    ids: &[usize],
+    sl: &Layout,
+) -> Vec<(usize, usize)> {
+    let shape = sl.shape();
     let dl = Layout::contiguous(dst_shape);
     let n: usize = shape.iter().product();
     let mut pos = vec![0; shape.len()];
@@ -337,7 +366,7 @@ pub(crate) fn index_add(
         pairs.push((offset_with(&dl, &pos, dim, ids[pos[dim]]), so));
         step(&mut pos, shape);
     }
-    add_pairs(op, dst, src, pairs)
+    pairs
 }
 
 #[cfg(test)]

@@ -376,3 +376,151 @@ fn unary_grad_kernel_matches_the_cpu_including_its_conventions() {
         }
     }
 }
+
+#[test]
+fn strided_unary_kernel_reads_the_view() {
+    use crate::backend::cuda::storage::Strided;
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    fn check<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) {
+        // A transposed view with an offset into a [5, 8] buffer: element (i, j) at 2 + i + 8j.
+        let buf = Tensor::rand_with(
+            &[5, 8],
+            0.1,
+            2.1,
+            T::DTYPE,
+            Device::Cpu,
+            &mut crate::Generator::new(61),
+        )
+        .unwrap();
+        let l = Layout::new(vec![4, 5], vec![1, 8], 2);
+        let xs = buf.to_vec::<T>().unwrap();
+        type StridedUnary<T> =
+            unsafe extern "C" fn(i32, f32, f32, *const T, Strided, *mut T, i64) -> ();
+        let f: StridedUnary<T> = function(lib, &format!("unary_strided_{t}"));
+        let mut out = vec![T::default(); 20];
+        for op in UNARY_OPS {
+            let (code, a, b) = crate::backend::cuda::ops::unary_code(op);
+            let s = Strided::new("t", &l).unwrap();
+            // SAFETY: the view stays inside the 40 elements; the output holds 20.
+            unsafe { f(code, a, b, xs.as_ptr(), s, out.as_mut_ptr(), 20) };
+            let want = buf.storage().unary(&l, op).unwrap();
+            let want: Vec<f64> = Tensor::from_storage(want, &[4, 5]).to_vec_f64().unwrap();
+            let got: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
+            let num: f64 = got.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum();
+            let den: f64 = want.iter().map(|b| b * b).sum();
+            assert!(
+                (num / den).sqrt() <= tol,
+                "{op:?} ({t}): {got:?} vs {want:?}"
+            );
+        }
+    }
+    check::<f32>(lib, "float", 1e-6);
+    check::<crate::f16>(lib, "f16", 2e-3);
+    check::<bf16>(lib, "bf16", 1.6e-2);
+}
+
+/// Every comparison in every dtype on a transposed view against a broadcast row, NaN and ties
+/// included; then `where` with a mask broadcast along the other dim.
+#[test]
+fn compare_and_where_kernels_match_the_cpu_in_every_dtype() {
+    use crate::backend::cuda::storage::Strided;
+    use crate::backend::ops::CmpOp;
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    type Cmp<T> =
+        unsafe extern "C" fn(i32, *const T, Strided, *const T, Strided, *mut u8, i64) -> ();
+    type Where<T> = unsafe extern "C" fn(
+        *const u8,
+        Strided,
+        *const T,
+        Strided,
+        *const T,
+        Strided,
+        *mut T,
+        i64,
+    ) -> ();
+    fn check<T: crate::dtype::WithDType>(lib: &Library, t: &str) {
+        let float = T::DTYPE.is_float();
+        let nan = if float { f32::NAN } else { 7.0 };
+        // x: a [4, 3] buffer seen as [3, 4]; y: a [4] row broadcast over 3 rows.
+        let xs = [2.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.0, 5.0, nan, 1.0, 2.0, 3.0];
+        let ys = [2.0, 1.0, 0.0, nan];
+        let x = Tensor::from_vec(xs.to_vec(), &[4, 3], Device::Cpu).unwrap();
+        let y = Tensor::from_vec(ys.to_vec(), &[4], Device::Cpu).unwrap();
+        let (x, y) = (x.to_dtype(T::DTYPE).unwrap(), y.to_dtype(T::DTYPE).unwrap());
+        let lx = Layout::contiguous(&[4, 3]).permute("t", &[1, 0]).unwrap();
+        let ly = Layout::new(vec![3, 4], vec![0, 1], 0);
+        let (xv, yv) = (x.to_vec::<T>().unwrap(), y.to_vec::<T>().unwrap());
+        let (sx, sy) = (
+            Strided::new("t", &lx).unwrap(),
+            Strided::new("t", &ly).unwrap(),
+        );
+        let f: Cmp<T> = function(lib, &format!("cmp_{t}"));
+        let ops = [
+            CmpOp::Eq,
+            CmpOp::Ne,
+            CmpOp::Lt,
+            CmpOp::Le,
+            CmpOp::Gt,
+            CmpOp::Ge,
+        ];
+        for (code, op) in ops.into_iter().enumerate() {
+            let mut out = [9u8; 12];
+            // SAFETY: the views stay inside 12 and 4 elements; the output holds 12.
+            unsafe {
+                f(
+                    code as i32,
+                    xv.as_ptr(),
+                    sx,
+                    yv.as_ptr(),
+                    sy,
+                    out.as_mut_ptr(),
+                    12,
+                )
+            };
+            let want = x.storage().cmp(&lx, &y.storage(), &ly, op).unwrap();
+            let want = Tensor::from_storage(want, &[3, 4]).to_vec::<u8>().unwrap();
+            assert_eq!(out.to_vec(), want, "{op:?} ({t})");
+            assert!(out.iter().any(|&b| b == 1) && out.iter().any(|&b| b == 0));
+        }
+        // where(mask, x, y): a [3] mask broadcast along the columns.
+        let m = Tensor::from_vec(vec![1u8, 0, 1], &[3], Device::Cpu).unwrap();
+        let lm = Layout::new(vec![3, 4], vec![1, 0], 0);
+        let sm = Strided::new("t", &lm).unwrap();
+        let w: Where<T> = function(lib, &format!("where_{t}"));
+        let mut out = vec![T::default(); 12];
+        let mv = m.to_vec::<u8>().unwrap();
+        // SAFETY: as above; the mask holds 3 elements.
+        unsafe {
+            w(
+                mv.as_ptr(),
+                sm,
+                xv.as_ptr(),
+                sx,
+                yv.as_ptr(),
+                sy,
+                out.as_mut_ptr(),
+                12,
+            )
+        };
+        let want = m
+            .storage()
+            .where_cond(&lm, &x.storage(), &lx, &y.storage(), &ly)
+            .unwrap();
+        let want = Tensor::from_storage(want, &[3, 4]).to_vec_f64().unwrap();
+        let got: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
+        let same = |a: &f64, b: &f64| a == b || (a.is_nan() && b.is_nan());
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| same(a, b)),
+            "where ({t}): {got:?} vs {want:?}"
+        );
+    }
+    check::<f32>(lib, "float");
+    check::<crate::f16>(lib, "f16");
+    check::<bf16>(lib, "bf16");
+    check::<i64>(lib, "i64");
+    check::<u8>(lib, "u8");
+}

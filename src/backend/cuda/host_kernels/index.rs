@@ -322,3 +322,77 @@ fn copy_into_strided_writes_only_the_view() {
         assert_eq!(dst, want, "{view:?}");
     }
 }
+
+type AddGroups<T> =
+    unsafe extern "C" fn(*mut T, *const i64, *const i64, *const i64, *const T, i64) -> ();
+
+/// The deterministic scatter_add / index_add (`set_deterministic_index_add`): the host lays
+/// out each cell's additions in order ([`scatter_pairs`], [`index_add_pairs`], [`groups`]) and
+/// `add_groups` adds them, one thread per cell, on an emulated grid. Bit for bit the CPU's
+/// result, in bf16 where the order of roundings shows, from strided sources.
+#[test]
+fn add_groups_kernel_repeats_the_cpus_sums_bit_for_bit() {
+    use crate::backend::cuda::index::{groups, index_add_pairs, scatter_pairs};
+    let Some(lib) = library("index") else { return };
+    let f: AddGroups<bf16> = function(lib, "add_groups_bf16");
+    let run = |dst: &mut [bf16], src: &[bf16], pairs: Vec<(usize, usize)>| {
+        let (dst_pos, starts, src_pos) = groups(pairs);
+        let (d, dp, st, sp, s) = (
+            super::Addr::of_mut(dst),
+            super::Addr::of(&dst_pos),
+            super::Addr::of(&starts),
+            super::Addr::of(&src_pos),
+            super::Addr::of(src),
+        );
+        let cells = dst_pos.len() as i64;
+        super::run_grid(lib, 2, 4, || {
+            // SAFETY: the positions lie inside dst and src, which the caller sized.
+            unsafe { f(d.ptr(), dp.ptr(), st.ptr(), sp.ptr(), s.ptr(), cells) }
+        });
+    };
+    let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+
+    // scatter_add along dim 0 of [4, 6] from the transpose of a [7, 10] buffer (seen [10, 7],
+    // larger than the [10, 6] index), many repeats per cell.
+    let x = bf(randn(&[4, 6], 51));
+    let buf = bf(randn(&[7, 10], 52));
+    let src = buf.t().unwrap();
+    let ids: Vec<i64> = (0..60).map(|i| (i * i + i / 7) % 4).collect();
+    let index = Tensor::from_vec(ids.clone(), &[10, 6], Device::Cpu).unwrap();
+    let want = x.scatter_add(0, &index, &src).unwrap();
+    let mut dst = x.to_vec::<bf16>().unwrap();
+    let sl = Layout::contiguous(&[7, 10]).permute("t", &[1, 0]).unwrap();
+    let ids: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+    let pairs = scatter_pairs(&[4, 6], 0, &ids, &[10, 6], &sl);
+    run(&mut dst, &buf.to_vec::<bf16>().unwrap(), pairs);
+    assert_eq!(dst, want.to_vec::<bf16>().unwrap(), "scatter_add");
+
+    // index_add along dim 1 of [3, 5] from the transpose of a [6, 3] buffer, into a
+    // destination that is not zero (its cells are read first).
+    let w = bf(randn(&[3, 5], 53));
+    let buf = bf(randn(&[6, 3], 54));
+    let cols = [4usize, 0, 4, 2, 4, 4];
+    let sl = Layout::contiguous(&[6, 3]).permute("t", &[1, 0]).unwrap();
+    let mut want = w.storage().try_clone().unwrap();
+    let idx = Tensor::from_vec(cols.map(|c| c as i64).to_vec(), &[6], Device::Cpu).unwrap();
+    want.index_add(
+        &[3, 5],
+        1,
+        (&idx.storage(), &Layout::contiguous(&[6])),
+        (&buf.storage(), &sl),
+    )
+    .unwrap();
+    let want = Tensor::from_storage(want, &[3, 5])
+        .to_vec::<bf16>()
+        .unwrap();
+    let mut dst = w.to_vec::<bf16>().unwrap();
+    run(
+        &mut dst,
+        &buf.to_vec::<bf16>().unwrap(),
+        index_add_pairs(&[3, 5], 1, &cols, &sl),
+    );
+    assert_eq!(dst, want, "index_add");
+    // Column 4 took four additions, column 1 none.
+    assert_ne!(dst[4], w.to_vec::<bf16>().unwrap()[4]);
+    assert_eq!(dst[1], w.to_vec::<bf16>().unwrap()[1]);
+}
