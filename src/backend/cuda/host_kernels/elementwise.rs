@@ -484,7 +484,7 @@ fn compare_and_where_kernels_match_the_cpu_in_every_dtype() {
             let want = x.storage().cmp(&lx, &y.storage(), &ly, op).unwrap();
             let want = Tensor::from_storage(want, &[3, 4]).to_vec::<u8>().unwrap();
             assert_eq!(out.to_vec(), want, "{op:?} ({t})");
-            assert!(out.iter().any(|&b| b == 1) && out.iter().any(|&b| b == 0));
+            assert!(out.contains(&1) && out.contains(&0));
         }
         // where(mask, x, y): a [3] mask broadcast along the columns.
         let m = Tensor::from_vec(vec![1u8, 0, 1], &[3], Device::Cpu).unwrap();
