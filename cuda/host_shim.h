@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <cstring>
 
+#ifndef __global__
 #define __global__
+#endif
 #define __device__
 #define __forceinline__ inline
 #define __align__(n) alignas(n)
