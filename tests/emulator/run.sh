@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs tests against the emulated CUDA driver and NVRTC (driver.cpp, nvrtc.cpp): the CUDA
-# backend's host side and our kernels, on the CPU, without a GPU. cuBLAS and cuDNN are not
-# emulated, so matmul and convolution on the emulated device fail with "library not found".
+# backend's host side and our kernels, on the CPU, without a GPU; cuBLAS(Lt) is emulated by a
+# naive GEMM (blas.cpp); cuDNN is not, so convolutions on the emulated device fail.
 #   bash tests/emulator/run.sh [cargo test arguments]   (default: --test cuda_parity)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,6 +16,12 @@ ln -sf libcuda.so.1 "$out/libcuda.so"
 "$cxx" -std=c++20 -O1 -shared -fPIC -DEMU_CUDA12 -Wl,-soname,libnvrtc.so.12 \
     "$root/tests/emulator/nvrtc.cpp" -o "$out/libnvrtc.so.12"
 ln -sf libnvrtc.so.13 "$out/libnvrtc.so"
+for lib in libcublas libcublasLt; do
+    for major in 12 13; do
+        "$cxx" -std=c++20 -O2 -shared -fPIC -Wl,-soname,$lib.so.$major \
+            "$root/tests/emulator/blas.cpp" -o "$out/$lib.so.$major"
+    done
+done
 cache=$(mktemp -d)
 trap 'rm -rf "$cache" /tmp/mantissa-emu-*' EXIT
 export LD_LIBRARY_PATH=$out${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

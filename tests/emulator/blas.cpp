@@ -1,0 +1,184 @@
+// An emulated cuBLAS / cuBLASLt for the emulated driver (driver.cpp): the few calls the
+// backend makes (cublasGemmStridedBatchedEx; cuBLASLt's matmul with a bias or bias + ReLU
+// epilogue), computed naively on the host in column-major order with f32 accumulation. It
+// checks what the backend asks for (transposes, leading dimensions, batch strides, the bias's
+// side), not cuBLAS itself. Built as both libcublas and libcublasLt.
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+typedef int Status;
+enum { SUCCESS = 0, INVALID_VALUE = 7, NOT_SUPPORTED = 15 };
+enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
+
+#define API extern "C" __attribute__((visibility("default")))
+
+static float load(const void* p, int type, int64_t i) {
+    switch (type) {
+    case R_32F: return ((const float*)p)[i];
+    case R_16F: return (float)((const _Float16*)p)[i];
+    default: {
+        uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        return f;
+    }
+    }
+}
+static void store(void* p, int type, int64_t i, float v) {
+    switch (type) {
+    case R_32F: ((float*)p)[i] = v; break;
+    case R_16F: ((_Float16*)p)[i] = (_Float16)v; break;
+    default: {
+        uint32_t b;
+        memcpy(&b, &v, 4);
+        uint16_t h = v != v ? 0x7FFF : (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+        ((uint16_t*)p)[i] = h;
+    }
+    }
+}
+static bool known(int type) { return type == R_32F || type == R_16F || type == R_16BF; }
+
+// C = alpha op(A) op(B) + beta C, column-major, one matrix; then + bias[row] and ReLU.
+static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int at,
+                 int64_t lda, const void* b, int bt, int64_t ldb, float beta, const void* c, void* d,
+                 int dt, int64_t ldc, int64_t ldd, const void* bias, bool relu) {
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t i = 0; i < m; i++) {
+            float acc = 0.0f;
+            for (int64_t l = 0; l < k; l++) {
+                float x = load(a, at, ta ? l + i * lda : i + l * lda);
+                float y = load(b, bt, tb ? j + l * ldb : l + j * ldb);
+                acc += x * y;
+            }
+            float v = alpha * acc;
+            if (beta != 0.0f) v += beta * load(c, dt, i + j * ldc);
+            if (bias) v += load(bias, dt, i);
+            if (relu && v < 0.0f) v = 0.0f;
+            store(d, dt, i + j * ldd, v);
+        }
+    }
+}
+
+static int handle_token;
+API Status cublasCreate_v2(void** h) {
+    *h = &handle_token;
+    return SUCCESS;
+}
+API Status cublasDestroy_v2(void*) { return SUCCESS; }
+API Status cublasSetStream_v2(void*, void*) { return SUCCESS; }
+API Status cublasSetMathMode(void*, int) { return SUCCESS; }
+API Status cublasSetWorkspace_v2(void*, void*, size_t) { return SUCCESS; }
+
+API Status cublasGemmStridedBatchedEx(void*, int ta, int tb, int m, int n, int k, const void* alpha,
+                                      const void* a, int at, int lda, long long sa, const void* b, int bt,
+                                      int ldb, long long sb, const void* beta, void* c, int ct, int ldc,
+                                      long long sc, int batch, int, int) {
+    if (!known(at) || at != bt || bt != ct || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
+    // A is m x k after its op: stored m x k (N) or k x m (T); lda must cover the stored rows.
+    if (lda < (ta ? k : m) || ldb < (tb ? n : k) || ldc < m) {
+        fprintf(stderr, "emulated cublasGemmStridedBatchedEx: bad leading dimension\n");
+        return INVALID_VALUE;
+    }
+    int size = at == R_32F ? 4 : 2;
+    for (int bi = 0; bi < batch; bi++) {
+        gemm(ta != 0, tb != 0, m, n, k, *(const float*)alpha, (const char*)a + bi * sa * size, at, lda,
+             (const char*)b + bi * sb * size, bt, ldb, *(const float*)beta, (const char*)c + bi * sc * size,
+             (char*)c + bi * sc * size, ct, ldc, ldc, nullptr, false);
+    }
+    return SUCCESS;
+}
+
+// cuBLASLt: descriptors are plain structs.
+struct LtLayout {
+    int type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct LtDesc {
+    int ta = 0, tb = 0, epilogue = 1;
+    const void* bias = nullptr;
+};
+API size_t cublasLtGetVersion() { return 130000; }
+API Status cublasLtCreate(void** h) {
+    *h = &handle_token;
+    return SUCCESS;
+}
+API Status cublasLtDestroy(void*) { return SUCCESS; }
+API Status cublasLtMatrixLayoutCreate(LtLayout** l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
+    if (!known(type) || ld < (int64_t)rows) return INVALID_VALUE;
+    *l = new LtLayout{type, rows, cols, ld};
+    return SUCCESS;
+}
+API Status cublasLtMatrixLayoutDestroy(LtLayout* l) {
+    delete l;
+    return SUCCESS;
+}
+API Status cublasLtMatmulDescCreate(LtDesc** d, int, int) {
+    *d = new LtDesc;
+    return SUCCESS;
+}
+API Status cublasLtMatmulDescDestroy(LtDesc* d) {
+    delete d;
+    return SUCCESS;
+}
+API Status cublasLtMatmulDescSetAttribute(LtDesc* d, int attr, const void* v, size_t size) {
+    switch (attr) {
+    case 3: if (size != 4) return INVALID_VALUE; memcpy(&d->ta, v, 4); break;
+    case 4: if (size != 4) return INVALID_VALUE; memcpy(&d->tb, v, 4); break;
+    case 7: if (size != 4) return INVALID_VALUE; memcpy(&d->epilogue, v, 4); break;
+    case 8: if (size != 8) return INVALID_VALUE; memcpy(&d->bias, v, 8); break;
+    default: break;
+    }
+    return SUCCESS;
+}
+API Status cublasLtMatmulPreferenceCreate(void** p) {
+    *p = new int(0);
+    return SUCCESS;
+}
+API Status cublasLtMatmulPreferenceDestroy(void* p) {
+    delete (int*)p;
+    return SUCCESS;
+}
+API Status cublasLtMatmulPreferenceSetAttribute(void*, int, const void*, size_t) { return SUCCESS; }
+
+struct Heuristic {
+    uint64_t algo[8];
+    size_t workspace;
+    Status state;
+    float waves;
+    int reserved[4];
+};
+// The shapes must agree: op(A) is m x k, op(B) k x n, C and D m x n.
+static bool shapes(const LtDesc* d, const LtLayout* a, const LtLayout* b, const LtLayout* c,
+                   const LtLayout* dl) {
+    uint64_t m = dl->rows, n = dl->cols;
+    uint64_t am = d->ta ? a->cols : a->rows, ak = d->ta ? a->rows : a->cols;
+    uint64_t bk = d->tb ? b->cols : b->rows, bn = d->tb ? b->rows : b->cols;
+    return am == m && bn == n && ak == bk && c->rows == m && c->cols == n && a->type == b->type &&
+           b->type == dl->type;
+}
+API Status cublasLtMatmulAlgoGetHeuristic(void*, LtDesc* d, LtLayout* a, LtLayout* b, LtLayout* c,
+                                          LtLayout* dl, void*, int requested, Heuristic* out, int* count) {
+    if (requested < 1) return INVALID_VALUE;
+    if (!shapes(d, a, b, c, dl)) {
+        fprintf(stderr, "emulated cublasLtMatmulAlgoGetHeuristic: shapes do not agree\n");
+        return INVALID_VALUE;
+    }
+    memset(out, 0, sizeof *out);
+    *count = 1;
+    return SUCCESS;
+}
+API Status cublasLtMatmul(void*, LtDesc* d, const void* alpha, const void* a, LtLayout* al, const void* b,
+                          LtLayout* bl, const void* beta, const void* c, LtLayout* cl, void* out,
+                          LtLayout* dl, const void*, void*, size_t, void*) {
+    if (!shapes(d, al, bl, cl, dl)) return INVALID_VALUE;
+    bool bias = d->epilogue == 4 || d->epilogue == 6, relu = d->epilogue == 2 || d->epilogue == 6;
+    if (bias && !d->bias) return INVALID_VALUE;
+    int64_t k = d->ta ? al->rows : al->cols;
+    gemm(d->ta != 0, d->tb != 0, dl->rows, dl->cols, k, *(const float*)alpha, a, al->type, al->ld, b,
+         bl->type, bl->ld, *(const float*)beta, c, out, dl->type, cl->ld, dl->ld, bias ? d->bias : nullptr,
+         relu);
+    return SUCCESS;
+}
