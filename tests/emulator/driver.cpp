@@ -270,7 +270,8 @@ struct Function {
     void (*launch)(void**);
     void (*block)(unsigned);
     void (*thread)(unsigned, unsigned, unsigned, unsigned);
-    bool cooperative; // the file uses barriers or shuffles: a block's threads run together
+    bool cooperative; // it reaches barriers or shuffles: a block's threads run together
+    std::string name;
 };
 API CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     void* lib = dlopen((const char*)image, RTLD_NOW | RTLD_LOCAL);
@@ -287,10 +288,10 @@ API CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
     std::string tramp = std::string(name) + "__launch";
     auto launch = (void (*)(void**))dlsym(lib, tramp.c_str());
     if (!launch) return NOT_FOUND;
-    auto coop = (int*)dlsym(lib, "mantissa_cooperative");
+    auto coop = (int*)dlsym(lib, (std::string(name) + "__cooperative").c_str());
     *f = new Function{launch, (void (*)(unsigned))dlsym(lib, "host_block"),
                       (void (*)(unsigned, unsigned, unsigned, unsigned))dlsym(lib, "host_thread"),
-                      coop && *coop != 0};
+                      coop && *coop != 0, name};
     return OK;
 }
 API CUresult cuFuncGetAttribute(int* v, int, void*) {
@@ -335,6 +336,9 @@ API CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, uns
     }
     Function* f = (Function*)fp;
     std::lock_guard<std::mutex> g(launch_mu);
+    // MANTISSA_EMU_TRACE=1: every launch on stderr.
+    static bool trace = getenv("MANTISSA_EMU_TRACE") != nullptr;
+    if (trace) fprintf(stderr, "launch %s grid %u block %u%s\n", f->name.c_str(), gx, bx, f->cooperative ? " (cooperative)" : "");
     if (!f->cooperative) {
         for (unsigned b = 0; b < gx; b++) {
             for (unsigned t = 0; t < bx; t++) {

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 #include <unistd.h>
 
@@ -73,6 +75,87 @@ template <typename... A> static void mantissa_call(void (*f)(A...), void** p) {
 }
 )";
 
+
+static bool ident(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+// The name of the function whose body opens at t[i] ('{' at file scope), or "" when the
+// brace opens something else (a struct, an initialiser).
+static std::string function_name(const std::string& t, size_t i) {
+    size_t j = i;
+    auto back_space = [&] { while (j > 0 && isspace((unsigned char)t[j - 1])) j--; };
+    back_space();
+    while (j > 0 && ident(t[j - 1])) { // qualifiers after the parameter list (const, noexcept)
+        size_t e = j;
+        while (j > 0 && ident(t[j - 1])) j--;
+        std::string word = t.substr(j, e - j);
+        if (word != "const" && word != "noexcept") return "";
+        back_space();
+    }
+    if (j == 0 || t[j - 1] != ')') return "";
+    for (int depth = 0; j > 0;) { // back over the parameter list
+        char c = t[--j];
+        depth += c == ')' ? 1 : c == '(' ? -1 : 0;
+        if (depth == 0) break;
+    }
+    back_space();
+    if (j > 0 && t[j - 1] == '>') { // a specialisation: from_f32<f16>(...)
+        for (int depth = 0; j > 0;) {
+            char c = t[--j];
+            depth += c == '>' ? 1 : c == '<' ? -1 : 0;
+            if (depth == 0) break;
+        }
+    }
+    size_t e = j;
+    while (j > 0 && ident(t[j - 1])) j--;
+    return t.substr(j, e - j);
+}
+
+// Whether `word` occurs in `text` as a whole identifier.
+static bool mentions(const std::string& text, const std::string& word) {
+    for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+        size_t e = at + word.size();
+        if ((at == 0 || !ident(text[at - 1])) && (e >= text.size() || !ident(text[e]))) return true;
+    }
+    return false;
+}
+
+// The functions of preprocessed text `t` that reach a block barrier or a warp shuffle
+// (directly or through the functions they call, judged by name): their blocks' threads must
+// run together. The others run one thread after another.
+static std::set<std::string> cooperative(const std::string& t) {
+    std::map<std::string, std::string> bodies;
+    int depth = 0;
+    size_t start = 0;
+    std::string name;
+    for (size_t i = 0; i < t.size(); i++) {
+        char c = t[i];
+        if (c == '"' || c == '\'') { // skip a literal
+            for (i++; i < t.size() && t[i] != c; i++) i += t[i] == '\\';
+            continue;
+        }
+        if (c == '{') {
+            if (depth++ == 0) start = i, name = function_name(t, i);
+        } else if (c == '}' && --depth == 0 && !name.empty()) {
+            bodies[name] += t.substr(start, i - start + 1);
+        }
+    }
+    std::set<std::string> coop = {"__syncthreads", "__shfl_xor_sync"};
+    for (bool grew = true; grew;) {
+        grew = false;
+        for (auto& [f, body] : bodies) {
+            if (coop.count(f)) continue;
+            for (auto& g : coop) {
+                if (mentions(body, g)) {
+                    coop.insert(f);
+                    grew = true;
+                    break;
+                }
+            }
+        }
+    }
+    return coop;
+}
+
 API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
     const char* shim = getenv("MANTISSA_EMU_SHIM");
     if (!shim) {
@@ -94,16 +177,15 @@ API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
         return NVRTC_ERROR_COMPILATION;
     }
     std::string tramp = TRAMPOLINE;
+    std::set<std::string> coop = cooperative(pre);
     const std::string mark = "MANTISSA_KERNEL void ";
     for (size_t at = pre.find(mark); at != std::string::npos; at = pre.find(mark, at + 1)) {
         size_t s = at + mark.size(), e = s;
-        while (e < pre.size() && (isalnum((unsigned char)pre[e]) || pre[e] == '_')) e++;
+        while (e < pre.size() && ident(pre[e])) e++;
         std::string k = pre.substr(s, e - s);
         tramp += "extern \"C\" void " + k + "__launch(void** p) { mantissa_call(&" + k + ", p); }\n";
+        tramp += "extern \"C\" int " + k + "__cooperative = " + (coop.count(k) ? "1" : "0") + ";\n";
     }
-    // Files with block barriers or warp shuffles need a block's threads to run together.
-    bool coop = p->src.find("__syncthreads") != std::string::npos || p->src.find("__shfl") != std::string::npos;
-    tramp += std::string("extern \"C\" int mantissa_cooperative = ") + (coop ? "1" : "0") + ";\n";
     if (!write(base + ".cpp", text + tramp)) return NVRTC_ERROR_INVALID_INPUT;
     std::string so = base + ".so";
     if (!run(std::string(cxx) + flags + "-O1 -shared -fPIC " + base + ".cpp -o " + so, p->log)) {

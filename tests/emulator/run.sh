@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs tests against the emulated CUDA driver and NVRTC (driver.cpp, nvrtc.cpp): the CUDA
 # backend's host side and our kernels, on the CPU, without a GPU; cuBLAS(Lt) is emulated by a
-# naive GEMM (blas.cpp); cuDNN is not, so convolutions on the emulated device fail.
+# naive GEMM (blas.cpp), cuDNN's convolutions by naive loops (dnn.cpp).
 #   bash tests/emulator/run.sh [cargo test arguments]   (default: --test cuda_parity)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +22,8 @@ for lib in libcublas libcublasLt; do
             "$root/tests/emulator/blas.cpp" -o "$out/$lib.so.$major"
     done
 done
+"$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
+    -o "$out/libcudnn.so.9"
 cache=$(mktemp -d)
 trap 'rm -rf "$cache" /tmp/mantissa-emu-*' EXIT
 export LD_LIBRARY_PATH=$out${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

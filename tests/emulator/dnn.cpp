@@ -1,0 +1,225 @@
+// An emulated cuDNN 9 for the emulated driver (driver.cpp): 2-D cross-correlation forward,
+// backward data and backward filter in NCHW/KCRS or NHWC/KRSC, with groups, stride, padding
+// and dilation, computed naively on the host with f32 accumulation. It offers two
+// "algorithms" per pass, the first deterministic without a workspace, the second not, with a
+// 1 MiB workspace, so that the backend's choice and workspace paths run. It checks the
+// descriptors the backend builds (shapes agree, one format, one data type), not cuDNN itself.
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+typedef int Status;
+enum { SUCCESS = 0, BAD_PARAM = 2000, NOT_SUPPORTED = 3000 };
+enum { FLOAT = 0, HALF = 2, BFLOAT16 = 9 };
+enum { NCHW = 0, NHWC = 1 };
+
+#define API extern "C" __attribute__((visibility("default")))
+
+struct Tensor {
+    int format = -1, type = -1, n = 0, c = 0, h = 0, w = 0;
+    // Element (a, b, y, x) in NCHW order of the dims (KCRS for a filter).
+    int64_t at(int a, int b, int y, int x) const {
+        return format == NHWC ? (((int64_t)a * h + y) * w + x) * c + b : (((int64_t)a * c + b) * h + y) * w + x;
+    }
+    int64_t size() const { return (int64_t)n * c * h * w; }
+};
+struct Conv {
+    int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1, groups = 1, math = 0;
+};
+
+static float load(const void* p, int type, int64_t i) {
+    switch (type) {
+    case FLOAT: return ((const float*)p)[i];
+    case HALF: return (float)((const _Float16*)p)[i];
+    default: {
+        uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        return f;
+    }
+    }
+}
+static void store(void* p, int type, int64_t i, float v) {
+    switch (type) {
+    case FLOAT: ((float*)p)[i] = v; break;
+    case HALF: ((_Float16*)p)[i] = (_Float16)v; break;
+    default: {
+        uint32_t b;
+        memcpy(&b, &v, 4);
+        ((uint16_t*)p)[i] = v != v ? 0x7FFF : (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    }
+    }
+}
+
+static int token;
+API size_t cudnnGetVersion() { return 90100; }
+API Status cudnnCreate(void** h) {
+    *h = &token;
+    return SUCCESS;
+}
+API Status cudnnDestroy(void*) { return SUCCESS; }
+API Status cudnnSetStream(void*, void*) { return SUCCESS; }
+API const char* cudnnGetErrorString(Status) { return "emulated cuDNN error"; }
+
+API Status cudnnCreateTensorDescriptor(Tensor** t) {
+    *t = new Tensor;
+    return SUCCESS;
+}
+API Status cudnnDestroyTensorDescriptor(Tensor* t) {
+    delete t;
+    return SUCCESS;
+}
+API Status cudnnCreateFilterDescriptor(Tensor** t) { return cudnnCreateTensorDescriptor(t); }
+API Status cudnnDestroyFilterDescriptor(Tensor* t) { return cudnnDestroyTensorDescriptor(t); }
+static bool dtype_ok(int t) { return t == FLOAT || t == HALF || t == BFLOAT16; }
+API Status cudnnSetTensor4dDescriptor(Tensor* t, int format, int type, int n, int c, int h, int w) {
+    if ((format != NCHW && format != NHWC) || !dtype_ok(type) || n <= 0 || c <= 0 || h <= 0 || w <= 0)
+        return BAD_PARAM;
+    *t = Tensor{format, type, n, c, h, w};
+    return SUCCESS;
+}
+API Status cudnnSetFilter4dDescriptor(Tensor* t, int type, int format, int k, int c, int h, int w) {
+    return cudnnSetTensor4dDescriptor(t, format, type, k, c, h, w);
+}
+API Status cudnnCreateConvolutionDescriptor(Conv** c) {
+    *c = new Conv;
+    return SUCCESS;
+}
+API Status cudnnDestroyConvolutionDescriptor(Conv* c) {
+    delete c;
+    return SUCCESS;
+}
+API Status cudnnSetConvolution2dDescriptor(Conv* c, int ph, int pw, int u, int v, int dh, int dw, int mode,
+                                           int compute) {
+    if (ph < 0 || pw < 0 || u <= 0 || v <= 0 || dh <= 0 || dw <= 0 || mode != 1 || compute != FLOAT)
+        return BAD_PARAM;
+    c->pad_h = ph, c->pad_w = pw, c->u = u, c->v = v, c->dil_h = dh, c->dil_w = dw;
+    return SUCCESS;
+}
+API Status cudnnSetConvolutionMathType(Conv* c, int math) {
+    c->math = math;
+    return SUCCESS;
+}
+API Status cudnnSetConvolutionGroupCount(Conv* c, int g) {
+    if (g <= 0) return BAD_PARAM;
+    c->groups = g;
+    return SUCCESS;
+}
+
+// The descriptors agree: one format and data type, the filter's channels times the groups
+// are the input's, the output has the size the convolution gives.
+static bool agree(const Tensor& x, const Tensor& w, const Conv& c, const Tensor& y) {
+    bool ok = x.format == w.format && w.format == y.format && x.type == w.type && w.type == y.type &&
+              w.c * c.groups == x.c && w.n % c.groups == 0 && y.n == x.n && y.c == w.n;
+    int ho = (x.h + 2 * c.pad_h - c.dil_h * (w.h - 1) - 1) / c.u + 1;
+    int wo = (x.w + 2 * c.pad_w - c.dil_w * (w.w - 1) - 1) / c.v + 1;
+    ok = ok && y.h == ho && y.w == wo;
+    if (!ok) fprintf(stderr, "emulated cuDNN: the descriptors do not agree\n");
+    return ok;
+}
+
+struct Perf {
+    int algo;
+    Status status;
+    float time;
+    size_t memory;
+    int determinism;
+    int math;
+    int reserved[3];
+};
+static Status candidates(const Tensor& x, const Tensor& w, const Conv& c, const Tensor& y, int requested,
+                         int* count, Perf* out) {
+    if (!agree(x, w, c, y)) return BAD_PARAM;
+    *count = requested < 2 ? requested : 2;
+    for (int i = 0; i < *count; i++) out[i] = Perf{i, SUCCESS, 0.1f * (i + 1), i == 0 ? 0u : 1u << 20, i == 0, c.math, {0, 0, 0}};
+    return SUCCESS;
+}
+#define QUERIES(NAME, A, B, C, D, ARGS)                                                            \
+    API Status NAME(void*, const Tensor* A, const Tensor* B, const Conv* C, const Tensor* D, int n, \
+                    int* count, Perf* out) {                                                        \
+        return candidates ARGS;                                                                     \
+    }
+QUERIES(cudnnGetConvolutionForwardAlgorithm_v7, x, w, c, y, (*x, *w, *c, *y, n, count, out))
+QUERIES(cudnnFindConvolutionForwardAlgorithm, x, w, c, y, (*x, *w, *c, *y, n, count, out))
+QUERIES(cudnnGetConvolutionBackwardDataAlgorithm_v7, w, y, c, x, (*x, *w, *c, *y, n, count, out))
+QUERIES(cudnnFindConvolutionBackwardDataAlgorithm, w, y, c, x, (*x, *w, *c, *y, n, count, out))
+QUERIES(cudnnGetConvolutionBackwardFilterAlgorithm_v7, x, y, c, w, (*x, *w, *c, *y, n, count, out))
+QUERIES(cudnnFindConvolutionBackwardFilterAlgorithm, x, y, c, w, (*x, *w, *c, *y, n, count, out))
+
+enum Pass { FORWARD, DATA, FILTER };
+// A tensor's values as f32 in NCHW (KCRS) order, whatever its format.
+static std::vector<float> unpack(const Tensor& t, const void* p) {
+    std::vector<float> v(t.size());
+    for (int a = 0; a < t.n; a++)
+        for (int b = 0; b < t.c; b++)
+            for (int y = 0; y < t.h; y++)
+                for (int x = 0; x < t.w; x++) v[(((int64_t)a * t.c + b) * t.h + y) * t.w + x] = load(p, t.type, t.at(a, b, y, x));
+    return v;
+}
+static Status run(Pass pass, const float* alpha, const float* beta, const Tensor& x, const void* xp,
+                  const Tensor& w, const void* wp, const Conv& c, const Tensor& y, const void* yp, int algo,
+                  size_t ws) {
+    if (!agree(x, w, c, y) || algo < 0 || algo > 1) return BAD_PARAM;
+    if (algo == 1 && ws < (1u << 20)) return BAD_PARAM;
+    // The two inputs as f32 NCHW; the result accumulated in f32 NCHW.
+    std::vector<float> X = pass == DATA ? std::vector<float>(x.size(), 0.0f) : unpack(x, xp);
+    std::vector<float> W = pass == FILTER ? std::vector<float>(w.size(), 0.0f) : unpack(w, wp);
+    std::vector<float> Y = pass == FORWARD ? std::vector<float>(y.size(), 0.0f) : unpack(y, yp);
+    int kg = w.n / c.groups;
+    for (int n = 0; n < y.n; n++)
+        for (int k = 0; k < y.c; k++)
+            for (int ci = 0; ci < w.c; ci++) {
+                int xc = (k / kg) * w.c + ci;
+                for (int r = 0; r < w.h; r++)
+                    for (int s = 0; s < w.w; s++) {
+                        int64_t wi = (((int64_t)k * w.c + ci) * w.h + r) * w.w + s;
+                        float wv = W[wi], dw = 0.0f;
+                        for (int oh = 0; oh < y.h; oh++) {
+                            int ih = oh * c.u - c.pad_h + r * c.dil_h;
+                            if (ih < 0 || ih >= x.h) continue;
+                            int64_t xrow = (((int64_t)n * x.c + xc) * x.h + ih) * x.w;
+                            int64_t yrow = (((int64_t)n * y.c + k) * y.h + oh) * y.w;
+                            for (int ow = 0; ow < y.w; ow++) {
+                                int iw = ow * c.v - c.pad_w + s * c.dil_w;
+                                if (iw < 0 || iw >= x.w) continue;
+                                switch (pass) {
+                                case FORWARD: Y[yrow + ow] += X[xrow + iw] * wv; break;
+                                case DATA: X[xrow + iw] += Y[yrow + ow] * wv; break;
+                                case FILTER: dw += Y[yrow + ow] * X[xrow + iw]; break;
+                                }
+                            }
+                        }
+                        if (pass == FILTER) W[wi] += dw;
+                    }
+            }
+    const Tensor& o = pass == FORWARD ? y : pass == DATA ? x : w;
+    const std::vector<float>& R = pass == FORWARD ? Y : pass == DATA ? X : W;
+    void* op = (void*)(pass == FORWARD ? yp : pass == DATA ? xp : wp);
+    for (int a = 0; a < o.n; a++)
+        for (int b = 0; b < o.c; b++)
+            for (int yy = 0; yy < o.h; yy++)
+                for (int xx = 0; xx < o.w; xx++) {
+                    int64_t i = o.at(a, b, yy, xx);
+                    float v = *alpha * R[(((int64_t)a * o.c + b) * o.h + yy) * o.w + xx];
+                    if (*beta != 0.0f) v += *beta * load(op, o.type, i);
+                    store(op, o.type, i, v);
+                }
+    return SUCCESS;
+}
+API Status cudnnConvolutionForward(void*, const float* alpha, const Tensor* xd, const void* x, const Tensor* wd,
+                                   const void* w, const Conv* c, int algo, void*, size_t ws, const float* beta,
+                                   const Tensor* yd, void* y) {
+    return run(FORWARD, alpha, beta, *xd, x, *wd, w, *c, *yd, y, algo, ws);
+}
+API Status cudnnConvolutionBackwardData(void*, const float* alpha, const Tensor* wd, const void* w,
+                                        const Tensor* yd, const void* dy, const Conv* c, int algo, void*,
+                                        size_t ws, const float* beta, const Tensor* xd, void* dx) {
+    return run(DATA, alpha, beta, *xd, dx, *wd, w, *c, *yd, dy, algo, ws);
+}
+API Status cudnnConvolutionBackwardFilter(void*, const float* alpha, const Tensor* xd, const void* x,
+                                          const Tensor* yd, const void* dy, const Conv* c, int algo, void*,
+                                          size_t ws, const float* beta, const Tensor* wd, void* dw) {
+    return run(FILTER, alpha, beta, *xd, x, *wd, dw, *c, *yd, dy, algo, ws);
+}
