@@ -525,6 +525,9 @@ pub(crate) fn linear_relu(
         return Ok(None);
     }
     let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
+    if m * n * k == 0 {
+        return Ok(None);
+    }
     let (mut ca, mut cb) = (None, None);
     let oa = readable(a, la, &mut ca)?;
     let ob = readable(b, lb, &mut cb)?;
@@ -547,6 +550,18 @@ pub(crate) fn matmul(
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch: usize = la.shape()[..r - 2].iter().product();
+    if m * n * k * batch == 0 {
+        // Nothing to multiply (and empty operands need not be readable): every output row is
+        // the bias, or zero.
+        return match bias {
+            Some((s, l)) => {
+                same_dtype("matmul (bias)", a, s)?;
+                s.contiguous(l)?
+                    .copy_strided(&Layout::new(vec![batch * m, n], vec![0, 1], 0))
+            }
+            None => CudaStorage::full(a.ordinal(), 0.0, batch * m * n, a.dtype()),
+        };
+    }
     let (mut ca, mut cb) = (None, None);
     let oa = readable(a, la, &mut ca)?;
     let ob = readable(b, lb, &mut cb)?;
@@ -565,9 +580,6 @@ pub(crate) fn matmul(
         }
         None => CudaStorage::alloc_on(a.rt(), a.dtype(), batch * m * n)?,
     };
-    if m * n * batch == 0 {
-        return Ok(out);
-    }
     let (beta, c) = (if bias.is_some() { 1.0f32 } else { 0.0 }, out.ptr());
     gemm(a, (&oa, &ob), (m, n, k, batch), (c, n), beta)?;
     Ok(out)
@@ -661,8 +673,8 @@ pub(crate) fn matmul_acc(
     same_dtype("matmul (accumulate)", a, b)?;
     float_kname("matmul (accumulate)", a.dtype())?;
     let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
-    if m * n == 0 {
-        return Ok(());
+    if m * n * k == 0 {
+        return Ok(()); // adds nothing
     }
     let (mut ca, mut cb) = (None, None);
     let oa = readable(a, la, &mut ca)?;
