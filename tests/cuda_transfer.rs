@@ -7,15 +7,21 @@
 #![cfg(feature = "cuda")]
 
 mod common;
-use common::parity::gpu;
+use common::parity::{emulated, gpu};
 use mantissa::backend::cuda::runtime::runtime;
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, HostBatch, HostBuffer};
 use mantissa::*;
 use std::sync::Arc;
 
-/// Keeps the device busy for a while: products of 2048^2 f32 matrices (a few ms each).
+/// Keeps the device busy for a while: products of 2048^2 f32 matrices (a few ms each); of
+/// 64^2 ones on the emulated device (tests/emulator), where every call is synchronous and a
+/// product of the full size would take minutes.
 fn busy(d: Device) -> Tensor {
-    let a = Tensor::randn(&[2048, 2048], DType::F32, d).unwrap();
+    let size = match emulated(d) {
+        true => 64,
+        false => 2048,
+    };
+    let a = Tensor::randn(&[size, size], DType::F32, d).unwrap();
     let mut c = a.matmul(&a).unwrap();
     for _ in 0..20 {
         c = c.matmul(&a).unwrap().mul(1e-3).unwrap();
@@ -44,8 +50,9 @@ fn staged_uploads_arrive_intact_behind_busy_work() {
     let a = Tensor::from_vec(pattern(size, 1), &[size], d).unwrap();
     let b = Tensor::from_vec(pattern(size, 2), &[size], d).unwrap();
     let grew = rt.pinned_stats().reserved - before.reserved;
+    // (The emulated device finishes each copy before the call returns: nothing is fenced.)
     assert!(
-        grew >= 8 * size,
+        grew >= 8 * size || emulated(d),
         "two fenced 4 MB blocks, not one reused: grew {grew}"
     );
     // Many more, of many sizes, their host vectors dropped at once.

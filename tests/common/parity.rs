@@ -15,6 +15,14 @@ pub fn gpu() -> Option<Device> {
     }
 }
 
+/// Whether `d` is the emulated device of tests/emulator (synchronous: nothing is ever still
+/// running, and a product of large matrices takes minutes).
+#[allow(dead_code)]
+pub fn emulated(d: Device) -> bool {
+    let Device::Cuda(n) = d else { return false };
+    mantissa::backend::cuda::probe::report(n).is_ok_and(|r| r.name.contains("emulated"))
+}
+
 /// The float dtypes the CUDA backend computes in.
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
