@@ -53,7 +53,9 @@ __device__ void xent_rows(const T* __restrict__ x, const i64* __restrict__ targe
                 loss[r] = __int_as_float(0x7fc00000);
                 atomicCAS(fault, 0, slot);
             } else {
-                loss[r] = (1.0f - eps) * (lse - to_f32(row[t])) + eps * (lse - sum_x / (float)cols);
+                // The smoothing term only when asked for: with a -inf logit it is 0 * inf.
+                float l = (1.0f - eps) * (lse - to_f32(row[t]));
+                loss[r] = eps != 0.0f ? l + eps * (lse - sum_x / (float)cols) : l;
             }
         }
     }
