@@ -67,8 +67,7 @@ fn fused_cross_entropy_kernels_match_the_cpu_on_emulated_blocks() {
         function(lib, "xent_rows_float"),
         function(lib, "xent_backward_float"),
     );
-    let x = randn(&[ROWS, COLS], 31).mul(2.0).unwrap();
-    let xs = x.to_vec::<f32>().unwrap();
+    let x0 = randn(&[ROWS, COLS], 31).mul(2.0).unwrap();
     // Row 2 is ignored (ignore_index 3).
     let targets = vec![0i64, 76, 3, 40, 5];
     let t = Tensor::from_vec(targets.clone(), &[ROWS], Device::Cpu).unwrap();
@@ -77,6 +76,13 @@ fn fused_cross_entropy_kernels_match_the_cpu_on_emulated_blocks() {
     let l = Layout::contiguous(&[ROWS, COLS]);
     let lt = Layout::contiguous(&[ROWS]);
     for eps in [0.0, 0.1] {
+        // Without smoothing, a masked (-inf) logit that is not the target leaves the loss
+        // finite (with smoothing the loss is +inf, as in PyTorch).
+        let mut xs = x0.to_vec::<f32>().unwrap();
+        if eps == 0.0 {
+            xs[COLS + 5] = f32::NEG_INFINITY;
+        }
+        let x = Tensor::from_vec(xs.clone(), &[ROWS, COLS], Device::Cpu).unwrap();
         let (loss, lse) = x
             .storage()
             .cross_entropy(&l, &t.storage(), &lt, 3, eps)
@@ -140,6 +146,7 @@ fn fused_cross_entropy_kernels_match_the_cpu_on_emulated_blocks() {
     }
     // A target out of range: that row's loss is NaN and the fault flag holds the slot.
     let bad = vec![0i64, 77, 3, 40, 5];
+    let xs = x0.to_vec::<f32>().unwrap();
     let (mut loss, mut lse, mut fault) = (vec![0f32; ROWS], vec![0f32; ROWS], vec![0i32]);
     let (xa, ba, la, za, fa) = (
         Addr::of(&xs),
