@@ -4,6 +4,7 @@
 // checks what the backend asks for (transposes, leading dimensions, batch strides, the bias's
 // side), not cuBLAS itself. Built as both libcublas and libcublasLt.
 
+#include "half.h"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -14,30 +15,10 @@ enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
 
 #define API extern "C" __attribute__((visibility("default")))
 
-static float load(const void* p, int type, int64_t i) {
-    switch (type) {
-    case R_32F: return ((const float*)p)[i];
-    case R_16F: return (float)((const _Float16*)p)[i];
-    default: {
-        uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
-        float f;
-        memcpy(&f, &b, 4);
-        return f;
-    }
-    }
-}
-static void store(void* p, int type, int64_t i, float v) {
-    switch (type) {
-    case R_32F: ((float*)p)[i] = v; break;
-    case R_16F: ((_Float16*)p)[i] = (_Float16)v; break;
-    default: {
-        uint32_t b;
-        memcpy(&b, &v, 4);
-        uint16_t h = v != v ? 0x7FFF : (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-        ((uint16_t*)p)[i] = h;
-    }
-    }
-}
+// A type code as an element kind (see half.h).
+static Kind kind(int type) { return type == R_32F ? K_F32 : type == R_16F ? K_F16 : K_BF16; }
+static float load(const void* p, int type, int64_t i) { return load(p, kind(type), i); }
+static void store(void* p, int type, int64_t i, float v) { store(p, kind(type), i, v); }
 static bool known(int type) { return type == R_32F || type == R_16F || type == R_16BF; }
 
 // C = alpha op(A) op(B) + beta C, column-major, one matrix; then + bias[row] and ReLU.

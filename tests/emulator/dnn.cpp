@@ -5,6 +5,7 @@
 // 1 MiB workspace, so that the backend's choice and workspace paths run. It checks the
 // descriptors the backend builds (shapes agree, one format, one data type), not cuDNN itself.
 
+#include "half.h"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -29,29 +30,10 @@ struct Conv {
     int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1, groups = 1, math = 0;
 };
 
-static float load(const void* p, int type, int64_t i) {
-    switch (type) {
-    case FLOAT: return ((const float*)p)[i];
-    case HALF: return (float)((const _Float16*)p)[i];
-    default: {
-        uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
-        float f;
-        memcpy(&f, &b, 4);
-        return f;
-    }
-    }
-}
-static void store(void* p, int type, int64_t i, float v) {
-    switch (type) {
-    case FLOAT: ((float*)p)[i] = v; break;
-    case HALF: ((_Float16*)p)[i] = (_Float16)v; break;
-    default: {
-        uint32_t b;
-        memcpy(&b, &v, 4);
-        ((uint16_t*)p)[i] = v != v ? 0x7FFF : (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-    }
-    }
-}
+// A type code as an element kind (see half.h).
+static Kind kind(int type) { return type == FLOAT ? K_F32 : type == HALF ? K_F16 : K_BF16; }
+static float load(const void* p, int type, int64_t i) { return load(p, kind(type), i); }
+static void store(void* p, int type, int64_t i, float v) { store(p, kind(type), i, v); }
 
 static int token;
 API size_t cudnnGetVersion() { return 90100; }

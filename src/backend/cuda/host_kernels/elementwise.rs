@@ -56,6 +56,14 @@ fn start<T>(v: &[T], skew: usize) -> usize {
     (16 - v.as_ptr() as usize % 16) % 16 / size + skew
 }
 
+/// Asserts `got` is within norm-wise relative error `tol` of `want`.
+fn near<T: crate::dtype::WithDType>(got: &[T], want: &[f64], tol: f64, what: &str) {
+    let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    assert!((num / den).sqrt() <= tol, "{what}: {got:?} vs {want:?}");
+}
+
 /// Runs the contiguous unary and binary kernels of dtype `T` (kernel suffix `t`) over every
 /// op, through the vectorised path (aligned, with a tail) and the scalar one (misaligned),
 /// and compares them with the CPU backend within `tol` (norm-wise).
@@ -69,15 +77,8 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
     let (x, y) = (mk(&mut g), mk(&mut g));
     let l = Layout::contiguous(&[n]);
     let to_vec = |s: Storage| Tensor::from_storage(s, &[n]).to_vec_f64().unwrap();
-    let check = |got: &[T], want: Vec<f64>, what: &str| {
-        let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
-        let num: f64 = got.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum();
-        let den: f64 = want.iter().map(|b| b * b).sum();
-        assert!(
-            (num / den).sqrt() <= tol,
-            "{what} ({t}): {got:?} vs {want:?}"
-        );
-    };
+    let check =
+        |got: &[T], want: Vec<f64>, what: &str| near(got, &want, tol, &format!("{what} ({t})"));
     let unary = UNARY_OPS;
     let (xs, ys) = (x.to_vec::<T>().unwrap(), y.to_vec::<T>().unwrap());
     // Room to place each buffer at an aligned start, or one element past it.
@@ -407,13 +408,7 @@ fn strided_unary_kernel_reads_the_view() {
             unsafe { f(code, a, b, xs.as_ptr(), s, out.as_mut_ptr(), 20) };
             let want = buf.storage().unary(&l, op).unwrap();
             let want: Vec<f64> = Tensor::from_storage(want, &[4, 5]).to_vec_f64().unwrap();
-            let got: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
-            let num: f64 = got.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum();
-            let den: f64 = want.iter().map(|b| b * b).sum();
-            assert!(
-                (num / den).sqrt() <= tol,
-                "{op:?} ({t}): {got:?} vs {want:?}"
-            );
+            near(&out, &want, tol, &format!("{op:?} ({t})"));
         }
     }
     check::<f32>(lib, "float", 1e-6);

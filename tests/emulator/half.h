@@ -1,0 +1,31 @@
+// Element loads and stores for the emulated libraries (blas.cpp, dnn.cpp): f32, f16 and bf16
+// (round to nearest even; NaN stays NaN), by kind. Each library maps its own type codes.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+enum Kind { K_F32, K_F16, K_BF16 };
+
+static inline float load(const void* p, Kind k, int64_t i) {
+    switch (k) {
+    case K_F32: return ((const float*)p)[i];
+    case K_F16: return (float)((const _Float16*)p)[i];
+    default: {
+        uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        return f;
+    }
+    }
+}
+static inline void store(void* p, Kind k, int64_t i, float v) {
+    switch (k) {
+    case K_F32: ((float*)p)[i] = v; break;
+    case K_F16: ((_Float16*)p)[i] = (_Float16)v; break;
+    default: {
+        uint32_t b;
+        memcpy(&b, &v, 4);
+        ((uint16_t*)p)[i] = v != v ? 0x7FFF : (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    }
+    }
+}
