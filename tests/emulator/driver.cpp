@@ -49,7 +49,7 @@ static size_t budget() {
     const char* v = getenv("MANTISSA_EMU_MEM_BYTES");
     return v ? strtoull(v, nullptr, 10) : (8ull << 30);
 }
-static int ctx_token, stream_token;
+static int ctx_token;
 
 #define API extern "C" __attribute__((visibility("default")))
 
@@ -308,20 +308,16 @@ struct Crew {
     Function* f = nullptr;
     void** params = nullptr;
     unsigned block = 0, blocks = 0;
-    bool quit = false;
-    std::vector<std::thread> team;
     explicit Crew(unsigned n) : threads(n), go(new std::barrier<>(n + 1)), done(new std::barrier<>(n + 1)) {
         for (unsigned t = 0; t < n; t++) {
-            team.emplace_back([this, t] {
+            std::thread([this, t] {
                 for (;;) {
                     go->arrive_and_wait();
-                    if (quit) return;
                     f->thread(block, t, threads, blocks);
                     f->launch(params);
                     done->arrive_and_wait();
                 }
-            });
-            team.back().detach();
+            }).detach();
         }
     }
 };

@@ -11,7 +11,6 @@
 #include <map>
 #include <set>
 #include <string>
-#include <unistd.h>
 
 typedef int nvrtcResult;
 enum { NVRTC_SUCCESS = 0, NVRTC_ERROR_INVALID_INPUT = 3, NVRTC_ERROR_COMPILATION = 6 };
