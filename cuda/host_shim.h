@@ -1,17 +1,18 @@
 // Host stand-ins for the CUDA built-ins the kernel files use, so that a kernel file (with the
 // prelude, exactly as NVRTC gets it) compiles as C++ and runs on the CPU. For tests only
-// (src/backend/cuda/host_kernels/): they check the kernels' index arithmetic against the CPU
-// backend without a GPU. Called directly, a kernel runs as a grid of one thread. Through
-// run_grid, one OS thread per CUDA thread, a block at a time (host_block, host_thread):
-// __syncthreads is a barrier, __shared__ memory a static, atomics are real atomics, and a
-// warp shuffle an exchange through memory between two block-wide barriers (so every thread
-// of the block must reach each shuffle, as block_reduce's callers do).
+// (src/backend/cuda/host_kernels/ and the emulated driver in tests/emulator/): they check the
+// kernels' index arithmetic without a GPU. Called directly, a kernel runs as a grid of one
+// thread. Through host_run_grid, a block's threads run as fibers on the calling OS thread,
+// taking turns: each runs until it reaches __syncthreads, ends, or is about to compare-and-swap
+// (so that CAS loops meet other threads' writes and retry, as on the GPU); the block passes a
+// barrier when every live thread has reached it. __shared__ memory is a static, atomics are
+// real atomics, and a warp shuffle an exchange through memory between two block-wide barriers
+// (so every thread of the block must reach each shuffle, as block_reduce's callers do).
 // Included twice: before the kernel source, and after it with MANTISSA_HOST_TAIL defined (the
 // half conversions the prelude declares need its types).
-
 #ifndef MANTISSA_HOST_TAIL
 #include <atomic>
-#include <barrier>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,20 +33,190 @@ struct HostDim3 {
 };
 static thread_local HostDim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
 static thread_local HostDim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-static std::barrier<>* host_barrier = nullptr;
-static float host_lanes[1024];
+static thread_local float host_lanes[1024];
 
-// Before a block's threads start: a barrier for `threads` of them.
-extern "C" void host_block(unsigned threads) {
-    delete host_barrier;
-    host_barrier = threads > 1 ? new std::barrier<>(threads) : nullptr;
-}
 // On each thread, before it calls the kernel: its place in the grid.
 extern "C" void host_thread(unsigned block, unsigned thread, unsigned threads, unsigned blocks) {
     blockIdx = {block, 0, 0};
     threadIdx = {thread, 0, 0};
     blockDim = {threads, 1, 1};
     gridDim = {blocks, 1, 1};
+}
+
+// Fibers. host_fiber_switch(from, to) saves the running fiber's registers on its stack and its
+// stack pointer in *from, then resumes the fiber whose stack pointer is `to`.
+#if defined(__x86_64__)
+extern "C" void host_fiber_switch(void** from, void* to);
+asm(R"(
+    .text
+    .p2align 4
+    .hidden host_fiber_switch
+    .globl host_fiber_switch
+    .type host_fiber_switch, @function
+host_fiber_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size host_fiber_switch, .-host_fiber_switch
+)");
+#else
+#include <ucontext.h>
+#endif
+#include <sys/mman.h>
+
+struct HostFiber {
+    void* sp;   // where it stopped (x86-64)
+    char* base; // its stack: a guard page, then the stack
+    bool done;
+    bool waiting; // at a barrier
+#if !defined(__x86_64__)
+    ucontext_t ctx;
+#endif
+};
+static constexpr std::size_t HOST_FIBER_STACK = 256 * 1024;
+static thread_local void* host_scheduler_sp;
+static thread_local HostFiber* host_fiber = nullptr; // the running one; null outside run_grid
+static thread_local void (*host_body)(void*);
+static thread_local void* host_body_arg;
+#if !defined(__x86_64__)
+static thread_local ucontext_t host_scheduler_ctx;
+#endif
+
+static void host_yield() {
+#if defined(__x86_64__)
+    host_fiber_switch(&host_fiber->sp, host_scheduler_sp);
+#else
+    swapcontext(&host_fiber->ctx, &host_scheduler_ctx);
+#endif
+}
+
+static void host_fiber_main() {
+    host_body(host_body_arg);
+    host_fiber->done = true;
+    host_yield(); // never resumed
+    __builtin_trap();
+}
+
+static void host_fiber_start(HostFiber& f) {
+    f.done = false;
+    f.waiting = false;
+    char* top = f.base + 4096 + HOST_FIBER_STACK;
+#if defined(__x86_64__)
+    // The frame host_fiber_switch pops: control words, six registers, then "returns" into
+    // host_fiber_main with the stack as just after a call (a zero return address above).
+    void** sp = (void**)top;
+    *--sp = nullptr;
+    *--sp = (void*)&host_fiber_main;
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    std::uint32_t mxcsr;
+    std::uint16_t fpcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    *--sp = nullptr;
+    std::memcpy((char*)sp, &mxcsr, 4);
+    std::memcpy((char*)sp + 4, &fpcw, 2);
+    f.sp = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.base + 4096;
+    f.ctx.uc_stack.ss_size = HOST_FIBER_STACK;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, host_fiber_main, 0);
+#endif
+}
+
+static void host_fiber_resume(HostFiber& f) {
+    host_fiber = &f;
+#if defined(__x86_64__)
+    host_fiber_switch(&host_scheduler_sp, f.sp);
+#else
+    swapcontext(&host_scheduler_ctx, &f.ctx);
+#endif
+    host_fiber = nullptr;
+}
+
+// This OS thread's fiber stacks: kept from grid to grid, unmapped when the thread ends.
+struct HostStacks {
+    HostFiber* fibers = nullptr;
+    unsigned have = 0;
+    // At least `threads` stacks; false (and as before) when the memory cannot be had.
+    bool reserve(unsigned threads) {
+        if (have >= threads) return true;
+        HostFiber* more = new HostFiber[threads];
+        for (unsigned t = 0; t < threads; t++) {
+            if (t < have) {
+                more[t].base = fibers[t].base;
+                continue;
+            }
+            void* m = mmap(nullptr, 4096 + HOST_FIBER_STACK, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED) {
+                for (unsigned u = have; u < t; u++) munmap(more[u].base, 4096 + HOST_FIBER_STACK);
+                delete[] more;
+                return false;
+            }
+            mprotect(m, 4096, PROT_NONE); // an overflow faults instead of writing elsewhere
+            more[t].base = (char*)m;
+        }
+        delete[] fibers;
+        fibers = more;
+        have = threads;
+        return true;
+    }
+    ~HostStacks() {
+        for (unsigned t = 0; t < have; t++) munmap(fibers[t].base, 4096 + HOST_FIBER_STACK);
+        delete[] fibers;
+    }
+};
+
+// Runs body(arg) as every thread of a grid of `blocks` blocks of `threads` threads, a block at
+// a time, its threads as fibers on this OS thread. 0 on success, -1 when stacks cannot be had.
+// Shared memory is static: one grid of a library at a time.
+extern "C" int host_run_grid(unsigned blocks, unsigned threads, void (*body)(void*), void* arg) {
+    static thread_local HostStacks stacks;
+    if (!stacks.reserve(threads)) return -1;
+    HostFiber* fibers = stacks.fibers;
+    host_body = body;
+    host_body_arg = arg;
+    for (unsigned b = 0; b < blocks; b++) {
+        for (unsigned t = 0; t < threads; t++) host_fiber_start(fibers[t]);
+        for (unsigned live = threads; live > 0;) {
+            unsigned waiting = 0;
+            for (unsigned t = 0; t < threads; t++) {
+                if (fibers[t].done || fibers[t].waiting) {
+                    waiting += fibers[t].waiting;
+                    continue;
+                }
+                host_thread(b, t, threads, blocks);
+                host_fiber_resume(fibers[t]);
+                live -= fibers[t].done;
+                waiting += fibers[t].waiting;
+            }
+            if (waiting == live) { // all there: through the barrier
+                for (unsigned t = 0; t < threads; t++) fibers[t].waiting = false;
+            }
+        }
+    }
+    host_thread(0, 0, 1, 1); // a direct call on this thread is a grid of one thread again
+    return 0;
 }
 
 struct uint2 {
@@ -70,21 +241,27 @@ inline unsigned __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
-// Real atomics (C++20 atomic_ref), so that kernels run by many emulated threads at once
-// (run_grid) contend as on the GPU. A failed compare-exchange loads the current value into
-// `compare`, so it holds the old value either way.
+// Atomics (C++20 atomic_ref). In a fiber, a compare-and-swap first lets the block's other
+// threads run, so that a CAS loop sees their writes between its load and its swap and retries,
+// as it does on the GPU. A failed compare-exchange loads the current value into `compare`, so
+// it holds the old value either way.
 inline int atomicCAS(int* p, int compare, int value) {
+    if (host_fiber) host_yield();
     std::atomic_ref<int>(*p).compare_exchange_strong(compare, value);
     return compare;
 }
 inline unsigned atomicCAS(unsigned* p, unsigned compare, unsigned value) {
+    if (host_fiber) host_yield();
     std::atomic_ref<unsigned>(*p).compare_exchange_strong(compare, value);
     return compare;
 }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __syncthreads() {
-    if (host_barrier) host_barrier->arrive_and_wait();
+    if (host_fiber) {
+        host_fiber->waiting = true;
+        host_yield();
+    }
 }
 // cvt.rzi.s64.f64: toward zero, saturating, NaN to 0.
 inline long long host_f64_to_i64(double r) {
@@ -103,11 +280,18 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
 
 #else
 
-float to_f32(f16 x) {
-    _Float16 h;
-    std::memcpy(&h, &x.bits, 2);
-    return (float)h;
-}
+// By table: the compiler's conversion is a library call without F16C.
+static float host_f16_values[65536];
+static const bool host_f16_filled = [] {
+    for (unsigned b = 0; b < 65536; b++) {
+        u16 bits = (u16)b;
+        _Float16 h;
+        std::memcpy(&h, &bits, 2);
+        host_f16_values[b] = (float)h;
+    }
+    return true;
+}();
+float to_f32(f16 x) { return host_f16_values[x.bits]; }
 template <> f16 from_f32<f16>(float x) {
     _Float16 h = (_Float16)x;
     f16 r;

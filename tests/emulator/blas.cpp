@@ -1,10 +1,12 @@
 // An emulated cuBLAS / cuBLASLt for the emulated driver (driver.cpp): the few calls the
-// backend makes (cublasGemmStridedBatchedEx; cuBLASLt's matmul with a bias or bias + ReLU
-// epilogue), computed naively on the host in column-major order with f32 accumulation. It
-// checks what the backend asks for (transposes, leading dimensions, batch strides, the bias's
-// side), not cuBLAS itself. Built as both libcublas and libcublasLt.
+// backend makes (cublasGemmStridedBatchedEx, and GemmEx / Sgemm for gpu_check; cuBLASLt's
+// matmul with a bias or bias + ReLU epilogue), computed naively on the host in column-major
+// order with f32 accumulation. It checks what the backend asks for (transposes, leading
+// dimensions, batch strides, the bias's side), not cuBLAS itself. The products run when their
+// stream does (queue.h). Built as both libcublas and libcublasLt.
 
 #include "half.h"
+#include "queue.h"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -42,17 +44,13 @@ static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     }
 }
 
-static int handle_token;
-API Status cublasCreate_v2(void** h) {
-    *h = &handle_token;
-    return SUCCESS;
-}
-API Status cublasDestroy_v2(void*) { return SUCCESS; }
-API Status cublasSetStream_v2(void*, void*) { return SUCCESS; }
+API Status cublasCreate_v2(Handle** h) { return create_handle(h); }
+API Status cublasDestroy_v2(Handle* h) { return destroy_handle(h); }
+API Status cublasSetStream_v2(Handle* h, void* stream) { return set_handle_stream(h, stream); }
 API Status cublasSetMathMode(void*, int) { return SUCCESS; }
 API Status cublasSetWorkspace_v2(void*, void*, size_t) { return SUCCESS; }
 
-API Status cublasGemmStridedBatchedEx(void*, int ta, int tb, int m, int n, int k, const void* alpha,
+API Status cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int n, int k, const void* alpha,
                                       const void* a, int at, int lda, long long sa, const void* b, int bt,
                                       int ldb, long long sb, const void* beta, void* c, int ct, int ldc,
                                       long long sc, int batch, int, int) {
@@ -63,12 +61,27 @@ API Status cublasGemmStridedBatchedEx(void*, int ta, int tb, int m, int n, int k
         return INVALID_VALUE;
     }
     int size = at == R_32F ? 4 : 2;
-    for (int bi = 0; bi < batch; bi++) {
-        gemm(ta != 0, tb != 0, m, n, k, *(const float*)alpha, (const char*)a + bi * sa * size, at, lda,
-             (const char*)b + bi * sb * size, bt, ldb, *(const float*)beta, (const char*)c + bi * sc * size,
-             (char*)c + bi * sc * size, ct, ldc, ldc, nullptr, false);
-    }
+    float al = *(const float*)alpha, be = *(const float*)beta; // host scalars: read now
+    later(h->stream, [=] {
+        for (int bi = 0; bi < batch; bi++) {
+            gemm(ta != 0, tb != 0, m, n, k, al, (const char*)a + bi * sa * size, at, lda,
+                 (const char*)b + bi * sb * size, bt, ldb, be, (const char*)c + bi * sc * size,
+                 (char*)c + bi * sc * size, ct, ldc, ldc, nullptr, false);
+        }
+    });
     return SUCCESS;
+}
+
+// One product: a batch of one (gpu_check's GEMM figure calls these through cudarc).
+API Status cublasGemmEx(Handle* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* a,
+                        int at, int lda, const void* b, int bt, int ldb, const void* beta, void* c, int ct,
+                        int ldc, int compute, int algo) {
+    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, a, at, lda, 0, b, bt, ldb, 0, beta, c, ct,
+                                      ldc, 0, 1, compute, algo);
+}
+API Status cublasSgemm_v2(Handle* h, int ta, int tb, int m, int n, int k, const float* alpha, const float* a,
+                          int lda, const float* b, int ldb, const float* beta, float* c, int ldc) {
+    return cublasGemmEx(h, ta, tb, m, n, k, alpha, a, R_32F, lda, b, R_32F, ldb, beta, c, R_32F, ldc, 0, 0);
 }
 
 // cuBLASLt: descriptors are plain structs.
@@ -82,6 +95,7 @@ struct LtDesc {
     const void* bias = nullptr;
 };
 API size_t cublasLtGetVersion() { return 130000; }
+static int handle_token;
 API Status cublasLtCreate(void** h) {
     *h = &handle_token;
     return SUCCESS;
@@ -153,13 +167,18 @@ API Status cublasLtMatmulAlgoGetHeuristic(void*, LtDesc* d, LtLayout* a, LtLayou
 }
 API Status cublasLtMatmul(void*, LtDesc* d, const void* alpha, const void* a, LtLayout* al, const void* b,
                           LtLayout* bl, const void* beta, const void* c, LtLayout* cl, void* out,
-                          LtLayout* dl, const void*, void*, size_t, void*) {
+                          LtLayout* dl, const void*, void*, size_t, void* stream) {
     if (!shapes(d, al, bl, cl, dl)) return INVALID_VALUE;
     bool bias = d->epilogue == 4 || d->epilogue == 6, relu = d->epilogue == 2 || d->epilogue == 6;
     if (bias && !d->bias) return INVALID_VALUE;
     int64_t k = d->ta ? al->rows : al->cols;
-    gemm(d->ta != 0, d->tb != 0, dl->rows, dl->cols, k, *(const float*)alpha, a, al->type, al->ld, b,
-         bl->type, bl->ld, *(const float*)beta, c, out, dl->type, cl->ld, dl->ld, bias ? d->bias : nullptr,
-         relu);
+    // The descriptors and host scalars as they are now: the caller may change or free them.
+    LtDesc dd = *d;
+    LtLayout A = *al, B = *bl, C = *cl, D = *dl;
+    float alv = *(const float*)alpha, bev = *(const float*)beta;
+    later(stream, [=] {
+        gemm(dd.ta != 0, dd.tb != 0, D.rows, D.cols, k, alv, a, A.type, A.ld, b, B.type, B.ld, bev, c, out,
+             D.type, C.ld, D.ld, bias ? dd.bias : nullptr, relu);
+    });
     return SUCCESS;
 }

@@ -4,8 +4,11 @@
 // "algorithms" per pass, the first deterministic without a workspace, the second not, with a
 // 1 MiB workspace, so that the backend's choice and workspace paths run. It checks the
 // descriptors the backend builds (shapes agree, one format, one data type), not cuDNN itself.
+// The convolutions run when their stream does (queue.h).
 
 #include "half.h"
+#include "queue.h"
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -35,14 +38,10 @@ static Kind kind(int type) { return type == FLOAT ? K_F32 : type == HALF ? K_F16
 static float load(const void* p, int type, int64_t i) { return load(p, kind(type), i); }
 static void store(void* p, int type, int64_t i, float v) { store(p, kind(type), i, v); }
 
-static int token;
 API size_t cudnnGetVersion() { return 90100; }
-API Status cudnnCreate(void** h) {
-    *h = &token;
-    return SUCCESS;
-}
-API Status cudnnDestroy(void*) { return SUCCESS; }
-API Status cudnnSetStream(void*, void*) { return SUCCESS; }
+API Status cudnnCreate(Handle** h) { return create_handle(h); }
+API Status cudnnDestroy(Handle* h) { return destroy_handle(h); }
+API Status cudnnSetStream(Handle* h, void* stream) { return set_handle_stream(h, stream); }
 API const char* cudnnGetErrorString(Status) { return "emulated cuDNN error"; }
 
 API Status cudnnCreateTensorDescriptor(Tensor** t) {
@@ -140,11 +139,8 @@ static std::vector<float> unpack(const Tensor& t, const void* p) {
                 for (int x = 0; x < t.w; x++) v[(((int64_t)a * t.c + b) * t.h + y) * t.w + x] = load(p, t.type, t.at(a, b, y, x));
     return v;
 }
-static Status run(Pass pass, const float* alpha, const float* beta, const Tensor& x, const void* xp,
-                  const Tensor& w, const void* wp, const Conv& c, const Tensor& y, const void* yp, int algo,
-                  size_t ws) {
-    if (!agree(x, w, c, y) || algo < 0 || algo > 1) return BAD_PARAM;
-    if (algo == 1 && ws < (1u << 20)) return BAD_PARAM;
+static void compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
+                    const void* wp, const Conv& c, const Tensor& y, const void* yp) {
     // The two inputs as f32 NCHW; the result accumulated in f32 NCHW.
     std::vector<float> X = pass == DATA ? std::vector<float>(x.size(), 0.0f) : unpack(x, xp);
     std::vector<float> W = pass == FILTER ? std::vector<float>(w.size(), 0.0f) : unpack(w, wp);
@@ -158,19 +154,25 @@ static Status run(Pass pass, const float* alpha, const float* beta, const Tensor
                     for (int s = 0; s < w.w; s++) {
                         int64_t wi = (((int64_t)k * w.c + ci) * w.h + r) * w.w + s;
                         float wv = W[wi], dw = 0.0f;
+                        // The outputs whose input column iw = ow * v + off is inside the row.
+                        int off = s * c.dil_w - c.pad_w;
+                        int lo = off >= 0 ? 0 : (-off + c.v - 1) / c.v;
+                        int hi = std::min(y.w, (x.w - off + c.v - 1) / c.v);
                         for (int oh = 0; oh < y.h; oh++) {
                             int ih = oh * c.u - c.pad_h + r * c.dil_h;
                             if (ih < 0 || ih >= x.h) continue;
-                            int64_t xrow = (((int64_t)n * x.c + xc) * x.h + ih) * x.w;
-                            int64_t yrow = (((int64_t)n * y.c + k) * y.h + oh) * y.w;
-                            for (int ow = 0; ow < y.w; ow++) {
-                                int iw = ow * c.v - c.pad_w + s * c.dil_w;
-                                if (iw < 0 || iw >= x.w) continue;
-                                switch (pass) {
-                                case FORWARD: Y[yrow + ow] += X[xrow + iw] * wv; break;
-                                case DATA: X[xrow + iw] += Y[yrow + ow] * wv; break;
-                                case FILTER: dw += Y[yrow + ow] * X[xrow + iw]; break;
-                                }
+                            float* __restrict__ xr = X.data() + (((int64_t)n * x.c + xc) * x.h + ih) * x.w;
+                            float* __restrict__ yr = Y.data() + (((int64_t)n * y.c + k) * y.h + oh) * y.w;
+                            switch (pass) {
+                            case FORWARD:
+                                for (int ow = lo; ow < hi; ow++) yr[ow] += xr[ow * c.v + off] * wv;
+                                break;
+                            case DATA:
+                                for (int ow = lo; ow < hi; ow++) xr[ow * c.v + off] += yr[ow] * wv;
+                                break;
+                            case FILTER:
+                                for (int ow = lo; ow < hi; ow++) dw += yr[ow] * xr[ow * c.v + off];
+                                break;
                             }
                         }
                         if (pass == FILTER) W[wi] += dw;
@@ -184,24 +186,33 @@ static Status run(Pass pass, const float* alpha, const float* beta, const Tensor
             for (int yy = 0; yy < o.h; yy++)
                 for (int xx = 0; xx < o.w; xx++) {
                     int64_t i = o.at(a, b, yy, xx);
-                    float v = *alpha * R[(((int64_t)a * o.c + b) * o.h + yy) * o.w + xx];
-                    if (*beta != 0.0f) v += *beta * load(op, o.type, i);
+                    float v = alpha * R[(((int64_t)a * o.c + b) * o.h + yy) * o.w + xx];
+                    if (beta != 0.0f) v += beta * load(op, o.type, i);
                     store(op, o.type, i, v);
                 }
+}
+// Checks the call now; queues the convolution, with copies of the descriptors and scalars.
+static Status run(Handle* h, Pass pass, const float* alpha, const float* beta, const Tensor& x,
+                  const void* xp, const Tensor& w, const void* wp, const Conv& c, const Tensor& y,
+                  const void* yp, int algo, size_t ws) {
+    if (!agree(x, w, c, y) || algo < 0 || algo > 1) return BAD_PARAM;
+    if (algo == 1 && ws < (1u << 20)) return BAD_PARAM;
+    float al = *alpha, be = *beta;
+    later(h->stream, [=] { compute(pass, al, be, x, xp, w, wp, c, y, yp); });
     return SUCCESS;
 }
-API Status cudnnConvolutionForward(void*, const float* alpha, const Tensor* xd, const void* x, const Tensor* wd,
+API Status cudnnConvolutionForward(Handle* h, const float* alpha, const Tensor* xd, const void* x, const Tensor* wd,
                                    const void* w, const Conv* c, int algo, void*, size_t ws, const float* beta,
                                    const Tensor* yd, void* y) {
-    return run(FORWARD, alpha, beta, *xd, x, *wd, w, *c, *yd, y, algo, ws);
+    return run(h, FORWARD, alpha, beta, *xd, x, *wd, w, *c, *yd, y, algo, ws);
 }
-API Status cudnnConvolutionBackwardData(void*, const float* alpha, const Tensor* wd, const void* w,
+API Status cudnnConvolutionBackwardData(Handle* h, const float* alpha, const Tensor* wd, const void* w,
                                         const Tensor* yd, const void* dy, const Conv* c, int algo, void*,
                                         size_t ws, const float* beta, const Tensor* xd, void* dx) {
-    return run(DATA, alpha, beta, *xd, dx, *wd, w, *c, *yd, dy, algo, ws);
+    return run(h, DATA, alpha, beta, *xd, dx, *wd, w, *c, *yd, dy, algo, ws);
 }
-API Status cudnnConvolutionBackwardFilter(void*, const float* alpha, const Tensor* xd, const void* x,
+API Status cudnnConvolutionBackwardFilter(Handle* h, const float* alpha, const Tensor* xd, const void* x,
                                           const Tensor* yd, const void* dy, const Conv* c, int algo, void*,
                                           size_t ws, const float* beta, const Tensor* wd, void* dw) {
-    return run(FILTER, alpha, beta, *xd, x, *wd, dw, *c, *yd, dy, algo, ws);
+    return run(h, FILTER, alpha, beta, *xd, x, *wd, dw, *c, *yd, dy, algo, ws);
 }

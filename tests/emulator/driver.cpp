@@ -1,26 +1,29 @@
 // An emulated CUDA driver (libcuda.so.1) for running the CUDA backend's host side on a machine
-// without a GPU: device memory is host memory, every call is synchronous (streams and events
-// order nothing), and a kernel launch runs the kernel file built for the host by the emulated
-// NVRTC (nvrtc.cpp: the same source with cuda/host_shim.h, plus a `NAME__launch(void**)`
-// trampoline per kernel). What it checks: the launchers' argument lists, views, offsets and
-// sizes, the caching allocator, copies, fault flags, out-of-memory paths. What it cannot:
-// speed, the GPU's memory model, stream ordering, cuBLAS and cuDNN (not emulated).
+// without a GPU: device memory is host memory, streams run their queued work lazily (see
+// "Streams" below), and a kernel launch runs the kernel file built for the host by the
+// emulated NVRTC (nvrtc.cpp: the same source with cuda/host_shim.h, plus per-kernel
+// trampolines). What it checks: the launchers' argument lists, views, offsets and sizes, the
+// caching allocator, copies, fault flags, out-of-memory paths, and that the host waits for
+// the work whose results it reads. What it cannot: speed, the GPU's memory model, work of two
+// streams running at once. cuBLAS(Lt) and cuDNN are emulated apart (blas.cpp, dnn.cpp) and
+// queue their work here (emu_enqueue).
 //
 // One device, reported as compute capability 9.0 with 132 SMs. MANTISSA_EMU_MEM_BYTES caps
 // device memory (default 8 GiB) so that out-of-memory paths can be reached.
 
-#include <barrier>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <dlfcn.h>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 typedef int CUresult;
@@ -39,6 +42,7 @@ enum {
     INVALID_DEVICE = 101,
     INVALID_HANDLE = 400,
     NOT_FOUND = 500,
+    NOT_READY = 600,
     NOT_SUPPORTED = 801,
 };
 
@@ -52,6 +56,7 @@ static size_t budget() {
 static int ctx_token;
 
 #define API extern "C" __attribute__((visibility("default")))
+typedef std::chrono::steady_clock Clock;
 
 API CUresult cuInit(unsigned) { return OK; }
 API CUresult cuDriverGetVersion(int* v) {
@@ -122,7 +127,6 @@ API CUresult cuCtxGetDevice(CUdevice* d) {
     *d = 0;
     return OK;
 }
-API CUresult cuCtxSynchronize() { return OK; }
 API CUresult cuCtxPushCurrent_v2(CUcontext) { return OK; }
 API CUresult cuCtxPopCurrent_v2(CUcontext* c) {
     if (c) *c = &ctx_token;
@@ -134,8 +138,111 @@ API CUresult cuCtxGetFlags(unsigned* f) {
     return OK;
 }
 
-API CUresult cuStreamCreate(CUstream* s, unsigned) {
-    *s = new int(0);
+// Streams run lazily, as a GPU may: work is queued, and runs only when the host waits for it
+// (a stream, event or context synchronisation, an event or stream query, a synchronous
+// copy, a free) or another stream waits on an event after it. So a host read without the
+// wait it needs sees device memory as it was, and a copy from pinned memory reads the
+// buffer when it runs, not when it was queued. The streams cudarc makes are non-blocking:
+// they do not wait for the legacy stream's synchronous copies, nor those for them.
+// MANTISSA_EMU_STREAMS=others-first: when the host waits for a stream, the other streams'
+// queued work runs first (as far as its own waits allow), so that work the host did not
+// order after the stream runs before it; the default runs only what the wait needs, so that
+// work the host did not order before it has not run yet.
+struct Stream {
+    std::deque<std::function<void()>> q;
+    bool blocking; // synchronises with the legacy stream (not CU_STREAM_NON_BLOCKING)
+};
+// One event record: done once the work queued before it has run.
+struct Marker {
+    bool done = false;
+    Clock::time_point at;
+};
+struct Event {
+    Stream* stream = nullptr; // of the latest record
+    std::shared_ptr<Marker> last;
+};
+static std::recursive_mutex run_mu; // every queue, and running queued work
+// MANTISSA_EMU_TRACE=1: launches (as they are queued), host waits and event queries on stderr.
+static bool trace() {
+    static bool on = getenv("MANTISSA_EMU_TRACE") != nullptr;
+    return on;
+}
+static Stream legacy{{}, true};
+static std::set<Stream*> streams = {&legacy};
+
+static Stream* S(CUstream s) { // 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the legacy stream
+    return (uintptr_t)s <= 2 ? &legacy : (Stream*)s;
+}
+static void run_front(Stream* s) {
+    auto f = std::move(s->q.front());
+    s->q.pop_front();
+    f();
+}
+static void drain(Stream* s) {
+    while (!s->q.empty()) run_front(s);
+}
+static void drain_all() {
+    for (bool any = true; any;) {
+        any = false;
+        for (Stream* s : streams) {
+            if (!s->q.empty()) any = true, drain(s);
+        }
+    }
+}
+// Before work on the legacy stream: the blocking streams' queued work (and the reverse is
+// left out: the backend's streams are non-blocking).
+static void legacy_waits() {
+    for (Stream* s : streams) {
+        if (s->blocking) drain(s);
+    }
+}
+// The host waits for `s` (up to the record `m`, when given).
+static void host_waits(Stream* s, const std::shared_ptr<Marker>& m = nullptr) {
+    if (trace()) fprintf(stderr, "host waits for stream %p (%zu queued)%s\n", (void*)s, s->q.size(), m ? " up to an event" : "");
+    static bool others_first = [] {
+        const char* v = getenv("MANTISSA_EMU_STREAMS");
+        return v && strcmp(v, "others-first") == 0;
+    }();
+    if (others_first) {
+        for (Stream* o : streams) {
+            if (o != s) drain(o);
+        }
+    }
+    if (s == &legacy) legacy_waits();
+    if (m) {
+        while (!m->done) run_front(s);
+    } else {
+        drain(s);
+    }
+}
+static void enqueue(CUstream s, std::function<void()> f) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Stream* st = S(s);
+    if (st == &legacy) {
+        legacy_waits();
+        f();
+        return;
+    }
+    st->q.push_back(std::move(f));
+}
+// For the emulated cuBLAS and cuDNN: queue run(ctx) on stream s.
+API int emu_enqueue(CUstream s, void (*run)(void*), void* ctx) {
+    enqueue(s, [run, ctx] { run(ctx); });
+    return 0;
+}
+// Runs now, after the legacy stream's queued work: a synchronous call.
+static void now(std::function<void()> f) { enqueue(nullptr, std::move(f)); }
+
+API CUresult cuCtxSynchronize() {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    drain_all();
+    return OK;
+}
+API CUresult cuStreamCreate(CUstream* s, unsigned flags) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Stream* st = new Stream{{}, (flags & 1) == 0};
+    streams.insert(st);
+    *s = st;
     return OK;
 }
 API CUresult cuStreamCreateWithPriority(CUstream* s, unsigned f, int) { return cuStreamCreate(s, f); }
@@ -144,68 +251,132 @@ API CUresult cuCtxGetStreamPriorityRange(int* lo, int* hi) {
     *hi = -5;
     return OK;
 }
-API CUresult cuStreamDestroy_v2(CUstream s) {
-    delete (int*)s;
+API CUresult cuStreamDestroy_v2(CUstream s) { // its queued work still runs
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Stream* st = S(s);
+    if (st == &legacy) return INVALID_HANDLE;
+    drain(st);
+    streams.erase(st);
+    delete st;
     return OK;
 }
-API CUresult cuStreamSynchronize(CUstream) { return OK; }
-API CUresult cuStreamQuery(CUstream) { return OK; }
-API CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned) { return OK; }
+API CUresult cuStreamSynchronize(CUstream s) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    host_waits(S(s));
+    return OK;
+}
+// Not ready while work is queued; each query runs one piece, so that polling ends.
+API CUresult cuStreamQuery(CUstream s) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Stream* st = S(s);
+    if (st->q.empty()) return OK;
+    run_front(st);
+    return st->q.empty() ? OK : NOT_READY;
+}
 
-// An event holds the time it was recorded at.
-typedef std::chrono::steady_clock Clock;
 API CUresult cuEventCreate(CUevent* e, unsigned) {
-    *e = new Clock::time_point(Clock::now());
+    *e = new Event;
     return OK;
 }
-API CUresult cuEventDestroy_v2(CUevent e) {
-    delete (Clock::time_point*)e;
+API CUresult cuEventDestroy_v2(CUevent e) { // a queued record still completes
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    delete (Event*)e;
     return OK;
 }
-API CUresult cuEventRecord(CUevent e, CUstream) {
-    *(Clock::time_point*)e = Clock::now();
+API CUresult cuEventRecord(CUevent e, CUstream s) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Event* ev = (Event*)e;
+    auto m = std::make_shared<Marker>();
+    ev->stream = S(s);
+    ev->last = m;
+    enqueue(s, [m] {
+        m->at = Clock::now();
+        m->done = true;
+    });
     return OK;
 }
 API CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned) { return cuEventRecord(e, s); }
-API CUresult cuEventSynchronize(CUevent) { return OK; }
-API CUresult cuEventQuery(CUevent) { return OK; }
+// Runs `st`'s queue up to the record `m` (already run when the stream is gone).
+static void reach(Stream* st, const std::shared_ptr<Marker>& m) {
+    while (m && !m->done) run_front(st);
+}
+API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Event* ev = (Event*)e;
+    if (!ev->last) return OK; // never recorded: nothing to wait for
+    Stream* from = ev->stream;
+    auto m = ev->last;
+    enqueue(s, [from, m] { reach(from, m); });
+    return OK;
+}
+API CUresult cuEventSynchronize(CUevent e) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Event* ev = (Event*)e;
+    if (ev->last) host_waits(ev->stream, ev->last);
+    return OK;
+}
+API CUresult cuEventQuery(CUevent e) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Event* ev = (Event*)e;
+    if (trace()) fprintf(stderr, "query event %p: %s, %zu queued\n", e, !ev->last ? "unrecorded" : ev->last->done ? "done" : "pending", ev->stream ? ev->stream->q.size() : 0);
+    if (!ev->last || ev->last->done) return OK;
+    run_front(ev->stream);
+    return ev->last->done ? OK : NOT_READY;
+}
 API CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
-    auto d = *(Clock::time_point*)b - *(Clock::time_point*)a;
-    *ms = std::chrono::duration<float, std::milli>(d).count();
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    auto ma = ((Event*)a)->last, mb = ((Event*)b)->last;
+    if (!ma || !mb) return INVALID_HANDLE;
+    if (!ma->done || !mb->done) return NOT_READY;
+    *ms = std::chrono::duration<float, std::milli>(mb->at - ma->at).count();
     return OK;
 }
 API CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
 
-// Memory: 256-byte aligned host blocks, counted against the budget.
+// Memory: 256-byte aligned host blocks, counted against the budget in whole 256 bytes.
+static size_t counted(size_t bytes) { return bytes == 0 ? 256 : (bytes + 255) / 256 * 256; }
 API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
     std::lock_guard<std::mutex> g(mu);
-    size_t size = (bytes + 255) / 256 * 256;
-    if (size == 0) size = 256;
+    size_t size = counted(bytes);
     if (used + size > budget()) return OUT_OF_MEMORY;
-    void* q = aligned_alloc(256, size);
-    if (!q) return OUT_OF_MEMORY;
+    // The bytes asked for, to a whole 4, so that a sanitizer run (run.sh) sees an access past
+    // them; a half's atomic add (a CAS of the 32-bit word that holds it) may touch the 2 bytes
+    // after the last, which the GPU's 256-byte granules allow.
+    size_t exact = (bytes + 3) / 4 * 4;
+    void* q = nullptr;
+    if (posix_memalign(&q, 256, exact ? exact : 4) != 0) return OUT_OF_MEMORY;
     // Fresh device memory is not zero: fill it with a NaN pattern, so that a kernel that reads
     // what it never wrote shows.
-    memset(q, 0xFF, size);
-    blocks[(uintptr_t)q] = size;
+    memset(q, 0xFF, exact);
+    blocks[(uintptr_t)q] = bytes;
     used += size;
     *p = (CUdeviceptr)q;
     return OK;
 }
 API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) { return cuMemAlloc_v2(p, bytes); }
-API CUresult cuMemFree_v2(CUdeviceptr p) {
+// Gives a block back (after the work that may use it, which the callers see to).
+static CUresult release(CUdeviceptr p) {
     std::lock_guard<std::mutex> g(mu);
     auto it = blocks.find((uintptr_t)p);
     if (it == blocks.end()) {
         fprintf(stderr, "emulated cuMemFree: %llx is not an allocation\n", p);
         return INVALID_VALUE;
     }
-    used -= it->second;
+    used -= counted(it->second);
     blocks.erase(it);
     free((void*)p);
     return OK;
 }
-API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return cuMemFree_v2(p); }
+API CUresult cuMemFree_v2(CUdeviceptr p) { // waits for all queued work, as the GPU's does
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    drain_all();
+    return release(p);
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    drain(S(s));
+    return release(p);
+}
 
 // A copy or fill must stay inside one allocation (device side), as on the GPU.
 static bool inside(CUdeviceptr p, size_t bytes, const char* what) {
@@ -218,46 +389,91 @@ static bool inside(CUdeviceptr p, size_t bytes, const char* what) {
     fprintf(stderr, "emulated %s: [%llx, +%zu) is outside every allocation\n", what, p, bytes);
     return false;
 }
+// Pinned host memory (cuMemHostAlloc): address -> size.
+static std::map<uintptr_t, size_t> pinned;
+static bool is_pinned(const void* h, size_t n) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = pinned.upper_bound((uintptr_t)h);
+    if (it == pinned.begin()) return false;
+    --it;
+    return (uintptr_t)h >= it->first && (uintptr_t)h + n <= it->first + it->second;
+}
+
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) {
     if (!inside(d, n, "cuMemcpyHtoD")) return INVALID_VALUE;
-    memcpy((void*)d, h, n);
+    now([=] { memcpy((void*)d, h, n); });
     return OK;
 }
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, CUstream) { return cuMemcpyHtoD_v2(d, h, n); }
+// From pinned memory the copy reads the buffer when it runs; from pageable memory the driver
+// stages it first, so the buffer is free again on return.
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, CUstream s) {
+    if (!inside(d, n, "cuMemcpyHtoDAsync")) return INVALID_VALUE;
+    if (is_pinned(h, n)) {
+        enqueue(s, [=] { memcpy((void*)d, h, n); });
+    } else {
+        auto staged = std::make_shared<std::vector<char>>((const char*)h, (const char*)h + n);
+        enqueue(s, [=] { memcpy((void*)d, staged->data(), n); });
+    }
+    return OK;
+}
 API CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) {
     if (!inside(d, n, "cuMemcpyDtoH")) return INVALID_VALUE;
-    memcpy(h, (void*)d, n);
+    now([=] { memcpy(h, (void*)d, n); });
     return OK;
 }
-API CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, CUstream) { return cuMemcpyDtoH_v2(h, d, n); }
-API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
-    if (!inside(d, n, "cuMemcpyDtoD (dst)") || !inside(s, n, "cuMemcpyDtoD (src)")) return INVALID_VALUE;
-    memmove((void*)d, (void*)s, n);
+// Into pinned memory the copy lands when it runs; into pageable memory the call returns once
+// it has (after the stream's earlier work).
+API CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, CUstream s) {
+    if (!inside(d, n, "cuMemcpyDtoHAsync")) return INVALID_VALUE;
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    enqueue(s, [=] { memcpy(h, (void*)d, n); });
+    if (!is_pinned(h, n)) host_waits(S(s));
     return OK;
 }
-API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) { return cuMemcpyDtoD_v2(d, s, n); }
-API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
-    if (!inside(d, n, "cuMemsetD8")) return INVALID_VALUE;
-    memset((void*)d, v, n);
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr src, size_t n) {
+    if (!inside(d, n, "cuMemcpyDtoD (dst)") || !inside(src, n, "cuMemcpyDtoD (src)")) return INVALID_VALUE;
+    now([=] { memmove((void*)d, (void*)src, n); });
     return OK;
 }
-API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream) { return cuMemsetD8_v2(d, v, n); }
-API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream) {
-    if (!inside(d, 2 * n, "cuMemsetD16")) return INVALID_VALUE;
-    for (size_t i = 0; i < n; i++) ((unsigned short*)d)[i] = v;
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s) {
+    if (!inside(d, n, "cuMemcpyDtoDAsync (dst)") || !inside(src, n, "cuMemcpyDtoDAsync (src)"))
+        return INVALID_VALUE;
+    enqueue(s, [=] { memmove((void*)d, (void*)src, n); });
     return OK;
 }
-API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream) {
-    if (!inside(d, 4 * n, "cuMemsetD32")) return INVALID_VALUE;
-    for (size_t i = 0; i < n; i++) ((unsigned*)d)[i] = v;
+// Fills of 1, 2 or 4 bytes.
+template <typename T> static CUresult fill(CUdeviceptr d, T v, size_t n, CUstream s, bool sync, const char* what) {
+    if (!inside(d, sizeof(T) * n, what)) return INVALID_VALUE;
+    auto run = [=] {
+        for (size_t i = 0; i < n; i++) ((T*)d)[i] = v;
+    };
+    sync ? now(run) : enqueue(s, run);
     return OK;
+}
+API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return fill(d, v, n, nullptr, true, "cuMemsetD8"); }
+API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+    return fill(d, v, n, s, false, "cuMemsetD8Async");
+}
+API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+    return fill(d, v, n, s, false, "cuMemsetD16Async");
+}
+API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream s) {
+    return fill(d, v, n, s, false, "cuMemsetD32Async");
 }
 API CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
-    *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    return *p ? OK : OUT_OF_MEMORY;
+    size_t size = (bytes + 4095) / 4096 * 4096;
+    *p = aligned_alloc(4096, size ? size : 4096);
+    if (!*p) return OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> g(mu);
+    pinned[(uintptr_t)*p] = size;
+    return OK;
 }
 API CUresult cuMemAllocHost_v2(void** p, size_t bytes) { return cuMemHostAlloc(p, bytes, 0); }
-API CUresult cuMemFreeHost(void* p) {
+API CUresult cuMemFreeHost(void* p) { // waits for all queued work, as the GPU's does
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    drain_all();
+    std::lock_guard<std::mutex> m(mu);
+    if (pinned.erase((uintptr_t)p) == 0) return INVALID_VALUE;
     free(p);
     return OK;
 }
@@ -267,10 +483,12 @@ struct Module {
     void* lib;
 };
 struct Function {
-    void (*launch)(void**);
-    void (*block)(unsigned);
+    void* (*bind)(void**);  // a copy of the launch's arguments
+    void (*run)(void*);     // one thread's call with them
+    void (*release)(void*); // frees the copy
+    int (*run_grid)(unsigned, unsigned, void (*)(void*), void*);
     void (*thread)(unsigned, unsigned, unsigned, unsigned);
-    bool cooperative; // it reaches barriers or shuffles: a block's threads run together
+    bool cooperative; // it reaches barriers, shuffles or CAS: a block's threads take turns
     std::string name;
 };
 API CUresult cuModuleLoadData(CUmodule* m, const void* image) {
@@ -285,13 +503,17 @@ API CUresult cuModuleLoadData(CUmodule* m, const void* image) {
 API CUresult cuModuleUnload(CUmodule) { return OK; } // launched functions may still be held
 API CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
     void* lib = ((Module*)m)->lib;
-    std::string tramp = std::string(name) + "__launch";
-    auto launch = (void (*)(void**))dlsym(lib, tramp.c_str());
-    if (!launch) return NOT_FOUND;
-    auto coop = (int*)dlsym(lib, (std::string(name) + "__cooperative").c_str());
-    *f = new Function{launch, (void (*)(unsigned))dlsym(lib, "host_block"),
+    auto sym = [&](const char* suffix) { return dlsym(lib, (std::string(name) + suffix).c_str()); };
+    void *bind = sym("__bind"), *run = sym("__run"), *release = sym("__release");
+    if (!bind || !run || !release) return NOT_FOUND;
+    auto coop = (int*)sym("__cooperative");
+    *f = new Function{(void* (*)(void**))bind,
+                      (void (*)(void*))run,
+                      (void (*)(void*))release,
+                      (int (*)(unsigned, unsigned, void (*)(void*), void*))dlsym(lib, "host_run_grid"),
                       (void (*)(unsigned, unsigned, unsigned, unsigned))dlsym(lib, "host_thread"),
-                      coop && *coop != 0, name};
+                      coop && *coop != 0,
+                      name};
     return OK;
 }
 API CUresult cuFuncGetAttribute(int* v, int, void*) {
@@ -300,62 +522,39 @@ API CUresult cuFuncGetAttribute(int* v, int, void*) {
 }
 API CUresult cuFuncSetAttribute(void*, int, int) { return OK; }
 
-// A cooperative block runs on `threads` OS threads that wait at a barrier between blocks.
-struct Crew {
-    unsigned threads;
-    std::barrier<>* go;   // threads + the launching thread
-    std::barrier<>* done; // likewise
-    Function* f = nullptr;
-    void** params = nullptr;
-    unsigned block = 0, blocks = 0;
-    explicit Crew(unsigned n) : threads(n), go(new std::barrier<>(n + 1)), done(new std::barrier<>(n + 1)) {
-        for (unsigned t = 0; t < n; t++) {
-            std::thread([this, t] {
-                for (;;) {
-                    go->arrive_and_wait();
-                    f->thread(block, t, threads, blocks);
-                    f->launch(params);
-                    done->arrive_and_wait();
-                }
-            }).detach();
-        }
-    }
-};
-static std::mutex launch_mu;
-
 API CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                            unsigned bz, unsigned, CUstream, void** params, void** extra) {
+                            unsigned bz, unsigned, CUstream s, void** params, void** extra) {
     if (gy != 1 || gz != 1 || by != 1 || bz != 1 || extra != nullptr || bx == 0 || gx == 0 || bx > 1024) {
         fprintf(stderr, "emulated cuLaunchKernel: unsupported grid (%u,%u,%u) block (%u,%u,%u)\n", gx, gy,
                 gz, bx, by, bz);
         return INVALID_VALUE;
     }
     Function* f = (Function*)fp;
-    std::lock_guard<std::mutex> g(launch_mu);
-    // MANTISSA_EMU_TRACE=1: every launch on stderr.
-    static bool trace = getenv("MANTISSA_EMU_TRACE") != nullptr;
-    if (trace) fprintf(stderr, "launch %s grid %u block %u%s\n", f->name.c_str(), gx, bx, f->cooperative ? " (cooperative)" : "");
-    if (!f->cooperative) {
-        for (unsigned b = 0; b < gx; b++) {
-            for (unsigned t = 0; t < bx; t++) {
-                f->thread(b, t, bx, gx);
-                f->launch(params);
+    if (trace()) fprintf(stderr, "launch %s grid %u block %u%s\n", f->name.c_str(), gx, bx, f->cooperative ? " (cooperative)" : "");
+    // The arguments are copied now, as the driver does; the grid runs when the stream does.
+    void* args = f->bind(params);
+    enqueue(s, [f, args, gx, bx] {
+        if (!f->cooperative) {
+            for (unsigned b = 0; b < gx; b++) {
+                for (unsigned t = 0; t < bx; t++) {
+                    f->thread(b, t, bx, gx);
+                    f->run(args);
+                }
+            }
+        } else {
+            // The others: a block at a time, its threads as fibers (cuda/host_shim.h).
+            struct Call {
+                Function* f;
+                void* args;
+            } call{f, args};
+            auto body = [](void* c) { ((Call*)c)->f->run(((Call*)c)->args); };
+            if (f->run_grid(gx, bx, body, &call) != 0) {
+                fprintf(stderr, "emulated cuLaunchKernel: no stacks for %u fibers\n", bx);
+                abort();
             }
         }
-        return OK;
-    }
-    static std::map<unsigned, Crew*> crews;
-    Crew*& c = crews[bx];
-    if (!c) c = new Crew(bx);
-    f->block(bx);
-    c->f = f;
-    c->params = params;
-    c->blocks = gx;
-    for (unsigned b = 0; b < gx; b++) {
-        c->block = b;
-        c->go->arrive_and_wait();
-        c->done->arrive_and_wait();
-    }
+        f->release(args);
+    });
     return OK;
 }
 

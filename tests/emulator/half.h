@@ -6,10 +6,22 @@
 
 enum Kind { K_F32, K_F16, K_BF16 };
 
+// f16 to f32 by table: the compiler's conversion is a library call without F16C.
+static float f16_values[65536];
+static const bool f16_filled = [] {
+    for (uint32_t b = 0; b < 65536; b++) {
+        uint16_t bits = (uint16_t)b;
+        _Float16 h;
+        memcpy(&h, &bits, 2);
+        f16_values[b] = (float)h;
+    }
+    return true;
+}();
+
 static inline float load(const void* p, Kind k, int64_t i) {
     switch (k) {
     case K_F32: return ((const float*)p)[i];
-    case K_F16: return (float)((const _Float16*)p)[i];
+    case K_F16: return f16_values[((const uint16_t*)p)[i]];
     default: {
         uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
         float f;

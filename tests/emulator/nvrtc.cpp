@@ -1,7 +1,7 @@
 // An emulated NVRTC (libnvrtc) for the emulated driver (driver.cpp): "compiling" a kernel file
-// builds it for the host as C++ with cuda/host_shim.h (MANTISSA_EMU_SHIM names it), adds a
-// trampoline `NAME__launch(void** params)` per kernel that unpacks the launch's argument
-// pointers by the kernel's own parameter types, and hands back the library's path as the
+// builds it for the host as C++ with cuda/host_shim.h (MANTISSA_EMU_SHIM names it), adds
+// trampolines per kernel that copy a launch's arguments by the kernel's own parameter types
+// and call the kernel with them, and hands back the library's path as the
 // "cubin". A source that does not build gives NVRTC_ERROR_COMPILATION with the compiler's
 // output as the log.
 
@@ -61,16 +61,29 @@ static bool write(const std::string& path, const std::string& text) {
     return fclose(f) == 0;
 }
 
+// Per kernel: NAME__bind copies a launch's arguments (read through the launch's pointers by
+// the kernel's own parameter types), NAME__run calls the kernel with a copy, NAME__release
+// frees it.
 static const char* TRAMPOLINE = R"(
 #include <cstddef>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+template <typename... A> struct MantissaArgs {
+    std::tuple<std::remove_cvref_t<A>...> values;
+};
 template <typename... A, std::size_t... I>
-static void mantissa_call(void (*f)(A...), void** p, std::index_sequence<I...>) {
-    f(*static_cast<std::remove_cvref_t<A>*>(p[I])...);
+static void* mantissa_bind(void (*)(A...), void** p, std::index_sequence<I...>) {
+    return new MantissaArgs<A...>{{*static_cast<std::remove_cvref_t<A>*>(p[I])...}};
 }
-template <typename... A> static void mantissa_call(void (*f)(A...), void** p) {
-    mantissa_call(f, p, std::index_sequence_for<A...>{});
+template <typename... A> static void* mantissa_bind(void (*f)(A...), void** p) {
+    return mantissa_bind(f, p, std::index_sequence_for<A...>{});
+}
+template <typename... A> static void mantissa_run(void (*f)(A...), void* args) {
+    std::apply(f, static_cast<MantissaArgs<A...>*>(args)->values);
+}
+template <typename... A> static void mantissa_release(void (*)(A...), void* args) {
+    delete static_cast<MantissaArgs<A...>*>(args);
 }
 )";
 
@@ -118,9 +131,10 @@ static bool mentions(const std::string& text, const std::string& word) {
     return false;
 }
 
-// The functions of preprocessed text `t` that reach a block barrier or a warp shuffle
-// (directly or through the functions they call, judged by name): their blocks' threads must
-// run together. The others run one thread after another.
+// The functions of preprocessed text `t` that reach a block barrier, a warp shuffle or a
+// compare-and-swap (directly or through the functions they call, judged by name): their
+// blocks' threads run as fibers that take turns (cuda/host_shim.h). The others run one
+// thread after another.
 static std::set<std::string> cooperative(const std::string& t) {
     std::map<std::string, std::string> bodies;
     int depth = 0;
@@ -138,7 +152,7 @@ static std::set<std::string> cooperative(const std::string& t) {
             bodies[name] += t.substr(start, i - start + 1);
         }
     }
-    std::set<std::string> coop = {"__syncthreads", "__shfl_xor_sync"};
+    std::set<std::string> coop = {"__syncthreads", "__shfl_xor_sync", "atomicCAS"};
     for (bool grew = true; grew;) {
         grew = false;
         for (auto& [f, body] : bodies) {
@@ -162,8 +176,11 @@ API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
         return NVRTC_ERROR_COMPILATION;
     }
     const char* cxx = getenv("CXX") ? getenv("CXX") : "c++";
-    char dir[] = "/tmp/mantissa-emu-XXXXXX";
-    if (!mkdtemp(dir)) return NVRTC_ERROR_INVALID_INPUT;
+    // Built libraries stay while the process may load them: under MANTISSA_EMU_TMP, which
+    // run.sh removes at the end (else the system's temporary folder).
+    const char* tmp = getenv("MANTISSA_EMU_TMP") ? getenv("MANTISSA_EMU_TMP") : "/tmp";
+    std::string dir = std::string(tmp) + "/mantissa-emu-XXXXXX";
+    if (!mkdtemp(dir.data())) return NVRTC_ERROR_INVALID_INPUT;
     std::string base = std::string(dir) + "/" + p->name;
     std::string text = "#include \"" + std::string(shim) + "\"\n" + p->src +
                        "\n#define MANTISSA_HOST_TAIL\n#include \"" + shim + "\"\n";
@@ -182,12 +199,16 @@ API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
         size_t s = at + mark.size(), e = s;
         while (e < pre.size() && ident(pre[e])) e++;
         std::string k = pre.substr(s, e - s);
-        tramp += "extern \"C\" void " + k + "__launch(void** p) { mantissa_call(&" + k + ", p); }\n";
+        tramp += "extern \"C\" void* " + k + "__bind(void** p) { return mantissa_bind(&" + k + ", p); }\n";
+        tramp += "extern \"C\" void " + k + "__run(void* a) { mantissa_run(&" + k + ", a); }\n";
+        tramp += "extern \"C\" void " + k + "__release(void* a) { mantissa_release(&" + k + ", a); }\n";
         tramp += "extern \"C\" int " + k + "__cooperative = " + (coop.count(k) ? "1" : "0") + ";\n";
     }
     if (!write(base + ".cpp", text + tramp)) return NVRTC_ERROR_INVALID_INPUT;
     std::string so = base + ".so";
-    if (!run(std::string(cxx) + flags + "-O1 -shared -fPIC " + base + ".cpp -o " + so, p->log)) {
+    // MANTISSA_EMU_CXXFLAGS: extra flags for the kernels' build (run.sh's sanitizer runs).
+    const char* extra = getenv("MANTISSA_EMU_CXXFLAGS") ? getenv("MANTISSA_EMU_CXXFLAGS") : "";
+    if (!run(std::string(cxx) + flags + extra + " -O1 -shared -fPIC " + base + ".cpp -o " + so, p->log)) {
         return NVRTC_ERROR_COMPILATION;
     }
     p->cubin = so;

@@ -3,6 +3,7 @@
 # backend's host side and our kernels, on the CPU, without a GPU; cuBLAS(Lt) is emulated by a
 # naive GEMM (blas.cpp), cuDNN's convolutions by naive loops (dnn.cpp).
 #   bash tests/emulator/run.sh [cargo test arguments]   (default: --test cuda_parity)
+#   bash tests/emulator/run.sh run [cargo run arguments]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/target/emulator
@@ -24,10 +25,31 @@ for lib in libcublas libcublasLt; do
 done
 "$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
     -o "$out/libcudnn.so.9"
-cache=$(mktemp -d)
-trap 'rm -rf "$cache" /tmp/mantissa-emu-*' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/cache"
 export LD_LIBRARY_PATH=$out${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export MANTISSA_EMU_SHIM=$root/cuda/host_shim.h MANTISSA_CACHE_DIR=$cache
+export MANTISSA_EMU_SHIM=$root/cuda/host_shim.h MANTISSA_CACHE_DIR=$work/cache MANTISSA_EMU_TMP=$work
 cd "$root"
+# MANTISSA_EMU_SANITIZE=1: the kernels built with AddressSanitizer and UBSan, the test
+# binaries run with their runtimes preloaded, so that a kernel that reads or writes past its
+# device allocation (as the launcher called it) fails the test. With
+# MANTISSA_NO_CUDA_MEMORY_CACHING=1 each tensor has an allocation of its own size.
+if [ "${MANTISSA_EMU_SANITIZE:-0}" = 1 ]; then
+    asan=$("$cxx" -print-file-name=libasan.so)
+    ubsan=$("$cxx" -print-file-name=libubsan.so)
+    if [ ! -f "$asan" ] || [ ! -f "$ubsan" ]; then
+        echo "MANTISSA_EMU_SANITIZE=1: $cxx has no libasan/libubsan" >&2
+        exit 1
+    fi
+    export MANTISSA_EMU_CXXFLAGS="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all"
+    export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+    export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env LD_PRELOAD=$asan:$ubsan"
+fi
 if [ $# -eq 0 ]; then set -- --test cuda_parity; fi
-cargo test "$@"
+if [ "$1" = run ]; then # run an example: run.sh run --release --example gpu_check -- --quick
+    shift
+    cargo run "$@"
+else
+    cargo test "$@"
+fi

@@ -1,10 +1,10 @@
 //! The kernel files run on the host, for tests: a kernel file with its prelude, exactly the
 //! text NVRTC compiles, is built as C++ into a shared library (with `cuda/host_shim.h`
-//! standing in for the CUDA built-ins: a grid of one thread, atomics as plain updates) and
+//! standing in for the CUDA built-ins) and
 //! called with the launchers' own argument structs, then compared with the CPU backend. This
 //! checks the kernels' arithmetic and indexing without a GPU: directly called, a kernel runs
-//! as one thread; kernels built on block reductions run through [`run_grid`], one OS thread
-//! per CUDA thread with real barriers and emulated warp shuffles. Not checked: speed, and
+//! as one thread; kernels built on block reductions run through [`run_grid`], one fiber per
+//! CUDA thread with real barriers and emulated warp shuffles. Not checked: speed, and
 //! behaviour under the GPU's memory model. Skipped where no C++ compiler is found.
 
 mod amp;
@@ -121,33 +121,24 @@ impl Addr {
     }
 }
 
-/// Runs `launch` (a kernel call) as a grid of `blocks` blocks of `threads` threads: one OS
-/// thread per CUDA thread, a block at a time (the shim's barrier and shuffles need the
-/// whole block running).
+/// Runs `launch` (a kernel call) as a grid of `blocks` blocks of `threads` threads, through
+/// the shim's `host_run_grid`: a block at a time, its threads as fibers on this thread that
+/// take turns at each barrier.
 pub(super) fn run_grid(lib: &Library, blocks: u32, threads: u32, launch: impl Fn() + Sync) {
-    type Block = unsafe extern "C" fn(u32) -> ();
-    type Thread = unsafe extern "C" fn(u32, u32, u32, u32) -> ();
-    let (block, thread): (Block, Thread) =
-        (function(lib, "host_block"), function(lib, "host_thread"));
-    // One emulated grid at a time: a library's barrier and lanes are statics, and the tests
+    type Body = extern "C" fn(*mut std::ffi::c_void);
+    type RunGrid = unsafe extern "C" fn(u32, u32, Body, *mut std::ffi::c_void) -> i32;
+    extern "C" fn body(arg: *mut std::ffi::c_void) {
+        // SAFETY: `arg` is the `&dyn Fn()` below, alive for the whole grid.
+        let launch = unsafe { &*(arg as *const &dyn Fn()) };
+        launch();
+    }
+    let run: RunGrid = function(lib, "host_run_grid");
+    // One emulated grid of a library at a time: its shared memory is static, and the tests
     // run side by side.
     static ONE_GRID: Mutex<()> = Mutex::new(());
     let _one = ONE_GRID.lock().unwrap_or_else(|e| e.into_inner());
-    for b in 0..blocks {
-        // SAFETY: the shim's setters touch only its own statics and thread-locals.
-        unsafe { block(threads) };
-        // The block's threads start the kernel together, so that they contend as on the GPU.
-        let start = std::sync::Barrier::new(threads as usize);
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let (launch, start) = (&launch, &start);
-                s.spawn(move || {
-                    // SAFETY: as above.
-                    unsafe { thread(b, t, threads, blocks) };
-                    start.wait();
-                    launch();
-                });
-            }
-        });
-    }
+    let launch: &dyn Fn() = &launch;
+    // SAFETY: the shim calls `body` with `arg` only while this call runs.
+    let rc = unsafe { run(blocks, threads, body, &launch as *const _ as *mut _) };
+    assert_eq!(rc, 0, "host_run_grid: no stacks for {threads} fibers");
 }
