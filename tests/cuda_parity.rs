@@ -568,6 +568,13 @@ fn pooling_matches() {
     }
 }
 
+/// Held by the tests that turn the process-wide deterministic index_add on, so that the
+/// other one's atomic (and read-free) cases run with it off.
+fn index_add_switch() -> std::sync::MutexGuard<'static, ()> {
+    static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SWITCH.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Indexing on the device: index_select along each dim and of a transposed view (its
 /// backward adds repeated rows in order), gather and scatter_add with repeated indices,
 /// embedding (forward and the weight's gradient), and integer tensors taken by width.
@@ -575,6 +582,7 @@ fn pooling_matches() {
 fn indexing_matches() {
     use mantissa::backend::cuda::index::set_deterministic_index_add;
     let Some(d) = gpu() else { return };
+    let _switch = index_add_switch();
     // Atomic additions (the default), then the fixed-order ones.
     for deterministic in [false, true] {
         set_deterministic_index_add(deterministic);
@@ -651,6 +659,7 @@ fn indexing_cases(d: Device) {
 fn indexing_stays_on_the_device() {
     use mantissa::backend::cuda::index::set_deterministic_index_add;
     let Some(d) = gpu() else { return };
+    let _switch = index_add_switch();
     let on = |t: Tensor| t.to_device(d).unwrap();
     let table = own(&input(&[50, 16], DType::F32, 63), d)
         .requires_grad(true)
@@ -936,6 +945,57 @@ fn cross_entropy_reads_nothing_back() {
     );
     // Reported once: the device data is readable again.
     assert!(x.sum_all().unwrap().item().unwrap().is_finite());
+}
+
+/// A fault is told to the thread whose launch found it: another thread's read in between
+/// succeeds and leaves it, the queuing thread's next read reports it, and the one after that
+/// succeeds; faults of two threads between reads are both reported, each to its thread.
+#[test]
+fn a_fault_is_reported_to_the_thread_that_queued_it() {
+    use std::sync::mpsc::channel;
+    let Some(d) = gpu() else { return };
+    let targets = |v: Vec<i64>| {
+        Tensor::from_vec(v.clone(), &[v.len()], Device::Cpu)
+            .unwrap()
+            .to_device(d)
+            .unwrap()
+    };
+    let x = own(&input(&[2, 10], DType::F32, 42), d);
+    let (queued, wait_queued) = channel();
+    let (read, wait_read) = channel();
+    std::thread::scope(|s| {
+        let x = &x;
+        let targets = &targets;
+        let other = s.spawn(move || {
+            let l = x.cross_entropy(&targets(vec![3, 12]), Default::default())?;
+            queued.send(()).unwrap();
+            // An Err when the test's thread failed (and dropped the sender): stop too.
+            wait_read.recv().expect("the test's thread failed first");
+            let first = l.item();
+            let second = x.sum_all()?.item();
+            Ok::<_, Error>((first, second))
+        });
+        let read = read;
+        wait_queued.recv().unwrap();
+        // This thread's own bad launch, queued after the other thread's one.
+        let mine = x
+            .index_select(0, &targets(vec![1, 2]))
+            .expect("found by the kernel, not here");
+        let e = mine.to_vec_f64().unwrap_err().to_string();
+        assert!(e.contains("index_select") && e.contains("size 2"), "{e}");
+        assert!(
+            x.sum_all().unwrap().item().is_ok(),
+            "a read after the fault"
+        );
+        read.send(()).unwrap();
+        let (first, second) = other.join().unwrap().unwrap();
+        let e = first.unwrap_err().to_string();
+        assert!(
+            e.contains("cross_entropy") && e.contains("10 classes"),
+            "{e}"
+        );
+        assert!(second.unwrap().is_finite(), "the other thread's next read");
+    });
 }
 
 /// A training step of the MNIST CNN with autocast (f16), the GradScaler and Adam on the GPU

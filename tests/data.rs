@@ -252,6 +252,36 @@ fn device_batches_are_the_host_batches_in_order() {
     }
 }
 
+/// Batches dropped while work that reads them is still queued: their device blocks go back
+/// to the pool and the next uploads reuse them, which must not overwrite them under that work
+/// (on the emulated device, `MANTISSA_EMU_STREAMS=others-first` runs the uploads as early as
+/// their waits allow).
+#[test]
+fn device_batches_are_not_overwritten_under_queued_work() {
+    for pin in [None, Some(Device::best())] {
+        let cfg = DataLoaderConfig {
+            num_workers: 2,
+            pin_memory: pin,
+            ..DataLoaderConfig::new(4)
+        };
+        let mut dl = DataLoader::new(Arc::new(Numbers(48)), cfg).unwrap();
+        let want: Vec<Vec<f32>> = dl
+            .epoch(0)
+            .map(|b| b.unwrap().x.mul(3.0).unwrap().to_vec::<f32>().unwrap())
+            .collect();
+        // Each batch read by a queued product, then dropped at once.
+        let tripled: Vec<Tensor> = dl
+            .epoch(0)
+            .to_device(Device::best())
+            .map(|b| b.unwrap().x.mul(3.0).unwrap())
+            .collect();
+        assert_eq!(tripled.len(), 12);
+        for (k, (t, w)) in tripled.iter().zip(&want).enumerate() {
+            assert_eq!(&t.to_vec::<f32>().unwrap(), w, "batch {k}, pinned {pin:?}");
+        }
+    }
+}
+
 #[test]
 fn device_batches_report_dataset_errors_and_bad_buffers() {
     for workers in [0, 2] {

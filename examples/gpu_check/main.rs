@@ -4,7 +4,9 @@
 //! CPU, and a convolution timed in NCHW and channels-last.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
-//! machine without a GPU it says what is missing and exits cleanly.
+//! machine without a GPU it says what is missing and exits cleanly. `-- --quick` uses small
+//! GEMM and convolution sizes: a dry run on the emulated device (tests/emulator), whose
+//! figures mean nothing.
 
 use cudarc::cublas::{sys as bs, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -244,13 +246,14 @@ fn main() {
         }
     };
     println!("{report}");
+    let quick = std::env::args().skip(1).any(|a| a == "--quick");
     let run = || -> Res<()> {
         let ctx = CudaContext::new(0)?;
         let stream = ctx.default_stream();
         let (ma, mi) = report.compute_capability;
         check_kernels(&ctx, &stream, (ma * 10 + mi) as u32)?;
         check_allocator(report.total_memory)?;
-        let n = 8192;
+        let n = if quick { 128 } else { 8192 };
         let bf = gemm_tflops(&stream, n, bf16::from_f32)?;
         let hf = gemm_tflops(&stream, n, f16::from_f32)?;
         let tf = gemm_tflops(&stream, n, |x| x)?;
@@ -264,7 +267,7 @@ fn main() {
         let d = Device::cuda(0)?;
         println!("{}", engine::transfers(0)?);
         println!("{}", engine::training_step(d)?);
-        println!("{}", engine::conv_formats(d)?);
+        println!("{}", engine::conv_formats(d, quick)?);
         Ok(())
     };
     if let Err(e) = run() {

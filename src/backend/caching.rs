@@ -81,6 +81,9 @@ pub struct CachingAllocator<M: RawMemory> {
     /// until the fence reports done.
     pending: Vec<(M::Ptr, Box<dyn Fence>)>,
     stats: MemoryStats,
+    /// Off: every block is exactly the size asked for and goes back to the raw allocator
+    /// when freed ([`CachingAllocator::with_caching`]).
+    caching: bool,
 }
 
 impl<M: RawMemory> CachingAllocator<M> {
@@ -92,7 +95,17 @@ impl<M: RawMemory> CachingAllocator<M> {
             live: HashMap::new(),
             pending: Vec::new(),
             stats: MemoryStats::default(),
+            caching: true,
         }
+    }
+
+    /// With `false`, no caching, as `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: each request gets a
+    /// block of exactly its size from the raw allocator and each free gives it back, so that
+    /// a tool watching the raw allocations (a sanitizer on the emulated device) sees an
+    /// access past a tensor's end. Slow; for debugging.
+    pub fn with_caching(mut self, on: bool) -> Self {
+        self.caching = on;
+        self
     }
 
     /// A block of at least `bytes` for work on `stream`: a cached one of the same class when
@@ -100,7 +113,10 @@ impl<M: RawMemory> CachingAllocator<M> {
     /// the request tried once more before [`Error::OutOfMemory`] (which names the request and
     /// these statistics).
     pub fn alloc(&mut self, bytes: usize, stream: u64) -> Result<(M::Ptr, usize)> {
-        let size = size_class(bytes);
+        let size = match self.caching {
+            true => size_class(bytes),
+            false => bytes.max(1),
+        };
         self.stats.requests += 1;
         self.collect_pending();
         let cached = self.free.get_mut(&(stream, size)).and_then(|v| v.pop());
@@ -152,7 +168,12 @@ impl<M: RawMemory> CachingAllocator<M> {
             )
         })?;
         self.stats.allocated -= size;
-        self.free.entry((stream, size)).or_default().push(ptr);
+        if self.caching {
+            self.free.entry((stream, size)).or_default().push(ptr);
+        } else {
+            self.raw.free(ptr);
+            self.stats.reserved -= size;
+        }
         Ok(())
     }
 
@@ -301,6 +322,31 @@ mod tests {
         a.empty_cache();
         assert_eq!((a.stats().reserved, raw.used()), (0, 0));
         assert!(a.free(q).is_err(), "double free is an error, not a panic");
+    }
+
+    #[test]
+    fn without_caching_blocks_are_exact_and_go_straight_back() {
+        let raw = Fake::with_capacity(1 << 30);
+        let mut a = CachingAllocator::new(raw.clone(), Device::Cuda(0)).with_caching(false);
+        let (p, size) = a.alloc(1000, 0).unwrap();
+        assert_eq!((size, p.1, raw.used()), (1000, 1000, 1000));
+        a.free(p).unwrap();
+        assert_eq!(
+            (raw.used(), a.stats().reserved, a.stats().allocated),
+            (0, 0, 0)
+        );
+        let (q, _) = a.alloc(1000, 0).unwrap();
+        assert_ne!(q, p, "a new raw block, not a cached one");
+        assert_eq!((raw.calls(), a.stats().cache_hits), (2, 0));
+        // A fenced block goes back once its fence opens.
+        let open = Arc::new(Mutex::new(false));
+        a.free_after(q, Box::new(Gate(open.clone()))).unwrap();
+        assert_eq!(raw.used(), 1000);
+        *open.lock().unwrap() = true;
+        assert_eq!(a.pending(), 0);
+        assert_eq!((raw.used(), a.stats().reserved), (0, 0));
+        let (z, size) = a.alloc(0, 0).unwrap();
+        assert_eq!((size, z.1), (1, 1), "an empty request still gets a block");
     }
 
     /// A fence the test opens by hand.

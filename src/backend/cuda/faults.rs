@@ -1,32 +1,50 @@
 //! Faults that kernels find in their input (a class index out of range) without stopping the
-//! stream: a kernel that can find one gets a slot number and a device flag; the first launch
-//! that finds one writes its number into the flag (`atomicCAS` from 0), and the next read of
-//! device data into host memory reports it as an `Err` naming that launch. This is how CUDA
-//! reports device-side errors (at the next synchronisation), minus the poisoned context, and
-//! it keeps such ops free of a host read per step.
+//! stream: a launch that can find one gets a slot number and its own word of a device array;
+//! the kernel writes the slot number into that word (`atomicCAS` from 0), and the next read
+//! of device data into host memory reports it as an `Err` naming that launch. This is how
+//! CUDA reports device-side errors (at the next synchronisation), minus the poisoned context,
+//! and it keeps such ops free of a host read per step.
+//!
+//! The array is the device's, shared by every thread that queues work on it; a fault is told
+//! to the thread that queued the launch: when another thread's read finds it, it is kept and
+//! that thread's next read reports it (the first fault of each thread between its reads).
 //!
 //! Unverified: written with no GPU lent; not yet run on a GPU.
 
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::thread::{self, ThreadId};
 
-/// Checked launches kept before a check is forced (a read of 4 bytes, a synchronisation).
+/// Checked launches kept before a check is forced (a read of the words, a synchronisation);
+/// the device array holds this many 4-byte words.
 const MAX_PENDING: usize = 4096;
 
-/// The flag and what each slot number stands for.
+/// The flag words and what each slot number stands for.
 #[derive(Default)]
 pub(crate) struct Faults {
-    /// 4 bytes of device memory straight from the driver (outside the caching allocator, so
-    /// its statistics are the user's memory alone), allocated at the first checked launch.
-    flag: Option<sys::CUdeviceptr>,
-    /// Slot `i + 1`'s op and message.
-    pending: Vec<(&'static str, String)>,
+    /// `MAX_PENDING` words of device memory straight from the driver (outside the caching
+    /// allocator, so its statistics are the user's memory alone), allocated at the first
+    /// checked launch; slot `i + 1` writes word `i`.
+    words: Option<sys::CUdeviceptr>,
+    /// Slot `i + 1`'s op, message and the thread that queued the launch.
+    pending: Vec<Pending>,
+    /// Faults found by one thread's check in another thread's launch, kept for that thread.
+    found: HashMap<ThreadId, Error>,
+}
+
+struct Pending {
+    op: &'static str,
+    msg: String,
+    thread: ThreadId,
 }
 
 impl Faults {
-    /// A slot for a launch that may find a fault (`op` and `msg` say what it would mean),
-    /// and the flag to pass it; the flag is zeroed on the stream when first allocated.
+    /// A slot for a launch that may find a fault (`op` and `msg` say what it would mean): the
+    /// word to pass the kernel and the number it writes there. The words are zeroed on the
+    /// stream when first allocated and after each check; the launch must be queued before
+    /// the next check (`CudaRuntime::checked_launch` holds the lock across both).
     pub(crate) fn slot(
         &mut self,
         ctx: &Arc<CudaContext>,
@@ -38,60 +56,88 @@ impl Faults {
         if self.pending.len() >= MAX_PENDING {
             self.check(stream, device)?;
         }
-        let flag = match self.flag {
-            Some(f) => f,
+        let words = match self.words {
+            Some(w) => w,
             None => {
                 let driver = |e: cudarc::driver::DriverError| Error::CudaDriver {
-                    op: "allocating the fault flag",
+                    op: "allocating the fault flags",
                     device,
                     msg: e.to_string(),
                 };
+                let bytes = 4 * MAX_PENDING;
                 ctx.bind_to_thread().map_err(driver)?;
-                // SAFETY: the context is current; the 4 bytes live as long as the runtime
+                // SAFETY: the context is current; the words live as long as the runtime
                 // (runtimes are never dropped) and are zeroed on the stream before any use.
-                let f = unsafe { result::malloc_sync(4) }.map_err(driver)?;
-                unsafe { result::memset_d8_async(f, 0, 4, stream.cu_stream()) }.map_err(driver)?;
-                self.flag = Some(f);
-                f
+                let w = unsafe { result::malloc_sync(bytes) }.map_err(driver)?;
+                unsafe { result::memset_d8_async(w, 0, bytes, stream.cu_stream()) }
+                    .map_err(driver)?;
+                self.words = Some(w);
+                w
             }
         };
-        self.pending.push((op, msg));
-        Ok((flag, self.pending.len() as i32))
+        let word = words + 4 * self.pending.len() as u64;
+        self.pending.push(Pending {
+            op,
+            msg,
+            thread: thread::current().id(),
+        });
+        Ok((word, self.pending.len() as i32))
     }
 
-    /// Reads the flag when a checked launch ran since the last check (the stream must be
-    /// synchronised, as after a copy to the host) and clears it; `Err` for the fault found.
+    /// Takes back the last slot given, whose launch failed (the kernel never ran).
+    pub(crate) fn unslot(&mut self, slot: i32) {
+        if usize::try_from(slot) == Ok(self.pending.len()) {
+            self.pending.pop();
+        }
+    }
+
+    /// Reads the words of the launches checked since the last check (the stream must be
+    /// synchronised, as after a copy to the host) and clears them; `Err` for the first fault
+    /// found in a launch this thread queued, now or by another thread's check before.
     pub(crate) fn check(&mut self, stream: &Arc<CudaStream>, device: Device) -> Result<()> {
-        let Some(flag) = self.flag.filter(|_| !self.pending.is_empty()) else {
+        let me = thread::current().id();
+        if let Some(e) = self.found.remove(&me) {
+            return Err(e);
+        }
+        let Some(words) = self.words.filter(|_| !self.pending.is_empty()) else {
             return Ok(());
         };
         let driver = |e: cudarc::driver::DriverError| Error::CudaDriver {
-            op: "reading the fault flag",
+            op: "reading the fault flags",
             device,
             msg: e.to_string(),
         };
-        let mut v = [0i32; 1];
-        // SAFETY: `flag` holds 4 bytes; the copy and the reset are ordered on the stream and
-        // the synchronisation ends both before `v` is read.
+        let mut v = vec![0i32; self.pending.len()];
+        // SAFETY: `words` holds MAX_PENDING >= v.len() words; the copy and the reset are
+        // ordered on the stream and the synchronisation ends both before `v` is read.
         unsafe {
-            result::memcpy_dtoh_async(&mut v, flag, stream.cu_stream()).map_err(driver)?;
-            result::memset_d8_async(flag, 0, 4, stream.cu_stream()).map_err(driver)?;
+            result::memcpy_dtoh_async(&mut v, words, stream.cu_stream()).map_err(driver)?;
+            result::memset_d8_async(words, 0, 4 * v.len(), stream.cu_stream()).map_err(driver)?;
         }
         stream.synchronize().map_err(driver)?;
         let pending = std::mem::take(&mut self.pending);
-        match usize::try_from(v[0])
-            .ok()
-            .and_then(|i| pending.get(i.wrapping_sub(1)))
-        {
-            None if v[0] == 0 => Ok(()),
-            None => Err(Error::invalid(
-                "device fault",
-                format!("unknown fault code {} on {device}", v[0]),
-            )),
-            Some((op, msg)) => Err(Error::invalid(
-                op,
-                format!("{msg} on {device} (found by the kernel, reported at this read)"),
-            )),
+        for (i, (&code, p)) in v.iter().zip(&pending).enumerate() {
+            if code == 0 {
+                continue;
+            }
+            let e = if code as usize == i + 1 {
+                let msg = format!(
+                    "{} on {device} (found by the kernel, reported at this read)",
+                    p.msg
+                );
+                Error::invalid(p.op, msg)
+            } else {
+                let msg = format!(
+                    "unknown fault code {code} in the word of slot {} on {device}",
+                    i + 1
+                );
+                Error::invalid("device fault", msg)
+            };
+            self.found.entry(p.thread).or_insert(e);
+        }
+        match self.found.remove(&me) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }

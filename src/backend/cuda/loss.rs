@@ -42,25 +42,27 @@ pub(crate) fn cross_entropy(
         return Ok((loss, lse));
     }
     let msg = format!("a target out of range for {cols} classes (ignore_index {ignore})");
-    let (fault, slot) = x.rt().fault_slot(op, msg)?;
     let (xp, tp, lp, zp) = (x.ptr(), target.ptr(), loss.ptr(), lse.ptr());
     let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
-    launch!(
-        x,
-        "softmax_xent",
-        format!("xent_rows_{t}"),
-        rows_grid(rows),
-        &xp,
-        &tp,
-        &lp,
-        &zp,
-        &r64,
-        &c64,
-        &ignore,
-        &e32,
-        &fault,
-        &slot
-    );
+    x.rt().checked_launch(op, msg, |fault, slot| {
+        launch!(
+            x,
+            "softmax_xent",
+            format!("xent_rows_{t}"),
+            rows_grid(rows),
+            &xp,
+            &tp,
+            &lp,
+            &zp,
+            &r64,
+            &c64,
+            &ignore,
+            &e32,
+            &fault,
+            &slot
+        );
+        Ok(())
+    })?;
     Ok((loss, lse))
 }
 

@@ -85,6 +85,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `MANTISSA_NO_CUDA_MEMORY_CACHING=1` (as PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING`): device
+/// memory straight from the driver, block by block, without the cache; for debugging.
+fn no_caching() -> bool {
+    std::env::var_os("MANTISSA_NO_CUDA_MEMORY_CACHING").is_some_and(|v| v == "1")
+}
+
 /// The runtime of device `ordinal`, created on first use and shared afterwards. Errors (never
 /// panics) when the driver, the device or NVRTC is missing.
 ///
@@ -117,10 +123,10 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
     let (major, minor) = report.compute_capability;
     let rt = Arc::new(CudaRuntime {
         device,
-        memory: Mutex::new(CachingAllocator::new(
-            DriverMemory { ctx: ctx.clone() },
-            device,
-        )),
+        memory: Mutex::new(
+            CachingAllocator::new(DriverMemory { ctx: ctx.clone() }, device)
+                .with_caching(!no_caching()),
+        ),
         pinned: Mutex::new(CachingAllocator::new(
             PinnedMemory { ctx: ctx.clone() },
             Device::Cpu,
@@ -353,17 +359,27 @@ impl CudaRuntime {
         lock(&self.faults).check(&self.stream, self.device)
     }
 
-    /// The fault flag and slot number for a launch whose kernel checks its input on the
-    /// device (`op` and `msg` say what a fault would mean); the next [`synchronize`]
-    /// reports the first launch that found one.
+    /// Queues a launch whose kernel checks its input on the device (`op` and `msg` say what
+    /// a fault would mean): `launch` gets the fault word and slot number to pass the kernel.
+    /// The slot is given and the launch queued under the faults' lock, so no other thread's
+    /// check runs between the two (it would clear the slot before the kernel wrote it); the
+    /// next [`synchronize`] on the launching thread reports the fault. `launch` must only
+    /// queue work (no synchronisation, no read: it would wait for this lock).
     ///
     /// [`synchronize`]: CudaRuntime::synchronize
-    pub(crate) fn fault_slot(
+    pub(crate) fn checked_launch<R>(
         &self,
         op: &'static str,
         msg: String,
-    ) -> Result<(sys::CUdeviceptr, i32)> {
-        lock(&self.faults).slot(&self.ctx, &self.stream, self.device, op, msg)
+        launch: impl FnOnce(sys::CUdeviceptr, i32) -> Result<R>,
+    ) -> Result<R> {
+        let mut faults = lock(&self.faults);
+        let (word, slot) = faults.slot(&self.ctx, &self.stream, self.device, op, msg)?;
+        let r = launch(word, slot);
+        if r.is_err() {
+            faults.unslot(slot);
+        }
+        r
     }
 
     fn driver(&self, op: &'static str, e: cudarc::driver::DriverError) -> Error {
