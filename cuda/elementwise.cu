@@ -186,6 +186,17 @@ extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, 
     }
 }
 
+/* U8 arithmetic as the CPU backend does it: in f32 (exact: a product of two bytes fits), the
+   result truncated toward zero and saturated to 0..255, NaN to 0 (Rust's `as u8`), so
+   7 / 2 = 3, 3 - 5 = 0 and x / 0 = 255. */
+extern "C" __global__ void binary_strided_u8(int op, const u8* x, Strided lx, const u8* y,
+                                             Strided ly, u8* out, i64 n) {
+    FOR_EACH(i, n) {
+        float r = binary_f(op, (float)x[strided_index(lx, i)], (float)y[strided_index(ly, i)]);
+        out[i] = r != r || r <= 0.0f ? 0 : r >= 255.0f ? 255 : (u8)r;
+    }
+}
+
 /* A U8 mask of 0 and 1; floats compare as f32, integers exactly. `V` is the compared type. */
 #define COMPARE(T, V)                                                                          \
     extern "C" __global__ void cmp_##T(int op, const T* x, Strided lx, const T* y, Strided ly, \

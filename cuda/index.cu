@@ -1,6 +1,6 @@
 // Indexing with indices left on the device (src/backend/cpu/index.rs gives the same results).
 // Each kernel checks every index against the indexed size: one out of range writes `slot`
-// into `*fault` if no earlier launch did (src/backend/cuda/faults.rs reports it at the next
+// into `*fault` (its launch's own word; src/backend/cuda/faults.rs reports it at the next
 // read) and is skipped. `take` copies elements by width for index_select and gather;
 // `add_at` adds with atomics for scatter_add and index_add; `add_groups` adds in a fixed
 // order the host lays out, rounding after each addition as the CPU does (the deterministic
@@ -10,6 +10,12 @@ __device__ __forceinline__ bool index_ok(i64 k, i64 size, int* fault, int slot) 
     if (k >= 0 && k < size) return true;
     atomicCAS(fault, 0, slot);
     return false;
+}
+
+// Only checks the indices: an op with no elements to move (another dim is empty) still
+// rejects an index out of range, as the CPU does.
+extern "C" __global__ void check_indices(const i64* idx, i64 n, i64 size, int* fault, int slot) {
+    FOR_EACH(i, n) { index_ok(idx[i], size, fault, slot); }
 }
 
 // The index of element i: idx[i] (gather, scatter: inner == 0) or idx[(i / inner) % nidx]
@@ -36,8 +42,9 @@ TAKE(u32)
 TAKE(u64)
 
 // Atomic `*p += v`, rounding the sum to p's type. Halves go through a compare-and-swap of the
-// aligned 32-bit word that holds them (the caching allocator's blocks are whole 512-byte
-// multiples, so that word lies inside the block).
+// aligned 32-bit word that holds them, which may reach the 2 bytes after a tensor's last
+// element (the caching allocator's blocks are whole 512-byte multiples, and cuMemAlloc's
+// are 256-byte aligned, so that word lies inside the allocation).
 __device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
 template <typename T> __device__ __forceinline__ void atomic_add_half(T* p, float v) {
     u32* word = (u32*)((u64)p & ~(u64)3);

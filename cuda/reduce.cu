@@ -65,3 +65,48 @@ __device__ void argmax_rows(float sign, const T* __restrict__ x, i64* __restrict
 REDUCE(float)
 REDUCE(f16)
 REDUCE(bf16)
+
+// Integer rows (i64, u8), compared exactly in i64: the maximum (op 1) or minimum (op 2) of
+// each row into `out` and its first index into `arg` (either may be null). blockDim.x must be
+// a power of two, <= 1024; a row must not be empty.
+template <typename T>
+__device__ void extreme_rows(int op, const T* __restrict__ x, T* __restrict__ out,
+                             i64* __restrict__ arg, i64 rows, i64 cols) {
+    __shared__ i64 best_v[1024];
+    __shared__ i64 best_i[1024];
+    bool less = op == 2;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * cols;
+        i64 bv = 0, bi = -1;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            i64 v = (i64)row[c];
+            if (bi < 0 || (less ? v < bv : v > bv)) { bv = v; bi = c; }
+        }
+        best_v[threadIdx.x] = bv;
+        best_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                i64 ov = best_v[threadIdx.x + s], oi = best_i[threadIdx.x + s];
+                i64 mv = best_v[threadIdx.x], mi = best_i[threadIdx.x];
+                bool take = oi >= 0 && (mi < 0 || (less ? ov < mv : ov > mv) ||
+                                        (ov == mv && oi < mi));
+                if (take) { best_v[threadIdx.x] = ov; best_i[threadIdx.x] = oi; }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            if (out) out[r] = (T)best_v[0];
+            if (arg) arg[r] = best_i[0];
+        }
+        __syncthreads();
+    }
+}
+
+#define EXTREME(T)                                                                           \
+    extern "C" __global__ void extreme_rows_##T(int op, const T* x, T* out, i64* arg,       \
+                                                i64 rows, i64 cols) {                        \
+        extreme_rows<T>(op, x, out, arg, rows, cols);                                        \
+    }
+EXTREME(i64)
+EXTREME(u8)

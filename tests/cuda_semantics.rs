@@ -407,3 +407,125 @@ fn empty_extents_reduce_and_multiply_alike() {
         );
     }
 }
+
+/// `f` on the CPU tensors and on GPU copies of them, compared byte for byte (integers past
+/// f64's exact range included), or both failing (an error may come at the read).
+fn bytes_on_both(what: &str, d: Device, xs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let on = |dev: Device| -> Result<(Vec<u8>, DType)> {
+        let xs: Vec<Tensor> = xs.iter().map(|x| x.to_device(dev).unwrap()).collect();
+        let y = f(&xs)?;
+        assert_eq!(y.device(), dev, "{what}: output device");
+        Ok((y.to_le_bytes()?, y.dtype()))
+    };
+    match (on(d), on(Device::Cpu)) {
+        (Ok(got), Ok(want)) => assert_eq!(got, want, "{what}"),
+        (Err(_), Err(_)) => {}
+        (got, want) => panic!("{what}:\n on {d}: {got:?}\n on the CPU: {want:?}"),
+    }
+}
+
+/// Integer max, min and their first indices compare exactly on the device (an i64 past 2^53
+/// is not rounded through a float); an index_select with nothing to copy (another dim is
+/// empty) still rejects an index out of range; copy_ into a view whose elements share memory
+/// (an expanded one) writes in order, as on the CPU; integer arithmetic truncates and
+/// saturates alike.
+#[test]
+fn integer_ops_empty_gathers_and_overlapping_writes_match() {
+    let Some(d) = gpu() else { return };
+    let big = (1i64 << 53) + 1;
+    let v = vec![big, big - 1, -7, big, 3, i64::MIN, i64::MAX, 0, 5, 5, -2, 5];
+    let wide = Tensor::from_vec(v, &[3, 4], Device::Cpu).unwrap();
+    let bytes: Vec<u8> = (0..60u32).map(|i| ((i * 37 + 11) % 7 * 40) as u8).collect();
+    let narrow = Tensor::from_vec(bytes, &[3, 4, 5], Device::Cpu).unwrap();
+    for x in [
+        wide.clone(),
+        wide.t().unwrap(),
+        narrow.clone(),
+        narrow.permute(&[2, 0, 1]).unwrap(),
+    ] {
+        let dt = x.dtype();
+        for dim in 0..x.rank() as isize {
+            let xs = [x.clone()];
+            for keep in [false, true] {
+                let what = |op: &str| format!("{op} of {dt:?} {:?} along {dim}", x.shape());
+                bytes_on_both(&what("max"), d, &xs, |x| Ok(x[0].max(dim, keep)?.0));
+                bytes_on_both(&what("max index"), d, &xs, |x| Ok(x[0].max(dim, keep)?.1));
+                bytes_on_both(&what("min"), d, &xs, |x| Ok(x[0].min(dim, keep)?.0));
+                bytes_on_both(&what("min index"), d, &xs, |x| Ok(x[0].min(dim, keep)?.1));
+                bytes_on_both(&what("argmax"), d, &xs, |x| x[0].argmax(dim, keep));
+                bytes_on_both(&what("argmin"), d, &xs, |x| x[0].argmin(dim, keep));
+            }
+        }
+        bytes_on_both(&format!("max_all of {dt:?}"), d, &[x.clone()], |x| {
+            x[0].max_all()
+        });
+        bytes_on_both(&format!("min_all of {dt:?}"), d, &[x.clone()], |x| {
+            x[0].min_all()
+        });
+    }
+    // Both devices give the same values, so check one against the definition too.
+    let got = wide.to_device(d).unwrap().max(1, false).unwrap();
+    assert_eq!(got.0.to_vec::<i64>().unwrap(), vec![big, i64::MAX, 5]);
+    assert_eq!(got.1.to_vec::<i64>().unwrap(), vec![0, 2, 0]);
+
+    let table = Tensor::ones(&[4, 0], DType::F32, Device::Cpu).unwrap();
+    for (index, ok) in [(vec![3i64, 0], true), (vec![-1], false), (vec![4], false)] {
+        let what = format!("index_select of {index:?} from [4, 0]");
+        let n = index.len();
+        let idx = Tensor::from_vec(index, &[n], Device::Cpu).unwrap();
+        let xs = [table.clone(), idx];
+        let cpu = xs[0].index_select(0, &xs[1]).and_then(|t| t.to_vec_f64());
+        assert_eq!(cpu.is_ok(), ok, "{what} on the CPU: {cpu:?}");
+        bytes_on_both(&what, d, &xs, |x| x[0].index_select(0, &x[1]));
+        bytes_on_both(&format!("embedding, {what}"), d, &xs, |x| {
+            Tensor::embedding(&x[1], &x[0])
+        });
+    }
+
+    // Byte arithmetic saturates on both (0 - 5 = 0, 200 * 5 = 255), with a broadcast
+    // operand; i64 alike.
+    let a = Tensor::from_vec(vec![0u8, 3, 7, 200, 255, 16], &[2, 3], Device::Cpu).unwrap();
+    let b = Tensor::from_vec(vec![5u8, 2, 0], &[3], Device::Cpu).unwrap();
+    let (ai, bi) = (
+        a.to_dtype(DType::I64).unwrap(),
+        b.to_dtype(DType::I64).unwrap(),
+    );
+    type Op = fn(&[Tensor]) -> Result<Tensor>;
+    let ops: [(&str, Op); 7] = [
+        ("add", |x| x[0].add(&x[1])),
+        ("sub", |x| x[0].sub(&x[1])),
+        ("mul", |x| x[0].mul(&x[1])),
+        ("div", |x| x[0].div(&x[1])),
+        ("pow", |x| x[0].pow(&x[1])),
+        ("maximum", |x| x[0].maximum(&x[1])),
+        ("minimum", |x| x[0].minimum(&x[1])),
+    ];
+    for (name, f) in ops {
+        for xs in [[a.clone(), b.clone()], [ai.clone(), bi.clone()]] {
+            bytes_on_both(&format!("{name} of {:?}", xs[0].dtype()), d, &xs, f);
+        }
+    }
+    let (ga, gb) = (a.to_device(d).unwrap(), b.to_device(d).unwrap());
+    let sub = ga.sub(&gb).unwrap().to_vec::<u8>().unwrap();
+    assert_eq!(sub, vec![0, 1, 7, 195, 253, 16]);
+    let mul = ga.mul(&gb).unwrap().to_vec::<u8>().unwrap();
+    assert_eq!(mul, vec![0, 6, 0, 255, 255, 0]);
+    // Division is true division, in f32, as in PyTorch.
+    let div = ga.div(&gb).unwrap().to_vec::<f32>().unwrap();
+    let inf = f32::INFINITY;
+    assert_eq!(div, vec![0.0, 1.5, inf, 40.0, 127.5, inf]);
+
+    for dt in FLOATS {
+        let src = input(&[3, 4], dt, 93);
+        bytes_on_both(
+            &format!("copy_ into an expanded view ({dt:?})"),
+            d,
+            &[src],
+            |x| {
+                let dst = Tensor::zeros(&[1, 4], dt, x[0].device())?.expand(&[3, 4])?;
+                dst.copy_(&x[0])?;
+                Ok(dst)
+            },
+        );
+    }
+}

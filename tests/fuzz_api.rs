@@ -1,11 +1,12 @@
 //! The public API on random, often wrong, input: every call returns `Ok` or `Err`, never
 //! panics, and so does the backward pass of what it returned. Shapes include zero-size dims,
 //! operands are views (transposed, narrowed, broadcast) as often as not, dtypes are all six,
-//! and the integer arguments (dims, sizes, kernel shapes) range past the valid ones.
+//! and the integer arguments (dims, sizes, kernel shapes) range past the valid ones. On a
+//! CUDA device the cases it shares with the CPU must give Ok and Err alike (f64 aside).
 
 use mantissa::*;
 use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 
 thread_local! {
     /// The device the cases make their tensors and layers on.
@@ -735,34 +736,81 @@ fn consume(outs: Vec<Tensor>) -> Result<()> {
     }
 }
 
-/// Runs `cases` cases on the current device; returns the panics, and Ok and Err per op.
-fn run_cases(cases: u64) -> (Vec<String>, [[usize; 2]; OPS]) {
-    let mut failures = Vec::new();
-    let mut outcomes = [[0usize; 2]; OPS];
-    for case in 0..cases {
-        let op = (case as usize) % OPS;
-        let mut r = Rng(case.wrapping_mul(0x2545_f491_4f6c_dd1d));
-        // One case in five runs under autocast (the cast policy applied to every op).
-        let low = [None, Some(DType::F16), Some(DType::BF16)]
-            [usize::from(case % 5 == 0) * (1 + (case as usize / 5) % 2)];
-        let run = || {
-            let _region = low.map(amp::autocast).transpose()?;
-            call(&mut r, op).and_then(consume)
-        };
-        match catch_unwind(AssertUnwindSafe(run)) {
-            Ok(Ok(())) => outcomes[op][0] += 1,
-            Ok(Err(_)) => outcomes[op][1] += 1,
-            Err(p) => {
-                let what = p
-                    .downcast_ref::<String>()
+/// What one case gave: `Ok`, an error (its text, and whether it is CUDA's missing f64), or a
+/// panic's message.
+enum Outcome {
+    Ok,
+    Err { msg: String, f64_on_cuda: bool },
+    Panic(String),
+}
+
+/// Case number `case` on the current device: op `case % OPS` on operands drawn from the
+/// case's seed; one case in five runs under autocast (the cast policy applied to every op).
+fn run_case(case: u64) -> Result<()> {
+    let mut r = Rng(case.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let low = [None, Some(DType::F16), Some(DType::BF16)]
+        [usize::from(case % 5 == 0) * (1 + (case as usize / 5) % 2)];
+    let _region = low.map(amp::autocast).transpose()?;
+    call(&mut r, case as usize % OPS).and_then(consume)
+}
+
+/// Runs `cases` cases on the current device, in order.
+fn run_cases(cases: u64) -> Vec<Outcome> {
+    (0..cases)
+        .map(|case| match catch_unwind(|| run_case(case)) {
+            Ok(Ok(())) => Outcome::Ok,
+            Ok(Err(e)) => Outcome::Err {
+                f64_on_cuda: matches!(
+                    e,
+                    Error::DType {
+                        dtype: DType::F64,
+                        ..
+                    }
+                ) && e.to_string().contains("no f64 on CUDA"),
+                msg: e.to_string(),
+            },
+            Err(p) => Outcome::Panic(
+                p.downcast_ref::<String>()
                     .cloned()
                     .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                failures.push(format!("case {case} (op {op}): {what}"));
-            }
+                    .unwrap_or_default(),
+            ),
+        })
+        .collect()
+}
+
+/// Ok and Err per op.
+fn tally(outcomes: &[Outcome]) -> [[usize; 2]; OPS] {
+    let mut per_op = [[0usize; 2]; OPS];
+    for (case, o) in outcomes.iter().enumerate() {
+        match o {
+            Outcome::Ok => per_op[case % OPS][0] += 1,
+            Outcome::Err { .. } => per_op[case % OPS][1] += 1,
+            Outcome::Panic(_) => {}
         }
     }
-    (failures, outcomes)
+    per_op
+}
+
+/// The cases a device accepts that the CPU rejects, or the other way round (CUDA's missing
+/// f64 aside): the same call must mean the same on every device.
+fn disagreements(cpu: &[Outcome], other: &[Outcome]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (case, (c, o)) in cpu.iter().zip(other).enumerate() {
+        let differ = match (c, o) {
+            (Outcome::Ok, Outcome::Err { msg, f64_on_cuda }) => {
+                (!f64_on_cuda).then(|| format!("Ok on the CPU, Err on the device: {msg}"))
+            }
+            (Outcome::Err { msg, .. }, Outcome::Ok) => {
+                Some(format!("Ok on the device, Err on the CPU: {msg}"))
+            }
+            _ => None,
+        };
+        if let Some(d) = differ {
+            found.push(format!("case {case} (op {}): {d}", case % OPS));
+        }
+    }
+    found
 }
 
 /// On the CPU, then on the first CUDA device when there is one (fewer cases). Replay one
@@ -776,9 +824,7 @@ fn random_calls_return_ok_or_err_and_never_panic() {
         if std::env::var("MANTISSA_FUZZ_DEVICE").as_deref() == Ok("cuda") {
             DEVICE.with(|d| d.set(gpu.expect("MANTISSA_FUZZ_DEVICE=cuda needs a GPU")));
         }
-        let mut r = Rng(case.wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let got = call(&mut r, case as usize % OPS).and_then(consume);
-        println!("case {case}: {got:?}");
+        println!("case {case}: {:?}", run_case(case));
         return;
     }
     let cases = var("MANTISSA_FUZZ_CASES").unwrap_or(27_000);
@@ -797,26 +843,44 @@ fn random_calls_return_ok_or_err_and_never_panic() {
         })
         .collect();
     std::panic::set_hook(quiet);
-    for (device, n, (failures, outcomes)) in results {
+    for (device, n, outcomes) in &results {
+        let panics: Vec<String> = outcomes
+            .iter()
+            .enumerate()
+            .filter_map(|(case, o)| match o {
+                Outcome::Panic(what) => Some(format!("case {case} (op {}): {what}", case % OPS)),
+                _ => None,
+            })
+            .collect();
+        let per_op = tally(outcomes);
         println!(
             "{device:?}: {n} cases, {} panics; Ok and Err per op:",
-            failures.len()
+            panics.len()
         );
-        println!("{outcomes:?}");
+        println!("{per_op:?}");
         assert!(
-            failures.is_empty(),
+            panics.is_empty(),
             "panics on {device:?}:\n{}",
-            failures.join("\n")
+            panics.join("\n")
         );
         // Every op must be reached with valid and with invalid input, or the test checks
-        // less than it claims.
-        if n >= 20 * OPS as u64 {
-            for (op, [ok, err]) in outcomes.iter().enumerate() {
+        // less than it claims (on the CPU: a device rejects f64 besides, and runs fewer).
+        if *device == Device::Cpu && *n >= 100 * OPS as u64 {
+            for (op, [ok, err]) in per_op.iter().enumerate() {
                 assert!(
                     *ok >= 5 && *err >= 5,
                     "{device:?}, op {op}: {ok} Ok, {err} Err"
                 );
             }
         }
+    }
+    if let [(_, _, cpu), (device, _, other)] = &results[..] {
+        let differ = disagreements(cpu, other);
+        assert!(
+            differ.is_empty(),
+            "{} cases differ between the CPU and {device:?}:\n{}",
+            differ.len(),
+            differ.join("\n")
+        );
     }
 }

@@ -140,3 +140,42 @@ fn bias_gradient_sums_of_a_channels_last_activation_match() {
         assert_close(&got, &want, 1e-6, what);
     }
 }
+
+/// i64 values past 2^53 (where f64 has no odd integers) survive `to_vec`, and their extremes
+/// are compared as integers, down the columns and along the rows, large and small.
+#[test]
+fn i64_extremes_are_exact_past_f64_integers() {
+    let big = (1i64 << 53) + 1;
+    for (rows, cols) in [(3, 4), (700, 300)] {
+        let v: Vec<i64> = (0..rows * cols)
+            .map(|i| big - (i as i64 * 7919 % 1013) * 2 + (i % 3 == 0) as i64)
+            .collect();
+        let x = Tensor::from_vec(v.clone(), &[rows, cols], Device::Cpu).unwrap();
+        assert_eq!(x.to_vec::<i64>().unwrap(), v);
+        for (dim, outer, inner, step) in [(0, cols, rows, cols), (1, rows, cols, 1)] {
+            let at = |o: usize, k: usize| v[if dim == 0 { o + k * step } else { o * cols + k }];
+            for max in [true, false] {
+                let (vals, idx) = match max {
+                    true => x.max(dim as isize, false).unwrap(),
+                    false => x.min(dim as isize, false).unwrap(),
+                };
+                let (vals, idx) = (vals.to_vec::<i64>().unwrap(), idx.to_vec::<i64>().unwrap());
+                for o in 0..outer {
+                    // The first extreme, by a plain loop.
+                    let mut best = 0;
+                    for k in 1..inner {
+                        let (a, b) = (at(o, k), at(o, best));
+                        if (max && a > b) || (!max && a < b) {
+                            best = k;
+                        }
+                    }
+                    assert_eq!(
+                        (vals[o], idx[o]),
+                        (at(o, best), best as i64),
+                        "{rows}x{cols} dim {dim} max {max}"
+                    );
+                }
+            }
+        }
+    }
+}

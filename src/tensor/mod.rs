@@ -250,7 +250,8 @@ impl Tensor {
                 rhs: T::DTYPE,
             });
         }
-        Ok(self.to_vec_f64()?.into_iter().map(T::from_f64).collect())
+        // Read as stored (through f64, an i64 past 2^53 would round).
+        Ok(bytemuck::pod_collect_to_vec(&self.to_le_bytes()?))
     }
 
     /// Elements in row-major order converted to f64.

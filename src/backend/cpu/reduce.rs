@@ -454,7 +454,49 @@ pub(crate) fn reduce(
                 .into_storage(),
         }
     }
+    if let (CpuStorage::I64(v), false) = (s, matches!(op, ReduceOp::Sum | ReduceOp::Mean)) {
+        return Ok(i64_extremes(v, &bases, &starts, (len, inner), op));
+    }
     Ok(map_all!(s, v => go(v, &bases, &starts, len, inner, r, op)))
+}
+
+/// Max, min and their first indices of i64 rows, compared as integers (through f64, a value
+/// past 2^53 would round to its neighbour).
+fn i64_extremes(
+    v: &[i64],
+    bases: &[usize],
+    starts: &[usize],
+    (len, inner): (usize, usize),
+    op: ReduceOp,
+) -> CpuStorage {
+    let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
+    let one = |&base: &usize| -> (i64, usize) {
+        let mut best: Option<(i64, usize)> = None;
+        for (k, o) in walk(base, starts, len, inner).enumerate() {
+            let x = v[o];
+            if best.map_or(true, |(b, _)| if max { x > b } else { x < b }) {
+                best = Some((x, k));
+            }
+        }
+        best.unwrap_or((0, 0))
+    };
+    let rows: Vec<(i64, usize)> = if bases.len() * starts.len() * len >= PAR_MIN {
+        bases.par_iter().map(one).collect()
+    } else {
+        bases.iter().map(one).collect()
+    };
+    match op {
+        ReduceOp::ArgMax | ReduceOp::ArgMin => rows
+            .into_iter()
+            .map(|(_, i)| i as i64)
+            .collect::<Vec<_>>()
+            .into_storage(),
+        _ => rows
+            .into_iter()
+            .map(|(x, _)| x)
+            .collect::<Vec<_>>()
+            .into_storage(),
+    }
 }
 
 #[cfg(test)]

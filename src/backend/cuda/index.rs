@@ -96,6 +96,7 @@ fn take(
     let n: usize = out_shape.iter().product();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     if n == 0 {
+        check_only(op, x, idx, il, dim, l.shape()[dim])?;
         return Ok(out);
     }
     let (base, dim_stride) = base(op, l, out_shape, dim)?;
@@ -105,26 +106,62 @@ fn take(
     };
     let (nidx, size) = (il.numel() as i64, l.shape()[dim] as i64);
     let idx = idx.contiguous(il)?;
-    let (fault, slot) = x.rt().fault_slot(op, out_of_range(dim, l.shape()[dim]))?;
     let (xp, ip, op_, n64) = (x.ptr(), idx.ptr(), out.ptr(), n as i64);
-    launch!(
-        x,
-        "index",
-        format!("take_u{width}"),
-        grid(n),
-        &xp,
-        &base,
-        &ip,
-        &inner,
-        &nidx,
-        &size,
-        &dim_stride,
-        &op_,
-        &n64,
-        &fault,
-        &slot
-    );
+    x.rt()
+        .checked_launch(op, out_of_range(dim, l.shape()[dim]), |fault, slot| {
+            launch!(
+                x,
+                "index",
+                format!("take_u{width}"),
+                grid(n),
+                &xp,
+                &base,
+                &ip,
+                &inner,
+                &nidx,
+                &size,
+                &dim_stride,
+                &op_,
+                &n64,
+                &fault,
+                &slot
+            );
+            Ok(())
+        })?;
     Ok(out)
+}
+
+/// Checks the indices of an op with no elements to move (another dim is empty) against
+/// `size`, as the CPU does; an index out of range is reported at the next read.
+fn check_only(
+    op: &'static str,
+    like: &CudaStorage,
+    idx: &CudaStorage,
+    il: &Layout,
+    dim: usize,
+    size: usize,
+) -> Result<()> {
+    let n = il.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let idx = idx.contiguous(il)?;
+    let (ip, n64, s64) = (idx.ptr(), n as i64, size as i64);
+    like.rt()
+        .checked_launch(op, out_of_range(dim, size), |fault, slot| {
+            launch!(
+                like,
+                "index",
+                "check_indices".to_string(),
+                grid(n),
+                &ip,
+                &n64,
+                &s64,
+                &fault,
+                &slot
+            );
+            Ok(())
+        })
 }
 
 /// `out[.., i, ..] = x[.., idx[i], ..]` along `dim`.
@@ -169,32 +206,35 @@ fn add_at(
     let t = same_float(op, dst, src)?;
     let n = sview.numel();
     if n == 0 {
-        return Ok(());
+        return check_only(op, dst, idx, il, dim, dst_shape[dim]);
     }
     let (dbase, dim_stride) = base(op, &Layout::contiguous(dst_shape), sview.shape(), dim)?;
     let sv = Strided::new(op, sview)?;
     let (nidx, size) = (il.numel() as i64, dst_shape[dim] as i64);
     let idx = idx.contiguous(il)?;
-    let (fault, slot) = dst.rt().fault_slot(op, out_of_range(dim, dst_shape[dim]))?;
     let (dp, ip, sp, n64) = (dst.ptr(), idx.ptr(), src.ptr(), n as i64);
-    launch!(
-        dst,
-        "index",
-        format!("add_at_{t}"),
-        grid(n),
-        &dp,
-        &dbase,
-        &dim_stride,
-        &ip,
-        &inner,
-        &nidx,
-        &size,
-        &sp,
-        &sv,
-        &n64,
-        &fault,
-        &slot
-    );
+    dst.rt()
+        .checked_launch(op, out_of_range(dim, dst_shape[dim]), |fault, slot| {
+            launch!(
+                dst,
+                "index",
+                format!("add_at_{t}"),
+                grid(n),
+                &dp,
+                &dbase,
+                &dim_stride,
+                &ip,
+                &inner,
+                &nidx,
+                &size,
+                &sp,
+                &sv,
+                &n64,
+                &fault,
+                &slot
+            );
+            Ok(())
+        })?;
     Ok(())
 }
 

@@ -172,10 +172,11 @@ pub(crate) fn binary(
     op: BinaryOp,
 ) -> Result<CudaStorage> {
     same_dtype("binary", x, y)?;
-    if x.dtype() == DType::I64 {
-        // Integer counters (a batch-norm's batches tracked) stay on the device too.
+    if let DType::I64 | DType::U8 = x.dtype() {
+        // Integer counters (a batch-norm's batches tracked) and masks stay on the device too,
+        // with the CPU's integer arithmetic (truncated, saturated).
         let out = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
-        let name = "binary_strided_i64".to_string();
+        let name = format!("binary_strided_{}", kname("binary", x.dtype())?);
         strided_pair(x, lx, y, ly, binary_code(op), name, &out)?;
         return Ok(out);
     }
@@ -310,14 +311,11 @@ pub(crate) fn reduce(
     dims: &[usize],
     op: ReduceOp,
 ) -> Result<CudaStorage> {
+    if matches!(x.dtype(), DType::I64 | DType::U8) {
+        return int_extreme(x, l, dims, op);
+    }
     let t = float_kname("reduce", x.dtype())?;
-    let cols: usize = dims.iter().map(|&d| l.shape()[d]).product();
-    // The kept dims' product, not numel / cols: a sum over an empty dim still has one output
-    // (a zero) per kept position.
-    let rows: usize = (0..l.rank())
-        .filter(|d| !dims.contains(d))
-        .map(|d| l.shape()[d])
-        .product();
+    let (rows, cols) = rows_cols(l, dims);
     let dense = with_dims_last(x, l, dims)?;
     let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
     let code = match op {
@@ -355,6 +353,66 @@ pub(crate) fn reduce(
         &code,
         &src,
         &dst,
+        &r64,
+        &c64
+    );
+    Ok(out)
+}
+
+/// The rows' count and length of `dims` reduced in `l`: the kept dims' product, not numel /
+/// cols (a sum over an empty dim still has one output per kept position).
+fn rows_cols(l: &Layout, dims: &[usize]) -> (usize, usize) {
+    let cols = dims.iter().map(|&d| l.shape()[d]).product();
+    let rows = (0..l.rank())
+        .filter(|d| !dims.contains(d))
+        .map(|d| l.shape()[d])
+        .product();
+    (rows, cols)
+}
+
+/// Max, min, argmax or argmin of an integer tensor (compared exactly, as on the CPU); sums
+/// of integers are not defined here (the ops reject them first).
+fn int_extreme(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<CudaStorage> {
+    let t = kname("reduce", x.dtype())?;
+    let (code, index) = match op {
+        ReduceOp::Max => (1, false),
+        ReduceOp::Min => (2, false),
+        ReduceOp::ArgMax => (1, true),
+        ReduceOp::ArgMin => (2, true),
+        ReduceOp::Sum | ReduceOp::Mean => {
+            return Err(Error::DType {
+                op: "reduce",
+                dtype: x.dtype(),
+                expected: "f32, f16 or bf16 (integers: max, min, argmax, argmin)",
+            })
+        }
+    };
+    let (rows, cols) = rows_cols(l, dims);
+    if cols == 0 && rows > 0 {
+        return Err(Error::invalid("reduce", "an extreme of no elements"));
+    }
+    let out = match index {
+        true => CudaStorage::alloc_on(x.rt(), DType::I64, rows)?,
+        false => CudaStorage::alloc_on(x.rt(), x.dtype(), rows)?,
+    };
+    if rows == 0 {
+        return Ok(out);
+    }
+    let dense = with_dims_last(x, l, dims)?;
+    let (vals, args) = match index {
+        true => (0u64, out.ptr()),
+        false => (out.ptr(), 0u64),
+    };
+    let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
+    launch!(
+        x,
+        "reduce",
+        format!("extreme_rows_{t}"),
+        rows_grid(rows),
+        &code,
+        &src,
+        &vals,
+        &args,
         &r64,
         &c64
     );

@@ -359,6 +359,11 @@ impl CudaStorage {
     }
 
     fn dtod(&self, dst: sys::CUdeviceptr, src: sys::CUdeviceptr, n: usize) -> Result<()> {
+        if n == 0 {
+            // An empty view's pointer may lie just past its block (or be an empty block's):
+            // nothing to copy, and nothing for the driver to check.
+            return Ok(());
+        }
         self.rt()
             .context()
             .bind_to_thread()
@@ -453,7 +458,7 @@ impl CudaStorage {
             // the host writes them in order, as the CPU backend does.
             let mut host = self.to_cpu(&Layout::contiguous(&[self.len]))?;
             let vals = dense.to_cpu(&Layout::contiguous(&[dense.len]))?;
-            host.copy_into(dl, &vals, &Layout::contiguous(&[dense.len]))?;
+            host.copy_into(dl, &vals, &Layout::contiguous(dl.shape()))?;
             *self = Self::from_cpu(&host, &Layout::contiguous(&[self.len]), self.ordinal())?;
             return Ok(());
         }
