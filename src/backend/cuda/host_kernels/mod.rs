@@ -124,7 +124,7 @@ impl Addr {
 /// Runs `launch` (a kernel call) as a grid of `blocks` blocks of `threads` threads, through
 /// the shim's `host_run_grid`: a block at a time, its threads as fibers on this thread that
 /// take turns at each barrier.
-pub(super) fn run_grid(lib: &Library, blocks: u32, threads: u32, launch: impl Fn() + Sync) {
+pub(super) fn run_grid(lib: &Library, blocks: u32, threads: u32, launch: impl Fn()) {
     type Body = extern "C" fn(*mut std::ffi::c_void);
     type RunGrid = unsafe extern "C" fn(u32, u32, Body, *mut std::ffi::c_void) -> i32;
     extern "C" fn body(arg: *mut std::ffi::c_void) {
