@@ -172,9 +172,36 @@ __device__ __forceinline__ double binary_d(int op, double a, double b) {
     default: return fmin(a, b);
     }
 }
+/* Integer powers exactly, as the CPU's `pow_i64`: square-and-multiply wrapping on overflow
+   (unsigned arithmetic: signed overflow is undefined); a negative exponent gives 1 / a^-b
+   truncated (1, +-1 or 0), as PyTorch's powi. */
+__device__ __forceinline__ i64 pow_i64(i64 a, i64 b) {
+    if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
+    unsigned long long base = (unsigned long long)a, acc = 1, e = (unsigned long long)b;
+    while (e) {
+        if (e & 1) acc *= base;
+        base *= base;
+        e >>= 1;
+    }
+    return (i64)acc;
+}
+/* u8 powers exactly, saturated at 255 as the CPU's `pow_u8`. */
+__device__ __forceinline__ u8 pow_u8(u8 a, u8 b) {
+    unsigned int acc = 1;
+    for (unsigned int k = 0; k < b; ++k) {
+        acc *= a;
+        if (acc >= 255) return 255;
+        if (acc == 0) return 0;
+    }
+    return (u8)acc;
+}
 extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, const i64* y,
                                               Strided ly, i64* out, i64 n) {
     FOR_EACH(i, n) {
+        if (op == 4) {
+            out[i] = pow_i64(x[strided_index(lx, i)], y[strided_index(ly, i)]);
+            continue;
+        }
         double r = binary_d(op, (double)x[strided_index(lx, i)], (double)y[strided_index(ly, i)]);
         i64 v;
 #ifdef __CUDACC_RTC__
@@ -192,6 +219,10 @@ extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, 
 extern "C" __global__ void binary_strided_u8(int op, const u8* x, Strided lx, const u8* y,
                                              Strided ly, u8* out, i64 n) {
     FOR_EACH(i, n) {
+        if (op == 4) {
+            out[i] = pow_u8(x[strided_index(lx, i)], y[strided_index(ly, i)]);
+            continue;
+        }
         float r = binary_f(op, (float)x[strided_index(lx, i)], (float)y[strided_index(ly, i)]);
         out[i] = r != r || r <= 0.0f ? 0 : r >= 255.0f ? 255 : (u8)r;
     }

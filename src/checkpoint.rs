@@ -56,9 +56,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    // A name no other save uses (process, per-process counter, clock), created exclusively:
+    // `create_new` refuses an existing file or a planted symlink instead of following it, and
+    // two saves to one path from one process never share a temporary file.
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(
+        ".{name}.tmp-{}-{}-{nanos}",
+        std::process::id(),
+        SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -144,9 +158,13 @@ pub fn read(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Tensor>, HashMap
                 format!("{name}: unsupported dtype {:?}", view.dtype()),
             )
         })?;
-        let s = CpuStorage::from_le_bytes(view.data(), dtype).ok_or_else(|| {
-            Error::format("checkpoint::read", path, format!("{name}: bad data length"))
-        })?;
+        let numel = crate::layout::checked_numel("checkpoint::read", view.shape())
+            .map_err(|e| Error::format("checkpoint::read", path, format!("{name}: {e}")))?;
+        let s = CpuStorage::from_le_bytes(view.data(), dtype)
+            .filter(|s| s.len() == numel)
+            .ok_or_else(|| {
+                Error::format("checkpoint::read", path, format!("{name}: bad data length"))
+            })?;
         out.insert(name, Tensor::from_storage(Storage::Cpu(s), view.shape()));
     }
     Ok((out, meta.metadata().clone().unwrap_or_default()))
@@ -194,8 +212,16 @@ pub fn load(
         .iter()
         .filter_map(|(k, t)| k.strip_prefix("optim.").map(|n| (n.to_string(), t.clone())))
         .collect();
-    if optim.is_some() && optim_state.is_empty() {
-        problems.push("no optimizer state in the checkpoint".into());
+    match &optim {
+        Some(_) if optim_state.is_empty() => {
+            problems.push("no optimizer state in the checkpoint".into())
+        }
+        Some(o) => {
+            if let Err(e) = o.check_state_tensors(&optim_state) {
+                problems.push(format!("optimizer state: {e}"));
+            }
+        }
+        None => {}
     }
     if !problems.is_empty() {
         return Err(Error::Checkpoint {
@@ -203,10 +229,18 @@ pub fn load(
             problems,
         });
     }
+    // Every model tensor is moved to its device before the first write, so a failed copy
+    // there (out of memory, say) also leaves the model as it was.
+    let mut staged = Vec::with_capacity(targets.len());
+    for (n, t) in &targets {
+        match file.remove(&format!("model.{n}")) {
+            Some(src) => staged.push((t, src.to_device(t.device())?)),
+            None => unreachable!("every model tensor was found above"),
+        }
+    }
     crate::no_grad(|| -> Result<()> {
-        for (n, t) in &targets {
-            let src = file.remove(&format!("model.{n}")).expect("checked above");
-            t.copy_(&src.to_device(t.device())?)?;
+        for (t, src) in &staged {
+            t.copy_(src)?;
         }
         Ok(())
     })?;

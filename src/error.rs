@@ -74,6 +74,15 @@ pub enum Error {
         requested: usize,
         stats: String,
     },
+    /// A size that cannot be represented: an element count, offset or byte count that
+    /// overflows, a tensor of more than `isize::MAX` bytes, or a size past a library's limit.
+    /// Nothing is allocated or read when this is returned.
+    #[error("{op}: shape {shape:?}: {msg}")]
+    TooLarge {
+        op: &'static str,
+        shape: Vec<usize>,
+        msg: String,
+    },
     /// NVRTC rejected a kernel source; `log` is its compiler output.
     #[error("NVRTC could not compile kernel {kernel} for {arch}:\n{log}")]
     KernelCompile {
@@ -159,6 +168,23 @@ impl Error {
             op,
             path: path.display().to_string(),
             msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn too_large(op: &'static str, shape: &[usize], msg: impl Into<String>) -> Self {
+        Error::TooLarge {
+            op,
+            shape: shape.to_vec(),
+            msg: msg.into(),
+        }
+    }
+
+    /// A host allocation of `bytes` that the allocator refused.
+    pub(crate) fn host_oom(bytes: usize) -> Self {
+        Error::OutOfMemory {
+            device: Device::Cpu,
+            requested: bytes,
+            stats: "the host allocator refused the request".into(),
         }
     }
 

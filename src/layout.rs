@@ -11,6 +11,44 @@ pub struct Layout {
     offset: usize,
 }
 
+/// The element count of `shape`, or [`Error::TooLarge`] naming `op` when it passes
+/// `isize::MAX` (no allocation can hold more elements than that, even of bytes).
+///
+/// The product of the non-zero dims must fit too, so that an empty tensor's strides (the
+/// products of its trailing dims) cannot wrap either. Every shape that comes from a caller
+/// goes through here (or [`Layout::check_within`]) before anything is allocated or read, so
+/// the unchecked [`Layout::numel`] and stride arithmetic of any layout a tensor holds cannot
+/// wrap.
+pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    let fits = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d.max(1)))
+        .is_some_and(|n| n <= isize::MAX as usize);
+    match fits {
+        true => Ok(shape.iter().product()),
+        false => Err(Error::too_large(op, shape, "the element count overflows")),
+    }
+}
+
+/// Bytes of `n` elements of `dtype`, or [`Error::TooLarge`] past `isize::MAX` (the most one
+/// allocation can hold, host or device).
+pub fn checked_bytes(
+    op: &'static str,
+    shape: &[usize],
+    n: usize,
+    dtype: crate::DType,
+) -> Result<usize> {
+    n.checked_mul(dtype.size_in_bytes())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::too_large(
+                op,
+                shape,
+                format!("{n} elements of {dtype:?} exceed isize::MAX bytes"),
+            )
+        })
+}
+
 /// Row-major strides of a contiguous tensor of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];
@@ -50,6 +88,7 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
             }
         };
     }
+    checked_numel(op, &out)?;
     Ok(out)
 }
 
@@ -122,6 +161,37 @@ impl Layout {
         self.shape.iter().product()
     }
 
+    /// Checks that every element this layout selects lies in a storage of `len` elements:
+    /// the element count and the last offset are computed without wrapping. This is the
+    /// condition the kernels' unchecked (and `unsafe`) indexing relies on; [`Tensor`]
+    /// construction asserts it.
+    ///
+    /// [`Tensor`]: crate::Tensor
+    pub fn check_within(&self, op: &'static str, len: usize) -> Result<()> {
+        let n = checked_numel(op, &self.shape)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let last = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.offset, |acc, (&d, &s)| {
+                (d - 1).checked_mul(s).and_then(|x| acc.checked_add(x))
+            });
+        match last {
+            Some(last) if last < len => Ok(()),
+            _ => Err(Error::too_large(
+                op,
+                &self.shape,
+                format!(
+                    "strides {:?} from offset {} reach past a storage of {len} elements",
+                    self.strides, self.offset
+                ),
+            )),
+        }
+    }
+
     /// True when the elements are laid out row-major without gaps (size-1 dims ignored).
     pub fn is_contiguous(&self) -> bool {
         let mut acc = 1;
@@ -150,6 +220,7 @@ impl Layout {
         if shape.len() < self.rank() {
             return Err(err());
         }
+        checked_numel(op, shape)?;
         let extra = shape.len() - self.rank();
         let mut strides = vec![0; shape.len()];
         for i in 0..self.rank() {
@@ -195,12 +266,12 @@ impl Layout {
 
     /// Elements `start..start + len` of dimension `dim`.
     pub fn narrow(&self, op: &'static str, dim: usize, start: usize, len: usize) -> Result<Layout> {
-        if start + len > self.shape[dim] {
+        // `start + len` is checked: a start near usize::MAX must not wrap past the bound.
+        if !matches!(start.checked_add(len), Some(end) if end <= self.shape[dim]) {
             return Err(Error::invalid(
                 op,
                 format!(
-                    "range {start}..{} out of bounds for dimension {dim} of shape {:?}",
-                    start + len,
+                    "range {start}..{start}+{len} out of bounds for dimension {dim} of shape {:?}",
                     self.shape
                 ),
             ));

@@ -30,6 +30,7 @@ pub mod ops;
 pub mod optim;
 mod parallel;
 pub mod random;
+mod scope;
 mod tensor;
 pub mod train;
 

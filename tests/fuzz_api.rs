@@ -514,6 +514,7 @@ fn call(r: &mut Rng, op: usize) -> Result<Vec<Tensor>> {
         }
         25 => optimize(r).map(|_| vec![]),
         26 => modules(r),
+        28 => huge(r, &a),
         _ => {
             let shape = r.shape();
             let dt = r.dtype();
@@ -533,7 +534,108 @@ fn call(r: &mut Rng, op: usize) -> Result<Vec<Tensor>> {
     }
 }
 
-const OPS: usize = 28;
+const OPS: usize = 29;
+
+/// A size argument at the edges of the integer types: near `usize::MAX`, near `isize::MAX`,
+/// past 2^31 and 2^32, zero, or small.
+fn huge_size(r: &mut Rng) -> usize {
+    match r.below(10) {
+        0 => usize::MAX - r.below(3),
+        1 => (isize::MAX as usize) - r.below(2) + r.below(3),
+        2 => (1usize << 31) + r.below(3) - 1,
+        3 => (1usize << 32) + r.below(3) - 1,
+        4 => (1usize << 62) + r.below(2),
+        5 => (1usize << 40) + r.below(2),
+        6 => 0,
+        _ => r.size(),
+    }
+}
+
+/// Whether a call that may allocate `dims`' product of elements is safe to make here: small
+/// (at most 2^16), or so large that no allocation can succeed (past 2^47 elements, beyond any
+/// 64-bit address space even as bytes) or overflowing. Sizes in between would be real, huge
+/// allocations, so the case skips them.
+fn allocates_safely(dims: &[usize]) -> bool {
+    match dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
+        None => true,
+        Some(p) => p <= 1 << 16 || p >= 1 << 47,
+    }
+}
+
+/// A view of at most two elements per dim at the far end of `t`: what a case reads back of a
+/// big (expanded) result, so that the last offsets are touched without reading them all.
+fn far_corner(t: Tensor) -> Result<Tensor> {
+    let mut v = t;
+    for d in 0..v.rank() {
+        let size = v.shape()[d];
+        let len = size.min(2);
+        v = v.narrow(d as isize, size - len, len)?;
+    }
+    Ok(v)
+}
+
+/// Shapes, views and products whose sizes overflow or come close: every call must be an
+/// `Err` or a tensor whose every element can be read. Big extents come from stride-0
+/// (expanded) views, and calls that would really allocate a big tensor are skipped
+/// ([`allocates_safely`]), so no case allocates more than 2^16 elements.
+fn huge(r: &mut Rng, a: &Tensor) -> Result<Vec<Tensor>> {
+    let shape: Vec<usize> = (0..1 + r.below(3)).map(|_| huge_size(r)).collect();
+    let dt = r.dtype();
+    let ones = |dims: &[usize]| -> Result<Tensor> {
+        Tensor::ones(&vec![1; dims.len()], DType::F32, dev())?.expand(dims)
+    };
+    let out = match r.below(12) {
+        0 if allocates_safely(&shape) => Tensor::zeros(&shape, dt, dev()),
+        1 => a.reshape(&shape),
+        2 => Tensor::from_vec(vec![1.5f32; a.numel()], &shape, dev()),
+        3 => a.narrow(r.dim(), huge_size(r), huge_size(r)),
+        4 => a.expand(&shape),
+        5 => {
+            // A narrow far into an expanded view: indices past 2^31 and 2^32.
+            let w = ones(&[[1usize << 31, (1 << 32) + 1, 3][r.below(3)]])?;
+            let (size, start) = (w.shape()[0], huge_size(r));
+            w.narrow(0, start.min(size), 2.min(size - start.min(size)))
+        }
+        6 => {
+            // Products of expanded operands whose output is too large to exist or to be
+            // held (the others would be real work, and are skipped).
+            let (m, k, n) = (huge_size(r), r.size(), huge_size(r));
+            let out = m.checked_mul(n);
+            let small = out
+                .and_then(|o| o.checked_mul(k))
+                .is_some_and(|w| w <= 1 << 16);
+            if !small && out.is_some_and(|o| o < 1 << 47) {
+                return Ok(vec![]);
+            }
+            ones(&[m, k])?.matmul(&ones(&[k, n])?)
+        }
+        7 => {
+            // Binary ops whose broadcast shape overflows.
+            let (m, n) = (huge_size(r), huge_size(r));
+            if !allocates_safely(&[m, n]) {
+                return Ok(vec![]);
+            }
+            ones(&[m, 1])?.add(&ones(&[1, n])?)
+        }
+        8 => a.reshape_infer(&shape.iter().map(|&d| d as isize).collect::<Vec<_>>()),
+        9 => {
+            // Two expanded halves whose concatenation passes isize::MAX elements.
+            let half = [(isize::MAX as usize) / 2 + 1, 1 << 62, 1 << 61][r.below(3)];
+            let w = ones(&[half])?;
+            Tensor::cat(&[&w, &w], 0)
+        }
+        10 => {
+            let n = huge_size(r);
+            if !allocates_safely(&[n]) {
+                return Ok(vec![]);
+            }
+            Tensor::arange(0.0, n as f64, 1.0, dt, dev())
+        }
+        11 if allocates_safely(&shape) => Tensor::full(&shape, 1.0, dt, dev()),
+        _ => return Ok(vec![]),
+    };
+    Ok(vec![far_corner(out?)?])
+}
 
 /// Optimizers, clipping and the loss scaler on random parameters and gradients (shapes and
 /// dtypes that may not match), random hyperparameters, with or without master weights.

@@ -11,7 +11,8 @@ thread_local! {
 }
 
 pub(super) fn clear() {
-    CACHE.with(|c| c.borrow_mut().clear());
+    // `try_with`: a guard dropped at thread exit may outlive the cache.
+    let _ = CACHE.try_with(|c| c.borrow_mut().clear());
 }
 
 /// Number of cached casts on this thread (for tests and diagnostics).

@@ -22,46 +22,66 @@ mod scaler;
 pub use cache::cached_casts;
 pub use scaler::{GradScaler, GradScalerConfig};
 
+use crate::scope::{ScopeEntry, ScopeStack};
 use crate::{DType, Device, Error, Result};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct State {
     enabled: bool,
     dtype: DType,
-    depth: usize,
 }
+
+/// Outside every region: autocast off.
+const DEFAULT: State = State {
+    enabled: false,
+    dtype: DType::F16,
+};
 
 thread_local! {
-    static STATE: Cell<State> = const { Cell::new(State { enabled: false, dtype: DType::F16, depth: 0 }) };
+    /// The state in force: a cache of [`REGIONS`]'s top, read at every op's dispatch.
+    static STATE: Cell<State> = const { Cell::new(DEFAULT) };
+    static REGIONS: RefCell<ScopeStack<State>> = const { RefCell::new(ScopeStack::new()) };
 }
 
-/// Restores the previous autocast state when dropped (and clears the weight-cast cache when
-/// the outermost region ends).
+/// Keeps an autocast region (or an [`autocast_disabled`] hole in one) open until dropped.
+///
+/// Regions nest and their guards may be dropped in any order: the newest live guard's state
+/// is in force, autocast is off once all of them are gone, and the weight-cast cache is
+/// cleared then. A guard is not `Send`: it belongs to the thread whose state it changed.
+///
+/// ```
+/// use mantissa::{amp, DType};
+/// let outer = amp::autocast(DType::F16)?;
+/// let inner = amp::autocast(DType::BF16)?;
+/// drop(outer);
+/// assert_eq!(amp::active_dtype(), Some(DType::BF16));
+/// drop(inner);
+/// assert_eq!(amp::active_dtype(), None);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
 #[must_use = "autocast lasts as long as the guard"]
 pub struct AutocastGuard {
-    prev: State,
+    entry: ScopeEntry<State>,
+}
+
+fn set_state(top: Option<State>) {
+    let _ = STATE.try_with(|s| s.set(top.unwrap_or(DEFAULT)));
+    if top.is_none() {
+        cache::clear();
+    }
 }
 
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
-        STATE.with(|s| s.set(self.prev));
-        if self.prev.depth == 0 {
-            cache::clear();
-        }
+        self.entry.pop(set_state);
     }
 }
 
 fn enter(enabled: bool, dtype: DType) -> AutocastGuard {
-    let prev = STATE.with(|s| s.get());
-    STATE.with(|s| {
-        s.set(State {
-            enabled,
-            dtype,
-            depth: prev.depth + 1,
-        })
-    });
-    AutocastGuard { prev }
+    AutocastGuard {
+        entry: ScopeEntry::push(&REGIONS, State { enabled, dtype }, set_state),
+    }
 }
 
 /// Opens an autocast region running GEMM-like ops in `dtype` (F16 or BF16).

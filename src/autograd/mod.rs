@@ -5,8 +5,9 @@
 //! order under `no_grad`, accumulates into the leaves' `.grad()`, and frees every node it ran
 //! (saved tensors included), as PyTorch does without `retain_graph`.
 
+use crate::scope::{ScopeEntry, ScopeStack};
 use crate::{Error, Result, Tensor};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -126,7 +127,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 thread_local! {
+    /// The grad mode in force: a cache of [`NO_GRAD`]'s top, read by every op.
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static NO_GRAD: RefCell<ScopeStack<bool>> = const { RefCell::new(ScopeStack::new()) };
 }
 
 /// True unless inside a [`no_grad`] scope on this thread.
@@ -134,22 +137,42 @@ pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(|g| g.get())
 }
 
-/// Disables graph recording on this thread until dropped; restores the previous mode.
+/// Disables graph recording on this thread until dropped.
+///
+/// Guards nest and may be dropped in any order: gradients stay off while any guard of this
+/// thread is alive and come back once all are gone. A guard is not `Send`: it belongs to the
+/// thread whose grad mode it changed.
+///
+/// ```
+/// use mantissa::{is_grad_enabled, NoGradGuard};
+/// let a = NoGradGuard::new();
+/// let b = NoGradGuard::new();
+/// drop(a);
+/// assert!(!is_grad_enabled());
+/// drop(b);
+/// assert!(is_grad_enabled());
+/// ```
+#[must_use = "gradients are off as long as the guard lives"]
 pub struct NoGradGuard {
-    prev: bool,
+    entry: ScopeEntry<bool>,
 }
 
 impl NoGradGuard {
     #[allow(clippy::new_without_default)]
     pub fn new() -> NoGradGuard {
-        let prev = GRAD_ENABLED.with(|g| g.replace(false));
-        NoGradGuard { prev }
+        NoGradGuard {
+            entry: ScopeEntry::push(&NO_GRAD, false, set_grad_mode),
+        }
     }
+}
+
+fn set_grad_mode(top: Option<bool>) {
+    let _ = GRAD_ENABLED.try_with(|g| g.set(top.unwrap_or(true)));
 }
 
 impl Drop for NoGradGuard {
     fn drop(&mut self) {
-        GRAD_ENABLED.with(|g| g.set(self.prev));
+        self.entry.pop(set_grad_mode);
     }
 }
 

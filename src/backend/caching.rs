@@ -22,9 +22,12 @@ pub trait RawMemory {
 }
 
 /// Tells whether the work that still uses a freed block has finished (a CUDA event
-/// recorded after the last use). A fence that cannot tell (a broken context) reports done.
+/// recorded after the last use).
 pub trait Fence: Send {
-    fn is_done(&self) -> bool;
+    /// `Ok(true)` once the work is done; an `Err` (a failed event query) says the fence
+    /// cannot tell, and the allocator then keeps the block out of use: a copy into it may
+    /// still be in flight.
+    fn is_done(&self) -> std::result::Result<bool, String>;
 }
 
 /// Byte counts of the allocator, as PyTorch reports them.
@@ -118,7 +121,13 @@ impl<M: RawMemory> CachingAllocator<M> {
             false => bytes.max(1),
         };
         self.stats.requests += 1;
-        self.collect_pending();
+        if let Err(why) = self.collect_pending() {
+            return Err(Error::CudaDriver {
+                op: "querying a freed block's fence",
+                device: self.device,
+                msg: why,
+            });
+        }
         let cached = self.free.get_mut(&(stream, size)).and_then(|v| v.pop());
         let ptr = match cached {
             Some(p) => {
@@ -196,30 +205,40 @@ impl<M: RawMemory> CachingAllocator<M> {
         Ok(())
     }
 
-    /// Moves the pending blocks whose fences report done into the cache.
-    fn collect_pending(&mut self) {
-        let mut k = 0;
+    /// Moves the pending blocks whose fences report done into the cache. A fence whose
+    /// query fails keeps its block pending (never reused, never freed) and its error is
+    /// returned, after the other blocks were looked at.
+    fn collect_pending(&mut self) -> std::result::Result<(), String> {
+        let (mut k, mut failed) = (0, None);
         while k < self.pending.len() {
-            if self.pending[k].1.is_done() {
-                let (ptr, _) = self.pending.swap_remove(k);
-                self.release(ptr).expect("a pending block is live");
-            } else {
-                k += 1;
+            match self.pending[k].1.is_done() {
+                Ok(true) => {
+                    let (ptr, _) = self.pending.swap_remove(k);
+                    self.release(ptr).expect("a pending block is live");
+                }
+                Ok(false) => k += 1,
+                Err(why) => {
+                    failed.get_or_insert(why);
+                    k += 1;
+                }
             }
         }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Blocks freed with [`CachingAllocator::free_after`] whose fences have not yet reported
     /// done (after moving those that have into the cache).
     pub fn pending(&mut self) -> usize {
-        self.collect_pending();
+        // A failed fence keeps its block counted here.
+        let _ = self.collect_pending();
         self.pending.len()
     }
 
     /// Gives every cached (free) block back to the raw allocator; pending blocks whose
     /// fences report done go with them, the others stay.
     pub fn empty_cache(&mut self) {
-        self.collect_pending();
+        // A failed fence keeps its block: it is neither cached nor freed.
+        let _ = self.collect_pending();
         for ((_, size), ptrs) in std::mem::take(&mut self.free) {
             for p in ptrs {
                 self.raw.free(p);
@@ -353,9 +372,31 @@ mod tests {
     struct Gate(Arc<Mutex<bool>>);
 
     impl Fence for Gate {
-        fn is_done(&self) -> bool {
-            *self.0.lock().unwrap()
+        fn is_done(&self) -> std::result::Result<bool, String> {
+            Ok(*self.0.lock().unwrap())
         }
+    }
+
+    /// A fence whose query fails (a broken context).
+    struct Broken;
+
+    impl Fence for Broken {
+        fn is_done(&self) -> std::result::Result<bool, String> {
+            Err("CUDA_ERROR_ILLEGAL_ADDRESS".into())
+        }
+    }
+
+    #[test]
+    fn a_fence_that_cannot_tell_keeps_its_block() {
+        let raw = Fake::with_capacity(1 << 30);
+        let mut a = CachingAllocator::new(raw.clone(), Device::Cpu);
+        let (p, _) = a.alloc(1000, 0).unwrap();
+        a.free_after(p, Box::new(Broken)).unwrap();
+        let e = a.alloc(1000, 0).unwrap_err().to_string();
+        assert!(e.contains("ILLEGAL_ADDRESS"), "{e}");
+        a.empty_cache();
+        assert_eq!(a.pending(), 1, "the block is neither reused nor freed");
+        assert_eq!(raw.used(), 1024);
     }
 
     #[test]

@@ -92,6 +92,22 @@ fn common_device(op: &'static str, storages: &[&Storage]) -> Result<Device> {
     }
 }
 
+/// Checks that the product of `[.., m, k]` and `[.., k, n]` views has a representable
+/// output `[.., m, n]` (two expanded operands can each be small in memory while `m * n`
+/// overflows) before a kernel sizes its output from it; on the host, that it can be held.
+fn product_fits(op: &'static str, s: &Storage, l: &Layout, lr: &Layout) -> Result<()> {
+    let (a, b) = (l.shape(), lr.shape());
+    let mut out = a[..a.len().saturating_sub(1)].to_vec();
+    out.extend(b.last());
+    let n = crate::layout::checked_numel(op, &out)?;
+    crate::layout::checked_bytes(op, &out, n, s.dtype())?;
+    match s {
+        Storage::Cpu(_) => cpu::host_can_hold(n, s.dtype()),
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(_) => Ok(()),
+    }
+}
+
 impl Storage {
     pub fn device(&self) -> Device {
         match self {
@@ -196,7 +212,7 @@ impl Storage {
         match device.check_available()? {
             #[cfg(feature = "cuda")]
             Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(o, value, n, dtype)?)),
-            d => Storage::place(CpuStorage::full(value, n, dtype), d),
+            d => Storage::place(CpuStorage::full(value, n, dtype)?, d),
         }
     }
 
@@ -229,7 +245,7 @@ impl Storage {
         dtype: DType,
     ) -> Result<Storage> {
         let device = device.check_available()?;
-        Storage::place(CpuStorage::from_f64s(values, dtype), device)
+        Storage::place(CpuStorage::from_f64s(values, dtype)?, device)
     }
 
     pub(crate) fn to_device(&self, layout: &Layout, device: Device) -> Result<Storage> {
@@ -370,6 +386,7 @@ impl Storage {
     }
 
     pub(crate) fn matmul(&self, l: &Layout, rhs: &Storage, lr: &Layout) -> Result<Storage> {
+        product_fits("matmul", self, l, lr)?;
         match pair("matmul", self, rhs)? {
             Pair::Cpu(a, b) => Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, None)?)),
             #[cfg(feature = "cuda")]
@@ -390,6 +407,7 @@ impl Storage {
         lb: &Layout,
     ) -> Result<Option<Storage>> {
         common_device("linear_relu", &[self, rhs, bias])?;
+        product_fits("linear_relu", self, l, lr)?;
         match (pair("linear_relu", self, rhs)?, bias) {
             (Pair::Cpu(..), _) => Ok(None),
             #[cfg(feature = "cuda")]
@@ -459,6 +477,7 @@ impl Storage {
         lb: &Layout,
     ) -> Result<Storage> {
         common_device("linear", &[self, rhs, bias])?;
+        product_fits("linear", self, l, lr)?;
         match (pair("linear", self, rhs)?, bias) {
             (Pair::Cpu(a, b), Storage::Cpu(c)) => {
                 Ok(Storage::Cpu(cpu::matmul(a, l, b, lr, Some((c, lb)))?))

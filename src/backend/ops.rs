@@ -254,6 +254,45 @@ impl BinaryOp {
     }
 }
 
+/// `a ^ b` for i64, exactly (PyTorch's `powi`): square-and-multiply wrapping on overflow as
+/// PyTorch's integer arithmetic does; a negative exponent gives `1 / a^-b` truncated, so 1
+/// for `a = 1`, +-1 for `a = -1` and 0 otherwise. (PyTorch refuses a negative *scalar*
+/// exponent of an integer tensor; [`crate::Tensor::pow`] does too.)
+pub fn pow_i64(a: i64, b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 if b % 2 != 0 => -1,
+            -1 => 1,
+            _ => 0,
+        };
+    }
+    let (mut base, mut e, mut acc) = (a, b as u64, 1i64);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
+    }
+    acc
+}
+
+/// `a ^ b` for u8, exactly, saturated at 255 as the engine's other u8 arithmetic.
+pub fn pow_u8(a: u8, b: u8) -> u8 {
+    let mut acc: u32 = 1;
+    for _ in 0..b {
+        acc *= a as u32;
+        if acc >= 255 {
+            return 255;
+        }
+        if acc == 0 {
+            return 0;
+        }
+    }
+    acc as u8
+}
+
 /// Comparisons; they give a `U8` mask of 0 and 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmpOp {
@@ -323,8 +362,9 @@ pub fn window_out(
     dil: usize,
     ceil: bool,
 ) -> Option<usize> {
-    let eff = dil * (kernel - 1) + 1;
-    let padded = len + 2 * pad;
+    // Checked: a huge padding or dilation from the caller must not wrap into a small size.
+    let eff = dil.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
+    let padded = pad.checked_mul(2)?.checked_add(len)?;
     if padded < eff || stride == 0 {
         return None;
     }

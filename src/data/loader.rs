@@ -3,14 +3,13 @@
 
 use super::host::{Batch, DeviceBatches, HostBatch, PinTarget};
 use super::Dataset;
-use crate::autograd::lock;
 use crate::random::Generator;
 use crate::{Device, Error, Result};
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Options of a [`DataLoader`] (PyTorch's names).
@@ -22,7 +21,11 @@ pub struct DataLoaderConfig {
     pub seed: u64,
     /// Drop the last incomplete batch.
     pub drop_last: bool,
-    /// Worker threads; 0 loads on the calling thread.
+    /// Worker threads; 0 loads on the calling thread. Batch `k` of an epoch goes to worker
+    /// `k % num_workers` (PyTorch's round robin), and each worker's default generator (the
+    /// one [`crate::Tensor::rand`] and friends draw from in a dataset's code) is seeded once,
+    /// when the worker starts, with [`DataLoader::worker_seed`]: distinct per worker, and the
+    /// same draws run to run for the same `seed`.
     pub num_workers: usize,
     /// Batches prepared ahead per worker.
     pub prefetch_factor: usize,
@@ -70,7 +73,8 @@ type Done = (u64, usize, Result<HostBatch>);
 pub struct DataLoader {
     dataset: Arc<dyn Dataset>,
     cfg: DataLoaderConfig,
-    jobs: Option<Sender<Job>>,
+    /// One job queue per worker (empty without workers).
+    jobs: Vec<Sender<Job>>,
     done: Option<Receiver<Done>>,
     workers: Vec<JoinHandle<()>>,
     pin: PinTarget,
@@ -89,48 +93,55 @@ impl DataLoader {
                 ),
             ));
         }
+        // The batches in flight, num_workers * prefetch_factor, must be countable (a wrapped
+        // product would submit nothing and wait forever).
+        if cfg.num_workers.checked_mul(cfg.prefetch_factor).is_none() {
+            return Err(Error::invalid(
+                "DataLoader::new",
+                format!(
+                    "num_workers {} times prefetch_factor {} overflows",
+                    cfg.num_workers, cfg.prefetch_factor
+                ),
+            ));
+        }
         let mut dl = DataLoader {
             dataset,
             cfg,
-            jobs: None,
+            jobs: Vec::new(),
             done: None,
             workers: Vec::new(),
             pin: PinTarget::new(cfg.pin_memory)?,
             generation: 0,
         };
         if cfg.num_workers > 0 {
-            let (job_tx, job_rx) = channel::<Job>();
             let (done_tx, done_rx) = channel::<Done>();
-            let job_rx = Arc::new(Mutex::new(job_rx));
             for w in 0..cfg.num_workers {
-                let (rx, tx, ds) = (job_rx.clone(), done_tx.clone(), dl.dataset.clone());
-                let pin = dl.pin.clone();
+                let (job_tx, rx) = channel::<Job>();
+                let (tx, ds) = (done_tx.clone(), dl.dataset.clone());
+                let (pin, seed) = (dl.pin.clone(), dl.worker_seed(w));
                 let handle = std::thread::Builder::new()
                     .name(format!("mantissa-loader-{w}"))
-                    .spawn(move || loop {
-                        let job = lock(&rx).recv();
-                        let Ok((generation, k, idx)) = job else {
-                            return;
-                        };
-                        // A panic in the dataset's code becomes this batch's error (PyTorch
-                        // re-raises a worker's exception too); the worker lives on, so the
-                        // epoch neither hangs waiting for the batch nor loses a worker.
-                        let load = || HostBatch::load(ds.as_ref(), &idx, &pin);
-                        let batch = catch_unwind(AssertUnwindSafe(load))
-                            .unwrap_or_else(|p| Err(worker_panic(w, &idx, p.as_ref())));
-                        if tx.send((generation, k, batch)).is_err() {
-                            return;
-                        }
+                    .spawn(move || {
+                        crate::random::manual_seed(seed);
+                        worker_loop(w, rx, tx, ds, pin)
                     })
                     .map_err(|e| {
                         Error::invalid("DataLoader::new", format!("cannot start a worker: {e}"))
                     })?;
                 dl.workers.push(handle);
+                dl.jobs.push(job_tx);
             }
-            dl.jobs = Some(job_tx);
             dl.done = Some(done_rx);
         }
         Ok(dl)
+    }
+
+    /// The seed of worker `worker`'s default generator: the loader's seed mixed into a base
+    /// (so that worker streams differ from the shuffle's), plus the worker's index, as
+    /// PyTorch's `base_seed + worker_id`.
+    pub fn worker_seed(&self, worker: usize) -> u64 {
+        const WORKERS: usize = 0x574f_524b; // "WORK": a stream of its own
+        crate::backend::rounding::stream_seed(self.cfg.seed, WORKERS).wrapping_add(worker as u64)
     }
 
     /// Number of batches per epoch.
@@ -187,6 +198,28 @@ impl DataLoader {
     }
 }
 
+/// Worker `w`'s loop: loads the batches of its queue until the queue closes or the loader
+/// stops listening.
+fn worker_loop(
+    w: usize,
+    rx: Receiver<Job>,
+    tx: Sender<Done>,
+    ds: Arc<dyn Dataset>,
+    pin: PinTarget,
+) {
+    while let Ok((generation, k, idx)) = rx.recv() {
+        // A panic in the dataset's code becomes this batch's error (PyTorch re-raises a
+        // worker's exception too); the worker lives on, so the epoch neither hangs waiting
+        // for the batch nor loses a worker.
+        let load = || HostBatch::load(ds.as_ref(), &idx, &pin);
+        let batch = catch_unwind(AssertUnwindSafe(load))
+            .unwrap_or_else(|p| Err(worker_panic(w, &idx, p.as_ref())));
+        if tx.send((generation, k, batch)).is_err() {
+            return;
+        }
+    }
+}
+
 /// The error for a batch whose loading panicked in worker `w`.
 fn worker_panic(w: usize, idx: &[usize], payload: &(dyn Any + Send)) -> Error {
     let what = payload
@@ -206,7 +239,7 @@ fn worker_panic(w: usize, idx: &[usize], payload: &(dyn Any + Send)) -> Error {
 
 impl Drop for DataLoader {
     fn drop(&mut self) {
-        self.jobs = None; // closes the job channel: workers return
+        self.jobs.clear(); // closes the job channels: workers return
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -228,7 +261,7 @@ impl<'a> EpochIter<'a> {
         if self.next_yield >= self.batches.len() {
             return None;
         }
-        let (Some(jobs), Some(done)) = (&self.dl.jobs, &self.dl.done) else {
+        let (false, Some(done)) = (self.dl.jobs.is_empty(), &self.dl.done) else {
             let k = self.next_yield;
             self.next_yield += 1;
             return Some(HostBatch::load(
@@ -237,10 +270,14 @@ impl<'a> EpochIter<'a> {
                 &self.dl.pin,
             ));
         };
+        let jobs = &self.dl.jobs;
+        // Checked in DataLoader::new not to overflow.
         let ahead = self.dl.cfg.num_workers * self.dl.cfg.prefetch_factor;
-        while self.next_submit < self.batches.len() && self.next_submit < self.next_yield + ahead {
+        while self.next_submit < self.batches.len()
+            && self.next_submit < self.next_yield.saturating_add(ahead)
+        {
             let k = self.next_submit;
-            if jobs
+            if jobs[k % jobs.len()]
                 .send((self.dl.generation, k, std::mem::take(&mut self.batches[k])))
                 .is_err()
             {

@@ -37,11 +37,13 @@ pub struct Idx {
     pub data: Vec<u8>,
 }
 
-/// Parses IDX bytes (u8 element type only, as MNIST uses).
-pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<Idx> {
+/// The dims an IDX header declares and the header's length in bytes, checked before any data
+/// is read: the u8 magic number, a whole header, and a dims product that does not overflow.
+/// `bytes` may hold just the header's start; `Ok(None)` asks for more.
+fn parse_header(bytes: &[u8], path: &Path) -> Result<Option<(Vec<usize>, usize, usize)>> {
     let bad = |m: String| Error::format("mnist", path, m);
     if bytes.len() < 4 {
-        return Err(bad(format!("truncated header ({} bytes)", bytes.len())));
+        return Ok(None);
     }
     if bytes[0] != 0 || bytes[1] != 0 || bytes[2] != 0x08 {
         return Err(bad(format!(
@@ -50,14 +52,29 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<Idx> {
         )));
     }
     let rank = bytes[3] as usize;
-    if rank == 0 || bytes.len() < 4 + 4 * rank {
-        return Err(bad(format!("truncated header for {rank} dims")));
+    if rank == 0 {
+        return Err(bad("a header with no dims".into()));
     }
-    let dims: Vec<usize> = (0..rank)
-        .map(|i| u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().unwrap()) as usize)
+    let header = 4 + 4 * rank;
+    if bytes.len() < header {
+        return Ok(None);
+    }
+    let dims: Vec<usize> = bytes[4..header]
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
         .collect();
-    let n: usize = dims.iter().product();
-    let body = &bytes[4 + 4 * rank..];
+    let n = crate::layout::checked_numel("mnist", &dims)
+        .map_err(|_| bad(format!("dims {dims:?}: the element count overflows")))?;
+    Ok(Some((dims, header, n)))
+}
+
+/// Parses IDX bytes (u8 element type only, as MNIST uses).
+pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<Idx> {
+    let bad = |m: String| Error::format("mnist", path, m);
+    let Some((dims, header, n)) = parse_header(bytes, path)? else {
+        return Err(bad(format!("truncated header ({} bytes)", bytes.len())));
+    };
+    let body = &bytes[header..];
     if body.len() != n {
         return Err(bad(format!(
             "dims {dims:?} need {n} bytes of data, the file has {} ({})",
@@ -75,15 +92,42 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<Idx> {
     })
 }
 
+/// Decompresses a gzip IDX file no further than its header allows: the header is read and
+/// checked first (a wrong magic number stops after 4 bytes), then at most the data the
+/// dims imply plus one byte (enough to see trailing bytes). A small file that inflates to
+/// gigabytes is refused with no more than that allocated.
+fn gunzip_idx(raw: &[u8], path: &Path) -> Result<Vec<u8>> {
+    let corrupt =
+        |e: std::io::Error| Error::format("mnist", path, format!("corrupt gzip data: {e}"));
+    let mut z = flate2::read::GzDecoder::new(raw);
+    let mut out = Vec::new();
+    let mut want = 4;
+    loop {
+        (&mut z)
+            .take((want - out.len()) as u64)
+            .read_to_end(&mut out)
+            .map_err(corrupt)?;
+        match parse_header(&out, path)? {
+            Some((_, header, n)) => {
+                let limit = header.saturating_add(n).saturating_add(1);
+                (&mut z)
+                    .take((limit - out.len()) as u64)
+                    .read_to_end(&mut out)
+                    .map_err(corrupt)?;
+                return Ok(out);
+            }
+            // Too short to hold what was asked: parse_idx names the truncation.
+            None if out.len() < want => return Ok(out),
+            None => want = 4 + 4 * out[3] as usize,
+        }
+    }
+}
+
 /// Reads an IDX file, raw or gzip-compressed (detected by content).
 pub fn read_idx(path: &Path) -> Result<Idx> {
     let raw = std::fs::read(path).map_err(|e| Error::io("mnist", path, e))?;
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| Error::format("mnist", path, format!("corrupt gzip data: {e}")))?;
-        out
+        gunzip_idx(&raw, path)?
     } else {
         raw
     };

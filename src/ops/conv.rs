@@ -84,7 +84,12 @@ fn conv_dims(op: &'static str, x: &[usize], w: &[usize], p: Conv2dParams) -> Res
             ),
         ));
     }
-    if c % p.groups != 0 || o % p.groups != 0 || cg * p.groups != c || kh == 0 || kw == 0 {
+    if c % p.groups != 0
+        || o % p.groups != 0
+        || cg.checked_mul(p.groups) != Some(c)
+        || kh == 0
+        || kw == 0
+    {
         return Err(Error::invalid(
             op,
             format!(
@@ -95,6 +100,12 @@ fn conv_dims(op: &'static str, x: &[usize], w: &[usize], p: Conv2dParams) -> Res
     }
     let ho = window_out(h, kh, p.stride[0], p.padding[0], p.dilation[0], false);
     let wo = window_out(wd, kw, p.stride[1], p.padding[1], p.dilation[1], false);
+    if let (Some(ho), Some(wo)) = (ho, wo) {
+        let out = [n, o, ho, wo];
+        let count = crate::layout::checked_numel(op, &out)?;
+        // Bytes at the widest float dtype: the output must be addressable whatever it holds.
+        crate::layout::checked_bytes(op, &out, count, crate::DType::F64)?;
+    }
     match (ho, wo) {
         (Some(ho), Some(wo)) => Ok(ConvDims {
             n,
@@ -315,9 +326,13 @@ impl Tensor {
                 },
             });
         }
+        // Checked throughout: huge strides, dilations or paddings must not wrap.
         let size = |len: usize, i: usize, k: usize| -> Option<usize> {
-            ((len - 1) * p.stride[i] + p.dilation[i] * (k - 1) + o.output_padding[i] + 1)
-                .checked_sub(2 * p.padding[i])
+            (len - 1)
+                .checked_mul(p.stride[i])?
+                .checked_add(p.dilation[i].checked_mul(k - 1)?)?
+                .checked_add(o.output_padding[i] + 1)?
+                .checked_sub(p.padding[i].checked_mul(2)?)
         };
         let (Some(ho), Some(wo)) = (size(h, 0, kh), size(wd, 1, kw)) else {
             return Err(Error::invalid(
@@ -334,7 +349,14 @@ impl Tensor {
         // The equivalent convolution maps the output [n, og*g, ho, wo] to the input [n, c, h, w].
         let d = conv_dims(
             "conv_transpose2d",
-            &[n, og * p.groups, ho, wo],
+            &[
+                n,
+                og.checked_mul(p.groups).ok_or_else(|| {
+                    Error::too_large("conv_transpose2d", w.shape(), "channels overflow")
+                })?,
+                ho,
+                wo,
+            ],
             w.shape(),
             p,
         )?;

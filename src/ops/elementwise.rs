@@ -189,7 +189,20 @@ impl Tensor {
     }
     /// `self ^ rhs` with broadcasting.
     pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        let (x, rhs) = rhs.into().resolve(self)?;
+        let rhs = rhs.into();
+        if let (Operand::Int(v), false) = (&rhs, self.dtype().is_float()) {
+            if *v < 0 {
+                // PyTorch: "Integers to negative integer powers are not allowed."
+                return Err(Error::invalid(
+                    "pow",
+                    format!(
+                        "integers to negative integer powers are not allowed ({:?} tensor ** {v})",
+                        self.dtype()
+                    ),
+                ));
+            }
+        }
+        let (x, rhs) = rhs.resolve(self)?;
         match rhs {
             Resolved::Tensor(t) => x.binary_op(&t, BinaryOp::Pow, Op::Pow),
             Resolved::Scalar(v) => x.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),

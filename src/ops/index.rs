@@ -52,7 +52,12 @@ impl Tensor {
             inputs.push(t.to_dtype(dtype)?);
         }
         let mut shape = first.shape().to_vec();
-        shape[d] = inputs.iter().map(|t| t.shape()[d]).sum();
+        shape[d] = inputs
+            .iter()
+            .try_fold(0usize, |acc, t| acc.checked_add(t.shape()[d]))
+            .ok_or_else(|| {
+                Error::too_large("cat", first.shape(), "the concatenated size overflows")
+            })?;
         let out = Tensor::zeros(&shape, dtype, first.device())?;
         let mut start = 0;
         let mut starts = Vec::with_capacity(inputs.len());

@@ -63,7 +63,7 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
         ));
     }
     for i in 0..2 {
-        if 2 * p.padding[i] > p.kernel[i] {
+        if p.padding[i] > p.kernel[i] / 2 {
             return Err(Error::invalid(
                 op.name(),
                 format!(
@@ -89,6 +89,9 @@ fn pool_dims(op: Op, x: &Tensor, p: &Pool2dParams) -> Result<PoolDims> {
         p.dilation[1],
         p.ceil_mode,
     );
+    if let (Some(ho), Some(wo)) = (ho, wo) {
+        crate::layout::checked_numel(op.name(), &[s[0], s[1], ho, wo])?;
+    }
     match (ho, wo) {
         (Some(ho), Some(wo)) if s[2] > 0 && s[3] > 0 => Ok(PoolDims {
             planes: s[0] * s[1],

@@ -154,40 +154,66 @@ pub trait Optimizer {
         Ok(out)
     }
 
-    /// Restores a state written by [`Optimizer::state_tensors`]; parameter counts must match.
-    /// With master weights on, the working copies are then regenerated from the masters
-    /// (bit-exactly as the last update wrote them, stochastic rounding included).
-    fn load_state_tensors(&mut self, named: &BTreeMap<String, Tensor>) -> Result<()> {
-        let devices: Vec<_> = self.params().iter().map(|p| p.device()).collect();
-        let n = devices.len();
-        let mut fresh = vec![ParamState::default(); n];
+    /// Checks a state for [`Optimizer::load_state_tensors`] without changing anything: every
+    /// entry is `{i}.{name}` with `i` below the parameter count, `step` is a one-element
+    /// counter, every other state has its parameter's shape and a float dtype, and a master
+    /// weight is present only with master weights on. Every problem is listed.
+    fn check_state_tensors(&self, named: &BTreeMap<String, Tensor>) -> Result<()> {
+        let params = self.params();
+        let n = params.len();
+        let mut problems = Vec::new();
         for (name, t) in named {
-            let (i, key) = name
-                .split_once('.')
-                .and_then(|(i, k)| Some((i.parse::<usize>().ok()?, k)))
-                .filter(|(i, _)| *i < n)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "load_state_tensors",
-                        format!("unexpected entry {name:?} for {n} parameters"),
-                    )
-                })?;
+            let Some((i, key)) = state_entry(name, n) else {
+                problems.push(format!("unexpected entry {name:?} for {n} parameters"));
+                continue;
+            };
+            let p = &params[i];
+            if key == "step" {
+                if t.numel() != 1 {
+                    problems.push(format!(
+                        "{name} has shape {:?}, expected one element",
+                        t.shape()
+                    ));
+                }
+            } else if t.shape() != p.shape() || !t.dtype().is_float() {
+                problems.push(format!(
+                    "{name} is {:?} {:?}, its parameter {:?} {:?}",
+                    t.shape(),
+                    t.dtype(),
+                    p.shape(),
+                    p.dtype()
+                ));
+            } else if key == "master" && self.master_weights().is_none() {
+                problems.push(format!(
+                    "parameter {i} has a master weight in the state: call use_master_weights \
+                     before loading"
+                ));
+            }
+        }
+        match problems.is_empty() {
+            true => Ok(()),
+            false => Err(Error::invalid("load_state_tensors", problems.join("; "))),
+        }
+    }
+
+    /// Restores a state written by [`Optimizer::state_tensors`]; parameter counts must match.
+    /// The state is checked first ([`Optimizer::check_state_tensors`]) and copied to the
+    /// parameters' devices before the optimizer's own is replaced, so a refused state changes
+    /// nothing. With master weights on, the working copies are then regenerated from the
+    /// masters (bit-exactly as the last update wrote them, stochastic rounding included).
+    fn load_state_tensors(&mut self, named: &BTreeMap<String, Tensor>) -> Result<()> {
+        self.check_state_tensors(named)?;
+        let devices: Vec<_> = self.params().iter().map(|p| p.device()).collect();
+        let mut fresh = vec![ParamState::default(); devices.len()];
+        for (name, t) in named {
+            let Some((i, key)) = state_entry(name, devices.len()) else {
+                continue; // refused by check_state_tensors above
+            };
             fresh[i]
                 .tensors
                 .insert(key.to_string(), t.to_device(devices[i])?.copy()?);
         }
         let g = self.group_mut();
-        if g.masters.is_none() {
-            if let Some(i) = fresh.iter().position(|s| s.tensors.contains_key("master")) {
-                return Err(Error::invalid(
-                    "load_state_tensors",
-                    format!(
-                        "parameter {i} has a master weight in the state: call \
-                         use_master_weights before loading"
-                    ),
-                ));
-            }
-        }
         g.states.clone_from_slice(&fresh);
         if g.masters.is_some() {
             g.adopt_masters()?;
@@ -195,6 +221,13 @@ pub trait Optimizer {
         }
         Ok(())
     }
+}
+
+/// Parameter index and state name of a `{i}.{name}` state entry, for `n` parameters.
+fn state_entry(name: &str, n: usize) -> Option<(usize, &str)> {
+    name.split_once('.')
+        .and_then(|(i, k)| Some((i.parse::<usize>().ok()?, k)))
+        .filter(|(i, _)| *i < n)
 }
 
 /// Applies the fused update `u` in place to parameter `p` (or f32 master, when `working`

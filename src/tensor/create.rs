@@ -3,6 +3,7 @@
 use super::Tensor;
 use crate::backend::cpu::CpuElem;
 use crate::backend::Storage;
+use crate::layout::{checked_bytes, checked_numel};
 use crate::random::{with_default_generator, Generator};
 use crate::{DType, Device, Error, Result};
 
@@ -16,7 +17,8 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        let n = shape.iter().product();
+        let n = checked_numel("full", shape)?;
+        checked_bytes("full", shape, n, dtype)?;
         Ok(Tensor::from_storage(
             Storage::full(device, value, n, dtype)?,
             shape,
@@ -61,7 +63,16 @@ impl Tensor {
                 format!("bad range start={start} end={end} step={step}"),
             ));
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let count = ((end - start) / step).ceil().max(0.0);
+        // Past isize::MAX the float-to-usize cast would saturate; such a range cannot exist.
+        if count > isize::MAX as f64 {
+            return Err(Error::invalid(
+                "arange",
+                format!("{count} elements in start={start} end={end} step={step}"),
+            ));
+        }
+        let n = count as usize;
+        checked_bytes("arange", &[n], n, dtype)?;
         let values = (0..n).map(|i| start + i as f64 * step);
         Ok(Tensor::from_storage(
             Storage::from_f64s(device, values, dtype)?,
@@ -76,7 +87,7 @@ impl Tensor {
     /// assert!(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], Device::Cpu).is_err());
     /// ```
     pub fn from_vec<T: CpuElem>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel("from_vec", shape)?;
         if data.len() != numel {
             return Err(Error::DataLength {
                 op: "from_vec",
@@ -117,8 +128,9 @@ impl Tensor {
         {
             return Err(Error::invalid("rand", format!("bad interval [{lo}, {hi})")));
         }
-        let n = shape.iter().product();
-        let values = gen.uniform(n).into_iter().map(|u| lo + (hi - lo) * u);
+        let n = checked_numel("rand", shape)?;
+        checked_bytes("rand", shape, n, dtype)?;
+        let values = Chunked::new(n, |k| gen.uniform(k)).map(|u| lo + (hi - lo) * u);
         Ok(Tensor::from_storage(
             Storage::from_f64s(device, values, dtype)?,
             shape,
@@ -140,8 +152,9 @@ impl Tensor {
                 format!("bad mean {mean} / std {std}"),
             ));
         }
-        let n = shape.iter().product();
-        let values = gen.normal(n).into_iter().map(|z| mean + std * z);
+        let n = checked_numel("randn", shape)?;
+        checked_bytes("randn", shape, n, dtype)?;
+        let values = Chunked::new(n, |k| gen.normal(k)).map(|z| mean + std * z);
         Ok(Tensor::from_storage(
             Storage::from_f64s(device, values, dtype)?,
             shape,
@@ -189,5 +202,61 @@ impl Tensor {
                 Ok(vec![Some(g.to_device(src)?)])
             }),
         )
+    }
+}
+
+/// `n` generator draws made a chunk at a time, so that the host holds one chunk of f64
+/// scratch instead of `n` (the storage is reserved once, fallibly, from the exact size hint).
+/// Chunks have an even length, so the draws equal one call of `n`: Philox blocks hold four
+/// words, two uniforms or one Box-Muller pair, and an even chunk ends on a block boundary.
+struct Chunked<F: FnMut(usize) -> Vec<f64>> {
+    draw: F,
+    left: usize,
+    buf: std::vec::IntoIter<f64>,
+}
+
+impl<F: FnMut(usize) -> Vec<f64>> Chunked<F> {
+    const CHUNK: usize = 1 << 16;
+
+    fn new(n: usize, draw: F) -> Self {
+        Chunked {
+            draw,
+            left: n,
+            buf: Vec::new().into_iter(),
+        }
+    }
+}
+
+impl<F: FnMut(usize) -> Vec<f64>> Iterator for Chunked<F> {
+    type Item = f64;
+
+    fn next(&mut self) -> Option<f64> {
+        if self.buf.len() == 0 && self.left > 0 {
+            let k = self.left.min(Self::CHUNK);
+            self.left -= k;
+            self.buf = (self.draw)(k).into_iter();
+        }
+        self.buf.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.left + self.buf.len();
+        (n, Some(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chunked;
+    use crate::random::Generator;
+
+    #[test]
+    fn chunked_draws_equal_one_call() {
+        let n = 2 * Chunked::<fn(usize) -> Vec<f64>>::CHUNK + 3;
+        let (mut a, mut b) = (Generator::new(7), Generator::new(7));
+        let got: Vec<f64> = Chunked::new(n, |k| a.normal(k)).collect();
+        assert_eq!(got, b.normal(n));
+        let got: Vec<f64> = Chunked::new(n, |k| a.uniform(k)).collect();
+        assert_eq!(got, b.uniform(n));
     }
 }

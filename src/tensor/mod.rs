@@ -99,9 +99,17 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Tensor {
     /// A tensor over `storage` seen through `layout`, not part of any graph.
+    ///
+    /// Panics when `layout` reaches outside the storage: every caller checks user sizes
+    /// before this point (shapes with [`crate::layout::checked_numel`], views with checked
+    /// bounds), so a failure here is an engine bug, stopped before a kernel reads out of
+    /// bounds.
     pub(crate) fn from_parts(storage: Arc<StorageCell>, layout: Layout) -> Tensor {
         let (dtype, device) = {
             let s = storage.read();
+            if let Err(e) = layout.check_within("tensor", s.len()) {
+                panic!("mantissa internal error: a view outside its storage: {e}");
+            }
             (s.dtype(), s.device())
         };
         Tensor(Arc::new(Inner {

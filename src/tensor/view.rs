@@ -1,7 +1,7 @@
 //! Views: new shapes and strides over the same storage. Each records its backward.
 
 use super::Tensor;
-use crate::layout::{normalize_dim, Layout};
+use crate::layout::{checked_numel, normalize_dim, Layout};
 use crate::{Error, Result};
 
 impl Tensor {
@@ -25,7 +25,7 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel("reshape", shape)?;
         if numel != self.numel() {
             return Err(Error::Reshape {
                 op: "reshape",
@@ -49,11 +49,12 @@ impl Tensor {
 
     /// Reshape where one entry may be `-1` (inferred from the element count).
     pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
-        let known: usize = shape
+        let known_dims: Vec<usize> = shape
             .iter()
             .filter(|&&d| d >= 0)
             .map(|&d| d as usize)
-            .product();
+            .collect();
+        let known = checked_numel("reshape", &known_dims)?;
         let holes = shape.iter().filter(|&&d| d < 0).count();
         let bad = || {
             Error::invalid(

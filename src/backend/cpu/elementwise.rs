@@ -211,6 +211,28 @@ pub(crate) fn binary(
         }), [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div])
         .into_storage()
     }
+    // Integer powers are exact integer arithmetic, not a float pow truncated.
+    match (a, b, op) {
+        (CpuStorage::I64(x), CpuStorage::I64(y), BinaryOp::Pow) => {
+            return Ok(CpuStorage::I64(map2(
+                x,
+                la,
+                y,
+                lb,
+                crate::backend::ops::pow_i64,
+            )))
+        }
+        (CpuStorage::U8(x), CpuStorage::U8(y), BinaryOp::Pow) => {
+            return Ok(CpuStorage::U8(map2(
+                x,
+                la,
+                y,
+                lb,
+                crate::backend::ops::pow_u8,
+            )))
+        }
+        _ => {}
+    }
     Ok(map_pair!("binary", a, b, x, y => go(x, la, y, lb, op)))
 }
 

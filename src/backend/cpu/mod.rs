@@ -138,6 +138,26 @@ macro_rules! map_pair {
 }
 pub(crate) use {map_all, map_float, map_pair};
 
+/// An empty vector with room for `n` elements, or [`crate::Error::OutOfMemory`] when the host
+/// allocator refuses (instead of the abort or capacity panic of `vec![x; n]`).
+pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| crate::Error::host_oom(n.saturating_mul(std::mem::size_of::<T>())))?;
+    Ok(v)
+}
+
+/// Checks that the host can hold `n` elements of `dtype` before a kernel that allocates them
+/// without a `Result` runs: requests from 256 MiB up are reserved once and released, so one
+/// the allocator refuses becomes [`crate::Error::OutOfMemory`] instead of an abort.
+pub(crate) fn host_can_hold(n: usize, dtype: DType) -> Result<()> {
+    let bytes = n.saturating_mul(dtype.size_in_bytes());
+    if bytes >= 256 << 20 {
+        drop(try_vec::<u8>(bytes)?);
+    }
+    Ok(())
+}
+
 impl CpuStorage {
     pub fn dtype(&self) -> DType {
         match self {
@@ -158,10 +178,13 @@ impl CpuStorage {
         self.len() == 0
     }
 
-    /// `n` copies of `value` (rounded to `dtype`).
-    pub fn full(value: f64, n: usize, dtype: DType) -> CpuStorage {
-        fn go<T: CpuElem>(value: f64, n: usize) -> CpuStorage {
-            T::wrap(vec![T::from_f64(value); n])
+    /// `n` copies of `value` (rounded to `dtype`); [`crate::Error::OutOfMemory`] when the host
+    /// cannot hold them.
+    pub fn full(value: f64, n: usize, dtype: DType) -> Result<CpuStorage> {
+        fn go<T: CpuElem>(value: f64, n: usize) -> Result<CpuStorage> {
+            let mut v = try_vec(n)?;
+            v.resize(n, T::from_f64(value));
+            Ok(T::wrap(v))
         }
         match dtype {
             DType::F32 => go::<f32>(value, n),
@@ -173,10 +196,13 @@ impl CpuStorage {
         }
     }
 
-    /// Builds storage of `dtype` from f64 values (rounding on store).
-    pub fn from_f64s(values: impl Iterator<Item = f64>, dtype: DType) -> CpuStorage {
-        fn go<T: CpuElem>(values: impl Iterator<Item = f64>) -> CpuStorage {
-            T::wrap(values.map(T::from_f64).collect())
+    /// Builds storage of `dtype` from f64 values (rounding on store), reserving the
+    /// iterator's lower size bound up front (an [`crate::Error::OutOfMemory`] when refused).
+    pub fn from_f64s(values: impl Iterator<Item = f64>, dtype: DType) -> Result<CpuStorage> {
+        fn go<T: CpuElem>(values: impl Iterator<Item = f64>) -> Result<CpuStorage> {
+            let mut v = try_vec(values.size_hint().0)?;
+            v.extend(values.map(T::from_f64));
+            Ok(T::wrap(v))
         }
         match dtype {
             DType::F32 => go::<f32>(values),
@@ -309,8 +335,12 @@ pub(crate) fn per_chunk<U: Send>(
 /// outputs without accumulation, im2col columns, rows a kernel fills): skips zeroing memory
 /// that is overwritten anyway, which is most of an allocation's cost for large short-lived
 /// buffers.
+///
+/// A refused allocation panics with [`crate::Error::OutOfMemory`]'s message instead of
+/// aborting the process (the kernels that call this return no `Result`); the sizes reaching
+/// here were checked when their shapes were made.
 pub(crate) fn overwritten_buffer<F: bytemuck::Pod>(n: usize) -> Vec<F> {
-    let mut v = Vec::with_capacity(n);
+    let mut v = try_vec(n).unwrap_or_else(|e| panic!("{e}"));
     // SAFETY: Pod types have no invalid bit patterns, and callers write every element before
     // reading it (see above).
     #[allow(clippy::uninit_vec)]

@@ -608,7 +608,7 @@ pub(crate) fn matmul(
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch: usize = la.shape()[..r - 2].iter().product();
-    if m * n * k * batch == 0 {
+    if [m, n, k, batch].contains(&0) {
         // Nothing to multiply (and empty operands need not be readable): every output row is
         // the bias, or zero.
         return match bias {
@@ -675,6 +675,30 @@ fn gemm(
         true => bs::cublasOperation_t::CUBLAS_OP_T,
         false => bs::cublasOperation_t::CUBLAS_OP_N,
     };
+    // cuBLAS takes its sizes, leading dimensions and batch count as i32: a size past
+    // i32::MAX is an error naming the limit, never truncated.
+    let int = |what: &str, v: i64| {
+        i32::try_from(v).map_err(|_| {
+            Error::too_large(
+                "matmul",
+                &[batch, m, k, n],
+                format!("cuBLAS takes {what} up to i32::MAX, got {v}"),
+            )
+        })
+    };
+    // Every size here is at most isize::MAX (checked where shapes are made), so `as i64`
+    // is exact.
+    let (n32, m32, k32) = (
+        int("n", n as i64)?,
+        int("m", m as i64)?,
+        int("k", k as i64)?,
+    );
+    let batch32 = int("batch", batch as i64)?;
+    let (lda, ldb, ldc) = (
+        int("lda", oa.ld)?,
+        int("ldb", ob.ld)?,
+        int("ldc", ldc as i64)?,
+    );
     let alpha = 1.0f32;
     // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand is b.
     // SAFETY: the pointers address `batch` matrices of the stated shapes and strides on this
@@ -685,24 +709,24 @@ fn gemm(
                 handle,
                 op(ob.transposed),
                 op(oa.transposed),
-                n as i32,
-                m as i32,
-                k as i32,
+                n32,
+                m32,
+                k32,
                 &alpha as *const f32 as *const _,
                 ob.ptr as *const _,
                 ty,
-                ob.ld as i32,
+                ldb,
                 ob.batch_stride,
                 oa.ptr as *const _,
                 ty,
-                oa.ld as i32,
+                lda,
                 oa.batch_stride,
                 &beta as *const f32 as *const _,
                 c as *mut _,
                 ty,
-                ldc as i32,
+                ldc,
                 (m * n) as i64,
-                batch as i32,
+                batch32,
                 compute,
                 bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )

@@ -49,9 +49,9 @@ impl RawMemory for PinnedMemory {
 struct EventFence(CudaEvent);
 
 impl Fence for EventFence {
-    fn is_done(&self) -> bool {
-        // A failed query means a broken context, where no copy runs any more.
-        self.0.try_is_complete().unwrap_or(true)
+    fn is_done(&self) -> std::result::Result<bool, String> {
+        // A failed query is not "done": the caching pool keeps the buffer out of use.
+        self.0.try_is_complete().map_err(|e| format!("{e:?}"))
     }
 }
 

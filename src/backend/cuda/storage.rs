@@ -159,7 +159,10 @@ impl CudaStorage {
     }
 
     pub(crate) fn alloc_on(rt: &Arc<CudaRuntime>, dtype: DType, len: usize) -> Result<CudaStorage> {
-        let (ptr, _) = rt.alloc((len * dtype.size_in_bytes()).max(1))?;
+        // The one place device byte sizes are made: checked here, so every later
+        // `n * size_in_bytes()` and element address of this storage stays below isize::MAX.
+        let bytes = crate::layout::checked_bytes("alloc", &[len], len, dtype)?;
+        let (ptr, _) = rt.alloc(bytes.max(1))?;
         Ok(CudaStorage {
             block: Block {
                 rt: rt.clone(),
@@ -278,13 +281,13 @@ impl CudaStorage {
     /// halves differ (an I64 other than 0 or -1) is uploaded instead.
     pub(crate) fn full(ordinal: usize, value: f64, n: usize, dtype: DType) -> Result<CudaStorage> {
         kname("full", dtype)?;
-        let one = CpuStorage::full(value, 1, dtype).to_le_bytes(&Layout::contiguous(&[1]));
+        let one = CpuStorage::full(value, 1, dtype)?.to_le_bytes(&Layout::contiguous(&[1]));
         let (lo, hi) = match one.len() {
             8 => (&one[..4], &one[4..]),
             _ => (&one[..], &one[..]),
         };
         if lo != hi {
-            let host = CpuStorage::full(value, n, dtype);
+            let host = CpuStorage::full(value, n, dtype)?;
             return Self::from_cpu(&host, &Layout::contiguous(&[n]), ordinal);
         }
         let rt = runtime(ordinal)?;
