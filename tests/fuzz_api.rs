@@ -634,7 +634,9 @@ fn huge(r: &mut Rng, a: &Tensor) -> Result<Vec<Tensor>> {
         11 if allocates_safely(&shape) => Tensor::full(&shape, 1.0, dt, dev()),
         _ => return Ok(vec![]),
     };
-    Ok(vec![far_corner(out?)?])
+    // Detached: the backward of a corner of a huge view would be a gradient of the whole
+    // view, a real allocation of that size (as in PyTorch).
+    Ok(vec![far_corner(out?.detach())?])
 }
 
 /// Optimizers, clipping and the loss scaler on random parameters and gradients (shapes and

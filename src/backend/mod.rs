@@ -250,7 +250,7 @@ impl Storage {
 
     pub(crate) fn to_device(&self, layout: &Layout, device: Device) -> Result<Storage> {
         match (self, device.check_available()?) {
-            (Storage::Cpu(s), Device::Cpu) => Ok(Storage::Cpu(s.copy_strided(layout))),
+            (Storage::Cpu(_), Device::Cpu) => self.copy_strided(layout),
             #[cfg(feature = "cuda")]
             (Storage::Cpu(s), Device::Cuda(n)) => {
                 Ok(Storage::Cuda(CudaStorage::from_cpu(s, layout, n)?))
@@ -272,7 +272,10 @@ impl Storage {
 
     pub(crate) fn copy_strided(&self, l: &Layout) -> Result<Storage> {
         match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(l))),
+            Storage::Cpu(s) => {
+                cpu::host_can_hold(l.numel(), s.dtype())?;
+                Ok(Storage::Cpu(s.copy_strided(l)))
+            }
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.copy_strided(l)?)),
         }
@@ -280,7 +283,10 @@ impl Storage {
 
     pub(crate) fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Storage> {
         match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(l, dtype))),
+            Storage::Cpu(s) => {
+                cpu::host_can_hold(l.numel(), dtype)?;
+                Ok(Storage::Cpu(s.to_dtype(l, dtype)))
+            }
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.to_dtype(l, dtype)?)),
         }
@@ -313,7 +319,10 @@ impl Storage {
 
     pub(crate) fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Storage> {
         match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::unary(s, l, op)?)),
+            Storage::Cpu(s) => {
+                cpu::host_can_hold(l.numel(), s.dtype())?;
+                Ok(Storage::Cpu(cpu::unary(s, l, op)?))
+            }
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(cuda::ops::unary(s, l, op)?)),
         }
@@ -341,7 +350,10 @@ impl Storage {
         op: BinaryOp,
     ) -> Result<Storage> {
         match pair("binary", self, rhs)? {
-            Pair::Cpu(a, b) => Ok(Storage::Cpu(cpu::binary(a, l, b, lr, op)?)),
+            Pair::Cpu(a, b) => {
+                cpu::host_can_hold(l.numel(), a.dtype())?;
+                Ok(Storage::Cpu(cpu::binary(a, l, b, lr, op)?))
+            }
             #[cfg(feature = "cuda")]
             Pair::Cuda(a, b) => Ok(Storage::Cuda(cuda::ops::binary(a, l, b, lr, op)?)),
         }
@@ -349,7 +361,10 @@ impl Storage {
 
     pub(crate) fn cmp(&self, l: &Layout, rhs: &Storage, lr: &Layout, op: CmpOp) -> Result<Storage> {
         match pair("cmp", self, rhs)? {
-            Pair::Cpu(a, b) => Ok(Storage::Cpu(cpu::cmp(a, l, b, lr, op)?)),
+            Pair::Cpu(a, b) => {
+                cpu::host_can_hold(l.numel(), DType::U8)?;
+                Ok(Storage::Cpu(cpu::cmp(a, l, b, lr, op)?))
+            }
             #[cfg(feature = "cuda")]
             Pair::Cuda(a, b) => Ok(Storage::Cuda(cuda::ops::cmp(a, l, b, lr, op)?)),
         }

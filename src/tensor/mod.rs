@@ -268,6 +268,7 @@ impl Tensor {
         if self.device() == Device::Cpu {
             count_host_read();
         }
+        crate::backend::cpu::host_can_hold(self.numel(), DType::F64)?;
         self.storage().to_f64_vec(self.layout())
     }
 
@@ -361,6 +362,8 @@ impl Tensor {
         if self.device() == Device::Cpu {
             count_host_read();
         }
+        // The bytes, and the host copy of a view (the same count again).
+        crate::backend::cpu::host_can_hold(self.numel().saturating_mul(2), self.dtype())?;
         let host = self.to_device(Device::Cpu)?;
         let storage = host.storage();
         let s = storage
