@@ -202,7 +202,10 @@ fn trained(seed: u64) -> (Linear, Adam) {
     (m, opt)
 }
 
-fn bits(m: &dyn Module, opt: &dyn Optimizer) -> (Vec<Vec<u8>>, Vec<(String, Vec<u8>)>) {
+/// The bytes of every model tensor, and of every optimizer state tensor by name.
+type Bits = (Vec<Vec<u8>>, Vec<(String, Vec<u8>)>);
+
+fn bits(m: &dyn Module, opt: &dyn Optimizer) -> Bits {
     let mut model = vec![];
     m.visit("", &mut |_, t, _| model.push(t.to_le_bytes().unwrap()));
     let state = opt
@@ -265,12 +268,13 @@ fn a_refused_checkpoint_load_changes_nothing() {
 fn checkpoint_saves_do_not_follow_planted_links_or_collide() {
     let path = ckpt_path("links");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    // A victim file, and links planted at the temporary names the old scheme used.
+    // A victim file, and a link planted at the temporary name a predictable scheme
+    // (`.{name}.tmp-{pid}`) would use.
     let victim = path.with_file_name("victim");
     std::fs::write(&victim, b"precious").unwrap();
     #[cfg(unix)]
-    for pid in [std::process::id()] {
-        let planted = path.with_file_name(format!(".ck.safetensors.tmp-{pid}"));
+    {
+        let planted = path.with_file_name(format!(".ck.safetensors.tmp-{}", std::process::id()));
         std::os::unix::fs::symlink(&victim, planted).unwrap();
     }
     let (m, opt) = trained(3);
