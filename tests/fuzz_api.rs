@@ -840,11 +840,17 @@ fn consume(outs: Vec<Tensor>) -> Result<()> {
     }
 }
 
-/// What one case gave: `Ok`, an error (its text, and whether it is CUDA's missing f64), or a
+/// What one case gave: `Ok`, an error (its text, and whether it depends on the device), or a
 /// panic's message.
 enum Outcome {
     Ok,
-    Err { msg: String, f64_on_cuda: bool },
+    /// `device_bound`: CUDA's missing f64, or out of memory (each device has its own memory,
+    /// and the host refuses an op on a view it could not hold where a device op may not
+    /// need it).
+    Err {
+        msg: String,
+        device_bound: bool,
+    },
     Panic(String),
 }
 
@@ -864,13 +870,14 @@ fn run_cases(cases: u64) -> Vec<Outcome> {
         .map(|case| match catch_unwind(|| run_case(case)) {
             Ok(Ok(())) => Outcome::Ok,
             Ok(Err(e)) => Outcome::Err {
-                f64_on_cuda: matches!(
-                    e,
-                    Error::DType {
-                        dtype: DType::F64,
-                        ..
-                    }
-                ) && e.to_string().contains("no f64 on CUDA"),
+                device_bound: matches!(e, Error::OutOfMemory { .. })
+                    || matches!(
+                        e,
+                        Error::DType {
+                            dtype: DType::F64,
+                            ..
+                        }
+                    ) && e.to_string().contains("no f64 on CUDA"),
                 msg: e.to_string(),
             },
             Err(p) => Outcome::Panic(
@@ -897,16 +904,16 @@ fn tally(outcomes: &[Outcome]) -> [[usize; 2]; OPS] {
 }
 
 /// The cases a device accepts that the CPU rejects, or the other way round (CUDA's missing
-/// f64 aside): the same call must mean the same on every device.
+/// f64 and out-of-memory errors aside): the same call must mean the same on every device.
 fn disagreements(cpu: &[Outcome], other: &[Outcome]) -> Vec<String> {
     let mut found = Vec::new();
     for (case, (c, o)) in cpu.iter().zip(other).enumerate() {
         let differ = match (c, o) {
-            (Outcome::Ok, Outcome::Err { msg, f64_on_cuda }) => {
-                (!f64_on_cuda).then(|| format!("Ok on the CPU, Err on the device: {msg}"))
+            (Outcome::Ok, Outcome::Err { msg, device_bound }) => {
+                (!device_bound).then(|| format!("Ok on the CPU, Err on the device: {msg}"))
             }
-            (Outcome::Err { msg, .. }, Outcome::Ok) => {
-                Some(format!("Ok on the device, Err on the CPU: {msg}"))
+            (Outcome::Err { msg, device_bound }, Outcome::Ok) => {
+                (!device_bound).then(|| format!("Ok on the device, Err on the CPU: {msg}"))
             }
             _ => None,
         };

@@ -113,8 +113,14 @@ fn shapes_whose_element_count_wraps_are_errors() {
         // Expanded operands are small in memory; their product's output is not.
         let a = one.expand(&[1 << 40, 1]).unwrap();
         let b = one.expand(&[1, 1 << 40]).unwrap();
-        too_large(a.matmul(&b), "matmul output overflow");
-        too_large(a.add(&b), "broadcast overflow");
+        // (On the host the operands themselves, 2^40 elements each, may be refused first:
+        // out of memory is as right as the size error there.)
+        for (r, what) in [(a.matmul(&b), "matmul"), (a.add(&b), "broadcast add")] {
+            match r {
+                Err(Error::TooLarge { .. }) | Err(Error::OutOfMemory { .. }) => {}
+                other => panic!("{what} past usize: {:?}", other.map(|t| t.numel())),
+            }
+        }
         let half = Tensor::ones(&[1], DType::F32, d)
             .unwrap()
             .expand(&[1 << 62])
@@ -156,6 +162,51 @@ fn allocations_too_large_are_errors_not_aborts() {
         let r = Tensor::zeros(&[1 << 40], DType::F32, Device::Cpu);
         assert!(matches!(r, Err(Error::OutOfMemory { .. })));
     }
+}
+
+#[test]
+fn materialising_a_view_past_memory_is_an_error() {
+    // Views that take no memory but would make outputs of 2^45 elements (128 TiB of f32):
+    // more than any 64-bit address space holds, so every host allocation is refused.
+    let oom = |r: Result<Tensor>, what: &str| match r {
+        Err(Error::OutOfMemory { .. }) | Err(Error::TooLarge { .. }) => {}
+        Err(e) => panic!("{what}: an out-of-memory error expected, got {e}"),
+        Ok(t) => panic!("{what}: Ok with shape {:?}", t.shape()),
+    };
+    let big = Tensor::ones(&[1], DType::F32, Device::Cpu)
+        .unwrap()
+        .expand(&[1 << 45])
+        .unwrap();
+    oom(big.exp(), "exp");
+    oom(big.add(&big), "add");
+    oom(big.to_dtype(DType::F16), "to_dtype");
+    oom(big.contiguous(), "contiguous");
+    assert!(big.to_vec::<f32>().is_err());
+    assert!(big.to_vec_f64().is_err());
+    // The sum reads the view without making it.
+    assert_eq!(
+        big.narrow(0, (1 << 45) - 3, 3)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .item()
+            .unwrap(),
+        3.0
+    );
+    let idx = Tensor::from_vec(vec![0i64], &[1], Device::Cpu)
+        .unwrap()
+        .expand(&[1 << 40])
+        .unwrap();
+    let rows = Tensor::ones(&[1, 64], DType::F32, Device::Cpu).unwrap();
+    oom(rows.index_select(0, &idx), "index_select of 2^40 rows");
+    // A padding that makes the output and the unfolded columns terabytes.
+    let x = Tensor::ones(&[1, 1, 4, 4], DType::F32, Device::Cpu).unwrap();
+    let w = Tensor::ones(&[1, 1, 3, 3], DType::F32, Device::Cpu).unwrap();
+    let opts = Conv2dOptions {
+        padding: [1 << 20, 1 << 20],
+        ..Default::default()
+    };
+    oom(x.conv2d(&w, None, opts), "conv2d with a 2^20 padding");
 }
 
 #[test]

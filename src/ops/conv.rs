@@ -162,7 +162,27 @@ fn with_format(mut d: ConvDims, x: &Tensor, w: &Tensor) -> ConvDims {
 
 /// `x` convolved with `weight` given the geometry: the forward of conv2d and the backward of
 /// conv_transpose2d.
+/// On the host, checks that a convolution's output and one image's unfolded columns
+/// (`c kh kw` rows of `ho wo`) can be held before the kernels allocate them without a
+/// `Result` (a huge padding makes both large from a small input).
+fn host_room(x: &Tensor, d: &ConvDims) -> Result<()> {
+    if x.device() != crate::Device::Cpu {
+        return Ok(());
+    }
+    let plane = d.ho.saturating_mul(d.wo);
+    let out = d.n.saturating_mul(d.o.max(d.c)).saturating_mul(plane);
+    let col =
+        d.c.saturating_mul(d.kh)
+            .saturating_mul(d.kw)
+            .saturating_mul(plane);
+    let bytes = out
+        .saturating_add(col)
+        .saturating_mul(x.dtype().size_in_bytes());
+    crate::backend::cpu::host_can_hold_bytes(bytes)
+}
+
 fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
+    host_room(x, &d)?;
     let s = match d.n {
         0 => Storage::full(x.device(), 0.0, 0, x.dtype())?,
         _ => x
@@ -184,6 +204,7 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
 
 /// The adjoint of [`conv_fwd`] in `x`: the forward of conv_transpose2d.
 fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
+    host_room(gy, &d)?;
     let s = match d.n {
         0 => Storage::full(gy.device(), 0.0, 0, gy.dtype())?,
         _ => gy

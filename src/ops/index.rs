@@ -96,11 +96,18 @@ impl Tensor {
         expect_index(Op::IndexSelect, &idx)?;
         super::expect_rank(Op::IndexSelect, &idx, 1, "the index")?;
         let d = normalize_dim("index_select", dim, x.shape())?;
+        let mut shape = x.shape().to_vec();
+        shape[d] = idx.numel();
+        // Rows of a (possibly expanded) input times (possibly expanded) indices: the output's
+        // size is checked before a kernel allocates it.
+        let n = crate::layout::checked_numel("index_select", &shape)?;
+        crate::layout::checked_bytes("index_select", &shape, n, x.dtype())?;
+        if x.device() == crate::Device::Cpu {
+            crate::backend::cpu::host_can_hold(n, x.dtype())?;
+        }
         let s = x
             .storage()
             .index_select(x.layout(), d, &idx.storage(), idx.layout())?;
-        let mut shape = x.shape().to_vec();
-        shape[d] = idx.numel();
         let in_shape = x.shape().to_vec();
         let read = idx.clone();
         Ok(Tensor::from_storage(s, &shape).attach_saving(

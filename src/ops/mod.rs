@@ -169,6 +169,28 @@ impl Op {
 /// casts the floating non-f64 inputs of lower-precision and f32 ops (weights through the
 /// region's cache); and gives the inputs of `Promote` ops a common dtype. Integer and mask
 /// inputs (indices, conditions) pass as they are.
+/// A host view that selects far more elements than its storage holds (an expanded one)
+/// gives outputs of its full size, which the CPU kernels allocate without a `Result`: from
+/// 256 MiB up (at 4 bytes an element or more, the widest an op's output takes), the host
+/// must be able to hold one, or the op is [`Error::OutOfMemory`]. Views no larger than their
+/// storage pass without a look (their outputs are no bigger than memory already held).
+/// The check is conservative: an op that would read such a view without making it (a sum)
+/// is refused too when the host could not hold the view.
+fn host_holds_view(op: &'static str, t: &Tensor) -> Result<()> {
+    let out = match t.dtype().size_in_bytes() {
+        1 | 2 => DType::F32,
+        _ => t.dtype(),
+    };
+    if t.device() != crate::Device::Cpu || t.numel().saturating_mul(8) < 256 << 20 {
+        return Ok(());
+    }
+    let bytes = crate::layout::checked_bytes(op, t.shape(), t.numel(), out)?;
+    if bytes < 256 << 20 || t.numel() <= t.storage().len() {
+        return Ok(());
+    }
+    crate::backend::cpu::host_can_hold_bytes(bytes)
+}
+
 pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[Tensor; N]> {
     if let Some(first) = inputs.first() {
         for t in &inputs[1..] {
@@ -180,6 +202,9 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
                 });
             }
         }
+    }
+    for t in &inputs {
+        host_holds_view(op.name(), t)?;
     }
     let mut out = inputs.map(|t| t.clone());
     if let Some(low) = crate::amp::active_dtype() {

@@ -151,7 +151,11 @@ pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
 /// without a `Result` runs: requests from 256 MiB up are reserved once and released, so one
 /// the allocator refuses becomes [`crate::Error::OutOfMemory`] instead of an abort.
 pub(crate) fn host_can_hold(n: usize, dtype: DType) -> Result<()> {
-    let bytes = n.saturating_mul(dtype.size_in_bytes());
+    host_can_hold_bytes(n.saturating_mul(dtype.size_in_bytes()))
+}
+
+/// [`host_can_hold`] for a byte count.
+pub(crate) fn host_can_hold_bytes(bytes: usize) -> Result<()> {
     if bytes >= 256 << 20 {
         drop(try_vec::<u8>(bytes)?);
     }
