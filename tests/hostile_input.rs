@@ -113,19 +113,22 @@ fn shapes_whose_element_count_wraps_are_errors() {
         // Expanded operands are small in memory; their product's output is not.
         let a = one.expand(&[1 << 40, 1]).unwrap();
         let b = one.expand(&[1, 1 << 40]).unwrap();
-        // (On the host the operands themselves, 2^40 elements each, may be refused first:
-        // out of memory is as right as the size error there.)
-        for (r, what) in [(a.matmul(&b), "matmul"), (a.add(&b), "broadcast add")] {
+        let half = Tensor::ones(&[1], DType::F32, d)
+            .unwrap()
+            .expand(&[1 << 62])
+            .unwrap();
+        // (On the host the operands themselves, views of 2^40 and 2^62 elements, may be
+        // refused first: out of memory is as right as the size error there.)
+        for (r, what) in [
+            (a.matmul(&b), "matmul"),
+            (a.add(&b), "broadcast add"),
+            (Tensor::cat(&[&half, &half], 0), "cat past isize::MAX"),
+        ] {
             match r {
                 Err(Error::TooLarge { .. }) | Err(Error::OutOfMemory { .. }) => {}
                 other => panic!("{what} past usize: {:?}", other.map(|t| t.numel())),
             }
         }
-        let half = Tensor::ones(&[1], DType::F32, d)
-            .unwrap()
-            .expand(&[1 << 62])
-            .unwrap();
-        too_large(Tensor::cat(&[&half, &half], 0), "cat past isize::MAX");
     }
 }
 
@@ -316,6 +319,44 @@ fn a_refused_checkpoint_load_changes_nothing() {
 }
 
 #[test]
+fn a_refused_scaler_state_changes_nothing() {
+    use mantissa::amp::{GradScaler, GradScalerConfig};
+    let mut s = GradScaler::new(GradScalerConfig::default()).unwrap();
+    let loss = Tensor::full(&[], 2.0, DType::F32, Device::Cpu).unwrap();
+    s.scale(&loss).unwrap();
+    let values = |s: &GradScaler| -> Vec<(String, Vec<f64>)> {
+        let state = s.state_dict().unwrap();
+        state
+            .into_iter()
+            .map(|(n, t)| (n, t.to_vec_f64().unwrap()))
+            .collect()
+    };
+    let before = values(&s);
+    let good = s.state_dict().unwrap();
+    for (name, bad) in [
+        (
+            "scale",
+            Tensor::ones(&[2], DType::F32, Device::Cpu).unwrap(),
+        ),
+        (
+            "growth_interval",
+            Tensor::full(&[], -3.0, DType::F32, Device::Cpu).unwrap(),
+        ),
+        (
+            "growth_interval",
+            Tensor::full(&[], f64::NAN, DType::F32, Device::Cpu).unwrap(),
+        ),
+    ] {
+        let state: Vec<(String, Tensor)> = good
+            .iter()
+            .map(|(n, t)| (n.clone(), if n == name { bad.clone() } else { t.clone() }))
+            .collect();
+        assert!(s.load_state_dict(&state).is_err(), "{name}");
+        assert_eq!(values(&s), before, "a refused {name} changed the scaler");
+    }
+}
+
+#[test]
 fn checkpoint_saves_do_not_follow_planted_links_or_collide() {
     let path = ckpt_path("links");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -462,6 +503,10 @@ fn loader_configs_that_cannot_work_are_refused() {
             ..DataLoaderConfig::new(4)
         },
         DataLoaderConfig::new(0),
+        DataLoaderConfig {
+            num_workers: 1 << 40,
+            ..DataLoaderConfig::new(4)
+        },
         DataLoaderConfig {
             prefetch_factor: 0,
             ..DataLoaderConfig::new(4)

@@ -310,16 +310,37 @@ impl GradScaler {
                     Error::invalid("GradScaler::load_state_dict", format!("missing entry {k}"))
                 })
         };
+        // Everything is read and checked before the scaler changes: a refused state leaves
+        // it as it was.
+        let interval = get("growth_interval")?.item()?;
+        if !((1.0..=u32::MAX as f64).contains(&interval) && interval.fract() == 0.0) {
+            return Err(Error::invalid(
+                "GradScaler::load_state_dict",
+                format!("growth_interval {interval} is not a positive integer"),
+            ));
+        }
         let cfg = GradScalerConfig {
             init_scale: self.cfg.init_scale,
             growth_factor: get("growth_factor")?.item()?,
             backoff_factor: get("backoff_factor")?.item()?,
-            growth_interval: get("growth_interval")?.item()? as usize,
+            growth_interval: interval as usize,
             enabled: true,
         };
-        *self = GradScaler::new(cfg)?;
-        self.scale = Some(get("scale")?.to_dtype(DType::F32)?.copy()?);
-        self.tracker = Some(get("_growth_tracker")?.to_dtype(DType::F32)?.copy()?);
+        let one = |k: &str| -> Result<Tensor> {
+            let t = get(k)?;
+            if t.numel() != 1 {
+                return Err(Error::invalid(
+                    "GradScaler::load_state_dict",
+                    format!("{k} has shape {:?}, expected one element", t.shape()),
+                ));
+            }
+            t.to_dtype(DType::F32)?.copy()
+        };
+        let (scale, tracker) = (one("scale")?, one("_growth_tracker")?);
+        let mut fresh = GradScaler::new(cfg)?;
+        fresh.scale = Some(scale);
+        fresh.tracker = Some(tracker);
+        *self = fresh;
         Ok(())
     }
 }

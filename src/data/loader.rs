@@ -21,11 +21,11 @@ pub struct DataLoaderConfig {
     pub seed: u64,
     /// Drop the last incomplete batch.
     pub drop_last: bool,
-    /// Worker threads; 0 loads on the calling thread. Batch `k` of an epoch goes to worker
-    /// `k % num_workers` (PyTorch's round robin), and each worker's default generator (the
-    /// one [`crate::Tensor::rand`] and friends draw from in a dataset's code) is seeded once,
-    /// when the worker starts, with [`DataLoader::worker_seed`]: distinct per worker, and the
-    /// same draws run to run for the same `seed`.
+    /// Worker threads (at most 1024); 0 loads on the calling thread. Batch `k` of an epoch
+    /// goes to worker `k % num_workers` (PyTorch's round robin), and each worker's default
+    /// generator (the one [`crate::Tensor::rand`] and friends draw from in a dataset's code)
+    /// is seeded once, when the worker starts, with [`DataLoader::worker_seed`]: distinct per
+    /// worker, and the same draws run to run for the same `seed`.
     pub num_workers: usize,
     /// Batches prepared ahead per worker.
     pub prefetch_factor: usize,
@@ -49,6 +49,10 @@ impl DataLoaderConfig {
         }
     }
 }
+
+/// The most worker threads a loader starts: far past any useful count, and short of the
+/// thousands of threads a mistyped count would start before the system refused one.
+const MAX_WORKERS: usize = 1024;
 
 type Job = (u64, usize, Vec<usize>);
 type Done = (u64, usize, Result<HostBatch>);
@@ -90,6 +94,15 @@ impl DataLoader {
                 format!(
                     "batch_size {} and prefetch_factor {} must be positive",
                     cfg.batch_size, cfg.prefetch_factor
+                ),
+            ));
+        }
+        if cfg.num_workers > MAX_WORKERS {
+            return Err(Error::invalid(
+                "DataLoader::new",
+                format!(
+                    "num_workers {} is more than {MAX_WORKERS} threads",
+                    cfg.num_workers
                 ),
             ));
         }

@@ -184,11 +184,22 @@ fn host_holds_view(op: &'static str, t: &Tensor) -> Result<()> {
     if t.device() != crate::Device::Cpu || t.numel().saturating_mul(8) < 256 << 20 {
         return Ok(());
     }
-    let bytes = crate::layout::checked_bytes(op, t.shape(), t.numel(), out)?;
-    if bytes < 256 << 20 || t.numel() <= t.storage().len() {
+    if t.numel() <= t.storage().len() {
         return Ok(());
     }
-    crate::backend::cpu::host_can_hold_bytes(bytes)
+    match t.numel().checked_mul(out.size_in_bytes()) {
+        Some(bytes) if bytes <= isize::MAX as usize => {
+            crate::backend::cpu::host_can_hold_bytes(bytes)
+        }
+        _ => Err(Error::OutOfMemory {
+            device: crate::Device::Cpu,
+            requested: usize::MAX,
+            stats: format!(
+                "{op}: a view of shape {:?} is past what the host can address",
+                t.shape()
+            ),
+        }),
+    }
 }
 
 pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[Tensor; N]> {
