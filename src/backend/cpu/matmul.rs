@@ -87,7 +87,7 @@ pub(crate) fn gemm_into_ld<F: GemmFloat>(
         return;
     }
     let threads = crate::parallel::threads();
-    if !parallel || threads < 2 || m * n * k < 1 << 20 {
+    if !parallel || threads < 2 || m.saturating_mul(n).saturating_mul(k) < 1 << 20 {
         // SAFETY: the whole product; bounds checked above, dst exclusively borrowed.
         unsafe { gemm_block(0..m, 0..n, k, dst.as_mut_ptr(), ld, accumulate, a, b) };
         return;
@@ -207,7 +207,7 @@ fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout, bias: Optio
     if m * n == 0 {
         return out;
     }
-    let small = m * n * k < 128 * 128 * 128;
+    let small = m.saturating_mul(n).saturating_mul(k) < 128 * 128 * 128;
     if oa.len() > 1 && small {
         out.par_chunks_mut(m * n)
             .enumerate()

@@ -549,7 +549,7 @@ fn lt_bias(
     relu: bool,
 ) -> Result<Option<CudaStorage>> {
     same_dtype("matmul (bias)", a, s)?;
-    if m * n * k == 0 {
+    if [m, n, k].contains(&0) {
         return Ok(None);
     }
     // `contiguous` borrows only a whole storage and copies any other view, so the bias
@@ -583,7 +583,7 @@ pub(crate) fn linear_relu(
         return Ok(None);
     }
     let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
-    if m * n * k == 0 {
+    if [m, n, k].contains(&0) {
         return Ok(None);
     }
     let (mut ca, mut cb) = (None, None);
@@ -755,7 +755,7 @@ pub(crate) fn matmul_acc(
     same_dtype("matmul (accumulate)", a, b)?;
     float_kname("matmul (accumulate)", a.dtype())?;
     let (m, k, n) = (la.shape()[0], la.shape()[1], lb.shape()[1]);
-    if m * n * k == 0 {
+    if [m, n, k].contains(&0) {
         return Ok(()); // adds nothing
     }
     let (mut ca, mut cb) = (None, None);
