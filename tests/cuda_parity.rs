@@ -1,26 +1,6 @@
 //! CPU-vs-CUDA parity: every op, forward and backward, on the same inputs on both devices,
 //! compared norm-wise within a band per dtype (transfers, casts and dropout masks bit for
 //! bit). Without a GPU each test prints `skipped: no CUDA device` and passes.
-//!
-//! Ran and passed on an H100 (2026-11-22, the one GPU session so far): transfers_and_casts,
-//! unary, binary, reductions, matrix products, dropout, host_fallback_ops (then on host
-//! copies) and the SGD step.
-//!
-//! Not yet run on a GPU (written in sessions without one; each was run with the CPU standing
-//! in for the GPU, which checks the tests, not the device code; the parts that hold on CUDA
-//! only, deferred faults and fused op names, fail that way):
-//! - convolutions_match_in_every_mode, channels_last_convolutions_match,
-//!   a_channels_last_cnn_trains_like_the_nchw_one;
-//! - optimizer_updates_match, pooling_matches (NCHW and channels-last), composite_ops_match;
-//! - indexing_matches (device-side indices; atomic, then fixed-order additions),
-//!   indexing_stays_on_the_device;
-//! - cross_entropy_reads_nothing_back, a_cnn_amp_step_reads_nothing_back,
-//!   an_lstm_amp_step_reads_nothing_back,
-//!   batch_norm_counts_batches_on_the_device, fills_are_bit_identical,
-//!   joins_write_on_the_device;
-//! - the cases added to the tests that ran: i64 arithmetic, offset views, the cuBLASLt bias
-//!   epilogue, vectorised elementwise kernels; and host_fallback_ops' ops, which now run on
-//!   device kernels (cross-entropy fused in cuda/softmax_xent.cu).
 #![cfg(feature = "cuda")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]

@@ -3,8 +3,6 @@
 //! (truncating, saturating, NaN to 0), and the remaining elementwise, comparison, reduction
 //! and loss ops; the loss scaler's fused kernels. Without a GPU each test prints
 //! `skipped: no CUDA device` and passes.
-//!
-//! Not yet run on a GPU (written in a session without one; run with the CPU standing in).
 #![cfg(feature = "cuda")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]

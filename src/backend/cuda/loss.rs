@@ -2,8 +2,6 @@
 //! `backend/cpu/loss.rs` computes the same). Targets stay on the device: a target out of range
 //! is found by the kernel and reported at the next read of device data (`faults.rs`), so a
 //! training step reads nothing back for its loss.
-//!
-//! Unverified: written with no GPU lent; not yet run on a GPU.
 
 use super::ops::rows_grid;
 use super::storage::{float_kname, grid, CudaStorage};

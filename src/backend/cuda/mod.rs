@@ -4,13 +4,6 @@
 //! kernels for elementwise ops, reductions, softmax, dropout, pooling, indexing and optimizer
 //! updates, cuBLAS products and cuDNN convolutions. Index tensors are checked on the host
 //! (one read of the indices, not of the data); integer scatter sums still go through the host.
-//!
-//! Run on an H100 (tests/cuda_parity.rs passing): transfers, casts, elementwise ops,
-//! reductions, softmax, dropout, products, and convolution, pooling, indexing and optimizer
-//! updates through host copies. Written since and not yet run on a GPU: the cuDNN
-//! convolutions, the device kernels for pooling, indexing and optimizer updates, the fused
-//! norm and LSTM kernels, the pinned host pool with its uploads and the copy stream
-//! (`pinned`, `data::DeviceBatches`), and the accumulating product (`ops::matmul_acc`).
 
 /// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
 /// given as references to locals (cudarc stores argument pointers until the launch).

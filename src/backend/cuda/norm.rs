@@ -1,9 +1,6 @@
 //! Launchers for `cuda/norm.cu`: batch normalisation's per-channel moments and gradient sums
 //! (a partial per chunk of rows, then an in-order combination) and its per-channel affine
 //! pass, over dense row-major or channels-last operands ([`ChannelSplit`]).
-//!
-//! Unverified: written without a GPU; the kernels run on the host in
-//! `host_kernels/norm.rs`, but have not yet run on a GPU.
 
 use super::ops::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};

@@ -2,7 +2,7 @@
 //! cuBLAS GEMM. Each takes device storages and layouts as the CPU backend's functions do and
 //! returns a contiguous result.
 //!
-//! Run on an H100: tests/cuda_parity.rs compares each launcher with the CPU backend.
+//! tests/cuda_parity.rs compares each launcher with the CPU backend.
 
 use super::storage::{float_kname, grid, kname, CudaStorage, Strided};
 use crate::backend::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
@@ -741,8 +741,6 @@ fn gemm(
 
 /// `dst[ld] += a @ b` in place: one cuBLAS call with `beta = 1` whose `C` is the view
 /// (checked by `Storage::matmul_acc`: 2-D operands, unit-stride destination rows).
-///
-/// Not yet run on a GPU.
 pub(crate) fn matmul_acc(
     dst: &mut CudaStorage,
     ld: &Layout,

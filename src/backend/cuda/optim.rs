@@ -1,10 +1,9 @@
 //! The fused optimizer update on CUDA (`cuda/optim.cu`): one kernel per parameter reads the
 //! step count and the overflow flag on the device, updates parameter, states and working copy
 //! in one pass, and a one-thread kernel counts the step, so a step never waits for the host.
-//!
-//! An earlier version of the kernel ran on an H100 (`gpu_check`: an AdamW master step against
-//! the CPU). Since then the launcher was written and the constants moved to the host in f64
-//! (found by the host run of the kernel, `host_kernels/optim.rs`); neither has run on a GPU.
+//! Constants that f32 would round (`1 - beta`, `ln beta`, AdamW's decay) are computed on the
+//! host in f64 and passed in; `host_kernels/optim.rs` runs the kernel on the host against the
+//! CPU backend.
 
 use super::storage::{grid, one_thread, CudaStorage};
 use crate::backend::ops::OptimUpdate;

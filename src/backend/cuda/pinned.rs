@@ -7,8 +7,6 @@
 //! stay untouched until the copy has run, so each upload records an event after it, and the
 //! pool hands the block out again only once that event has completed
 //! ([`CachingAllocator::free_after`]).
-//!
-//! Written without a GPU (session 13) and not yet run on one.
 
 use super::runtime::CudaRuntime;
 use crate::backend::caching::{Fence, RawMemory};

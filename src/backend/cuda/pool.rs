@@ -1,8 +1,6 @@
 //! Launchers for `cuda/pool.cu`: max, average and adaptive average 2-D pooling and their
 //! backward passes over dense NCHW inputs, or NHWC ones for a channels-last input (outputs in
 //! the same order; a view in another order is copied first).
-//!
-//! Unverified: written after the GPU session ended (NHWC later still); not yet run on a GPU.
 
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::backend::cpu::PoolDims;

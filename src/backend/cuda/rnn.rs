@@ -1,8 +1,6 @@
 //! Launchers for `cuda/rnn.cu`: the fused LSTM cell, forward and backward. Dense gates are
 //! read at their offset and `[B, H]` operands with unit-stride rows in place (a step of a
 //! sequence, a slice of `[h | c']`); others are copied first.
-//!
-//! Unverified: written after the GPU session ended; not yet run on a GPU.
 
 use super::ops::same_dtype as same;
 use super::storage::{float_kname, grid, CudaStorage, Dense};

@@ -1,8 +1,6 @@
 //! One CUDA device in use: its context and compute stream, the kernel modules loaded so far
 //! (compiled by NVRTC for the device's own architecture, through the disk cache), and the
 //! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
-//!
-//! Run on an H100 (gpu_check, tests/cuda_kernels.rs and tests/cuda_parity.rs).
 
 use super::blaslt::LtHandle;
 use super::faults::Faults;
@@ -245,8 +243,6 @@ impl CudaRuntime {
     /// back when the buffer is dropped (once the uploads queued from it have run).
     /// [`Error::OutOfMemory`] when the driver refuses even after the pool's cache is
     /// released.
-    ///
-    /// Not yet run on a GPU.
     pub fn pinned_buffer(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuffer> {
         let (ptr, _) = lock(&self.pinned).alloc(bytes.max(1), 0)?;
         Ok(PinnedBuffer::new(self.clone(), ptr, bytes))

