@@ -1,5 +1,7 @@
 //! Checkpoints: round trips, mismatch reports, and exact resumption.
 
+mod common;
+
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
 use mantissa::nn::*;
 use mantissa::optim::*;
@@ -54,9 +56,7 @@ fn train_epoch(m: &Sequential, opt: &mut Sgd, dl: &mut DataLoader, epoch: usize)
 }
 
 fn path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir()
-        .join(format!("mantissa-ckpt-{}-{name}", std::process::id()))
-        .join("ck.safetensors")
+    common::temp_checkpoint("ckpt", name)
 }
 
 #[test]

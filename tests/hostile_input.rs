@@ -3,6 +3,8 @@
 //! of order. Every call returns `Err` (or the right answer) and leaves nothing half-changed.
 //! The tensor cases run on the CPU and, where there is one, on the first CUDA device.
 
+mod common;
+
 use mantissa::data::{mnist, DataLoader, DataLoaderConfig, Dataset};
 use mantissa::nn::{Linear, Module};
 use mantissa::optim::{Adam, AdamConfig, Optimizer};
@@ -241,7 +243,7 @@ fn integer_pow_is_exact() {
     }
 }
 
-/// A model, an optimizer over its parameters with a state, and a checkpoint of both.
+/// A model and an Adam optimizer over its parameters, after one step (so it has a state).
 fn trained(seed: u64) -> (Linear, Adam) {
     let m = Linear::new(3, 2, true, &mut Generator::new(seed)).unwrap();
     let mut opt = Adam::new(m.parameters(), AdamConfig::adam(1e-2)).unwrap();
@@ -272,9 +274,7 @@ fn bits(m: &dyn Module, opt: &dyn Optimizer) -> Bits {
 }
 
 fn ckpt_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir()
-        .join(format!("mantissa-hostile-{}-{name}", std::process::id()))
-        .join("ck.safetensors")
+    common::temp_checkpoint("hostile", name)
 }
 
 #[test]

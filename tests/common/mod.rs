@@ -183,3 +183,11 @@ pub fn distinct_leaf(shape: &[usize], seed: u64) -> Tensor {
         .requires_grad(true)
         .unwrap()
 }
+
+/// A checkpoint path in a folder of its own under the system's temporary folder, unique to
+/// this process, the test file (`file`) and the test (`name`).
+pub fn temp_checkpoint(file: &str, name: &str) -> std::path::PathBuf {
+    std::env::temp_dir()
+        .join(format!("mantissa-{file}-{}-{name}", std::process::id()))
+        .join("ck.safetensors")
+}
