@@ -14,6 +14,22 @@ pub fn leaf(shape: &[usize], seed: u64) -> Tensor {
         .unwrap()
 }
 
+/// A leaf f64 tensor of normal values moved onto the grid `(i + phase) / 100` (integer `i`,
+/// `phase` in (0, 1)): every value is at least `min(phase, 1 - phase) / 100` from any multiple
+/// of 0.01, where the tests put the kinks of abs, relu, clamp and masks, and two leaves with
+/// different phases never tie (max, minimum). Central differences step 1e-6, so they never
+/// straddle a kink.
+pub fn grid_leaf(shape: &[usize], seed: u64, phase: f64) -> Tensor {
+    let v: Vec<f64> = vals(&leaf(shape, seed))
+        .iter()
+        .map(|x| ((x * 100.0).floor() + phase) / 100.0)
+        .collect();
+    Tensor::from_vec(v, shape, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap()
+}
+
 /// An f32 tensor of normal values (no grad).
 pub fn f32s(shape: &[usize], seed: u64) -> Tensor {
     Tensor::randn_with(
@@ -152,13 +168,6 @@ pub fn gradcheck_tol(inputs: &[Tensor], tol: f64, f: impl Fn(&[Tensor]) -> Resul
             num / den
         );
     }
-}
-
-/// A non-contiguous view with the given shape: a leaf of reversed shape, permuted back.
-/// Returns (leaf, view-maker).
-pub fn reversed_leaf(shape: &[usize], seed: u64) -> Tensor {
-    let rev: Vec<usize> = shape.iter().rev().copied().collect();
-    leaf(&rev, seed)
 }
 
 /// Permutes a reversed leaf back to the intended shape (a strided view).
