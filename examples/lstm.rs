@@ -206,6 +206,7 @@ fn run(args: Args) -> Result<()> {
         None
     };
     let mut start = Instant::now();
+    let mut profile = common::StepProfile::new(&args.run, std::path::Path::new("runs/lstm"));
     for step in 0..total {
         opt.set_lr(cycle.lr(step));
         let (x, y) = match &fixed {
@@ -222,6 +223,7 @@ fn run(args: Args) -> Result<()> {
         clip_grad_norm(&net.parameters(), 1.0)?;
         scaler.step(&mut opt)?;
         scaler.update()?;
+        profile.step()?;
         if args.synthetic && step + 1 == args.warmup {
             loss.item()?;
             start = Instant::now();
@@ -236,6 +238,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    profile.finish()?;
     let timed = if args.synthetic { args.steps } else { total };
     let tokens = (timed * args.batch_size * args.seq_len) as f64;
     println!(

@@ -258,6 +258,7 @@ fn run(args: Args) -> Result<()> {
         },
     )?;
     let cycle = OneCycle::new(lr, epochs * train_dl.len());
+    let mut profile = common::StepProfile::new(&args.run, &out);
     for epoch in start_epoch..epochs {
         opt.set_lr(epoch_schedule.lr(epoch));
         net.train();
@@ -278,6 +279,7 @@ fn run(args: Args) -> Result<()> {
             }
             // Summed where they live and read every few steps: no host sync per step.
             bar.step_tensors(y.numel(), &loss, &hits)?;
+            profile.step()?;
         }
         bar.finish()?;
         net.eval();
@@ -320,6 +322,7 @@ fn run(args: Args) -> Result<()> {
             )?;
         }
     }
+    profile.finish()?;
     println!("metrics and curves in {}", out.display());
     Ok(())
 }

@@ -18,6 +18,7 @@ use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{classify_step, evaluate_classifier, EpochProgress};
 use mantissa::*;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -253,6 +254,7 @@ fn train_mnist(
     let mut test_dl = DataLoader::new(Arc::new(test), test_cfg)?;
     let steps = train_dl.len();
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
+    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR));
     for epoch in 0..args.epochs {
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
@@ -263,6 +265,7 @@ fn train_mnist(
             let (x, y) = (b.x.to_memory_format(format)?, b.y);
             let (loss, hits) = classify_step(net, opt, scaler, low, &x, &y)?;
             bar.step_tensors(y.numel(), &loss, &hits)?;
+            profile.step()?;
         }
         bar.finish()?;
         net.eval();
@@ -278,7 +281,7 @@ fn train_mnist(
             bar.samples_per_s()
         );
     }
-    Ok(())
+    profile.finish()
 }
 
 /// Images per second of training steps on one fixed random batch that lives on the device
@@ -304,6 +307,8 @@ fn throughput(
     net.train();
     let mut start = Instant::now();
     let mut last = 0.0;
+    // Profiled steps run after the timed ones: profiling adds an event pair per launch.
+    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR));
     for step in 0..args.warmup + args.steps {
         let (loss, _) = classify_step(net, opt, scaler, low, &x, &y)?;
         // Reading the loss waits for the device: the clock starts after the warm-up's work.
@@ -324,8 +329,18 @@ fn throughput(
         args.steps,
         secs
     );
-    Ok(())
+    if args.run.profile > 0 {
+        // The profile's own warm-up steps, then the profiled ones.
+        for _ in 0..args.run.profile_warmup + args.run.profile {
+            classify_step(net, opt, scaler, low, &x, &y)?;
+            profile.step()?;
+        }
+    }
+    profile.finish()
 }
+
+/// Where `--profile` writes `trace.json`.
+const TRACE_DIR: &str = "runs/resnet";
 
 fn main() {
     common::main_with(run);

@@ -29,6 +29,7 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 mod parallel;
+pub mod profiler;
 pub mod random;
 mod scope;
 mod tensor;

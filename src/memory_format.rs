@@ -174,6 +174,7 @@ impl Tensor {
         if self.layout().strides() == target.strides() {
             return Ok(self.clone());
         }
+        let _prof = crate::profiler::op(OP);
         // Already in this order (up to size-1 dims): the same storage with the format's strides.
         let order: Vec<usize> = match format {
             MemoryFormat::Contiguous => (0..self.rank()).collect(),

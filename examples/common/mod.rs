@@ -1,9 +1,11 @@
 //! What the training examples share: the run flags (device, precision, memory format, cuDNN
-//! benchmark, loader workers, seed) and opening the device.
+//! benchmark, loader workers, seed, profiling), opening the device, and `--profile`.
 
 use clap::Args;
+use mantissa::profiler::{Profiler, SortBy};
 use mantissa::train::parse_precision;
 use mantissa::{DType, Device, MemoryFormat, Result};
+use std::path::{Path, PathBuf};
 
 /// Flags every training example takes (`#[command(flatten)]`).
 #[derive(Args, Debug)]
@@ -29,6 +31,15 @@ pub struct RunFlags {
     pub workers: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Profile this many training steps after --profile-warmup steps: print the op and
+    /// kernel table (top 25 by device time) and the per-step summary, and write trace.json
+    /// (Perfetto, chrome://tracing) beside the metrics. Profiled steps are slower (two
+    /// events per launch): throughput figures of a run that profiles are not benchmarks.
+    #[arg(long, default_value_t = 0)]
+    pub profile: usize,
+    /// Steps run before the profiled ones (kernels compiled, algorithms chosen, caches warm).
+    #[arg(long, default_value_t = 5)]
+    pub profile_warmup: usize,
 }
 
 impl RunFlags {
@@ -61,5 +72,74 @@ pub fn main_with<A: clap::Parser + Send>(run: impl FnOnce(A) -> Result<()> + Sen
     if let Err(e) = mantissa::in_compute_pool(|| run(args)) {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+/// `--profile N`: counts training steps, profiles steps `warmup + 1 ..= warmup + N`, then
+/// prints the tables and writes `trace.json` into its folder.
+pub struct StepProfile {
+    want: usize,
+    warmup: usize,
+    seen: usize,
+    running: Option<Profiler>,
+    dir: PathBuf,
+}
+
+impl StepProfile {
+    /// What `flags` ask for; `trace.json` goes into `dir`.
+    pub fn new(flags: &RunFlags, dir: &Path) -> StepProfile {
+        StepProfile {
+            want: flags.profile,
+            warmup: flags.profile_warmup,
+            seen: 0,
+            running: None,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Marks the end of a training step (call after the optimizer step).
+    pub fn step(&mut self) -> Result<()> {
+        if self.want == 0 {
+            return Ok(());
+        }
+        self.seen += 1;
+        match &self.running {
+            Some(p) => {
+                p.step();
+                if self.seen == self.warmup + self.want {
+                    self.finish()?;
+                }
+            }
+            None if self.seen == self.warmup => self.running = Some(Profiler::start()?),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Reports a profile still running (training ended before its last step).
+    pub fn finish(&mut self) -> Result<()> {
+        let Some(p) = self.running.take() else {
+            return Ok(());
+        };
+        let profile = p.stop()?;
+        println!(
+            "profile of {} steps after {} warm-up steps:",
+            profile.steps().len(),
+            self.warmup
+        );
+        println!("{}", profile.table(SortBy::DeviceTime, 25));
+        println!("{}", profile.step_table());
+        std::fs::create_dir_all(&self.dir).map_err(|e| mantissa::Error::Io {
+            op: "--profile",
+            path: self.dir.display().to_string(),
+            source: e,
+        })?;
+        let trace = self.dir.join("trace.json");
+        profile.export_chrome_trace(&trace)?;
+        println!(
+            "trace in {} (open it in Perfetto or chrome://tracing)",
+            trace.display()
+        );
+        Ok(())
     }
 }

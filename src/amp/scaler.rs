@@ -142,6 +142,7 @@ impl GradScaler {
     /// Divides `opt`'s gradients by the scale in place and records whether any is inf/NaN.
     /// Call it before clipping; `step` then does not unscale again.
     pub fn unscale_(&mut self, opt: &mut dyn Optimizer) -> Result<()> {
+        let _prof = crate::profiler::op("grad_scaler.unscale_");
         if !self.cfg.enabled {
             return Ok(());
         }
@@ -228,6 +229,7 @@ impl GradScaler {
     /// Adjusts the scale: backoff when any optimizer saw an inf/NaN, growth after
     /// `growth_interval` clean steps (only to a finite value); then readies the next step.
     pub fn update(&mut self) -> Result<()> {
+        let _prof = crate::profiler::op("grad_scaler.update");
         if !self.cfg.enabled {
             return Ok(());
         }

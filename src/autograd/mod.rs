@@ -281,6 +281,8 @@ impl Tensor {
             let Some(g) = grads.remove(&node.id) else {
                 continue;
             };
+            // The backward and the accumulation of its input gradients, as one span.
+            let _prof = crate::profiler::backward(node.name);
             node.check_saved()?;
             let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
             let in_grads = f(&g, &needs)?;

@@ -8,6 +8,7 @@
 //! on another stream must not be freed before that stream is done with it (the caller's
 //! concern, as with PyTorch's `record_stream`).
 
+use crate::profiler::{self, Owner};
 use crate::{Device, Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -78,8 +79,8 @@ pub struct CachingAllocator<M: RawMemory> {
     device: Device,
     /// Cached blocks by (stream, size class).
     free: BTreeMap<(u64, usize), Vec<M::Ptr>>,
-    /// Live blocks: size class and stream.
-    live: HashMap<M::Ptr, (usize, u64)>,
+    /// Live blocks: size class, stream, and the op that allocated it while a profile ran.
+    live: HashMap<M::Ptr, (usize, u64, Option<Owner>)>,
     /// Blocks freed while work still used them, with their fences; they count as allocated
     /// until the fence reports done.
     pending: Vec<(M::Ptr, Box<dyn Fence>)>,
@@ -152,9 +153,13 @@ impl<M: RawMemory> CachingAllocator<M> {
                 p
             }
         };
-        self.live.insert(ptr, (size, stream));
         self.stats.allocated += size;
         self.stats.peak_allocated = self.stats.peak_allocated.max(self.stats.allocated);
+        let owner = self.profiled().then(|| {
+            let st = self.stats;
+            profiler::memory_alloc(self.device, size, st.allocated, st.reserved)
+        });
+        self.live.insert(ptr, (size, stream, owner.flatten()));
         Ok((ptr, size))
     }
 
@@ -170,7 +175,7 @@ impl<M: RawMemory> CachingAllocator<M> {
     }
 
     fn release(&mut self, ptr: M::Ptr) -> Result<()> {
-        let (size, stream) = self.live.remove(&ptr).ok_or_else(|| {
+        let (size, stream, owner) = self.live.remove(&ptr).ok_or_else(|| {
             Error::invalid(
                 "CachingAllocator::free",
                 format!("{ptr:?} is not a live block of this allocator (double free?)"),
@@ -183,7 +188,16 @@ impl<M: RawMemory> CachingAllocator<M> {
             self.raw.free(ptr);
             self.stats.reserved -= size;
         }
+        if self.profiled() {
+            let st = self.stats;
+            profiler::memory_free(self.device, size, owner, st.allocated, st.reserved);
+        }
         Ok(())
+    }
+
+    /// Device allocators report to a running profile (a pinned host pool does not).
+    fn profiled(&self) -> bool {
+        self.device != Device::Cpu && profiler::enabled()
     }
 
     /// Returns a block to the cache once `fence` reports that the work using it is done;

@@ -51,6 +51,35 @@ const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044715;
 
 impl UnaryOp {
+    /// The op's name in graph nodes, errors and profiles.
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Neg => "neg",
+            Abs => "abs",
+            Exp => "exp",
+            Log => "log",
+            Log1p => "log1p",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Recip => "recip",
+            Sin => "sin",
+            Cos => "cos",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Relu => "relu",
+            LeakyRelu(_) => "leaky_relu",
+            GeluErf => "gelu",
+            GeluTanh => "gelu_tanh",
+            Silu => "silu",
+            Affine { .. } => "affine",
+            PowScalar(_) => "pow_scalar",
+            ScalarPow(_) => "scalar_pow",
+            MaxScalar(_) => "clamp_min",
+            MinScalar(_) => "clamp_max",
+        }
+    }
+
     /// The function value.
     #[inline(always)]
     pub fn f<A: Float>(self, x: A) -> A {

@@ -270,6 +270,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         o: Conv2dOptions,
     ) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Conv2d.name());
         let [x, w] = dispatch(Op::Conv2d, [self, weight])?;
         expect_float(Op::Conv2d, &x)?;
         expect_same_dtype(Op::Conv2d, &x, &w)?;
@@ -305,6 +306,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         o: ConvTranspose2dOptions,
     ) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::ConvTranspose2d.name());
         let [x, w] = dispatch(Op::ConvTranspose2d, [self, weight])?;
         expect_float(Op::ConvTranspose2d, &x)?;
         expect_same_dtype(Op::ConvTranspose2d, &x, &w)?;

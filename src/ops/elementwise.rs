@@ -81,9 +81,14 @@ enum Resolved {
 impl Tensor {
     /// Applies a unary op and records its backward (`g * f'(x)`, one fused kernel).
     pub(crate) fn unary_op(&self, op: UnaryOp, kind: Op) -> Result<Tensor> {
+        // `Op::Unary` covers many functions: the function names the node (`relu`).
+        let name = match kind {
+            Op::Unary => op.name(),
+            _ => kind.name(),
+        };
+        let _prof = crate::profiler::op(name);
         let [x] = dispatch(kind, [self])?;
         expect_float(kind, &x)?;
-        let name = kind.name();
         let (s, l) = elementwise(name, [x.layout()], |[l]| x.storage().unary(l, op))?;
         let saved = x.clone();
         Ok(
@@ -97,6 +102,7 @@ impl Tensor {
     }
 
     fn binary_op(&self, rhs: &Tensor, op: BinaryOp, kind: Op) -> Result<Tensor> {
+        let _prof = crate::profiler::op(kind.name());
         let [a, b] = dispatch(kind, [self, rhs])?;
         super::expect_same_dtype(kind, &a, &b)?;
         let name = kind.name();
@@ -323,6 +329,7 @@ impl Tensor {
                 &scalar
             }
         };
+        let _prof = crate::profiler::op(Op::Compare.name());
         let [a, b] = dispatch(Op::Compare, [self, rhs])?;
         let [a, b] = if a.dtype() == b.dtype() {
             [a, b]
@@ -376,6 +383,7 @@ impl Tensor {
                 expected: "U8 (a mask from a comparison)",
             });
         }
+        let _prof = crate::profiler::op(Op::Where.name());
         let [c, a, b] = dispatch(Op::Where, [cond, a, b])?;
         super::expect_same_dtype(Op::Where, &a, &b)?;
         let s1 = broadcast_shapes("where", c.shape(), a.shape())?;

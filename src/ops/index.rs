@@ -28,6 +28,7 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Cat.name());
         let Some(first) = tensors.first() else {
             return Err(Error::invalid("cat", "no tensors given"));
         };
@@ -92,6 +93,7 @@ impl Tensor {
 
     /// Picks entries `index` (1-D, I64) along `dim`.
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::IndexSelect.name());
         let [x, idx] = dispatch(Op::IndexSelect, [self, index])?;
         expect_index(Op::IndexSelect, &idx)?;
         super::expect_rank(Op::IndexSelect, &idx, 1, "the index")?;
@@ -126,6 +128,7 @@ impl Tensor {
 
     /// `out[i][j] = self[index[i][j]][j]` for `dim = 0` (and so on): PyTorch's `gather`.
     pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Gather.name());
         let [x, idx] = dispatch(Op::Gather, [self, index])?;
         expect_index(Op::Gather, &idx)?;
         let d = normalize_dim("gather", dim, x.shape())?;
@@ -148,6 +151,7 @@ impl Tensor {
     /// A copy of `self` with `src` added at the positions `index` names along `dim`
     /// (PyTorch's out-of-place `scatter_add`).
     pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::ScatterAdd.name());
         let [x, idx, src] = dispatch(Op::ScatterAdd, [self, index, src])?;
         expect_index(Op::ScatterAdd, &idx)?;
         super::expect_same_dtype(Op::ScatterAdd, &x, &src)?;
@@ -191,6 +195,7 @@ impl Tensor {
 
     /// Rows of `weight` (`[num, dim]`) for each index: output `index.shape + [dim]`.
     pub fn embedding(index: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Embedding.name());
         let [w, idx] = dispatch(Op::Embedding, [weight, index])?;
         expect_index(Op::Embedding, &idx)?;
         super::expect_rank(Op::Embedding, &w, 2, "the weight")?;

@@ -123,6 +123,7 @@ impl Tensor {
         reduction: Reduction,
         ignore_index: i64,
     ) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::NllLoss.name());
         let [lp] = dispatch(Op::NllLoss, [self])?;
         expect_float(Op::NllLoss, &lp)?;
         let (lp, t) = flatten_classes(Op::NllLoss, &lp, target)?;
@@ -149,6 +150,7 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn cross_entropy(&self, target: &Tensor, opts: CrossEntropyOptions) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::CrossEntropy.name());
         let [x] = dispatch(Op::CrossEntropy, [self])?;
         expect_float(Op::CrossEntropy, &x)?;
         let e = opts.label_smoothing;
@@ -200,6 +202,7 @@ impl Tensor {
 
     /// Mean squared error.
     pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::MseLoss.name());
         let [x, y] = dispatch(Op::MseLoss, [self, target])?;
         expect_float(Op::MseLoss, &x)?;
         if x.shape() != y.shape() {
@@ -215,6 +218,7 @@ impl Tensor {
 
     /// Binary cross-entropy of logits (stable form `max(x,0) - x y + log(1 + e^-|x|)`).
     pub fn bce_with_logits(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::BceWithLogits.name());
         let [x, y] = dispatch(Op::BceWithLogits, [self, target])?;
         expect_float(Op::BceWithLogits, &x)?;
         let y = y.to_dtype(x.dtype())?;

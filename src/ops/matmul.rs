@@ -51,6 +51,7 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Matmul.name());
         let [a, b] = dispatch(Op::Matmul, [self, rhs])?;
         expect_float(Op::Matmul, &a)?;
         expect_same_dtype(Op::Matmul, &a, &b)?;
@@ -111,6 +112,7 @@ impl Tensor {
         if self.device() == Device::Cpu {
             return self.linear(weight, Some(bias))?.relu();
         }
+        let _prof = crate::profiler::op(Op::Linear.name());
         let [x, w] = dispatch(Op::Linear, [self, weight])?;
         let b = super::dispatch_opt(Op::Linear, Some(bias))?.expect("a bias was given");
         let fits = x.rank() == 2
@@ -153,6 +155,7 @@ impl Tensor {
     /// `x @ weight^T + bias` with `weight: [out, in]`, `bias: [out]` (PyTorch's `F.linear`).
     /// Its backward produces the weight gradient directly in the weight's `[out, in]` layout.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Linear.name());
         let [x, w] = dispatch(Op::Linear, [self, weight])?;
         let bias = super::dispatch_opt(Op::Linear, bias)?;
         let bias = bias.as_ref();

@@ -9,6 +9,7 @@ use crate::{Error, Result, Tensor};
 impl Tensor {
     fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
         let kind = if log { Op::LogSoftmax } else { Op::Softmax };
+        let _prof = crate::profiler::op(kind.name());
         let [x] = dispatch(kind, [self])?;
         expect_float(kind, &x)?;
         let d = normalize_dim(kind.name(), dim, x.shape())?;
@@ -49,6 +50,7 @@ impl Tensor {
                 format!("probability {p} not in [0, 1]"),
             ));
         }
+        let _prof = crate::profiler::op(Op::Dropout.name());
         let [x] = dispatch(Op::Dropout, [self])?;
         expect_float(Op::Dropout, &x)?;
         if !training || p == 0.0 {

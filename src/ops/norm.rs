@@ -72,6 +72,7 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::BatchNorm.name());
         let [x] = dispatch(Op::BatchNorm, [self])?;
         expect_float(Op::BatchNorm, &x)?;
         if x.rank() < 2 {
@@ -226,6 +227,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::LayerNorm.name());
         let [x] = dispatch(Op::LayerNorm, [self])?;
         expect_float(Op::LayerNorm, &x)?;
         let k = normalized_shape.len();

@@ -156,6 +156,7 @@ impl Tensor {
     }
 
     fn max_pool2d_batch(&self, o: MaxPool2dOptions) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::MaxPool2d.name());
         let [x] = dispatch(Op::MaxPool2d, [self])?;
         let p = o.params();
         let d = pool_dims(Op::MaxPool2d, &x, &p)?;
@@ -177,6 +178,7 @@ impl Tensor {
     }
 
     fn avg_pool2d_batch(&self, o: AvgPool2dOptions) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::AvgPool2d.name());
         let [x] = dispatch(Op::AvgPool2d, [self])?;
         let p = o.params();
         let d = pool_dims(Op::AvgPool2d, &x, &p)?;
@@ -200,6 +202,7 @@ impl Tensor {
     }
 
     fn adaptive_avg_pool2d_batch(&self, out: [usize; 2]) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::AdaptiveAvgPool2d.name());
         let [x] = dispatch(Op::AdaptiveAvgPool2d, [self])?;
         expect_float(Op::AdaptiveAvgPool2d, &x)?;
         expect_rank(Op::AdaptiveAvgPool2d, &x, 4, "the input")?;

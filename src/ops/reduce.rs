@@ -29,6 +29,7 @@ impl Tensor {
     }
 
     fn sum_like(&self, dims: &[isize], keepdim: bool, op: ReduceOp, kind: Op) -> Result<Tensor> {
+        let _prof = crate::profiler::op(kind.name());
         let [x] = dispatch(kind, [self])?;
         expect_float(kind, &x)?;
         let d = normalize_dims(kind.name(), dims, x.shape())?;
@@ -81,6 +82,7 @@ impl Tensor {
 
     /// Variance over `dims` with `correction` (1 = unbiased, PyTorch's default; 0 = biased).
     pub fn var(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Var.name());
         let [x] = dispatch(Op::Var, [self])?;
         let d = normalize_dims("var", dims, x.shape())?;
         expect_nonempty_reduction(Op::Var, &x, &d)?;
@@ -116,6 +118,7 @@ impl Tensor {
     }
 
     fn extreme(&self, dim: isize, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
+        let _prof = crate::profiler::op(Op::MaxMin.name());
         let [x] = dispatch(Op::MaxMin, [self])?;
         let d = normalize_dim("max/min", dim, x.shape())?;
         expect_nonempty_reduction(Op::MaxMin, &x, &[d])?;

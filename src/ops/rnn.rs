@@ -23,6 +23,7 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn lstm_cell(gates: &Tensor, c: &Tensor) -> Result<(Tensor, Tensor)> {
+        let _prof = crate::profiler::op(Op::LstmCell.name());
         let [g, c] = dispatch(Op::LstmCell, [gates, c])?;
         expect_float(Op::LstmCell, &g)?;
         expect_same_dtype(Op::LstmCell, &g, &c)?;
@@ -150,6 +151,7 @@ impl Tensor {
         w_hh: &Tensor,
         bias: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let _prof = crate::profiler::op(Op::LstmLayer.name());
         let inputs = dispatch(Op::LstmLayer, [x, h0, c0, w_ih, w_hh, bias])?;
         check_layer(&inputs)?;
         let [x, h0, c0, w_ih, w_hh, b] = inputs;

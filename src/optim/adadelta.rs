@@ -29,6 +29,7 @@ impl Adadelta {
 
 impl Optimizer for Adadelta {
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let _prof = crate::profiler::op("adadelta.step");
         if !(0.0..=1.0).contains(&self.rho) {
             return Err(Error::invalid(
                 "Adadelta::step",

@@ -73,6 +73,10 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let _prof = crate::profiler::op(match self.config.decoupled {
+            true => "adamw.step",
+            false => "adam.step",
+        });
         let c = self.config;
         let u = OptimUpdate::Adam {
             lr: c.lr,

@@ -80,6 +80,7 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let _prof = crate::profiler::op("sgd.step");
         let cfg = self.config;
         self.group
             .fused_steps(Sgd::names(&cfg), Sgd::update(&cfg), found_inf)
@@ -125,6 +126,7 @@ impl Sgld {
 
 impl Optimizer for Sgld {
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        let _prof = crate::profiler::op("sgld.step");
         let cfg = self.inner.config;
         let std = (2.0 * cfg.lr * self.temperature).sqrt();
         self.inner.step_unless(found_inf)?;

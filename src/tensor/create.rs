@@ -17,6 +17,7 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        let _prof = crate::profiler::op("full");
         let n = checked_numel("full", shape)?;
         checked_bytes("full", shape, n, dtype)?;
         Ok(Tensor::from_storage(
@@ -177,6 +178,7 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
+        let _prof = crate::profiler::op("to_dtype");
         let src = self.dtype();
         let (s, l) = crate::memory_format::elementwise("to_dtype", [self.layout()], |[l]| {
             self.storage().to_dtype(l, dtype)
@@ -195,6 +197,7 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        let _prof = crate::profiler::op("to_device");
         let src = self.device();
         let s = self.storage().to_device(self.layout(), device)?;
         Ok(

@@ -10,6 +10,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
+        let _prof = crate::profiler::op("contiguous");
         let s = self.storage().copy_strided(self.layout())?;
         Ok(Tensor::from_storage(s, self.shape())
             .attach("contiguous", &[self], |g, _| Ok(vec![Some(g.clone())])))

@@ -196,6 +196,18 @@ pub(crate) fn gemm_bias(
     };
     let (alpha, beta) = (1.0f32, 0.0f32);
     let stream = rt.stream().cu_stream() as sys::cudaStream_t;
+    let elem = dtype.size_in_bytes() as u64;
+    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+    let prof = super::profile::library(
+        rt,
+        || {
+            let relu = if relu { " relu" } else { "" };
+            let d = super::profile::short(dtype);
+            format!("cublasLt matmul+bias{relu} {m}x{k}x{n} {d}")
+        },
+        2 * m64 * n64 * k64,
+        (m64 * k64 + k64 * n64 + m64 * n64 + n64) * elem,
+    );
     // SAFETY: the operands address matrices of the stated shapes on this device, the bias `n`
     // elements, `out` `m * n`; the workspace outlives the call's work on the stream (a freed
     // block is reused only by later work on the same stream).
@@ -220,5 +232,8 @@ pub(crate) fn gemm_bias(
         )
     })?
     .map_err(|e| fail("cublasLtMatmul", e))?;
+    if let Some(p) = prof {
+        p.end();
+    }
     Ok(true)
 }

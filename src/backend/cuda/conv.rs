@@ -394,6 +394,28 @@ fn run(
                 out.ptr() as *mut c_void,
             );
             let wsp = ws.ptr() as *mut c_void;
+            let prof = super::profile::library(
+                &rt,
+                || {
+                    let layout = if d.channels_last { "nhwc" } else { "nchw" };
+                    format!(
+                        "cudnn conv {:?} n{} c{} {}x{} o{} k{}x{} s{} {} {layout} {:?}",
+                        pass,
+                        d.n,
+                        d.c,
+                        d.h,
+                        d.w,
+                        d.o,
+                        d.kh,
+                        d.kw,
+                        p.stride[0],
+                        super::profile::short(dtype),
+                        c.algo
+                    )
+                },
+                conv_flops(d),
+                conv_bytes(d, dtype),
+            );
             // SAFETY: the pointers address contiguous NCHW buffers of the shapes in the
             // descriptors, on this device; the workspace holds `c.workspace` bytes; the
             // handle's stream is the runtime's stream, which orders these buffers' uses.
@@ -447,6 +469,9 @@ fn run(
                 }
             };
             if status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                if let Some(p) = prof {
+                    p.end();
+                }
                 chosen()
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -464,6 +489,21 @@ fn run(
             )
         }))
     })?
+}
+
+/// Multiply-adds times two of one pass (each pass does the forward's products).
+fn conv_flops(d: &ConvDims) -> u64 {
+    let cpg = d.c / d.p.groups.max(1);
+    [d.n, d.o, d.ho, d.wo, cpg, d.kh, d.kw, 2]
+        .iter()
+        .fold(1u64, |acc, &v| acc.saturating_mul(v as u64))
+}
+
+/// Bytes of the three tensors a pass reads or writes once each.
+fn conv_bytes(d: &ConvDims, dtype: DType) -> u64 {
+    let cpg = d.c / d.p.groups.max(1);
+    let elems = d.n * d.c * d.h * d.w + d.o * cpg * d.kh * d.kw + d.n * d.o * d.ho * d.wo;
+    (elems * dtype.size_in_bytes()) as u64
 }
 
 /// Forward convolution; output `[n, o, ho, wo]`, NHWC when `d.channels_last`.

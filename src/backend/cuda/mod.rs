@@ -13,13 +13,18 @@ macro_rules! launch {
         let f = $s.function($file, &name)?;
         let mut b = $s.rt().stream().launch_builder(&f);
         $( b.arg($arg); )+
+        let cfg: cudarc::driver::LaunchConfig = $cfg;
+        let prof = $crate::backend::cuda::profile::kernel($s.rt(), || name.clone(), &cfg);
         // SAFETY: the arguments match the kernel's parameter list in `cuda/`, and the
         // pointers address device blocks that hold the elements the kernel touches.
-        unsafe { b.launch($cfg) }.map_err(|e| Error::CudaDriver {
+        unsafe { b.launch(cfg) }.map_err(|e| Error::CudaDriver {
             op: "launching a kernel",
             device: $s.device(),
             msg: format!("{name}: {e}"),
         })?;
+        if let Some(p) = prof {
+            p.end();
+        }
     }};
 }
 
@@ -40,6 +45,7 @@ pub mod optim;
 pub mod pinned;
 pub mod pool;
 pub mod probe;
+pub(crate) mod profile;
 pub mod rnn;
 pub mod runtime;
 pub mod storage;

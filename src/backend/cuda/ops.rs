@@ -700,6 +700,17 @@ fn gemm(
         int("ldc", ldc as i64)?,
     );
     let alpha = 1.0f32;
+    let elem = a.dtype().size_in_bytes() as u64;
+    let [m64, n64, k64, b64] = [m, n, k, batch].map(|v| v as u64);
+    let prof = super::profile::library(
+        a.rt(),
+        || {
+            let d = super::profile::short(a.dtype());
+            format!("cublas gemm {batch}x {m}x{k}x{n} {d}")
+        },
+        2 * b64 * m64 * n64 * k64,
+        b64 * (m64 * k64 + k64 * n64 + m64 * n64) * elem,
+    );
     // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand is b.
     // SAFETY: the pointers address `batch` matrices of the stated shapes and strides on this
     // device; the handle's stream is the runtime's stream.
@@ -736,6 +747,9 @@ fn gemm(
             device: a.device(),
             msg: format!("{e:?} ({m}x{k} @ {k}x{n}, batch {batch}, {:?})", a.dtype()),
         })?;
+    if let Some(p) = prof {
+        p.end();
+    }
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 
 use super::runtime::CudaRuntime;
 use crate::backend::caching::{Fence, RawMemory};
+use crate::profiler::DeviceWork;
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use std::ffi::c_void;
@@ -164,6 +165,7 @@ impl PinnedBuffer {
             .context()
             .bind_to_thread()
             .map_err(|e| driver("binding the context", e))?;
+        let prof = super::profile::copy(&self.rt, stream, DeviceWork::HostToDevice, bytes);
         // SAFETY: `dst` holds at least `bytes` bytes on the device (the caller's contract);
         // the source stays allocated and unwritten until the event recorded below has
         // completed (`as_bytes_mut` and the pool both wait for it).
@@ -172,6 +174,9 @@ impl PinnedBuffer {
         }
         .result()
         .map_err(|e| driver("copying from pinned memory to the device", e))?;
+        if let Some(p) = prof {
+            p.end();
+        }
         let event = stream
             .record_event(None)
             .map_err(|e| driver("recording an upload's event", e))?;

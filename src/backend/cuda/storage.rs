@@ -7,6 +7,7 @@ use super::pinned::PinnedBuffer;
 use super::runtime::{runtime, CudaRuntime};
 use crate::backend::cpu::CpuStorage;
 use crate::layout::Layout;
+use crate::profiler::DeviceWork;
 use crate::{DType, Device, Error, Result};
 use cudarc::driver::{result, sys, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
@@ -251,10 +252,14 @@ impl CudaStorage {
             .bind_to_thread()
             .map_err(|e| out.driver("binding the context", e))?;
         let stream = rt.stream().cu_stream();
+        let prof = super::profile::copy(&rt, rt.stream(), DeviceWork::HostToDevice, bytes.len());
         // SAFETY: `out` holds `bytes.len()` bytes; a pageable source is staged by the driver
         // before the call returns.
         unsafe { result::memcpy_htod_async(out.ptr(), bytes, stream) }
             .map_err(|e| out.driver("copying to the device", e))?;
+        if let Some(p) = prof {
+            p.end();
+        }
         Ok(out)
     }
 
@@ -334,10 +339,16 @@ impl CudaStorage {
             stream: sys::CUstream,
         ) -> Result<Vec<T>> {
             let mut v = vec![T::default(); n];
+            let bytes = n * std::mem::size_of::<T>();
+            let prof =
+                super::profile::copy(s.rt(), s.rt().stream(), DeviceWork::DeviceToHost, bytes);
             // SAFETY: `src` holds `n` elements of T; the copy into pageable memory completes
             // before the call returns, and the synchronize below covers any queued work.
             unsafe { result::memcpy_dtoh_async(&mut v, src, stream) }
                 .map_err(|e| s.driver("copying to the host", e))?;
+            if let Some(p) = prof {
+                p.end();
+            }
             s.rt().synchronize()?;
             Ok(v)
         }
@@ -370,9 +381,19 @@ impl CudaStorage {
             .bind_to_thread()
             .map_err(|e| self.driver("binding the context", e))?;
         let bytes = n * self.dtype.size_in_bytes();
+        let prof = super::profile::copy(
+            self.rt(),
+            self.rt().stream(),
+            DeviceWork::DeviceToDevice,
+            bytes,
+        );
         // SAFETY: both ranges hold `n` elements on this device; the copy is stream-ordered.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.rt().stream().cu_stream()) }
-            .map_err(|e| self.driver("copying on the device", e))
+            .map_err(|e| self.driver("copying on the device", e))?;
+        if let Some(p) = prof {
+            p.end();
+        }
+        Ok(())
     }
 
     /// The view `l` as a new contiguous storage (a device copy, or a strided-copy kernel).
@@ -393,8 +414,13 @@ impl CudaStorage {
         let (src, st, dst, n64) = (self.ptr(), Strided::new("copy", l)?, out.ptr(), n as i64);
         let mut b = self.rt().stream().launch_builder(&f);
         b.arg(&src).arg(&st).arg(&dst).arg(&n64);
+        let cfg = grid(n);
+        let prof = super::profile::kernel(self.rt(), || format!("copy_strided_{width}"), &cfg);
         // SAFETY: the kernel reads the view's elements and writes `n` of the same width.
-        unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching copy_strided", e))?;
+        unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching copy_strided", e))?;
+        if let Some(p) = prof {
+            p.end();
+        }
         Ok(out)
     }
 
@@ -431,15 +457,26 @@ impl CudaStorage {
             let src = self.ptr_at(l.offset());
             let mut b = self.rt().stream().launch_builder(&f);
             b.arg(&src).arg(&dst).arg(&n64);
+            let cfg = grid(n);
+            let prof = super::profile::kernel(self.rt(), || format!("cast_{from}_{to}"), &cfg);
             // SAFETY: `n` elements in, `n` out, of the kernel's types.
-            unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching cast", e))?;
+            unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching cast", e))?;
+            if let Some(p) = prof {
+                p.end();
+            }
         } else {
             let f = self.function("cast", &format!("cast_strided_{from}_{to}"))?;
             let (src, st) = (self.ptr(), Strided::new("to_dtype", l)?);
             let mut b = self.rt().stream().launch_builder(&f);
             b.arg(&src).arg(&st).arg(&dst).arg(&n64);
+            let cfg = grid(n);
+            let prof =
+                super::profile::kernel(self.rt(), || format!("cast_strided_{from}_{to}"), &cfg);
             // SAFETY: as above, reading through the view.
-            unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching cast", e))?;
+            unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching cast", e))?;
+            if let Some(p) = prof {
+                p.end();
+            }
         }
         Ok(out)
     }
@@ -473,9 +510,15 @@ impl CudaStorage {
         );
         let mut b = self.rt().stream().launch_builder(&f);
         b.arg(&src).arg(&st).arg(&dst).arg(&n64);
+        let cfg = grid(n);
+        let prof =
+            super::profile::kernel(self.rt(), || format!("copy_into_strided_u{width}"), &cfg);
         // SAFETY: the kernel reads `n` elements of `dense` and writes the `n` distinct
         // elements of the view `dl`, which lies inside this storage.
-        unsafe { b.launch(grid(n)) }.map_err(|e| self.driver("launching copy_into_strided", e))?;
+        unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching copy_into_strided", e))?;
+        if let Some(p) = prof {
+            p.end();
+        }
         Ok(())
     }
 

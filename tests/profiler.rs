@@ -1,0 +1,385 @@
+//! The profiler: exact op and launch counts of a known step on the CPU and on the CUDA
+//! device (the emulated one in CI, whose own launch trace is the reference), the Chrome
+//! trace's shape, the memory at the peak, and that nothing is recorded when it is off.
+
+mod common;
+use common::parity::gpu;
+use mantissa::optim::{Optimizer, Sgd, SgdConfig};
+use mantissa::profiler::{self, Profile, Profiler, SortBy};
+use mantissa::*;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// A profile records every thread's ops: the tests here run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Linear(6 -> 4) + ReLU + cross-entropy + SGD on a batch of 5.
+struct Step {
+    w: Tensor,
+    b: Tensor,
+    x: Tensor,
+    t: Tensor,
+    opt: Sgd,
+}
+
+impl Step {
+    fn new(device: Device) -> Step {
+        let mut g = Generator::new(7);
+        let param = |shape: &[usize], g: &mut Generator| {
+            Tensor::randn_with(shape, 0.0, 0.5, DType::F32, device, g)
+                .unwrap()
+                .requires_grad(true)
+                .unwrap()
+        };
+        let (w, b) = (param(&[4, 6], &mut g), param(&[4], &mut g));
+        let x = Tensor::randn_with(&[5, 6], 0.0, 1.0, DType::F32, device, &mut g).unwrap();
+        let t = Tensor::from_vec(vec![0i64, 3, 1, 2, 3], &[5], Device::Cpu)
+            .unwrap()
+            .to_device(device)
+            .unwrap();
+        let opt = Sgd::new(vec![w.clone(), b.clone()], SgdConfig::new(0.1)).unwrap();
+        Step { w, b, x, t, opt }
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let logits = self.x.linear(&self.w, Some(&self.b))?.relu()?;
+        let loss = logits.cross_entropy(&self.t, CrossEntropyOptions::default())?;
+        loss.backward()?;
+        self.opt.step()?;
+        self.opt.zero_grad();
+        Ok(())
+    }
+}
+
+fn counts(p: &Profile) -> BTreeMap<String, u64> {
+    p.ops().iter().map(|o| (o.name.clone(), o.count)).collect()
+}
+
+/// The ops of one `Step::run` after the first (whose optimizer makes its state), with how
+/// many times each runs, read off the code:
+/// - forward: `linear` (one fused product with the bias), `relu`, `cross_entropy`, which
+///   finds the targets not ignored with `ne` (`compare`, its scalar made by `full`),
+///   `to_dtype`, and takes the mean as `sum` of the weights, `sum` of the rows (its
+///   keepdim result reshaped: a `reshape` node) and `div`;
+/// - backward: `full` (the seed of ones), then one backward per graph node: `div`
+///   (whose input gradient is one more `div`), `reshape`, `sum`, `cross_entropy`, `relu`,
+///   `linear` (the weight's gradient a `matmul`, the bias's a `sum`; the input needs none);
+/// - `sgd.step`: one fused update per parameter, no ops.
+fn expected_ops() -> BTreeMap<String, u64> {
+    let per_step = [
+        ("linear", 1),
+        ("relu", 1),
+        ("cross_entropy", 1),
+        ("compare", 1),
+        ("full", 2),
+        ("to_dtype", 1),
+        ("sum", 3),
+        ("div", 2),
+        ("div.backward", 1),
+        ("reshape.backward", 1),
+        ("sum.backward", 1),
+        ("cross_entropy.backward", 1),
+        ("relu.backward", 1),
+        ("linear.backward", 1),
+        ("matmul", 1),
+        ("sgd.step", 1),
+    ];
+    per_step.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+}
+
+#[test]
+fn cpu_step_op_counts_are_exact() {
+    let _s = serial();
+    let mut step = Step::new(Device::Cpu);
+    step.run().unwrap(); // warm-up, not profiled
+    let prof = Profiler::start().unwrap();
+    for _ in 0..3 {
+        step.run().unwrap();
+        prof.step();
+    }
+    let p = prof.stop().unwrap();
+    let want: BTreeMap<String, u64> = expected_ops()
+        .into_iter()
+        .map(|(k, n)| (k, 3 * n))
+        .collect();
+    assert_eq!(counts(&p), want, "\n{}", p.table(SortBy::Count, 40));
+    assert_eq!(p.steps().len(), 3);
+    assert_eq!(p.launches(), 0, "the CPU launches no kernels");
+    assert!(p.kernels().is_empty());
+    for s in p.steps() {
+        assert!(s.host_ns > 0);
+        assert_eq!((s.h2d_copies, s.d2h_copies, s.device_busy_ns), (0, 0, 0));
+    }
+    // Host time: an op's span holds the ops inside it.
+    let ce = p.op("cross_entropy").unwrap();
+    let sum = p.op("sum").unwrap();
+    assert!(ce.host.total_ns >= sum.host.total_ns);
+    assert!(ce.host.min_ns <= ce.host.max_ns && ce.host.count == 3);
+    let table = p.table(SortBy::HostTime, 5);
+    assert_eq!(table.lines().count(), 1 + 5, "{table}");
+}
+
+#[test]
+fn off_records_nothing_and_one_profile_runs_at_a_time() {
+    let _s = serial();
+    let mut step = Step::new(Device::Cpu);
+    step.run().unwrap(); // no profile: nothing to record into
+    let prof = Profiler::start().unwrap();
+    let err = Profiler::start()
+        .err()
+        .expect("a second profile is refused");
+    assert!(err.to_string().contains("already running"), "{err}");
+    let p = prof.stop().unwrap();
+    assert!(p.ops().is_empty() && p.steps().is_empty() && p.kernels().is_empty());
+    // A dropped profile records nothing more, and a new one starts clean.
+    let dropped = Profiler::start().unwrap();
+    step.run().unwrap();
+    drop(dropped);
+    let (_, p) = profiler::profile(|_| Tensor::ones(&[3], DType::F32, Device::Cpu)).unwrap();
+    assert_eq!(counts(&p), BTreeMap::from([("full".to_string(), 1)]));
+    assert_eq!(
+        p.steps().len(),
+        1,
+        "work after the last mark is one more step"
+    );
+}
+
+/// The trace's events as JSON values, checked for the fields every event must have.
+fn trace_events(p: &Profile) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(&p.chrome_trace_json()).expect("valid JSON");
+    let events = v["traceEvents"].as_array().expect("traceEvents").clone();
+    for e in &events {
+        assert!(e["name"].is_string(), "{e}");
+        assert!(e["ts"].is_number() && e["dur"].is_number(), "{e}");
+        assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
+        assert!(e["dur"].as_f64().unwrap() >= 0.0, "{e}");
+    }
+    events
+}
+
+/// Launch events lie inside the span of the op named in their args on their thread.
+fn launches_nest_in_their_ops(events: &[serde_json::Value]) -> usize {
+    let spans: Vec<&serde_json::Value> = events.iter().filter(|e| e["cat"] == "op").collect();
+    let mut checked = 0;
+    for l in events.iter().filter(|e| e["cat"] == "launch") {
+        let Some(op) = l["args"]["op"].as_str() else {
+            continue;
+        };
+        let (ts, end) = (
+            l["ts"].as_f64().unwrap(),
+            l["ts"].as_f64().unwrap() + l["dur"].as_f64().unwrap(),
+        );
+        let inside = spans.iter().any(|s| {
+            let (a, d) = (s["ts"].as_f64().unwrap(), s["dur"].as_f64().unwrap());
+            s["name"] == op && s["tid"] == l["tid"] && a <= ts && end <= a + d + 1e-3
+        });
+        assert!(inside, "launch {l} is outside every `{op}` span");
+        checked += 1;
+    }
+    checked
+}
+
+#[test]
+fn cpu_trace_has_ops_per_thread() {
+    let _s = serial();
+    let mut step = Step::new(Device::Cpu);
+    let ((), p) = profiler::profile(|prof| {
+        step.run().unwrap();
+        prof.step();
+    })
+    .unwrap();
+    let events = trace_events(&p);
+    let ops: Vec<_> = events.iter().filter(|e| e["cat"] == "op").collect();
+    let total: u64 = p.ops().iter().map(|o| o.count).sum();
+    assert_eq!(ops.len() as u64, total);
+    // Spans on one thread nest or follow each other, never overlap partially.
+    for a in &ops {
+        for b in &ops {
+            let (a0, a1) = (
+                a["ts"].as_f64().unwrap(),
+                a["ts"].as_f64().unwrap() + a["dur"].as_f64().unwrap(),
+            );
+            let (b0, b1) = (
+                b["ts"].as_f64().unwrap(),
+                b["ts"].as_f64().unwrap() + b["dur"].as_f64().unwrap(),
+            );
+            let partial = a0 < b0 && b0 < a1 && a1 < b1;
+            assert!(!partial || a["tid"] != b["tid"], "{a} and {b} overlap");
+        }
+    }
+    let path = std::env::temp_dir().join(format!("mantissa-profiler-{}.json", std::process::id()));
+    p.export_chrome_trace(&path).unwrap();
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(back["traceEvents"].as_array().unwrap().len(), events.len());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Runs `Step` on the CUDA device as a child of `device_step_launches_match_the_emulator_trace`
+/// (with the emulator's launch trace on); a no-op in a plain test run.
+#[test]
+fn device_step_child() {
+    if std::env::var_os("MANTISSA_PROFILER_CHILD").is_none() {
+        return;
+    }
+    let dev = gpu().expect("the parent found a device");
+    let mut step = Step::new(dev);
+    step.run().unwrap();
+    eprintln!("PROFILE BEGIN");
+    let prof = Profiler::start().unwrap();
+    for _ in 0..2 {
+        step.run().unwrap();
+        prof.step();
+    }
+    let p = prof.stop().unwrap();
+    eprintln!("PROFILE END");
+    eprintln!("PROFILE LAUNCHES {}", p.launches());
+}
+
+#[test]
+fn device_step_launches_match_the_emulator_trace() {
+    let Some(dev) = gpu() else { return };
+    let _s = serial();
+    let mut step = Step::new(dev);
+    step.run().unwrap();
+    let prof = Profiler::start().unwrap();
+    for _ in 0..2 {
+        step.run().unwrap();
+        prof.step();
+    }
+    let p = prof.stop().unwrap();
+    println!("{}\n{}", p.table(SortBy::DeviceTime, 40), p.step_table());
+    // The op layer is the same on every device.
+    let want: BTreeMap<String, u64> = expected_ops()
+        .into_iter()
+        .map(|(k, n)| (k, 2 * n))
+        .collect();
+    assert_eq!(counts(&p), want);
+    let launches = p.launches();
+    assert!(launches > 0);
+    assert_eq!(p.steps().len(), 2);
+    assert_eq!(p.steps()[0].launches, p.steps()[1].launches, "equal steps");
+    // Every launch has device times, inside its step's host span on the trace's timeline.
+    for k in p.kernels() {
+        assert_eq!(k.device.map(|d| d.count), Some(k.count), "{}", k.name);
+    }
+    for s in p.steps() {
+        assert!(s.device_busy_ns > 0 && s.peak_allocated > 0);
+    }
+    let events = trace_events(&p);
+    let nested = launches_nest_in_their_ops(&events);
+    assert!(nested as u64 >= launches, "{nested} launch events checked");
+    let on_device = events
+        .iter()
+        .filter(|e| e["pid"].as_u64() == Some(1))
+        .count();
+    assert!(on_device as u64 >= launches);
+    if !common::parity::emulated(dev) {
+        return;
+    }
+    // The emulator prints each launch as it is queued: the same step in a child process.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "device_step_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("MANTISSA_PROFILER_CHILD", "1")
+        .env("MANTISSA_EMU_TRACE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let region: Vec<&str> = err
+        .lines()
+        .skip_while(|l| *l != "PROFILE BEGIN")
+        .take_while(|l| *l != "PROFILE END")
+        .collect();
+    let traced = region.iter().filter(|l| l.starts_with("launch ")).count();
+    let counted: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("PROFILE LAUNCHES "))
+        .expect("the child's count")
+        .parse()
+        .unwrap();
+    assert_eq!(
+        counted, traced as u64,
+        "the profiler's launches against the emulator's trace"
+    );
+    assert_eq!(counted, launches, "the child ran the same steps");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn device_memory_at_peak_names_the_ops_holding_it() {
+    let Some(dev) = gpu() else { return };
+    let _s = serial();
+    let Device::Cuda(ordinal) = dev else {
+        unreachable!()
+    };
+    let rt = mantissa::backend::cuda::runtime::runtime(ordinal).unwrap();
+    let mut g = Generator::new(3);
+    let mut param = |shape: &[usize]| {
+        Tensor::randn_with(shape, 0.0, 0.3, DType::F32, dev, &mut g)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap()
+    };
+    let (w1, b1, w2) = (param(&[4, 1, 3, 3]), param(&[4]), param(&[3, 100]));
+    let x = Tensor::randn(&[2, 1, 10, 10], DType::F32, dev).unwrap();
+    let t = Tensor::from_vec(vec![0i64, 2], &[2], Device::Cpu)
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    let conv = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    // The forward of a small CNN, then one large tensor, so that the peak comes at the end
+    // with every saved activation alive.
+    let forward = || -> Result<(Tensor, Tensor)> {
+        let h = x
+            .conv2d(&w1, Some(&b1), conv)?
+            .relu()?
+            .max_pool2d(MaxPool2dOptions::new(2))?;
+        let loss = h
+            .reshape(&[2, 100])?
+            .linear(&w2, None)?
+            .cross_entropy(&t, Default::default())?;
+        Ok((loss, Tensor::zeros(&[1 << 18], DType::F32, dev)?))
+    };
+    drop(forward().unwrap()); // warm-up: kernels, algorithms
+    rt.synchronize().unwrap();
+    let before = rt.memory_stats().allocated;
+    rt.reset_peak_stats();
+    let (held, p) = profiler::profile(|_| forward().unwrap()).unwrap();
+    let stats = rt.memory_stats();
+    let m = p
+        .memory_at_peak()
+        .iter()
+        .find(|m| m.device == dev)
+        .expect("a device view");
+    println!("{}", p.step_table());
+    let by: BTreeMap<&str, usize> = m.by_op.iter().map(|(k, b)| (k.as_str(), *b)).collect();
+    assert_eq!(
+        m.peak_allocated, stats.peak_allocated,
+        "the allocator's own peak"
+    );
+    assert_eq!(by.values().sum::<usize>(), m.peak_allocated);
+    assert_eq!(by.get(profiler::OUTSIDE_OPS).copied().unwrap_or(0), before);
+    use mantissa::backend::caching::size_class;
+    // Blocks belong to the op the user called. conv2d holds its output with the bias added
+    // (saved by relu); its output before the bias and any workspace are gone. relu's output
+    // is not saved (max_pool2d keeps its indices), so relu holds nothing. max_pool2d holds
+    // its output and indices; `zeros` (a `full`) the large tensor.
+    assert_eq!(by["conv2d"], size_class(2 * 4 * 10 * 10 * 4));
+    assert!(!by.contains_key("relu"), "{by:?}");
+    assert!(by["max_pool2d"] >= 2 * size_class(2 * 4 * 5 * 5 * 4));
+    assert!(by["full"] >= size_class(4 << 18));
+    drop(held);
+}
