@@ -270,6 +270,27 @@ fn device_step_launches_match_the_emulator_trace() {
     for s in p.steps() {
         assert!(s.device_busy_ns > 0 && s.peak_allocated > 0);
     }
+    // Bytes and FLOPs from the operands, over the two steps: relu of the [5, 4] f32 logits
+    // reads and writes 20 values, its backward reads two and writes one; the weight's
+    // gradient is a [4, 5] @ [5, 6] product, the forward a [5, 6] @ [6, 4] one with the bias.
+    let kernel = |name: &str| {
+        let found = p.kernels().iter().find(|k| k.name.starts_with(name));
+        found.unwrap_or_else(|| panic!("no {name} in {:?}", p.kernels()))
+    };
+    assert_eq!(kernel("unary_float").bytes, Some(2 * 2 * 20 * 4));
+    assert_eq!(kernel("unary_grad_float").bytes, Some(2 * 3 * 20 * 4));
+    assert_eq!(
+        kernel("cublas gemm 1x 4x5x6 f32").flops,
+        Some(2 * 2 * 4 * 5 * 6)
+    );
+    if common::parity::emulated(dev) {
+        // A GPU's cuBLASLt may decline the bias epilogue (then a gemm and a bias copy run).
+        assert_eq!(
+            kernel("cublasLt matmul+bias 5x6x4 f32").flops,
+            Some(2 * 2 * 5 * 6 * 4)
+        );
+    }
+    assert!(kernel("unary_float").gb_per_s().is_some_and(|g| g > 0.0));
     let events = trace_events(&p);
     let nested = launches_nest_in_their_ops(&events);
     assert!(nested as u64 >= launches, "{nested} launch events checked");
@@ -372,7 +393,12 @@ fn device_memory_at_peak_names_the_ops_holding_it() {
     );
     assert_eq!(by.values().sum::<usize>(), m.peak_allocated);
     assert_eq!(by.get(profiler::OUTSIDE_OPS).copied().unwrap_or(0), before);
-    use mantissa::backend::caching::size_class;
+    // The allocator's block of a request: its size class, or the exact size without caching.
+    let caching = !std::env::var_os("MANTISSA_NO_CUDA_MEMORY_CACHING").is_some_and(|v| v == "1");
+    let size_class = |b: usize| match caching {
+        true => mantissa::backend::caching::size_class(b),
+        false => b,
+    };
     // Blocks belong to the op the user called. conv2d holds its output with the bias added
     // (saved by relu); its output before the bias and any workspace are gone. relu's output
     // is not saved (max_pool2d keeps its indices), so relu holds nothing. max_pool2d holds

@@ -6,15 +6,23 @@
 //! (one read of the indices, not of the data); integer scatter sums still go through the host.
 
 /// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
-/// given as references to locals (cudarc stores argument pointers until the launch).
+/// given as references to locals (cudarc stores argument pointers until the launch). With a
+/// leading `bytes = expr;`, a running profile gets the bytes the launch reads and writes.
 macro_rules! launch {
+    (bytes = $bytes:expr; $s:expr, $file:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        launch!(@go Some($bytes), $s, $file, $name, $cfg, $($arg),+)
+    }};
     ($s:expr, $file:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        launch!(@go None, $s, $file, $name, $cfg, $($arg),+)
+    }};
+    (@go $bytes:expr, $s:expr, $file:expr, $name:expr, $cfg:expr, $($arg:expr),+) => {{
         let name: String = $name;
         let f = $s.function($file, &name)?;
         let mut b = $s.rt().stream().launch_builder(&f);
         $( b.arg($arg); )+
         let cfg: cudarc::driver::LaunchConfig = $cfg;
-        let prof = $crate::backend::cuda::profile::kernel($s.rt(), || name.clone(), &cfg);
+        let bytes: Option<u64> = $bytes;
+        let prof = $crate::backend::cuda::profile::kernel($s.rt(), || name.clone(), &cfg, bytes);
         // SAFETY: the arguments match the kernel's parameter list in `cuda/`, and the
         // pointers address device blocks that hold the elements the kernel touches.
         unsafe { b.launch(cfg) }.map_err(|e| Error::CudaDriver {

@@ -3,6 +3,7 @@
 //! pass, over dense row-major or channels-last operands ([`ChannelSplit`]).
 
 use super::ops::same_dtype;
+use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
 use crate::backend::norm::ChannelSplit;
 use crate::layout::Layout;
@@ -87,10 +88,22 @@ fn reduce(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
+    // Mode 0 reads x; mode 1 reads dy and x (and the means); both write f32 partial sums.
+    let n = s.outer * s.channels * s.inner;
+    let reads = if mode == 1 {
+        2 * elems(n, x.dtype())
+    } else {
+        elems(n, x.dtype())
+    };
+    let part_bytes = elems(chunks * s.channels * 2, DType::F32);
     let name = format!("bn_partial_{t}");
-    launch!(x, "norm", name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk);
+    launch!(
+        bytes = reads + part_bytes;
+        x, "norm", name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk
+    );
     let name = "bn_combine".to_string();
     launch!(
+        bytes = part_bytes + elems(2 * s.channels, DType::F32);
         x,
         "norm",
         name,
@@ -155,7 +168,11 @@ pub(crate) fn channel_affine(
     let outp = out.ptr();
     let (n64, c, inner) = (n as i64, s.channels as i64, s.inner as i64);
     let name = format!("bn_affine_{t}");
+    // x in, dy in when given, the output out; the coefficients are four f32 per channel.
+    let planes = if dy.is_some() { 3 } else { 2 };
+    let bytes = planes * elems(n, x.dtype()) + elems(4 * s.channels, DType::F32);
     launch!(
+        bytes = bytes;
         x,
         "norm",
         name,
@@ -209,7 +226,14 @@ pub(crate) fn layer_norm(
     let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
     let name = format!("ln_forward_{t}");
     let cfg = super::ops::rows_grid(rows);
-    launch!(x, "norm", name, cfg, &xp, &wp, &bp, &yp, &sp, &r64, &c64, &e32);
+    let vectors = [wp, bp].iter().filter(|&&p| p != 0).count() as u64;
+    let bytes = 2 * elems(lx.numel(), x.dtype())
+        + vectors * elems(cols, x.dtype())
+        + elems(2 * rows, DType::F32);
+    launch!(
+        bytes = bytes;
+        x, "norm", name, cfg, &xp, &wp, &bp, &yp, &sp, &r64, &c64, &e32
+    );
     Ok((y, stats))
 }
 
@@ -242,6 +266,13 @@ pub(crate) fn layer_norm_backward(
     let (r64, c64) = (rows as i64, cols as i64);
     let name = format!("ln_backward_{t}");
     let cfg = super::ops::rows_grid(rows);
-    launch!(x, "norm", name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64);
+    let vectors = u64::from(wp != 0);
+    let bytes = 3 * elems(lx.numel(), x.dtype())
+        + vectors * elems(cols, x.dtype())
+        + elems(2 * rows, DType::F32);
+    launch!(
+        bytes = bytes;
+        x, "norm", name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64
+    );
     Ok(dx)
 }

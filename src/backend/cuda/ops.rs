@@ -4,6 +4,7 @@
 //!
 //! tests/cuda_parity.rs compares each launcher with the CPU backend.
 
+use super::profile::{elems, view_bytes};
 use super::storage::{float_kname, grid, kname, CudaStorage, Strided};
 use crate::backend::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::layout::Layout;
@@ -96,6 +97,7 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     if l.is_contiguous() {
         let src = x.ptr_at(l.offset());
         launch!(
+            bytes = 2 * elems(n, x.dtype());
             x,
             "elementwise",
             format!("unary_{t}"),
@@ -112,6 +114,7 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
         let (src, st) = (x.ptr(), Strided::new("unary", l)?);
         let name = format!("unary_strided_{t}");
         launch!(
+            bytes = view_bytes(l, x.dtype()) + elems(n, x.dtype());
             x,
             "elementwise",
             name,
@@ -148,6 +151,7 @@ pub(crate) fn unary_grad(
     );
     let name = format!("unary_grad_{t}");
     launch!(
+        bytes = view_bytes(lx, x.dtype()) + view_bytes(lg, g.dtype()) + elems(n, x.dtype());
         x,
         "elementwise",
         name,
@@ -187,6 +191,7 @@ pub(crate) fn binary(
     if lx.is_contiguous() && ly.is_contiguous() {
         let (a, b) = (x.ptr_at(lx.offset()), y.ptr_at(ly.offset()));
         launch!(
+            bytes = 3 * elems(n, x.dtype());
             x,
             "elementwise",
             format!("binary_{t}"),
@@ -232,7 +237,9 @@ fn strided_pair(
     let (dst, n64) = (out.ptr(), n as i64);
     let (a, sa) = (x.ptr(), Strided::new("binary", lx)?);
     let (b, sb) = (y.ptr(), Strided::new("binary", ly)?);
+    let bytes = view_bytes(lx, x.dtype()) + view_bytes(ly, y.dtype()) + elems(n, out.dtype());
     launch!(
+        bytes = bytes;
         x,
         "elementwise",
         name,
@@ -272,7 +279,12 @@ pub(crate) fn where_cond(
     let (a, sa) = (x.ptr(), Strided::new("where", lx)?);
     let (b, sb) = (y.ptr(), Strided::new("where", ly)?);
     let name = format!("where_{t}");
+    let bytes = view_bytes(lc, DType::U8)
+        + view_bytes(lx, x.dtype())
+        + view_bytes(ly, y.dtype())
+        + elems(n, x.dtype());
     launch!(
+        bytes = bytes;
         x,
         "elementwise",
         name,

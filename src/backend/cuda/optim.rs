@@ -5,6 +5,7 @@
 //! host in f64 and passed in; `host_kernels/optim.rs` runs the kernel on the host against the
 //! CPU backend.
 
+use super::profile::elems;
 use super::storage::{grid, one_thread, CudaStorage};
 use crate::backend::ops::OptimUpdate;
 use crate::backend::rounding::Rounding;
@@ -212,7 +213,13 @@ pub(crate) fn optim_update(
     let (pp, gp, sp) = (p.ptr(), g.ptr(), step.ptr());
     let fp = found_inf.map_or(null, |f| f.ptr());
     let n64 = n as i64;
+    // The parameter and each state read and written, the gradient read, the working copy
+    // written.
+    let bytes = 2 * (1 + states.len() as u64) * elems(n, p.dtype())
+        + elems(n, g.dtype())
+        + working.as_ref().map_or(0, |(w, _)| elems(n, w.dtype()));
     launch!(
+        bytes = bytes;
         p,
         "optim",
         name.to_string(),

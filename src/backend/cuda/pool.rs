@@ -2,6 +2,7 @@
 //! backward passes over dense NCHW inputs, or NHWC ones for a channels-last input (outputs in
 //! the same order; a view in another order is copied first).
 
+use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::backend::cpu::PoolDims;
 use crate::backend::ops::Pool2dParams;
@@ -100,7 +101,9 @@ pub(crate) fn max_pool2d(
         CudaStorage::alloc_on(x.rt(), DType::I64, n)?,
     );
     let (a, xp, yp, ip) = (args(d, Some(p)), x.ptr(), y.ptr(), idx.ptr());
+    let input = elems(d.planes * d.h * d.w, x.dtype());
     launch!(
+        bytes = input + elems(n, x.dtype()) + elems(n, DType::I64);
         x,
         "pool",
         format!("max_pool2d_{t}"),
@@ -135,7 +138,9 @@ pub(crate) fn max_pool2d_backward(
     let gx = CudaStorage::alloc_on(g.rt(), g.dtype(), n)?;
     let (a, gp, ip, xp) = (args(d, Some(p)), g.ptr(), idx.ptr(), gx.ptr());
     let name = format!("max_pool2d_backward_{t}");
-    launch!(g, "pool", name, grid(n), &gp, &ip, &xp, &a);
+    let outputs = d.planes * d.ho * d.wo;
+    let bytes = elems(outputs, g.dtype()) + elems(outputs, DType::I64) + elems(n, g.dtype());
+    launch!(bytes = bytes; g, "pool", name, grid(n), &gp, &ip, &xp, &a);
     Ok(gx)
 }
 
@@ -164,6 +169,12 @@ pub(crate) fn avg_pool2d(
         true => format!("{stem}_backward_{t}"),
         false => format!("{stem}_{t}"),
     };
-    launch!(x, "pool", name, grid(n), &xp, &op, &a);
+    // Reads the other side's cells: the input forward, the gradient of the output backward.
+    let read = match backward {
+        true => d.planes * d.ho * d.wo,
+        false => d.planes * d.h * d.w,
+    };
+    let bytes = elems(read, x.dtype()) + elems(n, x.dtype());
+    launch!(bytes = bytes; x, "pool", name, grid(n), &xp, &op, &a);
     Ok(out)
 }

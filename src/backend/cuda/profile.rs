@@ -3,6 +3,7 @@
 //! (never inside a step), relative to a base event per device.
 
 use super::runtime::CudaRuntime;
+use crate::layout::Layout;
 use crate::profiler::{self, DeviceTimer, DeviceWork, Launch};
 use crate::DType;
 use cudarc::driver::{sys, CudaEvent, CudaStream, LaunchConfig};
@@ -78,15 +79,33 @@ pub(crate) fn kernel(
     rt: &CudaRuntime,
     name: impl FnOnce() -> String,
     cfg: &LaunchConfig,
+    bytes: Option<u64>,
 ) -> Option<Timed> {
     begin(rt, rt.stream(), || Launch {
         name: name(),
         work: DeviceWork::Kernel,
         device: rt.device(),
         config: Some((cfg.grid_dim.0, cfg.block_dim.0)),
-        bytes: None,
+        bytes,
         flops: None,
     })
+}
+
+/// The bytes of the distinct elements a view selects (a broadcast dim, stride 0, reads its
+/// elements once): what a kernel reading the view must move at least.
+pub(crate) fn view_bytes(l: &Layout, dtype: DType) -> u64 {
+    let distinct = l
+        .shape()
+        .iter()
+        .zip(l.strides())
+        .filter(|(&d, &s)| s != 0 || d == 0)
+        .fold(1u64, |acc, (&d, _)| acc.saturating_mul(d as u64));
+    distinct.saturating_mul(dtype.size_in_bytes() as u64)
+}
+
+/// The bytes of `n` elements of `dtype`.
+pub(crate) fn elems(n: usize, dtype: DType) -> u64 {
+    (n as u64).saturating_mul(dtype.size_in_bytes() as u64)
 }
 
 /// Starts the record of a library call on the compute stream: `name` (made only when

@@ -4,6 +4,7 @@
 //! tests/cuda_parity.rs checks transfers and casts bit for bit against the CPU.
 
 use super::pinned::PinnedBuffer;
+use super::profile::{elems, view_bytes};
 use super::runtime::{runtime, CudaRuntime};
 use crate::backend::cpu::CpuStorage;
 use crate::layout::Layout;
@@ -415,7 +416,12 @@ impl CudaStorage {
         let mut b = self.rt().stream().launch_builder(&f);
         b.arg(&src).arg(&st).arg(&dst).arg(&n64);
         let cfg = grid(n);
-        let prof = super::profile::kernel(self.rt(), || format!("copy_strided_{width}"), &cfg);
+        let prof = super::profile::kernel(
+            self.rt(),
+            || format!("copy_strided_{width}"),
+            &cfg,
+            Some(view_bytes(l, self.dtype) + elems(n, self.dtype)),
+        );
         // SAFETY: the kernel reads the view's elements and writes `n` of the same width.
         unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching copy_strided", e))?;
         if let Some(p) = prof {
@@ -458,7 +464,12 @@ impl CudaStorage {
             let mut b = self.rt().stream().launch_builder(&f);
             b.arg(&src).arg(&dst).arg(&n64);
             let cfg = grid(n);
-            let prof = super::profile::kernel(self.rt(), || format!("cast_{from}_{to}"), &cfg);
+            let prof = super::profile::kernel(
+                self.rt(),
+                || format!("cast_{from}_{to}"),
+                &cfg,
+                Some(elems(n, self.dtype) + elems(n, dtype)),
+            );
             // SAFETY: `n` elements in, `n` out, of the kernel's types.
             unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching cast", e))?;
             if let Some(p) = prof {
@@ -470,8 +481,12 @@ impl CudaStorage {
             let mut b = self.rt().stream().launch_builder(&f);
             b.arg(&src).arg(&st).arg(&dst).arg(&n64);
             let cfg = grid(n);
-            let prof =
-                super::profile::kernel(self.rt(), || format!("cast_strided_{from}_{to}"), &cfg);
+            let prof = super::profile::kernel(
+                self.rt(),
+                || format!("cast_strided_{from}_{to}"),
+                &cfg,
+                Some(view_bytes(l, self.dtype) + elems(n, dtype)),
+            );
             // SAFETY: as above, reading through the view.
             unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching cast", e))?;
             if let Some(p) = prof {
@@ -511,8 +526,12 @@ impl CudaStorage {
         let mut b = self.rt().stream().launch_builder(&f);
         b.arg(&src).arg(&st).arg(&dst).arg(&n64);
         let cfg = grid(n);
-        let prof =
-            super::profile::kernel(self.rt(), || format!("copy_into_strided_u{width}"), &cfg);
+        let prof = super::profile::kernel(
+            self.rt(),
+            || format!("copy_into_strided_u{width}"),
+            &cfg,
+            Some(2 * elems(n, self.dtype)),
+        );
         // SAFETY: the kernel reads `n` elements of `dense` and writes the `n` distinct
         // elements of the view `dl`, which lies inside this storage.
         unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching copy_into_strided", e))?;
