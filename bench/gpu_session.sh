@@ -9,6 +9,9 @@
 #   bash bench/gpu_session.sh w3         # ResNet-50 synthetic, fp16 and bf16 channels-last,
 #                                        # and the 2 x 512 LSTM (W4), beside their PyTorch peers
 #   bash bench/gpu_session.sh            # both, where a call may run long enough
+#   bash bench/gpu_session.sh report DIR # one call: gpu_check, W1-W4 beside their PyTorch
+#                                        # peers with --profile on both sides, and DIR/report.md
+#                                        # (bench/report.py) to paste into BENCHMARKS.md
 set -u
 cd "$(dirname "$0")/.."
 source bench/gpu_env.sh
@@ -28,6 +31,42 @@ run() { # name, limit in seconds, command...
     tr '\r' '\n' <"$OUT/$name.log" | grep -E "^(test |Cpu: |Cuda|case [0-9]|epoch [0-9]+:|torch |Resnet|[0-9]+ training tokens|GEMM|host-to-device|training step|conv 3x3|error|rc=|thread|panicked)" | tail -n 40
 }
 mode=${1:-all}
+if [ "$mode" = report ]; then
+    dir=${2:-$OUT/report}
+    mkdir -p "$dir"
+    rep() { # name, limit in seconds, command...: the whole log into the report folder
+        local name=$1 limit=$2; shift 2
+        echo "== $name"
+        ( timeout "$limit" "$@" ) >"$dir/$name.log" 2>&1
+        echo "rc=$?" >>"$dir/$name.log"
+        tail -n 3 "$dir/$name.log"
+    }
+    # Limits that add up to less than one device call (600 s), with the startup.
+    rep gpu_check 50 .gpu/gpu_check
+    rep w1 40 .gpu/mnist --model mlp --epochs 1 --batch-size 128 --optimizer sgd --schedule step \
+        --device cuda:0 --out /tmp/w1 --profile 10
+    rep w1-peer 40 $PY bench/mnist_peer.py --model mlp --epochs 1 --batch-size 128 --optimizer sgd \
+        --device cuda --profile 10 --trace-dir /tmp/w1-peer
+    rep w2 60 .gpu/mnist --model cnn --epochs 1 --batch-size 64 --optimizer adadelta \
+        --schedule step --device cuda:0 --cudnn-benchmark --out /tmp/w2 --profile 10
+    rep w2-peer 60 $PY bench/mnist_peer.py --model cnn --epochs 1 --batch-size 64 \
+        --optimizer adadelta --device cuda --cudnn-benchmark --profile 10 --trace-dir /tmp/w2-peer
+    rep w3 110 .gpu/resnet --data synthetic --arch resnet50 --batch-size 256 --device cuda:0 \
+        --precision fp16 --channels-last --cudnn-benchmark --steps 20 --warmup 5 --profile 5
+    rep w3-peer 110 $PY bench/resnet_peer.py --arch resnet50 --batch-size 256 --device cuda \
+        --amp fp16 --channels-last --cudnn-benchmark --steps 20 --warmup 5 --profile 5 \
+        --trace-dir /tmp/w3-peer
+    rep w4 50 .gpu/lstm --synthetic --device cuda:0 --precision fp16 --steps 50 --profile 5
+    rep w4-peer 50 $PY bench/lstm_peer.py --device cuda --amp fp16 --steps 50 --profile 5 \
+        --trace-dir /tmp/w4-peer
+    # Our traces (the peers' are large); open them in Perfetto.
+    for w in w1:/tmp/w1 w2:/tmp/w2 w3:runs/resnet w4:runs/lstm; do
+        [ -f "${w#*:}/trace.json" ] && gzip -c "${w#*:}/trace.json" >"$dir/${w%%:*}-trace.json.gz"
+    done
+    python3 bench/report.py "$dir" >"$dir/report.md"
+    cat "$dir/report.md"
+    exit 0
+fi
 if [ "$mode" = w3 ]; then
     for p in fp16 bf16; do
         run "resnet50-$p" 140 .gpu/resnet --data synthetic --arch resnet50 --batch-size 256 \

@@ -6,6 +6,7 @@ fixed random batch, Adam, gradients clipped to norm 1, autocast with GradScaler 
   python3 bench/lstm_peer.py --device cuda --amp bf16
 """
 import argparse, time
+import peer_profile
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--amp", default="fp32", choices=["fp32", "fp16", "bf16"])
+    peer_profile.add_args(p)
     a = p.parse_args()
     torch.manual_seed(1)
     dev = torch.device(a.device)
@@ -38,8 +40,8 @@ def main():
     y = torch.randint(0, vocab, (a.batch_size, a.seq_len), device=dev)
     print(f"torch LSTM {a.layers} x {a.hidden}, sequence {a.seq_len}, batch {a.batch_size}, "
           f"device {dev}, {a.amp}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    start = time.perf_counter()
-    for step in range(a.warmup + a.steps):
+
+    def train_step():
         with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
             h, _ = lstm(embed(x))
             loss = F.cross_entropy(head(h).reshape(-1, vocab), y.reshape(-1))
@@ -49,6 +51,11 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         scaler.step(opt)
         scaler.update()
+        return loss
+
+    start = time.perf_counter()
+    for step in range(a.warmup + a.steps):
+        loss = train_step()
         if step + 1 == a.warmup:
             loss.item()
             start = time.perf_counter()
@@ -56,6 +63,9 @@ def main():
     secs = time.perf_counter() - start
     tokens = a.steps * a.batch_size * a.seq_len
     print(f"torch {round(tokens / secs)} training tokens/s ({a.steps} steps in {secs:.2f} s)")
+    if dev.type == "cuda":
+        print(f"torch timed steps: {peer_profile.peak_memory(dev)}")
+    peer_profile.run(a, train_step, dev)
 
 
 if __name__ == "__main__":

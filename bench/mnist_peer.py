@@ -8,6 +8,7 @@ count unless --device cuda. Reads the IDX files from data/mnist (or $MNIST_DIR).
 """
 import argparse, gzip, os, time
 import numpy as np
+import peer_profile
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -72,6 +73,7 @@ def main():
     ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     ap.add_argument("--channels-last", action="store_true",
                     help="model and images in torch.channels_last, as mantissa's --channels-last")
+    peer_profile.add_args(ap)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -101,6 +103,17 @@ def main():
     cycle = (torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=a.epochs * steps,
                                                  cycle_momentum=False)
              if a.one_cycle else None)
+
+    def train_step(idx_):
+        x, y = xtr[idx_].contiguous(memory_format=fmt), ytr[idx_]
+        with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return y
+
     for epoch in range(a.epochs):
         model.train()
         perm = torch.randperm(n, device=dev)
@@ -109,14 +122,7 @@ def main():
         t0 = time.perf_counter()
         seen = 0
         for i in range(0, n, a.batch_size):
-            idx_ = perm[i:i + a.batch_size]
-            x, y = xtr[idx_].contiguous(memory_format=fmt), ytr[idx_]
-            with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
-                loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            y = train_step(perm[i:i + a.batch_size])
             if cycle is not None:
                 cycle.step()
             seen += y.numel()
@@ -129,6 +135,18 @@ def main():
         with torch.no_grad(), torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
             acc = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item() for i in range(0, 10000, 1000)) / 10000
         print(f"torch {torch.__version__} {a.model} {kind} epoch {epoch + 1}: {seen / dt:.0f} samples/s, {dt:.1f} s, test acc {100 * acc:.2f}% ({a.threads} threads, {a.device}, {a.amp or 'fp32'}{', channels-last' if a.channels_last else ''})")
+    if dev.type == "cuda":
+        print(f"torch training: {peer_profile.peak_memory(dev)}")
+    # Profiled steps: the first batches of one more shuffled epoch, the learning rate held.
+    model.train()
+    perm = torch.randperm(n, device=dev)
+    starts = iter(range(0, n, a.batch_size))
+
+    def next_step():
+        i = next(starts)
+        train_step(perm[i:i + a.batch_size])
+
+    peer_profile.run(a, next_step, dev)
 
 
 if __name__ == "__main__":

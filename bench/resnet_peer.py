@@ -10,6 +10,7 @@ weight decay 5e-4 at a constant rate; eager mode, autocast with GradScaler for f
       --amp fp16 --channels-last --cudnn-benchmark
 """
 import argparse, time
+import peer_profile
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -73,6 +74,7 @@ def main():
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cudnn-benchmark", action="store_true")
     p.add_argument("--threads", type=int, default=0)
+    peer_profile.add_args(p)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -92,14 +94,19 @@ def main():
           f"batch {n}, device {dev}, {a.amp}, channels-last {a.channels_last}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     net.train()
-    start, last = time.perf_counter(), 0.0
-    for step in range(a.warmup + a.steps):
+
+    def train_step():
         with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
             loss = F.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
+        return loss
+
+    start, last = time.perf_counter(), 0.0
+    for step in range(a.warmup + a.steps):
+        loss = train_step()
         if step + 1 == a.warmup:
             loss.item()
             start = time.perf_counter()
@@ -108,6 +115,9 @@ def main():
     secs = time.perf_counter() - start
     print(f"torch {a.arch} synthetic {s}x{s}, batch {n}, {a.amp}, channels-last {a.channels_last}: "
           f"{n * a.steps / secs:.1f} images/s ({a.steps} steps in {secs:.2f} s, last loss {last:.3f})")
+    if dev.type == "cuda":
+        print(f"torch timed steps: {peer_profile.peak_memory(dev)}")
+    peer_profile.run(a, train_step, dev)
 
 
 if __name__ == "__main__":

@@ -322,6 +322,7 @@ fn run(args: Args) -> Result<()> {
             )?;
         }
     }
+    common::print_peak_memory("mantissa training", device)?;
     profile.finish()?;
     println!("metrics and curves in {}", out.display());
     Ok(())

@@ -329,6 +329,7 @@ fn throughput(
         args.steps,
         secs
     );
+    common::print_peak_memory("mantissa timed steps", device)?;
     if args.run.profile > 0 {
         // The profile's own warm-up steps, then the profiled ones.
         for _ in 0..args.run.profile_warmup + args.run.profile {

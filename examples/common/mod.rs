@@ -143,3 +143,20 @@ impl StepProfile {
         Ok(())
     }
 }
+
+/// On a GPU: the allocator's peak allocated and reserved memory so far (`label: peak ...`),
+/// the line the PyTorch peers print from `torch.cuda.max_memory_allocated`.
+pub fn print_peak_memory(label: &str, device: Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(n) = device {
+        let s = mantissa::backend::cuda::runtime::runtime(n)?.memory_stats();
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        println!(
+            "{label}: peak allocated {:.1} MiB, reserved {:.1} MiB",
+            mib(s.peak_allocated),
+            mib(s.peak_reserved)
+        );
+    }
+    let _ = (label, device);
+    Ok(())
+}
