@@ -408,4 +408,28 @@ fn device_memory_at_peak_names_the_ops_holding_it() {
     assert!(by["max_pool2d"] >= 2 * size_class(2 * 4 * 5 * 5 * 4));
     assert!(by["full"] >= size_class(4 << 18));
     drop(held);
+    // A whole step (forward, backward, SGD): the profile's peak is the allocator's, and the
+    // ops' shares add up to it.
+    let mut opt = Sgd::new(
+        vec![w1.clone(), b1.clone(), w2.clone()],
+        SgdConfig::new(0.1),
+    )
+    .unwrap();
+    rt.reset_peak_stats();
+    let ((), p) = profiler::profile(|prof| {
+        let (loss, big) = forward().unwrap();
+        drop(big);
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        opt.zero_grad();
+        prof.step();
+    })
+    .unwrap();
+    let m = p.memory_at_peak().iter().find(|m| m.device == dev).unwrap();
+    assert_eq!(m.peak_allocated, rt.memory_stats().peak_allocated);
+    assert_eq!(
+        m.by_op.iter().map(|(_, b)| b).sum::<usize>(),
+        m.peak_allocated
+    );
+    assert_eq!(p.steps()[0].peak_allocated, m.peak_allocated);
 }

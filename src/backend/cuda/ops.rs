@@ -341,6 +341,7 @@ pub(crate) fn reduce(
             let dst = out.ptr();
             let name = format!("argmax_rows_{t}");
             launch!(
+                bytes = elems(rows * cols, x.dtype()) + elems(rows, DType::I64);
                 x,
                 "reduce",
                 name,
@@ -358,6 +359,7 @@ pub(crate) fn reduce(
     let dst = out.ptr();
     let name = format!("reduce_rows_{t}");
     launch!(
+        bytes = elems(rows * cols, x.dtype()) + elems(rows, x.dtype());
         x,
         "reduce",
         name,
