@@ -4,6 +4,7 @@
 //! training step reads nothing back for its loss.
 
 use super::ops::rows_grid;
+use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -42,8 +43,12 @@ pub(crate) fn cross_entropy(
     let msg = format!("a target out of range for {cols} classes (ignore_index {ignore})");
     let (xp, tp, lp, zp) = (x.ptr(), target.ptr(), loss.ptr(), lse.ptr());
     let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
+    // The logits and targets in, the loss and log-sum-exp of each row out.
+    let bytes =
+        elems(rows * cols, x.dtype()) + elems(rows, DType::I64) + elems(2 * rows, DType::F32);
     x.rt().checked_launch(op, msg, |fault, slot| {
         launch!(
+            bytes = bytes;
             x,
             "softmax_xent",
             format!("xent_rows_{t}"),
@@ -91,7 +96,10 @@ pub(crate) fn cross_entropy_backward(
     }
     let (xp, tp, zp, gp, dp) = (x.ptr(), target.ptr(), lse.ptr(), g.ptr(), dx.ptr());
     let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
+    // The logits, targets, log-sum-exps and row gradients in, the logits' gradient out.
+    let bytes = 2 * elems(n, x.dtype()) + elems(rows, DType::I64) + elems(2 * rows, DType::F32);
     launch!(
+        bytes = bytes;
         x,
         "softmax_xent",
         format!("xent_backward_{t}"),

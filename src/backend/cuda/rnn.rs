@@ -3,6 +3,7 @@
 //! sequence, a slice of `[h | c']`); others are copied first.
 
 use super::ops::same_dtype as same;
+use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
 use crate::backend::CellGrads;
 use crate::layout::Layout;
@@ -35,7 +36,10 @@ pub(crate) fn lstm_cell(
     let out = CudaStorage::alloc_on(g.rt(), g.dtype(), batch * 2 * h)?;
     let (op, b64, h64) = (out.ptr(), batch as i64, h as i64);
     let name = format!("lstm_cell_{t}");
+    // The four gates and c in, h and c out, per batch row.
+    let bytes = elems(batch * 7 * h, g.dtype());
     launch!(
+        bytes = bytes;
         g,
         "rnn",
         name,
@@ -87,7 +91,11 @@ pub(crate) fn lstm_cell_backward(
     let op = out.ptr();
     let (b64, h64) = (batch as i64, h as i64);
     let name = format!("lstm_cell_backward_{t}");
+    // The gates, c, dh, dc (and a second dh) in, the five gradient planes out.
+    let planes = 7 + usize::from(dh2p != 0) + 5;
+    let bytes = elems(batch * planes * h, g.dtype());
     launch!(
+        bytes = bytes;
         g,
         "rnn",
         name,
