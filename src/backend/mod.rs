@@ -11,14 +11,15 @@ mod loss;
 pub(crate) mod norm;
 pub mod ops;
 pub mod rounding;
+pub(crate) mod spec;
 
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
 use cpu::CpuStorage;
-pub(crate) use cpu::{ConvDims, PoolDims};
 #[cfg(feature = "cuda")]
 use cuda::storage::CudaStorage;
 use ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
+pub(crate) use spec::{ConvDims, PoolDims};
 
 /// A tensor's data on some device.
 #[derive(Debug)]

@@ -4,45 +4,11 @@
 use super::conv_nhwc;
 use super::matmul::{gemm_into, GemmFloat, MatRef};
 use super::{contiguous, overwritten_buffer, CpuStorage, IntoStorage};
-use crate::backend::ops::Conv2dParams;
+use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use rayon::prelude::*;
 use std::borrow::Cow;
-
-/// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
-/// output `[n, o, ho, wo]`, and the memory format of the activations (input, output and
-/// their gradients) and of the weight's gradient: NCHW / KCRS, or NHWC / KRSC when
-/// `channels_last`. Weights are read as their layouts say.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ConvDims {
-    pub n: usize,
-    pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub o: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub ho: usize,
-    pub wo: usize,
-    pub p: Conv2dParams,
-    pub channels_last: bool,
-}
-
-impl ConvDims {
-    fn cg(&self) -> usize {
-        self.c / self.p.groups
-    }
-    fn og(&self) -> usize {
-        self.o / self.p.groups
-    }
-    fn krows(&self) -> usize {
-        self.cg() * self.kh * self.kw
-    }
-    fn plane(&self) -> usize {
-        self.ho * self.wo
-    }
-}
 
 /// The output columns `ox` whose input column `ox * stride + off - pad` lies in `0..w`.
 pub(super) fn valid_cols(

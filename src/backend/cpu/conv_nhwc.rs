@@ -6,9 +6,10 @@
 //!
 //! The NCHW kernels are in `conv.rs`; both give the same values up to summation order.
 
-use super::conv::{images_per_group, mat, sum_over_images, valid_cols, ConvDims};
+use super::conv::{images_per_group, mat, sum_over_images, valid_cols};
 use super::matmul::{gemm_into, gemm_into_ld, GemmFloat};
 use super::{overwritten_buffer, per_chunk};
+use crate::backend::spec::ConvDims;
 
 /// Whether the convolution is a plain product over pixels: 1x1, stride 1, no padding, one
 /// group (dilation does not matter for a 1x1 window).

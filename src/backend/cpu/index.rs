@@ -1,6 +1,7 @@
 //! Indexing kernels: index_select, gather, scatter_add, index_add.
 
 use super::{map_all, map_pair, CpuElem, CpuStorage, IntoStorage};
+use crate::backend::spec::{offset_with, step};
 use crate::layout::Layout;
 use crate::{Error, Result};
 
@@ -34,27 +35,6 @@ pub(crate) fn indices(
             }
         })
         .collect()
-}
-
-/// Storage offset, under `l`, of the element at multi-index `pos` with `pos[dim]` replaced by
-/// `at`.
-pub(crate) fn offset_with(l: &Layout, pos: &[usize], dim: usize, at: usize) -> usize {
-    let mut o = l.offset();
-    for (d, (&p, &s)) in pos.iter().zip(l.strides()).enumerate() {
-        o += if d == dim { at } else { p } * s;
-    }
-    o
-}
-
-/// Advances a row-major multi-index over `shape`.
-pub(crate) fn step(pos: &mut [usize], shape: &[usize]) {
-    for d in (0..shape.len()).rev() {
-        pos[d] += 1;
-        if pos[d] < shape[d] {
-            return;
-        }
-        pos[d] = 0;
-    }
 }
 
 /// `out[.., i, ..] = src[.., idx[i], ..]` along `dim`.

@@ -19,11 +19,11 @@ mod reduce;
 mod rnn;
 pub(crate) mod vmath;
 
-pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight, ConvDims};
+pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight};
 pub(crate) use loss::{cross_entropy, cross_entropy_backward};
 pub(crate) use nn::{
     adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
-    log_softmax, max_pool2d, max_pool2d_backward, softmax, PoolDims,
+    log_softmax, max_pool2d, max_pool2d_backward, softmax,
 };
 pub(crate) use rnn::{lstm_cell, lstm_cell_backward};
 

@@ -3,6 +3,7 @@
 use super::pool_nhwc;
 use super::{contiguous, map_float, overwritten_buffer, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
+use crate::backend::spec::PoolDims;
 use crate::layout::Layout;
 use crate::Result;
 use num_traits::{Float, Zero};
@@ -62,20 +63,6 @@ pub(crate) fn softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuStora
 /// Log-softmax along `dim`; output contiguous.
 pub(crate) fn log_softmax(s: &CpuStorage, l: &Layout, dim: usize) -> Result<CpuStorage> {
     Ok(map_float!("log_softmax", s, v => softmax_impl(v, l, dim, true).into_storage()))
-}
-
-/// Input and output plane sizes of a pooling op over `[n, c, h, w]`, and whether the input
-/// is channels-last: then both backends pool NHWC in place and return NHWC outputs and
-/// input gradients (`pool_nhwc.rs` on the CPU).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PoolDims {
-    pub planes: usize,
-    pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub ho: usize,
-    pub wo: usize,
-    pub channels_last: bool,
 }
 
 /// Runs `f(in_plane, out_plane)` over every (n, c) plane, in parallel when large.

@@ -9,7 +9,7 @@
 
 use super::ops::allow_tf32;
 use super::storage::{float_kname, CudaStorage};
-use crate::backend::cpu::ConvDims;
+use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
 use cudarc::cudnn::{result as dnn, sys};

@@ -4,8 +4,8 @@
 
 use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage};
-use crate::backend::cpu::PoolDims;
 use crate::backend::ops::Pool2dParams;
+use crate::backend::spec::PoolDims;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use cudarc::driver::{DeviceRepr, PushKernelArg};

@@ -1,8 +1,8 @@
 //! Pooling kernels, NCHW and NHWC, forward and backward, against the CPU backend.
 
 use super::{close, function, in_order, library, randn};
-use crate::backend::cpu::PoolDims;
 use crate::backend::cuda::pool::{args, PoolArgs};
+use crate::backend::spec::PoolDims;
 use crate::{AvgPool2dOptions, MaxPool2dOptions};
 
 enum Pooling {
