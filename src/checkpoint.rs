@@ -18,7 +18,6 @@ use crate::optim::Optimizer;
 use crate::{DType, Error, Result, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::Path;
 
 fn st_dtype(d: DType) -> Dtype {
@@ -44,48 +43,8 @@ fn our_dtype(d: Dtype) -> Option<DType> {
     })
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
-/// crash leaves either the old file or the new one, never a torn one.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io("checkpoint", dir, e))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // A name no other save uses (process, per-process counter, clock), created exclusively:
-    // `create_new` refuses an existing file or a planted symlink instead of following it, and
-    // two saves to one path from one process never share a temporary file.
-    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = dir.join(format!(
-        ".{name}.tmp-{}-{}-{nanos}",
-        std::process::id(),
-        SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        // Persist the rename itself (directories can be opened and synced on Unix).
-        #[cfg(unix)]
-        std::fs::File::open(dir)?.sync_all()?;
-        Ok(())
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io("checkpoint", path, e)
-    })
-}
+// The atomic write checkpoints use, public here where checkpoint users look for it.
+pub use crate::fs::write_atomic;
 
 /// Saves the model's tensors, the optimizer's state (when given) and `metadata`.
 pub fn save(

@@ -19,10 +19,12 @@ pub mod amp;
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
+mod counters;
 pub mod data;
 mod device;
 pub mod dtype;
 mod error;
+mod fs;
 pub mod layout;
 mod memory_format;
 pub mod nn;
@@ -36,6 +38,7 @@ mod tensor;
 pub mod train;
 
 pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
+pub use counters::host_reads;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
@@ -45,7 +48,7 @@ pub use ops::{
     Operand, Reduction,
 };
 pub use random::{manual_seed, Generator};
-pub use tensor::{host_reads, live_storage_bytes, Tensor};
+pub use tensor::{live_storage_bytes, Tensor};
 
 /// f16 and bf16 element types, re-exported from `half`.
 pub use half::{bf16, f16};

@@ -50,7 +50,7 @@ impl MetricsLog {
 
     /// Writes the CSV atomically.
     pub fn write_csv(&self, path: &Path) -> Result<()> {
-        crate::checkpoint::write_atomic(path, self.to_csv().as_bytes())
+        crate::fs::write_atomic(path, self.to_csv().as_bytes())
     }
 
     /// Parses a CSV written by [`MetricsLog::to_csv`] (to continue a resumed run's log).

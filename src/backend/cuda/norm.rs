@@ -1,6 +1,6 @@
 //! Launchers for `cuda/norm.cu`: batch normalisation's per-channel moments and gradient sums
 //! (a partial per chunk of rows, then an in-order combination) and its per-channel affine
-//! pass, over dense row-major or channels-last operands ([`ChannelSplit`]).
+//! pass, over dense row-major or channels-last operands (`ChannelSplit`).
 
 use super::ops::same_dtype;
 use super::profile::elems;

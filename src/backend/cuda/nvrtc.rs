@@ -113,7 +113,7 @@ pub fn cubin(kernel: &str, src: &str, arch: u32) -> Result<Vec<u8>> {
         if let Some(d) = p.parent() {
             let _ = std::fs::create_dir_all(d);
         }
-        let _ = crate::checkpoint::write_atomic(p, &bin);
+        let _ = crate::fs::write_atomic(p, &bin);
     }
     Ok(bin)
 }

@@ -6,7 +6,7 @@
 //! it. A copy from a pinned block is a plain DMA queued on the stream. The block must then
 //! stay untouched until the copy has run, so each upload records an event after it, and the
 //! pool hands the block out again only once that event has completed
-//! ([`CachingAllocator::free_after`]).
+//! ([`CachingAllocator::free_after`](crate::backend::caching::CachingAllocator::free_after)).
 
 use super::runtime::CudaRuntime;
 use crate::backend::caching::{Fence, RawMemory};

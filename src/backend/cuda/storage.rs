@@ -329,7 +329,7 @@ impl CudaStorage {
     /// The selected elements, row-major, copied to the host (waits for the stream).
     pub(crate) fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
         // Every read of device data counts, the engine's own included (`host_reads`).
-        crate::tensor::count_host_read();
+        crate::counters::count_host_read();
         let dense = self.contiguous(l)?;
         let src = dense.ptr();
         let stream = self.rt().stream().cu_stream();
