@@ -19,7 +19,7 @@ use cpu::CpuStorage;
 #[cfg(feature = "cuda")]
 use cuda::storage::CudaStorage;
 use ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
-pub(crate) use spec::{ConvDims, PoolDims};
+pub(crate) use spec::{CellGrads, ConvDims, PoolDims};
 
 /// A tensor's data on some device.
 #[derive(Debug)]
@@ -27,26 +27,6 @@ pub enum Storage {
     Cpu(CpuStorage),
     #[cfg(feature = "cuda")]
     Cuda(CudaStorage),
-}
-
-/// The gradients an LSTM cell's backward pass starts from, each `[B, H]` with any row stride
-/// (views such as a step of a sequence need no copy): of `h`, optionally a second one of `h`
-/// that is added to it (in f32), and of `c'`.
-pub(crate) struct CellGrads<'a, S> {
-    pub dh: (&'a S, &'a Layout),
-    pub dh2: Option<(&'a S, &'a Layout)>,
-    pub dc: (&'a S, &'a Layout),
-}
-
-impl<'a, S> CellGrads<'a, S> {
-    /// The same operands seen as another storage type (a backend's).
-    fn map<U>(&self, f: impl Fn(&'a S) -> &'a U) -> CellGrads<'a, U> {
-        CellGrads {
-            dh: (f(self.dh.0), self.dh.1),
-            dh2: self.dh2.map(|(s, l)| (f(s), l)),
-            dc: (f(self.dc.0), self.dc.1),
-        }
-    }
 }
 
 /// Unwraps two same-device storages into `Cpu(a, b)` or `Cuda(a, b)`, or returns a

@@ -1,74 +1,9 @@
-//! Device dispatch of batch normalisation's fused passes (`cpu/norm.rs`, `cuda/norm.rs`), and
-//! the `[outer, channels, inner]` view both backends work on.
+//! Device dispatch of batch normalisation's fused passes (`cpu/norm.rs`, `cuda/norm.rs`) over
+//! the `[outer, channels, inner]` view both backends work on (`spec::ChannelSplit`).
 
 use super::{common_device, CpuStorage, Storage};
 use crate::layout::Layout;
-use crate::{Error, Result};
-
-/// A dense tensor `[n, c, ...]` seen as `[outer, channels, inner]`: element `(o, c, i)` at
-/// storage offset `offset + (o * channels + c) * inner + i`. Row-major: `outer = n`, `inner`
-/// the product of the trailing dims; channels-last: `outer = n h w`, `inner = 1`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct ChannelSplit {
-    pub outer: usize,
-    pub channels: usize,
-    pub inner: usize,
-}
-
-impl ChannelSplit {
-    /// The split of a row-major or channels-last layout of rank >= 2; any other layout is an
-    /// error (callers make their operands dense first).
-    pub(crate) fn of(op: &'static str, l: &Layout) -> Result<ChannelSplit> {
-        let shape = l.shape();
-        if shape.len() < 2 {
-            return Err(Error::invalid(
-                op,
-                format!("expected [n, c, ...], got {shape:?}"),
-            ));
-        }
-        let (n, c) = (shape[0], shape[1]);
-        let rest: usize = shape[2..].iter().product();
-        if l.is_contiguous() {
-            Ok(ChannelSplit {
-                outer: n,
-                channels: c,
-                inner: rest,
-            })
-        } else if l.is_channels_last() {
-            Ok(ChannelSplit {
-                outer: n * rest,
-                channels: c,
-                inner: 1,
-            })
-        } else {
-            Err(Error::invalid(
-                op,
-                format!(
-                    "internal: expected a row-major or channels-last layout, got shape {shape:?} \
-                     strides {:?}",
-                    l.strides()
-                ),
-            ))
-        }
-    }
-
-    /// The split of two layouts that must agree (shape and strides; offsets may differ).
-    pub(crate) fn of_pair(op: &'static str, a: &Layout, b: &Layout) -> Result<ChannelSplit> {
-        if a.shape() != b.shape() || a.strides() != b.strides() {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "internal: operands differ in layout: {:?} strides {:?} vs {:?} strides {:?}",
-                    a.shape(),
-                    a.strides(),
-                    b.shape(),
-                    b.strides()
-                ),
-            ));
-        }
-        ChannelSplit::of(op, a)
-    }
-}
+use crate::Result;
 
 /// An operand already checked to be on the CPU, as the CPU storage.
 fn on_cpu<'a>(v: Option<(&'a Storage, &'a Layout)>) -> Option<(&'a CpuStorage, &'a Layout)> {

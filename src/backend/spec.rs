@@ -1,9 +1,11 @@
 //! Backend-neutral descriptors that both backends read: the sizes of a convolution and of a
-//! pooling op, and the multi-index walk over a layout that the indexing kernels' host sides
-//! share. Neither backend imports the other's internals for these.
+//! pooling op, the `[outer, channels, inner]` view of batch norm, the gradients an LSTM
+//! cell's backward starts from, and the multi-index walk over a layout that the indexing
+//! kernels' host sides share. Neither backend imports the other's internals for these.
 
 use crate::backend::ops::Conv2dParams;
 use crate::layout::Layout;
+use crate::{Error, Result};
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
 /// output `[n, o, ho, wo]`, and the memory format of the activations (input, output and
@@ -75,5 +77,90 @@ pub(crate) fn step(pos: &mut [usize], shape: &[usize]) {
             return;
         }
         pos[d] = 0;
+    }
+}
+
+/// A dense tensor `[n, c, ...]` seen as `[outer, channels, inner]`: element `(o, c, i)` at
+/// storage offset `offset + (o * channels + c) * inner + i`. Row-major: `outer = n`, `inner`
+/// the product of the trailing dims; channels-last: `outer = n h w`, `inner = 1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ChannelSplit {
+    pub outer: usize,
+    pub channels: usize,
+    pub inner: usize,
+}
+
+impl ChannelSplit {
+    /// The split of a row-major or channels-last layout of rank >= 2; any other layout is an
+    /// error (callers make their operands dense first).
+    pub(crate) fn of(op: &'static str, l: &Layout) -> Result<ChannelSplit> {
+        let shape = l.shape();
+        if shape.len() < 2 {
+            return Err(Error::invalid(
+                op,
+                format!("expected [n, c, ...], got {shape:?}"),
+            ));
+        }
+        let (n, c) = (shape[0], shape[1]);
+        let rest: usize = shape[2..].iter().product();
+        if l.is_contiguous() {
+            Ok(ChannelSplit {
+                outer: n,
+                channels: c,
+                inner: rest,
+            })
+        } else if l.is_channels_last() {
+            Ok(ChannelSplit {
+                outer: n * rest,
+                channels: c,
+                inner: 1,
+            })
+        } else {
+            Err(Error::invalid(
+                op,
+                format!(
+                    "internal: expected a row-major or channels-last layout, got shape {shape:?} \
+                     strides {:?}",
+                    l.strides()
+                ),
+            ))
+        }
+    }
+
+    /// The split of two layouts that must agree (shape and strides; offsets may differ).
+    pub(crate) fn of_pair(op: &'static str, a: &Layout, b: &Layout) -> Result<ChannelSplit> {
+        if a.shape() != b.shape() || a.strides() != b.strides() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "internal: operands differ in layout: {:?} strides {:?} vs {:?} strides {:?}",
+                    a.shape(),
+                    a.strides(),
+                    b.shape(),
+                    b.strides()
+                ),
+            ));
+        }
+        ChannelSplit::of(op, a)
+    }
+}
+
+/// The gradients an LSTM cell's backward pass starts from, each `[B, H]` with any row stride
+/// (views such as a step of a sequence need no copy): of `h`, optionally a second one of `h`
+/// that is added to it (in f32), and of `c'`.
+pub(crate) struct CellGrads<'a, S> {
+    pub dh: (&'a S, &'a Layout),
+    pub dh2: Option<(&'a S, &'a Layout)>,
+    pub dc: (&'a S, &'a Layout),
+}
+
+impl<'a, S> CellGrads<'a, S> {
+    /// The same operands seen as another storage type (a backend's).
+    pub(crate) fn map<U>(&self, f: impl Fn(&'a S) -> &'a U) -> CellGrads<'a, U> {
+        CellGrads {
+            dh: (f(self.dh.0), self.dh.1),
+            dh2: self.dh2.map(|(s, l)| (f(s), l)),
+            dc: (f(self.dc.0), self.dc.1),
+        }
     }
 }

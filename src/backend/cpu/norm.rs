@@ -9,7 +9,7 @@
 //! not depend on the number of threads.
 
 use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
-use crate::backend::norm::ChannelSplit;
+use crate::backend::spec::ChannelSplit;
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};

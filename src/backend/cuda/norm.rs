@@ -5,7 +5,7 @@
 use super::ops::same_dtype;
 use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
-use crate::backend::norm::ChannelSplit;
+use crate::backend::spec::ChannelSplit;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};

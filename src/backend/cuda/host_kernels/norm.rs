@@ -3,7 +3,7 @@
 
 use super::{function, library, randn, run_grid, Addr};
 use crate::backend::cuda::norm::{chunk_rows, partial_blocks};
-use crate::backend::norm::ChannelSplit;
+use crate::backend::spec::ChannelSplit;
 use crate::backend::Storage;
 use crate::layout::Layout;
 use crate::{MemoryFormat, Tensor};
