@@ -23,13 +23,13 @@
 
 mod report;
 mod session;
+mod table;
 mod trace;
 
-pub use report::{
-    KernelStat, MemoryAtPeak, OpStat, Profile, SortBy, StepStat, TimeStat, OUTSIDE_OPS,
-};
+pub use report::{KernelStat, MemoryAtPeak, OpStat, Profile, StepStat, TimeStat, OUTSIDE_OPS};
 pub(crate) use session::{DeviceTimer, Launch};
 pub use session::{DeviceWork, Pass};
+pub use table::SortBy;
 
 use crate::{Device, Error, Result};
 use session::{DeviceRecord, OpRecord, Session};
