@@ -219,9 +219,6 @@ fn open(name: &'static str, pass: Pass) -> Option<OpSpan> {
         end_ns: None,
         step,
     });
-    if !s.threads.contains(&thread) {
-        s.threads.push(thread);
-    }
     drop(guard);
     OPEN.with(|o| {
         let mut o = o.borrow_mut();
@@ -256,7 +253,7 @@ impl Drop for OpSpan {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct DeviceSpan {
     session: u64,
-    launch: Option<Launch>,
+    launch: Launch,
     op: Option<usize>,
     thread: u64,
     start_ns: u64,
@@ -278,21 +275,19 @@ pub(crate) fn device_work(launch: impl FnOnce() -> Launch) -> Option<DeviceSpan>
         op: current_op(s.id),
         start_ns: s.now(),
         thread,
-        launch: Some(launch()),
+        launch: launch(),
     })
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl DeviceSpan {
-    /// Ends the record: `timer` reads its device times when the profile stops.
-    pub(crate) fn finish(mut self, timer: Option<Box<dyn DeviceTimer>>) {
-        let Some(launch) = self.launch.take() else {
-            return;
-        };
+    /// Ends the record: `timer` reads its device times when the profile stops. A span
+    /// dropped without `finish` (its launch failed) records nothing.
+    pub(crate) fn finish(self, timer: Option<Box<dyn DeviceTimer>>) {
         if let Some(s) = session().as_mut().filter(|s| s.id == self.session) {
             let (host_end_ns, step) = (s.now(), s.step());
             s.records.push(DeviceRecord {
-                launch,
+                launch: self.launch,
                 op: self.op,
                 thread: self.thread,
                 step,
@@ -301,13 +296,6 @@ impl DeviceSpan {
                 timer,
             });
         }
-    }
-}
-
-impl Drop for DeviceSpan {
-    fn drop(&mut self) {
-        // A span dropped without `finish` (its launch failed) records nothing.
-        self.launch = None;
     }
 }
 

@@ -144,6 +144,7 @@ pub(crate) struct TraceWork {
     pub on_device: Option<(u64, u64)>,
     pub config: Option<(u32, u32)>,
     pub bytes: Option<u64>,
+    pub flops: Option<u64>,
 }
 
 /// A stopped profile.
@@ -200,6 +201,7 @@ pub(crate) fn build(s: Session) -> Result<Profile> {
             on_device,
             config: r.launch.config,
             bytes: r.launch.bytes,
+            flops: r.launch.flops,
         });
     }
     let ops = op_stats(&s, &trace_ops, &trace_work);
@@ -299,17 +301,13 @@ fn kernel_stats(s: &Session, work: &[TraceWork]) -> Vec<KernelStat> {
         if let Some(b) = w.bytes {
             *e.bytes.get_or_insert(0) += b;
         }
+        if let Some(f) = w.flops {
+            *e.flops.get_or_insert(0) += f;
+        }
         if let Some(op) = w.op {
             let name = op_name(s.ops[op].name, s.ops[op].pass);
             if !e.ops.contains(&name) {
                 e.ops.push(name);
-            }
-        }
-    }
-    for (r, w) in s.records.iter().zip(work) {
-        if let Some(f) = r.launch.flops {
-            if let Some(e) = by_name.get_mut(&(w.name.as_str(), w.work)) {
-                *e.flops.get_or_insert(0) += f;
             }
         }
     }

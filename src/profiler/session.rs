@@ -117,7 +117,6 @@ pub(crate) struct Session {
     owner_ids: HashMap<(&'static str, Pass), u32>,
     /// Per device: the host time of its base mark and the backend's handle for it.
     pub bases: HashMap<Device, (u64, Arc<dyn Any + Send + Sync>)>,
-    pub threads: Vec<u64>,
 }
 
 impl Session {
@@ -132,7 +131,6 @@ impl Session {
             owners: Vec::new(),
             owner_ids: HashMap::new(),
             bases: HashMap::new(),
-            threads: Vec::new(),
         }
     }
 

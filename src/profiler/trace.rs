@@ -104,7 +104,6 @@ impl Profile {
             .filter(|w| w.on_device.is_some())
             .map(|w| w.device)
             .collect();
-        devices.dedup();
         devices.sort_by_key(|d| pid(*d));
         devices.dedup();
         for d in &devices {

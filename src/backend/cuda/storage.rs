@@ -411,22 +411,12 @@ impl CudaStorage {
             4 => "u32",
             _ => "u64",
         };
-        let f = self.function("cast", &format!("copy_strided_{width}"))?;
         let (src, st, dst, n64) = (self.ptr(), Strided::new("copy", l)?, out.ptr(), n as i64);
-        let mut b = self.rt().stream().launch_builder(&f);
-        b.arg(&src).arg(&st).arg(&dst).arg(&n64);
-        let cfg = grid(n);
-        let prof = super::profile::kernel(
-            self.rt(),
-            || format!("copy_strided_{width}"),
-            &cfg,
-            Some(view_bytes(l, self.dtype) + elems(n, self.dtype)),
+        // The kernel reads the view's elements and writes `n` of the same width.
+        launch!(
+            bytes = view_bytes(l, self.dtype) + elems(n, self.dtype);
+            self, "cast", format!("copy_strided_{width}"), grid(n), &src, &st, &dst, &n64
         );
-        // SAFETY: the kernel reads the view's elements and writes `n` of the same width.
-        unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching copy_strided", e))?;
-        if let Some(p) = prof {
-            p.end();
-        }
         Ok(out)
     }
 
@@ -459,39 +449,19 @@ impl CudaStorage {
         let out = Self::alloc_on(self.rt(), dtype, n)?;
         let (dst, n64) = (out.ptr(), n as i64);
         if l.is_contiguous() {
-            let f = self.function("cast", &format!("cast_{from}_{to}"))?;
             let src = self.ptr_at(l.offset());
-            let mut b = self.rt().stream().launch_builder(&f);
-            b.arg(&src).arg(&dst).arg(&n64);
-            let cfg = grid(n);
-            let prof = super::profile::kernel(
-                self.rt(),
-                || format!("cast_{from}_{to}"),
-                &cfg,
-                Some(elems(n, self.dtype) + elems(n, dtype)),
+            // `n` elements in, `n` out, of the kernel's types.
+            launch!(
+                bytes = elems(n, self.dtype) + elems(n, dtype);
+                self, "cast", format!("cast_{from}_{to}"), grid(n), &src, &dst, &n64
             );
-            // SAFETY: `n` elements in, `n` out, of the kernel's types.
-            unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching cast", e))?;
-            if let Some(p) = prof {
-                p.end();
-            }
         } else {
-            let f = self.function("cast", &format!("cast_strided_{from}_{to}"))?;
             let (src, st) = (self.ptr(), Strided::new("to_dtype", l)?);
-            let mut b = self.rt().stream().launch_builder(&f);
-            b.arg(&src).arg(&st).arg(&dst).arg(&n64);
-            let cfg = grid(n);
-            let prof = super::profile::kernel(
-                self.rt(),
-                || format!("cast_strided_{from}_{to}"),
-                &cfg,
-                Some(view_bytes(l, self.dtype) + elems(n, dtype)),
+            // As above, reading through the view.
+            launch!(
+                bytes = view_bytes(l, self.dtype) + elems(n, dtype);
+                self, "cast", format!("cast_strided_{from}_{to}"), grid(n), &src, &st, &dst, &n64
             );
-            // SAFETY: as above, reading through the view.
-            unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching cast", e))?;
-            if let Some(p) = prof {
-                p.end();
-            }
         }
         Ok(out)
     }
@@ -516,28 +486,16 @@ impl CudaStorage {
             return Ok(());
         }
         let width = self.dtype.size_in_bytes() * 8;
-        let f = self.function("cast", &format!("copy_into_strided_u{width}"))?;
         let (src, st, dst, n64) = (
             dense.ptr(),
             Strided::new("copy_", dl)?,
             self.ptr(),
             n as i64,
         );
-        let mut b = self.rt().stream().launch_builder(&f);
-        b.arg(&src).arg(&st).arg(&dst).arg(&n64);
-        let cfg = grid(n);
-        let prof = super::profile::kernel(
-            self.rt(),
-            || format!("copy_into_strided_u{width}"),
-            &cfg,
-            Some(2 * elems(n, self.dtype)),
-        );
-        // SAFETY: the kernel reads `n` elements of `dense` and writes the `n` distinct
-        // elements of the view `dl`, which lies inside this storage.
-        unsafe { b.launch(cfg) }.map_err(|e| self.driver("launching copy_into_strided", e))?;
-        if let Some(p) = prof {
-            p.end();
-        }
+        // The kernel reads `n` elements of `dense` and writes the `n` distinct elements of
+        // the view `dl`, which lies inside this storage.
+        let name = format!("copy_into_strided_u{width}");
+        launch!(bytes = 2 * elems(n, self.dtype); self, "cast", name, grid(n), &src, &st, &dst, &n64);
         Ok(())
     }
 
