@@ -7,6 +7,7 @@ pub mod caching;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub(crate) mod host;
 mod loss;
 pub(crate) mod norm;
 pub mod ops;
@@ -502,7 +503,7 @@ impl Storage {
     ) -> Result<Storage> {
         match pair("index_select", self, idx)? {
             Pair::Cpu(x, i) => {
-                let ids = cpu::index::indices("index_select", i, il, dim, l.shape()[dim])?;
+                let ids = host::indices("index_select", i, il, dim, l.shape()[dim])?;
                 Ok(Storage::Cpu(cpu::index_select(x, l, dim, &ids)))
             }
             #[cfg(feature = "cuda")]
@@ -520,7 +521,7 @@ impl Storage {
     ) -> Result<Storage> {
         match pair("gather", self, idx)? {
             Pair::Cpu(x, i) => {
-                let ids = cpu::index::indices("gather", i, il, dim, l.shape()[dim])?;
+                let ids = host::indices("gather", i, il, dim, l.shape()[dim])?;
                 Ok(Storage::Cpu(cpu::gather(x, l, dim, &ids, il.shape())))
             }
             #[cfg(feature = "cuda")]
@@ -561,7 +562,7 @@ impl Storage {
         }
         // Integer sums on a device go through the host.
         let (s, i) = (src.host()?, idx.host()?);
-        let ids = cpu::index::indices("scatter_add", &i, il, dim, shape[dim])?;
+        let ids = host::indices("scatter_add", &i, il, dim, shape[dim])?;
         self.update_on_host(|d| cpu::scatter_add(d, shape, dim, &ids, il.shape(), &s, sl))
     }
 
@@ -582,7 +583,7 @@ impl Storage {
         }
         // Integer sums on a device go through the host.
         let (s, i) = (src.host()?, idx.host()?);
-        let ids = cpu::index::indices("index_add", &i, il, dim, shape[dim])?;
+        let ids = host::indices("index_add", &i, il, dim, shape[dim])?;
         self.update_on_host(|d| cpu::index_add(d, shape, dim, &ids, &s, sl))
     }
 

@@ -3,39 +3,7 @@
 use super::{map_all, map_pair, CpuElem, CpuStorage, IntoStorage};
 use crate::backend::spec::{offset_with, step};
 use crate::layout::Layout;
-use crate::{Error, Result};
-
-/// Reads an I64 index tensor into a vector, checking every entry against `size`.
-pub(crate) fn indices(
-    op: &'static str,
-    s: &CpuStorage,
-    l: &Layout,
-    dim: usize,
-    size: usize,
-) -> Result<Vec<usize>> {
-    let CpuStorage::I64(v) = s else {
-        return Err(Error::DType {
-            op,
-            dtype: s.dtype(),
-            expected: "I64 indices",
-        });
-    };
-    l.offsets()
-        .map(|o| {
-            let i = v[o];
-            if i < 0 || i as usize >= size {
-                Err(Error::IndexOutOfRange {
-                    op,
-                    index: i,
-                    dim,
-                    size,
-                })
-            } else {
-                Ok(i as usize)
-            }
-        })
-        .collect()
-}
+use crate::Result;
 
 /// `out[.., i, ..] = src[.., idx[i], ..]` along `dim`.
 pub(crate) fn index_select(s: &CpuStorage, l: &Layout, dim: usize, idx: &[usize]) -> CpuStorage {

@@ -6,8 +6,8 @@
 //! the indices (one read of them per call).
 
 use super::storage::{float_kname, grid, CudaStorage, Strided};
-use crate::backend::cpu::index::indices;
-use crate::backend::cpu::CpuStorage;
+use crate::backend::host::indices;
+use crate::backend::host::CpuStorage;
 use crate::backend::spec::{offset_with, step};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};

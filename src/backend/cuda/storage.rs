@@ -6,7 +6,7 @@
 use super::pinned::PinnedBuffer;
 use super::profile::{elems, view_bytes};
 use super::runtime::{runtime, CudaRuntime};
-use crate::backend::cpu::CpuStorage;
+use crate::backend::host::CpuStorage;
 use crate::layout::Layout;
 use crate::profiler::DeviceWork;
 use crate::{DType, Device, Error, Result};
