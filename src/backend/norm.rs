@@ -1,36 +1,69 @@
-//! Device dispatch of batch normalisation's fused passes (`cpu/norm.rs`, `cuda/norm.rs`) over
-//! the `[outer, channels, inner]` view both backends work on (`spec::ChannelSplit`).
+//! Batch and layer normalisation: the [`NormOps`] family and its dispatch. Batch norm's
+//! fused passes work on the `[outer, channels, inner]` view of `spec::ChannelSplit`.
 
-use super::{common_device, CpuStorage, Storage};
+use super::{on_backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 
-/// An operand already checked to be on the CPU, as the CPU storage.
-fn on_cpu<'a>(v: Option<(&'a Storage, &'a Layout)>) -> Option<(&'a CpuStorage, &'a Layout)> {
-    v.map(|(s, l)| (s.as_cpu().expect("common_device checked the device"), l))
+/// An optional operand with its layout.
+type Opt<'a, S> = Option<(&'a S, &'a Layout)>;
+
+/// Batch norm's per-channel passes and layer norm's fused rows.
+pub(crate) trait NormOps: BackendStorage {
+    /// Per-channel mean and biased variance `[2, c]` (means first) of a dense `[n, c, ...]`
+    /// tensor, in f32 (f64 for f64 input).
+    fn channel_moments(&self, l: &Layout) -> Result<Self>;
+    /// Per-channel `[sum dy, sum dy (x - mean)]` `[2, c]`; `self` is `dy`, `dy` and `x` dense
+    /// in one format, `mean` `[c]` in the statistics dtype.
+    fn channel_grad_sums(
+        &self,
+        ld: &Layout,
+        x: &Self,
+        lx: &Layout,
+        mean: &Self,
+        lm: &Layout,
+    ) -> Result<Self>;
+    /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s (`self`'s) dtype and
+    /// dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the statistics
+    /// dtype; `dy`, when given, shares `x`'s layout and dtype. Forward it is the output
+    /// (`alpha = invstd w`, `center = mean`, `gamma = b`), backward the input's gradient.
+    fn channel_affine(&self, lx: &Layout, dy: Opt<Self>, coef: &Self, lc: &Layout) -> Result<Self>;
+    /// Layer norm over rows of `cols` elements (the trailing dims of a contiguous `x`): the
+    /// output in `x`'s dtype and the statistics `[rows, 2]` (mean, 1 / sqrt(var + eps)) in
+    /// f32 (f64 for f64); `w` and `b` (`cols` elements) share `x`'s dtype.
+    fn layer_norm(
+        &self,
+        lx: &Layout,
+        cols: usize,
+        w: Opt<Self>,
+        b: Opt<Self>,
+        eps: f64,
+    ) -> Result<(Self, Self)>;
+    /// The input's gradient of [`NormOps::layer_norm`]; `self` is the output's gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward(
+        &self,
+        ld: &Layout,
+        x: &Self,
+        lx: &Layout,
+        cols: usize,
+        stats: &Self,
+        w: Opt<Self>,
+    ) -> Result<Self>;
 }
 
-/// An operand already checked to be on a GPU, as the CUDA storage.
-#[cfg(feature = "cuda")]
-fn on_cuda<'a>(
-    v: Option<(&'a Storage, &'a Layout)>,
-) -> Option<(&'a super::cuda::storage::CudaStorage, &'a Layout)> {
-    v.map(|(s, l)| (s.as_cuda().expect("common_device checked the device"), l))
+/// `v`'s storage as backend `B`'s (the device already checked).
+fn part<'a, B: BackendStorage>(v: Opt<'a, Storage>) -> Opt<'a, B> {
+    v.map(|(s, l)| (B::part(s), l))
 }
 
 impl Storage {
-    /// Per-channel mean and biased variance `[2, c]` (means first) of a dense `[n, c, ...]`
-    /// tensor, in f32 (f64 for f64 input).
+    /// See [`NormOps::channel_moments`].
     pub(crate) fn channel_moments(&self, l: &Layout) -> Result<Storage> {
-        match self {
-            Storage::Cpu(x) => Ok(Storage::Cpu(super::cpu::norm::channel_moments(x, l)?)),
-            #[cfg(feature = "cuda")]
-            Storage::Cuda(x) => Ok(Storage::Cuda(super::cuda::norm::channel_moments(x, l)?)),
-        }
+        on_backend!("batch_norm", [self], B => Ok(B::part(self).channel_moments(l)?.wrap()))
     }
 
-    /// Per-channel `[sum dy, sum dy (x - mean)]` `[2, c]`; `self` is `dy`, `dy` and `x` dense
-    /// in one format, `mean` `[c]` in the statistics dtype.
+    /// See [`NormOps::channel_grad_sums`].
     pub(crate) fn channel_grad_sums(
         &self,
         ld: &Layout,
@@ -39,95 +72,49 @@ impl Storage {
         mean: &Storage,
         lm: &Layout,
     ) -> Result<Storage> {
-        let op = "batch_norm backward";
-        common_device(op, &[self, x, mean])?;
-        match (self, x, mean) {
-            (Storage::Cpu(d), Storage::Cpu(x), Storage::Cpu(m)) => Ok(Storage::Cpu(
-                super::cpu::norm::channel_grad_sums(d, ld, x, lx, m, lm)?,
-            )),
-            #[cfg(feature = "cuda")]
-            (Storage::Cuda(d), Storage::Cuda(x), Storage::Cuda(m)) => Ok(Storage::Cuda(
-                super::cuda::norm::channel_grad_sums(d, ld, x, lx, m, lm)?,
-            )),
-            #[allow(unreachable_patterns)]
-            _ => unreachable!("common_device checked the devices"),
-        }
+        on_backend!("batch_norm backward", [self, x, mean], B => {
+            Ok(B::part(self).channel_grad_sums(ld, B::part(x), lx, B::part(mean), lm)?.wrap())
+        })
     }
 
-    /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s (`self`'s) dtype and
-    /// dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the statistics
-    /// dtype; `dy`, when given, shares `x`'s layout and dtype. Forward it is the output
-    /// (`alpha = invstd w`, `center = mean`, `gamma = b`), backward the input's gradient.
+    /// See [`NormOps::channel_affine`].
     pub(crate) fn channel_affine(
         &self,
         lx: &Layout,
-        dy: Option<(&Storage, &Layout)>,
+        dy: Opt<Storage>,
         coef: &Storage,
         lc: &Layout,
     ) -> Result<Storage> {
         let op = "batch_norm";
-        match dy {
-            Some((d, _)) => common_device(op, &[self, d, coef])?,
-            None => common_device(op, &[self, coef])?,
+        let device = match dy {
+            Some((d, _)) => super::common_device(op, &[self, d, coef])?,
+            None => super::common_device(op, &[self, coef])?,
         };
-        match (self, dy, coef) {
-            (Storage::Cpu(x), None, Storage::Cpu(k)) => Ok(Storage::Cpu(
-                super::cpu::norm::channel_affine(x, lx, None, k, lc)?,
-            )),
-            (Storage::Cpu(x), Some((Storage::Cpu(d), ld)), Storage::Cpu(k)) => Ok(Storage::Cpu(
-                super::cpu::norm::channel_affine(x, lx, Some((d, ld)), k, lc)?,
-            )),
-            #[cfg(feature = "cuda")]
-            (Storage::Cuda(x), None, Storage::Cuda(k)) => Ok(Storage::Cuda(
-                super::cuda::norm::channel_affine(x, lx, None, k, lc)?,
-            )),
-            #[cfg(feature = "cuda")]
-            (Storage::Cuda(x), Some((Storage::Cuda(d), ld)), Storage::Cuda(k)) => {
-                Ok(Storage::Cuda(super::cuda::norm::channel_affine(
-                    x,
-                    lx,
-                    Some((d, ld)),
-                    k,
-                    lc,
-                )?))
-            }
-            #[allow(unreachable_patterns)]
-            _ => unreachable!("common_device checked the devices"),
-        }
+        super::on_device!(device, B => {
+            Ok(B::part(self).channel_affine(lx, part(dy), B::part(coef), lc)?.wrap())
+        })
     }
 
-    /// Layer norm over rows of `cols` elements (the trailing dims of a contiguous `x`): the
-    /// output in `x`'s dtype and the statistics `[rows, 2]` (mean, 1 / sqrt(var + eps)) in
-    /// f32 (f64 for f64); `w` and `b` (`cols` elements) share `x`'s dtype.
+    /// See [`NormOps::layer_norm`].
     pub(crate) fn layer_norm(
         &self,
         lx: &Layout,
         cols: usize,
-        w: Option<(&Storage, &Layout)>,
-        b: Option<(&Storage, &Layout)>,
+        w: Opt<Storage>,
+        b: Opt<Storage>,
         eps: f64,
     ) -> Result<(Storage, Storage)> {
-        let op = "layer_norm";
         let mut all = vec![self];
         all.extend(w.map(|v| v.0));
         all.extend(b.map(|v| v.0));
-        common_device(op, &all)?;
-        match self {
-            Storage::Cpu(x) => {
-                let (w, b) = (on_cpu(w), on_cpu(b));
-                let (y, s) = super::cpu::layer_norm::layer_norm(x, lx, cols, w, b, eps)?;
-                Ok((Storage::Cpu(y), Storage::Cpu(s)))
-            }
-            #[cfg(feature = "cuda")]
-            Storage::Cuda(x) => {
-                let (w, b) = (on_cuda(w), on_cuda(b));
-                let (y, s) = super::cuda::norm::layer_norm(x, lx, cols, w, b, eps)?;
-                Ok((Storage::Cuda(y), Storage::Cuda(s)))
-            }
-        }
+        let device = super::common_device("layer_norm", &all)?;
+        super::on_device!(device, B => {
+            let (y, s) = B::part(self).layer_norm(lx, cols, part(w), part(b), eps)?;
+            Ok((y.wrap(), s.wrap()))
+        })
     }
 
-    /// The input's gradient of [`Storage::layer_norm`]; `self` is the output's gradient.
+    /// See [`NormOps::layer_norm_backward`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn layer_norm_backward(
         &self,
@@ -136,22 +123,14 @@ impl Storage {
         lx: &Layout,
         cols: usize,
         stats: &Storage,
-        w: Option<(&Storage, &Layout)>,
+        w: Opt<Storage>,
     ) -> Result<Storage> {
-        let op = "layer_norm backward";
         let mut all = vec![self, x, stats];
         all.extend(w.map(|v| v.0));
-        common_device(op, &all)?;
-        match (self, x, stats) {
-            (Storage::Cpu(d), Storage::Cpu(x), Storage::Cpu(s)) => Ok(Storage::Cpu(
-                super::cpu::layer_norm::layer_norm_backward(d, ld, x, lx, cols, s, on_cpu(w))?,
-            )),
-            #[cfg(feature = "cuda")]
-            (Storage::Cuda(d), Storage::Cuda(x), Storage::Cuda(s)) => Ok(Storage::Cuda(
-                super::cuda::norm::layer_norm_backward(d, ld, x, lx, cols, s, on_cuda(w))?,
-            )),
-            #[allow(unreachable_patterns)]
-            _ => unreachable!("common_device checked the devices"),
-        }
+        let device = super::common_device("layer_norm backward", &all)?;
+        super::on_device!(device, B => {
+            let (x, s) = (B::part(x), B::part(stats));
+            Ok(B::part(self).layer_norm_backward(ld, x, lx, cols, s, part(w))?.wrap())
+        })
     }
 }

@@ -4,6 +4,7 @@
 //! over [`CpuElem`], and the macro expands its call for every storage variant it accepts.
 
 pub(crate) mod amp;
+mod backend;
 mod conv;
 mod conv_nhwc;
 mod elementwise;
@@ -149,7 +150,7 @@ pub(crate) fn overwritten_buffer<F: bytemuck::Pod>(n: usize) -> Vec<F> {
 }
 
 pub(crate) use elementwise::{binary, cmp, unary, unary_grad, where_cond};
-pub(crate) use index::{gather, index_add, index_select, scatter_add};
+pub(crate) use index::{index_add, scatter_add};
 pub(crate) use matmul::{matmul, matmul_acc};
 pub(crate) use optim::{optim_update, round_into};
 pub(crate) use reduce::reduce;

@@ -37,6 +37,7 @@ macro_rules! launch {
 }
 
 pub(crate) mod amp;
+mod backend;
 mod blaslt;
 pub mod conv;
 mod faults;

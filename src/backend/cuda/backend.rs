@@ -1,0 +1,366 @@
+//! The CUDA storage as a backend: each family trait of `crate::backend` implemented by this
+//! backend's launchers (one module per family beside this file). The cases without a kernel
+//! go through the host round trips of `backend/fallback.rs`.
+
+use super::pool::Pool;
+use super::storage::CudaStorage;
+use super::{amp, conv, index, loss, norm, ops, optim, pool, rnn};
+use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
+use crate::backend::rounding::Rounding;
+use crate::backend::{
+    fallback, AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
+    ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
+    RnnOps, Storage,
+};
+use crate::layout::Layout;
+use crate::{DType, Device, Error, Result};
+use std::borrow::Cow;
+
+/// The ordinal of a CUDA `device`; the CPU is an error naming `op`.
+fn ordinal(op: &'static str, device: Device) -> Result<usize> {
+    match device {
+        Device::Cuda(n) => Ok(n),
+        Device::Cpu => Err(Error::invalid(op, "a CUDA storage requested on the CPU")),
+    }
+}
+
+impl BackendStorage for CudaStorage {
+    fn device(&self) -> Device {
+        CudaStorage::device(self)
+    }
+    fn dtype(&self) -> DType {
+        CudaStorage::dtype(self)
+    }
+    fn len(&self) -> usize {
+        CudaStorage::len(self)
+    }
+    fn to_host(&self, l: &Layout) -> Result<CpuStorage> {
+        self.to_cpu(l)
+    }
+    fn host(&self) -> Result<Cow<'_, CpuStorage>> {
+        Ok(Cow::Owned(self.to_cpu(&Layout::contiguous(&[self.len()]))?))
+    }
+    fn from_host(s: &CpuStorage, l: &Layout, device: Device) -> Result<Self> {
+        CudaStorage::from_cpu(s, l, ordinal("to_device", device)?)
+    }
+    fn wrap(self) -> Storage {
+        Storage::Cuda(self)
+    }
+    fn part(s: &Storage) -> &Self {
+        match s {
+            Storage::Cuda(s) => s,
+            Storage::Cpu(_) => unreachable!("the dispatcher checked the device"),
+        }
+    }
+    fn part_mut(s: &mut Storage) -> &mut Self {
+        match s {
+            Storage::Cuda(s) => s,
+            Storage::Cpu(_) => unreachable!("the dispatcher checked the device"),
+        }
+    }
+}
+
+impl CopyOps for CudaStorage {
+    fn try_clone(&self) -> Result<Self> {
+        CudaStorage::try_clone(self)
+    }
+    fn copy_strided(&self, l: &Layout) -> Result<Self> {
+        CudaStorage::copy_strided(self, l)
+    }
+    fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self> {
+        CudaStorage::to_dtype(self, l, dtype)
+    }
+    fn copy_into(&mut self, dl: &Layout, src: &Self, sl: &Layout) -> Result<()> {
+        CudaStorage::copy_into(self, dl, src, sl)
+    }
+    fn to_f64_vec(&self, l: &Layout) -> Result<Vec<f64>> {
+        Ok(self.to_cpu(l)?.to_f64_vec(&Layout::contiguous(l.shape())))
+    }
+    fn full(device: Device, value: f64, n: usize, dtype: DType) -> Result<Self> {
+        CudaStorage::full(ordinal("full", device)?, value, n, dtype)
+    }
+    fn dropout_mask(
+        device: Device,
+        n: usize,
+        threshold: u64,
+        scale: f64,
+        stream: (u64, u64),
+        dtype: DType,
+    ) -> Result<Self> {
+        let o = ordinal("dropout", device)?;
+        ops::dropout_mask(o, n, threshold, scale, stream, dtype)
+    }
+}
+
+impl ElementwiseOps for CudaStorage {
+    fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
+        ops::unary(self, l, op)
+    }
+    fn unary_grad(&self, l: &Layout, g: &Self, lg: &Layout, op: UnaryOp) -> Result<Self> {
+        ops::unary_grad(self, l, g, lg, op)
+    }
+    fn binary(&self, l: &Layout, rhs: &Self, lr: &Layout, op: BinaryOp) -> Result<Self> {
+        ops::binary(self, l, rhs, lr, op)
+    }
+    fn cmp(&self, l: &Layout, rhs: &Self, lr: &Layout, op: CmpOp) -> Result<Self> {
+        ops::cmp(self, l, rhs, lr, op)
+    }
+    fn where_cond(&self, l: &Layout, a: &Self, la: &Layout, b: &Self, lb: &Layout) -> Result<Self> {
+        ops::where_cond(self, l, a, la, b, lb)
+    }
+}
+
+impl ReduceOps for CudaStorage {
+    fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        ops::reduce(self, l, dims, op)
+    }
+    fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
+        ops::softmax(self, l, dim, log)
+    }
+}
+
+impl MatmulOps for CudaStorage {
+    fn matmul(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        lr: &Layout,
+        bias: Option<(&Self, &Layout)>,
+    ) -> Result<Self> {
+        ops::matmul(self, l, rhs, lr, bias)
+    }
+    fn linear_relu(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        lr: &Layout,
+        bias: (&Self, &Layout),
+    ) -> Result<Option<Self>> {
+        ops::linear_relu(self, l, rhs, lr, bias)
+    }
+    fn matmul_acc(
+        &mut self,
+        ld: &Layout,
+        a: &Self,
+        la: &Layout,
+        b: &Self,
+        lb: &Layout,
+    ) -> Result<()> {
+        ops::matmul_acc(self, ld, a, la, b, lb)
+    }
+}
+
+impl ConvOps for CudaStorage {
+    fn conv2d(&self, l: &Layout, w: &Self, lw: &Layout, d: &ConvDims) -> Result<Self> {
+        conv::conv2d(self, l, w, lw, d)
+    }
+    fn conv2d_backward_input(
+        &self,
+        l: &Layout,
+        w: &Self,
+        lw: &Layout,
+        d: &ConvDims,
+    ) -> Result<Self> {
+        conv::conv2d_backward_input(self, l, w, lw, d)
+    }
+    fn conv2d_backward_weight(
+        &self,
+        l: &Layout,
+        gy: &Self,
+        lg: &Layout,
+        d: &ConvDims,
+    ) -> Result<Self> {
+        conv::conv2d_backward_weight(self, l, gy, lg, d)
+    }
+}
+
+impl PoolOps for CudaStorage {
+    fn max_pool2d(&self, l: &Layout, d: &PoolDims, p: &Pool2dParams) -> Result<(Self, Self)> {
+        pool::max_pool2d(self, l, d, p)
+    }
+    fn max_pool2d_backward(
+        &self,
+        l: &Layout,
+        idx: &Self,
+        d: &PoolDims,
+        p: &Pool2dParams,
+    ) -> Result<Self> {
+        pool::max_pool2d_backward(self, l, idx, d, p)
+    }
+    fn avg_pool2d(
+        &self,
+        l: &Layout,
+        d: &PoolDims,
+        p: &Pool2dParams,
+        backward: bool,
+    ) -> Result<Self> {
+        pool::avg_pool2d(self, l, d, Pool::Avg, Some(p), backward)
+    }
+    fn adaptive_avg_pool2d(&self, l: &Layout, d: &PoolDims, backward: bool) -> Result<Self> {
+        pool::avg_pool2d(self, l, d, Pool::Adaptive, None, backward)
+    }
+}
+
+impl NormOps for CudaStorage {
+    fn channel_moments(&self, l: &Layout) -> Result<Self> {
+        norm::channel_moments(self, l)
+    }
+    fn channel_grad_sums(
+        &self,
+        ld: &Layout,
+        x: &Self,
+        lx: &Layout,
+        mean: &Self,
+        lm: &Layout,
+    ) -> Result<Self> {
+        norm::channel_grad_sums(self, ld, x, lx, mean, lm)
+    }
+    fn channel_affine(
+        &self,
+        lx: &Layout,
+        dy: Option<(&Self, &Layout)>,
+        coef: &Self,
+        lc: &Layout,
+    ) -> Result<Self> {
+        norm::channel_affine(self, lx, dy, coef, lc)
+    }
+    fn layer_norm(
+        &self,
+        lx: &Layout,
+        cols: usize,
+        w: Option<(&Self, &Layout)>,
+        b: Option<(&Self, &Layout)>,
+        eps: f64,
+    ) -> Result<(Self, Self)> {
+        norm::layer_norm(self, lx, cols, w, b, eps)
+    }
+    fn layer_norm_backward(
+        &self,
+        ld: &Layout,
+        x: &Self,
+        lx: &Layout,
+        cols: usize,
+        stats: &Self,
+        w: Option<(&Self, &Layout)>,
+    ) -> Result<Self> {
+        norm::layer_norm_backward(self, ld, x, lx, cols, stats, w)
+    }
+}
+
+impl LossOps for CudaStorage {
+    fn cross_entropy(
+        &self,
+        l: &Layout,
+        target: &Self,
+        lt: &Layout,
+        ignore: i64,
+        eps: f64,
+    ) -> Result<(Self, Self)> {
+        loss::cross_entropy(self, l, target, lt, ignore, eps)
+    }
+    fn cross_entropy_backward(
+        &self,
+        l: &Layout,
+        target: &Self,
+        lt: &Layout,
+        lse: &Self,
+        g: &Self,
+        lg: &Layout,
+        ignore: i64,
+        eps: f64,
+    ) -> Result<Self> {
+        loss::cross_entropy_backward(self, l, target, lt, lse, g, lg, ignore, eps)
+    }
+}
+
+impl IndexOps for CudaStorage {
+    fn index_select(&self, l: &Layout, dim: usize, idx: &Self, il: &Layout) -> Result<Self> {
+        index::index_select(self, l, dim, idx, il)
+    }
+    fn gather(&self, l: &Layout, dim: usize, idx: &Self, il: &Layout) -> Result<Self> {
+        index::gather(self, l, dim, idx, il)
+    }
+    /// Float sums in a kernel; integer sums through the host.
+    fn scatter_add(
+        &mut self,
+        shape: &[usize],
+        dim: usize,
+        (idx, il): (&Self, &Layout),
+        (src, sl): (&Self, &Layout),
+    ) -> Result<()> {
+        if !self.dtype().is_float() {
+            return fallback::scatter_add(self, shape, dim, (idx, il), (src, sl));
+        }
+        index::scatter_add(self, shape, dim, idx, il, src, sl)
+    }
+    /// Float sums in a kernel; integer sums through the host.
+    fn index_add(
+        &mut self,
+        shape: &[usize],
+        dim: usize,
+        (idx, il): (&Self, &Layout),
+        (src, sl): (&Self, &Layout),
+    ) -> Result<()> {
+        if !self.dtype().is_float() {
+            return fallback::index_add(self, shape, dim, (idx, il), (src, sl));
+        }
+        index::index_add(self, shape, dim, idx, il, src, sl)
+    }
+}
+
+impl RnnOps for CudaStorage {
+    fn lstm_cell(&self, lg: &Layout, c: &Self, lc: &Layout) -> Result<Self> {
+        rnn::lstm_cell(self, lg, c, lc)
+    }
+    fn lstm_cell_backward(
+        &self,
+        lg: &Layout,
+        c: &Self,
+        lc: &Layout,
+        d: CellGrads<'_, Self>,
+    ) -> Result<Self> {
+        rnn::lstm_cell_backward(self, lg, c, lc, d)
+    }
+}
+
+impl OptimOps for CudaStorage {
+    /// The fused kernels where they cover the dtypes, else the host.
+    fn optim_update(
+        &mut self,
+        grad: &Self,
+        states: &mut [&mut Self],
+        step: &mut Self,
+        found_inf: Option<&Self>,
+        u: &OptimUpdate,
+        mut working: Option<(&mut Self, Rounding)>,
+    ) -> Result<()> {
+        let w = working.as_mut().map(|(w, r)| (&mut **w, *r));
+        if optim::optim_update(self, grad, states, step, found_inf, u, w)? {
+            return Ok(());
+        }
+        fallback::optim_update(self, grad, states, step, found_inf, u, working)
+    }
+    /// The rounding kernel where it covers the dtypes, else the host.
+    fn round_from_master(&mut self, master: &Self, rounding: Rounding, step: &Self) -> Result<()> {
+        if optim::round_from_master(self, master, rounding, step)? {
+            return Ok(());
+        }
+        fallback::round_from_master(self, master, rounding, step)
+    }
+}
+
+impl AmpOps for CudaStorage {
+    fn unscale_grad(&self, inv_scale: &Self, found_inf: &mut Self, out: DType) -> Result<Self> {
+        amp::unscale_grad(self, inv_scale, found_inf, out)
+    }
+    fn update_scale(
+        &mut self,
+        tracker: &mut Self,
+        found_inf: &Self,
+        growth: f32,
+        backoff: f32,
+        interval: i32,
+    ) -> Result<()> {
+        amp::update_scale(self, tracker, found_inf, growth, backoff, interval)
+    }
+}

@@ -1,0 +1,142 @@
+//! Matrix products: the [`MatmulOps`] family and its dispatch, with the shape checks every
+//! backend relies on.
+
+use super::cpu::host_can_hold;
+use super::{on_backend, BackendStorage, Storage};
+use crate::layout::Layout;
+use crate::{Error, Result};
+
+/// Batched matrix products `[.., m, k] @ [.., k, n]`.
+pub(crate) trait MatmulOps: BackendStorage {
+    /// `self @ rhs`, plus `bias` (as many elements as the product has columns) added in the
+    /// product's accumulator when given.
+    fn matmul(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        lr: &Layout,
+        bias: Option<(&Self, &Layout)>,
+    ) -> Result<Self>;
+
+    /// `relu(self @ rhs + bias)` in one fused call where the backend has one; `None` where
+    /// it has not (the default), and the caller composes the ops.
+    fn linear_relu(
+        &self,
+        _l: &Layout,
+        _rhs: &Self,
+        _lr: &Layout,
+        _bias: (&Self, &Layout),
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
+
+    /// `self[ld] += a @ b` in place, for 2-D `a`, `b` and a destination with unit-stride
+    /// rows (checked by the dispatcher).
+    fn matmul_acc(
+        &mut self,
+        ld: &Layout,
+        a: &Self,
+        la: &Layout,
+        b: &Self,
+        lb: &Layout,
+    ) -> Result<()>;
+}
+
+/// Checks that the product of `[.., m, k]` and `[.., k, n]` views has a representable
+/// output `[.., m, n]` (two expanded operands can each be small in memory while `m * n`
+/// overflows) before a kernel sizes its output from it; on the host, that it can be held.
+fn product_fits(op: &'static str, s: &Storage, l: &Layout, lr: &Layout) -> Result<()> {
+    let (a, b) = (l.shape(), lr.shape());
+    let mut out = a[..a.len().saturating_sub(1)].to_vec();
+    out.extend(b.last());
+    let n = crate::layout::checked_numel(op, &out)?;
+    crate::layout::checked_bytes(op, &out, n, s.dtype())?;
+    match s {
+        Storage::Cpu(_) => host_can_hold(n, s.dtype()),
+        Storage::Cuda(_) => Ok(()),
+    }
+}
+
+impl Storage {
+    pub(crate) fn matmul(&self, l: &Layout, rhs: &Storage, lr: &Layout) -> Result<Storage> {
+        product_fits("matmul", self, l, lr)?;
+        on_backend!("matmul", [self, rhs], B => {
+            Ok(B::part(self).matmul(l, B::part(rhs), lr, None)?.wrap())
+        })
+    }
+
+    /// `relu(self @ rhs + bias)` in one fused call where the device has one (cuBLASLt's
+    /// ReLU-bias epilogue on CUDA); `None` where it has not (the CPU), and the caller
+    /// composes the ops.
+    pub(crate) fn linear_relu(
+        &self,
+        l: &Layout,
+        rhs: &Storage,
+        lr: &Layout,
+        bias: &Storage,
+        lb: &Layout,
+    ) -> Result<Option<Storage>> {
+        super::common_device("linear_relu", &[self, rhs, bias])?;
+        product_fits("linear_relu", self, l, lr)?;
+        on_backend!("linear_relu", [self, rhs, bias], B => {
+            let out = B::part(self).linear_relu(l, B::part(rhs), lr, (B::part(bias), lb))?;
+            Ok(out.map(B::wrap))
+        })
+    }
+
+    /// `self[ld] += a @ b` in place: `a [m, k]`, `b [k, n]`, and a destination view
+    /// `[m, n]` with unit-stride rows (an LSTM layer adds each step's recurrent product onto
+    /// its input projection this way; on CUDA it is one cuBLAS call with `beta = 1`).
+    pub(crate) fn matmul_acc(
+        &mut self,
+        ld: &Layout,
+        a: &Storage,
+        la: &Layout,
+        b: &Storage,
+        lb: &Layout,
+    ) -> Result<()> {
+        let op = "matmul (accumulate)";
+        super::common_device(op, &[&*self, a, b])?;
+        let (sa, sb, sd) = (la.shape(), lb.shape(), ld.shape());
+        let fits = sa.len() == 2
+            && sb.len() == 2
+            && sa[1] == sb[0]
+            && sd == [sa[0], sb[1]]
+            && (ld.strides()[1] == 1 || sd[1] <= 1)
+            && (sd[0] <= 1 || ld.strides()[0] >= sd[1]);
+        if !fits {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{sa:?} @ {sb:?} onto a [{}] view with strides {:?}",
+                    sd.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    ld.strides()
+                ),
+            ));
+        }
+        on_backend!(op, [self, a, b], B => {
+            B::part_mut(self).matmul_acc(ld, B::part(a), la, B::part(b), lb)
+        })
+    }
+
+    /// `self @ rhs + bias` with the bias added in the product's accumulator (on CUDA the
+    /// output starts as the bias rows and cuBLAS adds the product, `beta = 1`): `bias` has as
+    /// many elements as the product has columns.
+    pub(crate) fn matmul_bias(
+        &self,
+        l: &Layout,
+        rhs: &Storage,
+        lr: &Layout,
+        bias: &Storage,
+        lb: &Layout,
+    ) -> Result<Storage> {
+        super::common_device("linear", &[self, rhs, bias])?;
+        product_fits("linear", self, l, lr)?;
+        on_backend!("linear", [self, rhs, bias], B => {
+            Ok(B::part(self).matmul(l, B::part(rhs), lr, Some((B::part(bias), lb)))?.wrap())
+        })
+    }
+}
