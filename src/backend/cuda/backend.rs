@@ -4,7 +4,7 @@
 
 use super::pool::Pool;
 use super::storage::CudaStorage;
-use super::{amp, conv, index, loss, norm, ops, optim, pool, rnn};
+use super::{amp, conv, elementwise, index, loss, matmul, norm, optim, pool, random, reduce, rnn};
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
@@ -88,34 +88,34 @@ impl CopyOps for CudaStorage {
         dtype: DType,
     ) -> Result<Self> {
         let o = ordinal("dropout", device)?;
-        ops::dropout_mask(o, n, threshold, scale, stream, dtype)
+        random::dropout_mask(o, n, threshold, scale, stream, dtype)
     }
 }
 
 impl ElementwiseOps for CudaStorage {
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
-        ops::unary(self, l, op)
+        elementwise::unary(self, l, op)
     }
     fn unary_grad(&self, l: &Layout, g: &Self, lg: &Layout, op: UnaryOp) -> Result<Self> {
-        ops::unary_grad(self, l, g, lg, op)
+        elementwise::unary_grad(self, l, g, lg, op)
     }
     fn binary(&self, l: &Layout, rhs: &Self, lr: &Layout, op: BinaryOp) -> Result<Self> {
-        ops::binary(self, l, rhs, lr, op)
+        elementwise::binary(self, l, rhs, lr, op)
     }
     fn cmp(&self, l: &Layout, rhs: &Self, lr: &Layout, op: CmpOp) -> Result<Self> {
-        ops::cmp(self, l, rhs, lr, op)
+        elementwise::cmp(self, l, rhs, lr, op)
     }
     fn where_cond(&self, l: &Layout, a: &Self, la: &Layout, b: &Self, lb: &Layout) -> Result<Self> {
-        ops::where_cond(self, l, a, la, b, lb)
+        elementwise::where_cond(self, l, a, la, b, lb)
     }
 }
 
 impl ReduceOps for CudaStorage {
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
-        ops::reduce(self, l, dims, op)
+        reduce::reduce(self, l, dims, op)
     }
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
-        ops::softmax(self, l, dim, log)
+        reduce::softmax(self, l, dim, log)
     }
 }
 
@@ -127,7 +127,7 @@ impl MatmulOps for CudaStorage {
         lr: &Layout,
         bias: Option<(&Self, &Layout)>,
     ) -> Result<Self> {
-        ops::matmul(self, l, rhs, lr, bias)
+        matmul::matmul(self, l, rhs, lr, bias)
     }
     fn linear_relu(
         &self,
@@ -136,7 +136,7 @@ impl MatmulOps for CudaStorage {
         lr: &Layout,
         bias: (&Self, &Layout),
     ) -> Result<Option<Self>> {
-        ops::linear_relu(self, l, rhs, lr, bias)
+        matmul::linear_relu(self, l, rhs, lr, bias)
     }
     fn matmul_acc(
         &mut self,
@@ -146,7 +146,7 @@ impl MatmulOps for CudaStorage {
         b: &Self,
         lb: &Layout,
     ) -> Result<()> {
-        ops::matmul_acc(self, ld, a, la, b, lb)
+        matmul::matmul_acc(self, ld, a, la, b, lb)
     }
 }
 

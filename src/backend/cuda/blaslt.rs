@@ -5,7 +5,7 @@
 //! remains for everything else and whenever cuBLASLt offers no algorithm.
 
 use super::libs::{self, Lib};
-use super::ops::{allow_tf32, Operand};
+use super::matmul::{allow_tf32, Operand};
 use super::runtime::CudaRuntime;
 use super::storage::CudaStorage;
 use crate::{DType, Device, Error, Result};

@@ -4,10 +4,10 @@
 //! and [`set_cudnn_deterministic`] keeps only deterministic algorithms. Workspaces come from
 //! the caching allocator, so a step reuses the previous step's blocks.
 //!
-//! f32 convolutions are exact f32 (FMA math) unless [`super::ops::set_allow_tf32`] allows
+//! f32 convolutions are exact f32 (FMA math) unless [`super::matmul::set_allow_tf32`] allows
 //! TF32; f16 and bf16 use tensor cores with f32 accumulation.
 
-use super::ops::allow_tf32;
+use super::matmul::allow_tf32;
 use super::storage::{float_kname, CudaStorage};
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;

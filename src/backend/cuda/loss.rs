@@ -3,8 +3,8 @@
 //! is found by the kernel and reported at the next read of device data (`faults.rs`), so a
 //! training step reads nothing back for its loss.
 
-use super::ops::rows_grid;
 use super::profile::elems;
+use super::storage::rows_grid;
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};

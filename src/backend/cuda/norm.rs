@@ -2,8 +2,8 @@
 //! (a partial per chunk of rows, then an in-order combination) and its per-channel affine
 //! pass, over dense row-major or channels-last operands (`ChannelSplit`).
 
-use super::ops::same_dtype;
 use super::profile::elems;
+use super::storage::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
 use crate::backend::spec::ChannelSplit;
 use crate::layout::Layout;
@@ -225,7 +225,7 @@ pub(crate) fn layer_norm(
     let (xp, yp, sp) = (x.ptr(), y.ptr(), stats.ptr());
     let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
     let name = format!("ln_forward_{t}");
-    let cfg = super::ops::rows_grid(rows);
+    let cfg = super::storage::rows_grid(rows);
     let vectors = [wp, bp].iter().filter(|&&p| p != 0).count() as u64;
     let bytes = 2 * elems(lx.numel(), x.dtype())
         + vectors * elems(cols, x.dtype())
@@ -265,7 +265,7 @@ pub(crate) fn layer_norm_backward(
     let (dp, xp, sp, op_) = (dy.ptr(), x.ptr(), stats.ptr(), dx.ptr());
     let (r64, c64) = (rows as i64, cols as i64);
     let name = format!("ln_backward_{t}");
-    let cfg = super::ops::rows_grid(rows);
+    let cfg = super::storage::rows_grid(rows);
     let vectors = u64::from(wp != 0);
     let bytes = 3 * elems(lx.numel(), x.dtype())
         + vectors * elems(cols, x.dtype())

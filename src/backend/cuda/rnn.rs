@@ -2,8 +2,8 @@
 //! read at their offset and `[B, H]` operands with unit-stride rows in place (a step of a
 //! sequence, a slice of `[h | c']`); others are copied first.
 
-use super::ops::same_dtype as same;
 use super::profile::elems;
+use super::storage::same_dtype as same;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
 use crate::backend::CellGrads;
 use crate::layout::Layout;

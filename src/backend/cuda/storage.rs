@@ -144,6 +144,20 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// One block of 256 threads per row (at most 65,535 blocks; the kernels loop over rows).
+pub(crate) fn rows_grid(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `Err` naming `op` and both dtypes when they differ.
+pub(crate) fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
+    crate::backend::same_dtypes(op, a.dtype(), b.dtype())
+}
+
 /// A single thread: the scalar kernels (a step count, the loss scale) that must not race.
 pub(crate) fn one_thread() -> LaunchConfig {
     LaunchConfig {

@@ -93,7 +93,7 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
         let mut out = vec![T::default(); n + 16];
         let so = start(&out, skew);
         for op in unary {
-            let (code, a, b) = crate::backend::cuda::ops::unary_code(op);
+            let (code, a, b) = crate::backend::cuda::elementwise::unary_code(op);
             let f: Unary<T> = function(lib, &format!("unary_{t}"));
             // SAFETY: every buffer holds n elements from its start.
             unsafe {
@@ -111,7 +111,7 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
         }
         for op in BINARY_OPS {
             let f: Binary<T> = function(lib, &format!("binary_{t}"));
-            let code = crate::backend::cuda::ops::binary_code(op);
+            let code = crate::backend::cuda::elementwise::binary_code(op);
             // SAFETY: as above.
             unsafe {
                 f(
@@ -167,14 +167,14 @@ fn max_min_relu_and_clamp_kernels_keep_nan_as_the_cpu_does() {
         UnaryOp::MaxScalar(0.25),
         UnaryOp::MinScalar(0.25),
     ] {
-        let (code, a, b) = crate::backend::cuda::ops::unary_code(op);
+        let (code, a, b) = crate::backend::cuda::elementwise::unary_code(op);
         // SAFETY: every buffer holds n elements.
         unsafe { unary(code, a, b, xs.as_ptr(), out.as_mut_ptr(), n as i64) };
         same(&out, x.storage().unary(&l, op).unwrap(), &format!("{op:?}"));
     }
     let binary: Binary<f32> = function(lib, "binary_float");
     for op in [BinaryOp::Max, BinaryOp::Min] {
-        let code = crate::backend::cuda::ops::binary_code(op);
+        let code = crate::backend::cuda::elementwise::binary_code(op);
         // SAFETY: as above.
         unsafe { binary(code, xs.as_ptr(), ys.as_ptr(), out.as_mut_ptr(), n as i64) };
         let want = x.storage().binary(&l, &y.storage(), &l, op).unwrap();
@@ -308,7 +308,7 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
         let want = x.storage().binary(&lx, &y.storage(), &ly, op).unwrap();
         let want = Tensor::from_storage(want, &[2, 3]).to_vec::<i64>().unwrap();
         let mut out = vec![0i64; 6];
-        let code = crate::backend::cuda::ops::binary_code(op);
+        let code = crate::backend::cuda::elementwise::binary_code(op);
         let (sx, sy) = (
             Strided::new("t", &lx).unwrap(),
             Strided::new("t", &ly).unwrap(),
@@ -350,7 +350,7 @@ fn unary_grad_kernel_matches_the_cpu_including_its_conventions() {
     let mut out = vec![0f32; n];
     let s = Strided::new("t", &l).unwrap();
     for op in ops {
-        let (code, a, _) = crate::backend::cuda::ops::unary_code(op);
+        let (code, a, _) = crate::backend::cuda::elementwise::unary_code(op);
         // SAFETY: every buffer holds n elements.
         unsafe {
             f(
@@ -402,7 +402,7 @@ fn strided_unary_kernel_reads_the_view() {
         let f: StridedUnary<T> = function(lib, &format!("unary_strided_{t}"));
         let mut out = vec![T::default(); 20];
         for op in UNARY_OPS {
-            let (code, a, b) = crate::backend::cuda::ops::unary_code(op);
+            let (code, a, b) = crate::backend::cuda::elementwise::unary_code(op);
             let s = Strided::new("t", &l).unwrap();
             // SAFETY: the view stays inside the 40 elements; the output holds 20.
             unsafe { f(code, a, b, xs.as_ptr(), s, out.as_mut_ptr(), 20) };

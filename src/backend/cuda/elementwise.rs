@@ -1,0 +1,273 @@
+//! Launchers of `cuda/elementwise.cu`: unary and binary maps, their gradients, comparisons
+//! and `where`. Each takes device storages and layouts as the CPU backend's functions do and
+//! returns a contiguous result; tests/cuda_parity.rs compares each with the CPU backend.
+
+use super::profile::{elems, view_bytes};
+use super::storage::{float_kname, grid, kname, same_dtype, CudaStorage, Strided};
+use crate::backend::ops::{BinaryOp, CmpOp, UnaryOp};
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::driver::PushKernelArg;
+
+/// The kernel's op code and scalar parameters (`unary_f` in `cuda/elementwise.cu`).
+pub(super) fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
+    match op {
+        UnaryOp::Neg => (0, 0.0, 0.0),
+        UnaryOp::Abs => (1, 0.0, 0.0),
+        UnaryOp::Exp => (2, 0.0, 0.0),
+        UnaryOp::Log => (3, 0.0, 0.0),
+        UnaryOp::Log1p => (4, 0.0, 0.0),
+        UnaryOp::Sqrt => (5, 0.0, 0.0),
+        UnaryOp::Rsqrt => (6, 0.0, 0.0),
+        UnaryOp::Recip => (7, 0.0, 0.0),
+        UnaryOp::Sin => (8, 0.0, 0.0),
+        UnaryOp::Cos => (9, 0.0, 0.0),
+        UnaryOp::Tanh => (10, 0.0, 0.0),
+        UnaryOp::Sigmoid => (11, 0.0, 0.0),
+        UnaryOp::Relu => (12, 0.0, 0.0),
+        UnaryOp::LeakyRelu(s) => (13, s as f32, 0.0),
+        UnaryOp::GeluErf => (14, 0.0, 0.0),
+        UnaryOp::GeluTanh => (15, 0.0, 0.0),
+        UnaryOp::Silu => (16, 0.0, 0.0),
+        UnaryOp::Affine { mul, add } => (17, mul as f32, add as f32),
+        UnaryOp::PowScalar(p) => (18, p as f32, 0.0),
+        UnaryOp::ScalarPow(s) => (19, s as f32, 0.0),
+        UnaryOp::MaxScalar(s) => (20, s as f32, 0.0),
+        UnaryOp::MinScalar(s) => (21, s as f32, 0.0),
+    }
+}
+
+pub(super) fn binary_code(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Pow => 4,
+        BinaryOp::Max => 5,
+        BinaryOp::Min => 6,
+    }
+}
+
+fn cmp_code(op: CmpOp) -> i32 {
+    match op {
+        CmpOp::Eq => 0,
+        CmpOp::Ne => 1,
+        CmpOp::Lt => 2,
+        CmpOp::Le => 3,
+        CmpOp::Gt => 4,
+        CmpOp::Ge => 5,
+    }
+}
+
+pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
+    let t = float_kname("unary", x.dtype())?;
+    let n = l.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let ((code, a, b), dst, n64) = (unary_code(op), out.ptr(), n as i64);
+    if l.is_contiguous() {
+        let src = x.ptr_at(l.offset());
+        launch!(
+            bytes = 2 * elems(n, x.dtype());
+            x,
+            "elementwise",
+            format!("unary_{t}"),
+            // At least four elements a thread (one vector of f32, half of one of f16).
+            grid(n.div_ceil(4)),
+            &code,
+            &a,
+            &b,
+            &src,
+            &dst,
+            &n64
+        );
+    } else {
+        let (src, st) = (x.ptr(), Strided::new("unary", l)?);
+        let name = format!("unary_strided_{t}");
+        launch!(
+            bytes = view_bytes(l, x.dtype()) + elems(n, x.dtype());
+            x,
+            "elementwise",
+            name,
+            grid(n),
+            &code,
+            &a,
+            &b,
+            &src,
+            &st,
+            &dst,
+            &n64
+        );
+    }
+    Ok(out)
+}
+
+pub(crate) fn unary_grad(
+    x: &CudaStorage,
+    lx: &Layout,
+    g: &CudaStorage,
+    lg: &Layout,
+    op: UnaryOp,
+) -> Result<CudaStorage> {
+    same_dtype("unary_grad", x, g)?;
+    let t = float_kname("unary_grad", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let ((code, a, _), dst, n64) = (unary_code(op), out.ptr(), n as i64);
+    let (xp, sx, gp, sg) = (
+        x.ptr(),
+        Strided::new("unary_grad", lx)?,
+        g.ptr(),
+        Strided::new("unary_grad", lg)?,
+    );
+    let name = format!("unary_grad_{t}");
+    launch!(
+        bytes = view_bytes(lx, x.dtype()) + view_bytes(lg, g.dtype()) + elems(n, x.dtype());
+        x,
+        "elementwise",
+        name,
+        grid(n),
+        &code,
+        &a,
+        &xp,
+        &sx,
+        &gp,
+        &sg,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
+
+pub(crate) fn binary(
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    op: BinaryOp,
+) -> Result<CudaStorage> {
+    same_dtype("binary", x, y)?;
+    if let DType::I64 | DType::U8 = x.dtype() {
+        // Integer counters (a batch-norm's batches tracked) and masks stay on the device too,
+        // with the CPU's integer arithmetic (truncated, saturated).
+        let out = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
+        let name = format!("binary_strided_{}", kname("binary", x.dtype())?);
+        strided_pair(x, lx, y, ly, binary_code(op), name, &out)?;
+        return Ok(out);
+    }
+    let t = float_kname("binary", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let (code, dst, n64) = (binary_code(op), out.ptr(), n as i64);
+    if lx.is_contiguous() && ly.is_contiguous() {
+        let (a, b) = (x.ptr_at(lx.offset()), y.ptr_at(ly.offset()));
+        launch!(
+            bytes = 3 * elems(n, x.dtype());
+            x,
+            "elementwise",
+            format!("binary_{t}"),
+            grid(n.div_ceil(4)),
+            &code,
+            &a,
+            &b,
+            &dst,
+            &n64
+        );
+    } else {
+        strided_pair(x, lx, y, ly, code, format!("binary_strided_{t}"), &out)?;
+    }
+    Ok(out)
+}
+
+pub(crate) fn cmp(
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    op: CmpOp,
+) -> Result<CudaStorage> {
+    same_dtype("cmp", x, y)?;
+    let t = kname("cmp", x.dtype())?;
+    let out = CudaStorage::alloc_on(x.rt(), DType::U8, lx.numel())?;
+    strided_pair(x, lx, y, ly, cmp_code(op), format!("cmp_{t}"), &out)?;
+    Ok(out)
+}
+
+/// Launches a two-input kernel `name(op, x, lx, y, ly, out, n)` over strided views (the
+/// `binary_strided_*` and `cmp_*` kernels).
+fn strided_pair(
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    code: i32,
+    name: String,
+    out: &CudaStorage,
+) -> Result<()> {
+    let n = lx.numel();
+    let (dst, n64) = (out.ptr(), n as i64);
+    let (a, sa) = (x.ptr(), Strided::new("binary", lx)?);
+    let (b, sb) = (y.ptr(), Strided::new("binary", ly)?);
+    let bytes = view_bytes(lx, x.dtype()) + view_bytes(ly, y.dtype()) + elems(n, out.dtype());
+    launch!(
+        bytes = bytes;
+        x,
+        "elementwise",
+        name,
+        grid(n),
+        &code,
+        &a,
+        &sa,
+        &b,
+        &sb,
+        &dst,
+        &n64
+    );
+    Ok(())
+}
+
+pub(crate) fn where_cond(
+    c: &CudaStorage,
+    lc: &Layout,
+    x: &CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+) -> Result<CudaStorage> {
+    if c.dtype() != DType::U8 {
+        return Err(Error::DType {
+            op: "where",
+            dtype: c.dtype(),
+            expected: "U8 (a mask)",
+        });
+    }
+    same_dtype("where", x, y)?;
+    let t = kname("where", x.dtype())?;
+    let n = lx.numel();
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
+    let (dst, n64) = (out.ptr(), n as i64);
+    let (m, sm) = (c.ptr(), Strided::new("where", lc)?);
+    let (a, sa) = (x.ptr(), Strided::new("where", lx)?);
+    let (b, sb) = (y.ptr(), Strided::new("where", ly)?);
+    let name = format!("where_{t}");
+    let bytes = view_bytes(lc, DType::U8)
+        + view_bytes(lx, x.dtype())
+        + view_bytes(ly, y.dtype())
+        + elems(n, x.dtype());
+    launch!(
+        bytes = bytes;
+        x,
+        "elementwise",
+        name,
+        grid(n),
+        &m,
+        &sm,
+        &a,
+        &sa,
+        &b,
+        &sb,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}

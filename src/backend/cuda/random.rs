@@ -1,0 +1,33 @@
+//! Launcher of `cuda/random.cu`: dropout masks from the Philox stream.
+
+use super::storage::{float_kname, grid, CudaStorage};
+use crate::{DType, Error, Result};
+use cudarc::driver::PushKernelArg;
+
+/// `n` dropout multipliers from the Philox stream (the CPU's definition, element for element).
+pub(crate) fn dropout_mask(
+    ordinal: usize,
+    n: usize,
+    threshold: u64,
+    scale: f64,
+    (seed, start): (u64, u64),
+    dtype: DType,
+) -> Result<CudaStorage> {
+    let t = float_kname("dropout", dtype)?;
+    let out = CudaStorage::alloc(ordinal, dtype, n)?;
+    let (dst, n64, sc) = (out.ptr(), n as i64, scale as f32);
+    let name = format!("dropout_mask_{t}");
+    launch!(
+        out,
+        "random",
+        name,
+        grid(n.div_ceil(4)),
+        &seed,
+        &start,
+        &threshold,
+        &sc,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
