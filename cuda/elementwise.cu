@@ -1,7 +1,7 @@
 // Elementwise ops on contiguous (vectorised) or strided (broadcast) inputs into a contiguous
 // output, arithmetic in f32.
-// The op codes follow the order of UnaryOp / BinaryOp / CmpOp in src/backend/ops.rs, and the
-// formulas are the ones written there.
+// The op codes (UNARY_*, BINARY_*, CMP_*) are defined from UnaryOp / BinaryOp / CmpOp in
+// src/backend/ops.rs (`kernels::op_codes`), and the formulas are the ones written there.
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
 #define GELU_C 0.044715f
@@ -12,83 +12,83 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 
 __device__ __forceinline__ float unary_f(int op, float a, float b, float x) {
     switch (op) {
-    case 0: return -x;
-    case 1: return fabsf(x);
-    case 2: return expf(x);
-    case 3: return logf(x);
-    case 4: return log1pf(x);
-    case 5: return sqrtf(x);
-    case 6: return rsqrtf(x);
-    case 7: return 1.0f / x;
-    case 8: return sinf(x);
-    case 9: return cosf(x);
-    case 10: return tanhf(x);
-    case 11: return sigmoid(x);
-    case 12: return x < 0.0f ? 0.0f : x; // NaN stays NaN, as in PyTorch
-    case 13: return x > 0.0f ? x : x * a;
-    case 14: return 0.5f * x * (1.0f + erff(x * FRAC_1_SQRT_2));
-    case 15: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_C * x * x * x)));
-    case 16: return x * sigmoid(x);
-    case 17: return x * a + b;
-    case 18: return a == 2.0f ? x * x : powf(x, a);
-    case 19: return powf(a, x);
-    case 20: return x < a ? a : x;
-    default: return x > a ? a : x;
+    case UNARY_NEG: return -x;
+    case UNARY_ABS: return fabsf(x);
+    case UNARY_EXP: return expf(x);
+    case UNARY_LOG: return logf(x);
+    case UNARY_LOG1P: return log1pf(x);
+    case UNARY_SQRT: return sqrtf(x);
+    case UNARY_RSQRT: return rsqrtf(x);
+    case UNARY_RECIP: return 1.0f / x;
+    case UNARY_SIN: return sinf(x);
+    case UNARY_COS: return cosf(x);
+    case UNARY_TANH: return tanhf(x);
+    case UNARY_SIGMOID: return sigmoid(x);
+    case UNARY_RELU: return x < 0.0f ? 0.0f : x; // NaN stays NaN, as in PyTorch
+    case UNARY_LEAKY_RELU: return x > 0.0f ? x : x * a;
+    case UNARY_GELU: return 0.5f * x * (1.0f + erff(x * FRAC_1_SQRT_2));
+    case UNARY_GELU_TANH: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_C * x * x * x)));
+    case UNARY_SILU: return x * sigmoid(x);
+    case UNARY_AFFINE: return x * a + b;
+    case UNARY_POW_SCALAR: return a == 2.0f ? x * x : powf(x, a);
+    case UNARY_SCALAR_POW: return powf(a, x);
+    case UNARY_CLAMP_MIN: return x < a ? a : x;
+    case UNARY_CLAMP_MAX: default: return x > a ? a : x;
     }
 }
 
 // d f / d x at x.
 __device__ __forceinline__ float unary_df(int op, float a, float x) {
     switch (op) {
-    case 0: return -1.0f;
-    case 1: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
-    case 2: return expf(x);
-    case 3: return 1.0f / x;
-    case 4: return 1.0f / (1.0f + x);
-    case 5: return 0.5f / sqrtf(x);
-    case 6: return -0.5f / (x * sqrtf(x));
-    case 7: return -1.0f / (x * x);
-    case 8: return cosf(x);
-    case 9: return -sinf(x);
-    case 10: { float t = tanhf(x); return 1.0f - t * t; }
-    case 11: { float s = sigmoid(x); return s * (1.0f - s); }
-    case 12: return x <= 0.0f ? 0.0f : 1.0f; // NaN passes the gradient, as in PyTorch
-    case 13: return x > 0.0f ? 1.0f : a;
-    case 14: return 0.5f * (1.0f + erff(x * FRAC_1_SQRT_2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
-    case 15: {
+    case UNARY_NEG: return -1.0f;
+    case UNARY_ABS: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+    case UNARY_EXP: return expf(x);
+    case UNARY_LOG: return 1.0f / x;
+    case UNARY_LOG1P: return 1.0f / (1.0f + x);
+    case UNARY_SQRT: return 0.5f / sqrtf(x);
+    case UNARY_RSQRT: return -0.5f / (x * sqrtf(x));
+    case UNARY_RECIP: return -1.0f / (x * x);
+    case UNARY_SIN: return cosf(x);
+    case UNARY_COS: return -sinf(x);
+    case UNARY_TANH: { float t = tanhf(x); return 1.0f - t * t; }
+    case UNARY_SIGMOID: { float s = sigmoid(x); return s * (1.0f - s); }
+    case UNARY_RELU: return x <= 0.0f ? 0.0f : 1.0f; // NaN passes the gradient, as in PyTorch
+    case UNARY_LEAKY_RELU: return x > 0.0f ? 1.0f : a;
+    case UNARY_GELU: return 0.5f * (1.0f + erff(x * FRAC_1_SQRT_2)) + x * expf(-0.5f * x * x) * INV_SQRT_2PI;
+    case UNARY_GELU_TANH: {
         float t = tanhf(SQRT_2_OVER_PI * (x + GELU_C * x * x * x));
         float dinner = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_C * x * x);
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner;
     }
-    case 16: { float s = sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
-    case 17: return a;
-    case 18: return a == 0.0f ? 0.0f : a * powf(x, a - 1.0f);
-    case 19: return a == 0.0f && x >= 0.0f ? 0.0f : powf(a, x) * logf(a); // PyTorch's 0^x
-    case 20: return x > a ? 1.0f : 0.0f;
-    default: return x < a ? 1.0f : 0.0f;
+    case UNARY_SILU: { float s = sigmoid(x); return s * (1.0f + x * (1.0f - s)); }
+    case UNARY_AFFINE: return a;
+    case UNARY_POW_SCALAR: return a == 0.0f ? 0.0f : a * powf(x, a - 1.0f);
+    case UNARY_SCALAR_POW: return a == 0.0f && x >= 0.0f ? 0.0f : powf(a, x) * logf(a); // PyTorch's 0^x
+    case UNARY_CLAMP_MIN: return x > a ? 1.0f : 0.0f;
+    case UNARY_CLAMP_MAX: default: return x < a ? 1.0f : 0.0f;
     }
 }
 
 __device__ __forceinline__ float binary_f(int op, float a, float b) {
     switch (op) {
-    case 0: return a + b;
-    case 1: return a - b;
-    case 2: return a * b;
-    case 3: return a / b;
-    case 4: return powf(a, b);
-    case 5: return nan_max(a, b);
-    default: return nan_min(a, b);
+    case BINARY_ADD: return a + b;
+    case BINARY_SUB: return a - b;
+    case BINARY_MUL: return a * b;
+    case BINARY_DIV: return a / b;
+    case BINARY_POW: return powf(a, b);
+    case BINARY_MAX: return nan_max(a, b);
+    case BINARY_MIN: default: return nan_min(a, b);
     }
 }
 
 template <typename V> __device__ __forceinline__ bool cmp_v(int op, V a, V b) {
     switch (op) {
-    case 0: return a == b;
-    case 1: return a != b;
-    case 2: return a < b;
-    case 3: return a <= b;
-    case 4: return a > b;
-    default: return a >= b;
+    case CMP_EQ: return a == b;
+    case CMP_NE: return a != b;
+    case CMP_LT: return a < b;
+    case CMP_LE: return a <= b;
+    case CMP_GT: return a > b;
+    case CMP_GE: default: return a >= b;
     }
 }
 
@@ -163,13 +163,13 @@ ELEMENTWISE(bf16)
    toward zero and saturated (cvt.rzi), so 7 / 2 = 3 and x / 0 saturates. */
 __device__ __forceinline__ double binary_d(int op, double a, double b) {
     switch (op) {
-    case 0: return a + b;
-    case 1: return a - b;
-    case 2: return a * b;
-    case 3: return a / b;
-    case 4: return pow(a, b);
-    case 5: return fmax(a, b);
-    default: return fmin(a, b);
+    case BINARY_ADD: return a + b;
+    case BINARY_SUB: return a - b;
+    case BINARY_MUL: return a * b;
+    case BINARY_DIV: return a / b;
+    case BINARY_POW: return pow(a, b);
+    case BINARY_MAX: return fmax(a, b);
+    case BINARY_MIN: default: return fmin(a, b);
     }
 }
 /* Integer powers exactly, as the CPU's `pow_i64`: square-and-multiply wrapping on overflow

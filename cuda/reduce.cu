@@ -1,12 +1,14 @@
 // Row reductions: out[r] = reduce(x[r, 0..cols]) for a contiguous [rows, cols] input (the
 // launcher moves the reduced dims last). One block per row, f32 accumulation (the CPU backend
 // adds compensation; f32 tree sums over a row have error ~log2(cols) ulp).
-// op: 0 sum, 1 max, 2 min, 3 mean. Max and min propagate NaN, as on the CPU.
+// op: REDUCE_SUM, REDUCE_MAX, REDUCE_MIN or REDUCE_MEAN (codes from ReduceOp). Max and min
+// propagate NaN, as on the CPU.
 
 template <typename T>
 __device__ void reduce_rows(int op, const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 cols) {
     __shared__ float scratch[32];
-    int bop = op == 3 ? 0 : op;
+    // block_reduce's op: 0 sum, 1 max, 2 min.
+    int bop = op == REDUCE_MAX ? 1 : (op == REDUCE_MIN ? 2 : 0);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * cols;
         float acc = bop == 0 ? 0.0f : (bop == 1 ? -INFINITY : INFINITY);
@@ -15,7 +17,7 @@ __device__ void reduce_rows(int op, const T* __restrict__ x, T* __restrict__ out
             acc = bop == 0 ? acc + v : (bop == 1 ? nan_max(acc, v) : nan_min(acc, v));
         }
         acc = block_reduce(bop, acc, scratch);
-        if (threadIdx.x == 0) out[r] = from_f32<T>(op == 3 ? acc / (float)cols : acc);
+        if (threadIdx.x == 0) out[r] = from_f32<T>(op == REDUCE_MEAN ? acc / (float)cols : acc);
     }
 }
 
@@ -66,7 +68,7 @@ REDUCE(float)
 REDUCE(f16)
 REDUCE(bf16)
 
-// Integer rows (i64, u8), compared exactly in i64: the maximum (op 1) or minimum (op 2) of
+// Integer rows (i64, u8), compared exactly in i64: the maximum (REDUCE_MAX) or minimum (REDUCE_MIN) of
 // each row into `out` and its first index into `arg` (either may be null). blockDim.x must be
 // a power of two, <= 1024; a row must not be empty.
 template <typename T>
@@ -74,7 +76,7 @@ __device__ void extreme_rows(int op, const T* __restrict__ x, T* __restrict__ ou
                              i64* __restrict__ arg, i64 rows, i64 cols) {
     __shared__ i64 best_v[1024];
     __shared__ i64 best_i[1024];
-    bool less = op == 2;
+    bool less = op == REDUCE_MIN;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * cols;
         i64 bv = 0, bi = -1;

@@ -3,6 +3,8 @@
 
 use crate::dtype::Float;
 
+pub use super::optim::{AdadeltaRule, AdamRule, OptimUpdate, Prepared, SgdRule, UpdateRule};
+
 /// Elementwise functions of one input (some carry a scalar parameter).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum UnaryOp {
@@ -77,6 +79,58 @@ impl UnaryOp {
             ScalarPow(_) => "scalar_pow",
             MaxScalar(_) => "clamp_min",
             MinScalar(_) => "clamp_max",
+        }
+    }
+
+    /// Every unary op, in the order of their kernel codes (parameters are samples). The CUDA
+    /// kernels name the codes `UNARY_<NAME>` (`#define`s generated from this list).
+    pub const ALL: [UnaryOp; 22] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Recip,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::LeakyRelu(0.1),
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Affine {
+            mul: 1.5,
+            add: -0.25,
+        },
+        UnaryOp::PowScalar(1.7),
+        UnaryOp::ScalarPow(1.3),
+        UnaryOp::MaxScalar(1.0),
+        UnaryOp::MinScalar(1.0),
+    ];
+
+    /// The op's code in the kernels: its place in [`UnaryOp::ALL`].
+    pub fn code(self) -> i32 {
+        let d = std::mem::discriminant(&self);
+        let i = Self::ALL
+            .iter()
+            .position(|o| std::mem::discriminant(o) == d);
+        i.expect("UnaryOp::ALL lists every variant") as i32
+    }
+
+    /// The scalar parameters `(a, b)` the kernels take (0 where the op has none).
+    pub fn params(self) -> (f64, f64) {
+        match self {
+            UnaryOp::LeakyRelu(s)
+            | UnaryOp::PowScalar(s)
+            | UnaryOp::ScalarPow(s)
+            | UnaryOp::MaxScalar(s)
+            | UnaryOp::MinScalar(s) => (s, 0.0),
+            UnaryOp::Affine { mul, add } => (mul, add),
+            _ => (0.0, 0.0),
         }
     }
 
@@ -255,6 +309,35 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary op, in the order of their kernel codes (`BINARY_<NAME>` in the kernels).
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ];
+
+    /// The op's name in the kernels' code names.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+        }
+    }
+
+    /// The op's code in the kernels (its place in [`BinaryOp::ALL`]).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
     #[inline(always)]
     pub fn f<A: Float>(self, a: A, b: A) -> A {
         match self {
@@ -334,6 +417,33 @@ pub enum CmpOp {
 }
 
 impl CmpOp {
+    /// Every comparison, in the order of their kernel codes (`CMP_<NAME>` in the kernels).
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ];
+
+    /// The comparison's name in the kernels' code names.
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+
+    /// The comparison's code in the kernels (its place in [`CmpOp::ALL`]).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
     #[inline(always)]
     pub fn f<A: PartialOrd>(self, a: A, b: A) -> bool {
         match self {
@@ -359,6 +469,35 @@ pub enum ReduceOp {
     ArgMax,
     /// Index (i64) of the first minimum.
     ArgMin,
+}
+
+impl ReduceOp {
+    /// Every reduction, in the order of their kernel codes (`REDUCE_<NAME>` in the kernels).
+    pub const ALL: [ReduceOp; 6] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::ArgMax,
+        ReduceOp::ArgMin,
+    ];
+
+    /// The reduction's name in errors and the kernels' code names.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::ArgMax => "argmax",
+            ReduceOp::ArgMin => "argmin",
+        }
+    }
+
+    /// The reduction's code in the kernels (its place in [`ReduceOp::ALL`]).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
 }
 
 /// Geometry of a 2-D convolution (also used by conv_transpose2d).
@@ -443,208 +582,27 @@ mod tests {
     }
 
     #[test]
+    fn kernel_codes_are_the_places_in_all() {
+        for (i, op) in UnaryOp::ALL.iter().enumerate() {
+            assert_eq!(op.code(), i as i32, "{op:?}");
+        }
+        for (i, op) in BinaryOp::ALL.iter().enumerate() {
+            assert_eq!(op.code(), i as i32, "{op:?}");
+        }
+        for (i, op) in CmpOp::ALL.iter().enumerate() {
+            assert_eq!(op.code(), i as i32, "{op:?}");
+        }
+        for (i, op) in ReduceOp::ALL.iter().enumerate() {
+            assert_eq!(op.code(), i as i32, "{op:?}");
+        }
+        assert_eq!(UnaryOp::LeakyRelu(0.3).code(), UnaryOp::ALL[13].code());
+        assert_eq!(UnaryOp::Affine { mul: 2.0, add: 3.0 }.params(), (2.0, 3.0));
+    }
+
+    #[test]
     fn conv_output_sizes() {
         assert_eq!(window_out(28, 3, 1, 0, 1, false), Some(26));
         assert_eq!(window_out(5, 2, 2, 0, 1, true), Some(3));
         assert_eq!(window_out(2, 5, 1, 0, 1, false), None);
-    }
-}
-
-/// One optimizer update, applied elementwise in place by a fused kernel (the formulas are
-/// PyTorch's; see `crate::optim`). States are passed in the order listed per variant.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum OptimUpdate {
-    /// States: `[momentum_buffer]` when `momentum != 0`, else none. On the first step
-    /// (step count 0) the buffer takes the gradient as it is.
-    Sgd {
-        lr: f64,
-        momentum: f64,
-        dampening: f64,
-        weight_decay: f64,
-        nesterov: bool,
-    },
-    /// States: `[exp_avg, exp_avg_sq]`; the bias corrections `1 - beta^t` come from the step
-    /// count the kernel reads.
-    Adam {
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        eps: f64,
-        weight_decay: f64,
-        decoupled: bool,
-    },
-    /// States: `[square_avg, acc_delta]`.
-    Adadelta {
-        lr: f64,
-        rho: f64,
-        eps: f64,
-        weight_decay: f64,
-    },
-}
-
-impl OptimUpdate {
-    /// How many state tensors the update reads and writes.
-    pub fn num_states(&self) -> usize {
-        match self {
-            OptimUpdate::Sgd { momentum, .. } => (*momentum != 0.0) as usize,
-            OptimUpdate::Adam { .. } | OptimUpdate::Adadelta { .. } => 2,
-        }
-    }
-
-    /// The constants of the update in the arithmetic type, for a parameter that has already
-    /// taken `steps` updates (the kernel reads the count from the step state).
-    pub fn prepare<A: Float>(&self, steps: f64) -> Prepared<A> {
-        let c = |v: f64| A::from_f64_(v);
-        let t = steps as i32 + 1;
-        match *self {
-            OptimUpdate::Sgd {
-                lr,
-                momentum,
-                dampening,
-                weight_decay,
-                nesterov,
-            } => Prepared::Sgd(SgdRule {
-                lr: c(lr),
-                momentum: c(momentum),
-                keep: c(1.0 - dampening),
-                wd: c(weight_decay),
-                use_momentum: momentum != 0.0,
-                nesterov,
-                first: steps == 0.0,
-            }),
-            OptimUpdate::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-                decoupled,
-            } => Prepared::Adam(AdamRule {
-                decay: c(if decoupled {
-                    1.0 - lr * weight_decay
-                } else {
-                    1.0
-                }),
-                wd: c(if decoupled { 0.0 } else { weight_decay }),
-                b1: c(beta1),
-                b1c: c(1.0 - beta1),
-                b2: c(beta2),
-                b2c: c(1.0 - beta2),
-                inv_bc2: c(1.0 / (1.0 - beta2.powi(t))),
-                eps: c(eps),
-                step: c(lr / (1.0 - beta1.powi(t))),
-            }),
-            OptimUpdate::Adadelta {
-                lr,
-                rho,
-                eps,
-                weight_decay,
-            } => Prepared::Adadelta(AdadeltaRule {
-                lr: c(lr),
-                rho: c(rho),
-                rho_c: c(1.0 - rho),
-                eps: c(eps),
-                wd: c(weight_decay),
-            }),
-        }
-    }
-}
-
-/// The elementwise rule of an optimizer: parameter `p`, gradient `g`, states `s` (in/out).
-pub trait UpdateRule<A>: Copy + Send + Sync {
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]);
-}
-
-/// An [`OptimUpdate`] with its constants in the arithmetic type `A`.
-#[derive(Debug, Clone, Copy)]
-pub enum Prepared<A> {
-    Sgd(SgdRule<A>),
-    Adam(AdamRule<A>),
-    Adadelta(AdadeltaRule<A>),
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct SgdRule<A> {
-    lr: A,
-    momentum: A,
-    keep: A,
-    wd: A,
-    use_momentum: bool,
-    nesterov: bool,
-    first: bool,
-}
-
-impl<A: Float> UpdateRule<A> for SgdRule<A> {
-    #[inline(always)]
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
-        let mut d = g + self.wd * *p;
-        if self.use_momentum {
-            s[0] = if self.first {
-                d
-            } else {
-                self.momentum * s[0] + self.keep * d
-            };
-            d = if self.nesterov {
-                d + self.momentum * s[0]
-            } else {
-                s[0]
-            };
-        }
-        *p = *p - self.lr * d;
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct AdamRule<A> {
-    decay: A,
-    wd: A,
-    b1: A,
-    b1c: A,
-    b2: A,
-    b2c: A,
-    inv_bc2: A,
-    eps: A,
-    step: A,
-}
-
-impl<A: Float> UpdateRule<A> for AdamRule<A> {
-    #[inline(always)]
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
-        let g = g + self.wd * *p;
-        s[0] = self.b1 * s[0] + self.b1c * g;
-        s[1] = self.b2 * s[1] + self.b2c * g * g;
-        *p = *p * self.decay - self.step * s[0] / ((s[1] * self.inv_bc2).sqrt() + self.eps);
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct AdadeltaRule<A> {
-    lr: A,
-    rho: A,
-    rho_c: A,
-    eps: A,
-    wd: A,
-}
-
-impl<A: Float> UpdateRule<A> for AdadeltaRule<A> {
-    #[inline(always)]
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
-        let g = g + self.wd * *p;
-        s[0] = self.rho * s[0] + self.rho_c * g * g;
-        let d = (s[1] + self.eps).sqrt() / (s[0] + self.eps).sqrt() * g;
-        s[1] = self.rho * s[1] + self.rho_c * d * d;
-        *p = *p - self.lr * d;
-    }
-}
-
-impl<A: Float> Prepared<A> {
-    /// The update of one element (dispatching on the variant; kernels call the rule itself).
-    #[inline(always)]
-    pub fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
-        match self {
-            Prepared::Sgd(r) => r.apply(p, g, s),
-            Prepared::Adam(r) => r.apply(p, g, s),
-            Prepared::Adadelta(r) => r.apply(p, g, s),
-        }
     }
 }

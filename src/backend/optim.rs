@@ -1,8 +1,9 @@
-//! Fused optimizer updates: the [`OptimOps`] family and its dispatch.
+//! Fused optimizer updates: what one update is ([`OptimUpdate`], its per-element rules in the
+//! arithmetic type), the [`OptimOps`] family and its dispatch.
 
-use super::ops::OptimUpdate;
 use super::rounding::Rounding;
 use super::{on_device, BackendStorage, Storage};
+use crate::dtype::Float;
 use crate::Result;
 
 /// In-place optimizer updates on a parameter (or its f32 master) and its states.
@@ -65,5 +66,204 @@ impl Storage {
         super::on_backend!("round_from_master", [self, master, step], B => {
             B::part_mut(self).round_from_master(B::part(master), rounding, B::part(step))
         })
+    }
+}
+
+/// One optimizer update, applied elementwise in place by a fused kernel (the formulas are
+/// PyTorch's; see `crate::optim`). States are passed in the order listed per variant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimUpdate {
+    /// States: `[momentum_buffer]` when `momentum != 0`, else none. On the first step
+    /// (step count 0) the buffer takes the gradient as it is.
+    Sgd {
+        lr: f64,
+        momentum: f64,
+        dampening: f64,
+        weight_decay: f64,
+        nesterov: bool,
+    },
+    /// States: `[exp_avg, exp_avg_sq]`; the bias corrections `1 - beta^t` come from the step
+    /// count the kernel reads.
+    Adam {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+    },
+    /// States: `[square_avg, acc_delta]`.
+    Adadelta {
+        lr: f64,
+        rho: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
+}
+
+impl OptimUpdate {
+    /// How many state tensors the update reads and writes.
+    pub fn num_states(&self) -> usize {
+        match self {
+            OptimUpdate::Sgd { momentum, .. } => (*momentum != 0.0) as usize,
+            OptimUpdate::Adam { .. } | OptimUpdate::Adadelta { .. } => 2,
+        }
+    }
+
+    /// The constants of the update in the arithmetic type, for a parameter that has already
+    /// taken `steps` updates (the kernel reads the count from the step state).
+    pub fn prepare<A: Float>(&self, steps: f64) -> Prepared<A> {
+        let c = |v: f64| A::from_f64_(v);
+        let t = steps as i32 + 1;
+        match *self {
+            OptimUpdate::Sgd {
+                lr,
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
+            } => Prepared::Sgd(SgdRule {
+                lr: c(lr),
+                momentum: c(momentum),
+                keep: c(1.0 - dampening),
+                wd: c(weight_decay),
+                use_momentum: momentum != 0.0,
+                nesterov,
+                first: steps == 0.0,
+            }),
+            OptimUpdate::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                decoupled,
+            } => Prepared::Adam(AdamRule {
+                decay: c(if decoupled {
+                    1.0 - lr * weight_decay
+                } else {
+                    1.0
+                }),
+                wd: c(if decoupled { 0.0 } else { weight_decay }),
+                b1: c(beta1),
+                b1c: c(1.0 - beta1),
+                b2: c(beta2),
+                b2c: c(1.0 - beta2),
+                inv_bc2: c(1.0 / (1.0 - beta2.powi(t))),
+                eps: c(eps),
+                step: c(lr / (1.0 - beta1.powi(t))),
+            }),
+            OptimUpdate::Adadelta {
+                lr,
+                rho,
+                eps,
+                weight_decay,
+            } => Prepared::Adadelta(AdadeltaRule {
+                lr: c(lr),
+                rho: c(rho),
+                rho_c: c(1.0 - rho),
+                eps: c(eps),
+                wd: c(weight_decay),
+            }),
+        }
+    }
+}
+
+/// The elementwise rule of an optimizer: parameter `p`, gradient `g`, states `s` (in/out).
+pub trait UpdateRule<A>: Copy + Send + Sync {
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]);
+}
+
+/// An [`OptimUpdate`] with its constants in the arithmetic type `A`.
+#[derive(Debug, Clone, Copy)]
+pub enum Prepared<A> {
+    Sgd(SgdRule<A>),
+    Adam(AdamRule<A>),
+    Adadelta(AdadeltaRule<A>),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SgdRule<A> {
+    lr: A,
+    momentum: A,
+    keep: A,
+    wd: A,
+    use_momentum: bool,
+    nesterov: bool,
+    first: bool,
+}
+
+impl<A: Float> UpdateRule<A> for SgdRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let mut d = g + self.wd * *p;
+        if self.use_momentum {
+            s[0] = if self.first {
+                d
+            } else {
+                self.momentum * s[0] + self.keep * d
+            };
+            d = if self.nesterov {
+                d + self.momentum * s[0]
+            } else {
+                s[0]
+            };
+        }
+        *p = *p - self.lr * d;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AdamRule<A> {
+    decay: A,
+    wd: A,
+    b1: A,
+    b1c: A,
+    b2: A,
+    b2c: A,
+    inv_bc2: A,
+    eps: A,
+    step: A,
+}
+
+impl<A: Float> UpdateRule<A> for AdamRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let g = g + self.wd * *p;
+        s[0] = self.b1 * s[0] + self.b1c * g;
+        s[1] = self.b2 * s[1] + self.b2c * g * g;
+        *p = *p * self.decay - self.step * s[0] / ((s[1] * self.inv_bc2).sqrt() + self.eps);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AdadeltaRule<A> {
+    lr: A,
+    rho: A,
+    rho_c: A,
+    eps: A,
+    wd: A,
+}
+
+impl<A: Float> UpdateRule<A> for AdadeltaRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        let g = g + self.wd * *p;
+        s[0] = self.rho * s[0] + self.rho_c * g * g;
+        let d = (s[1] + self.eps).sqrt() / (s[0] + self.eps).sqrt() * g;
+        s[1] = self.rho * s[1] + self.rho_c * d * d;
+        *p = *p - self.lr * d;
+    }
+}
+
+impl<A: Float> Prepared<A> {
+    /// The update of one element (dispatching on the variant; kernels call the rule itself).
+    #[inline(always)]
+    pub fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+        match self {
+            Prepared::Sgd(r) => r.apply(p, g, s),
+            Prepared::Adam(r) => r.apply(p, g, s),
+            Prepared::Adadelta(r) => r.apply(p, g, s),
+        }
     }
 }

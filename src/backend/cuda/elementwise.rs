@@ -11,53 +11,8 @@ use cudarc::driver::PushKernelArg;
 
 /// The kernel's op code and scalar parameters (`unary_f` in `cuda/elementwise.cu`).
 pub(super) fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
-    match op {
-        UnaryOp::Neg => (0, 0.0, 0.0),
-        UnaryOp::Abs => (1, 0.0, 0.0),
-        UnaryOp::Exp => (2, 0.0, 0.0),
-        UnaryOp::Log => (3, 0.0, 0.0),
-        UnaryOp::Log1p => (4, 0.0, 0.0),
-        UnaryOp::Sqrt => (5, 0.0, 0.0),
-        UnaryOp::Rsqrt => (6, 0.0, 0.0),
-        UnaryOp::Recip => (7, 0.0, 0.0),
-        UnaryOp::Sin => (8, 0.0, 0.0),
-        UnaryOp::Cos => (9, 0.0, 0.0),
-        UnaryOp::Tanh => (10, 0.0, 0.0),
-        UnaryOp::Sigmoid => (11, 0.0, 0.0),
-        UnaryOp::Relu => (12, 0.0, 0.0),
-        UnaryOp::LeakyRelu(s) => (13, s as f32, 0.0),
-        UnaryOp::GeluErf => (14, 0.0, 0.0),
-        UnaryOp::GeluTanh => (15, 0.0, 0.0),
-        UnaryOp::Silu => (16, 0.0, 0.0),
-        UnaryOp::Affine { mul, add } => (17, mul as f32, add as f32),
-        UnaryOp::PowScalar(p) => (18, p as f32, 0.0),
-        UnaryOp::ScalarPow(s) => (19, s as f32, 0.0),
-        UnaryOp::MaxScalar(s) => (20, s as f32, 0.0),
-        UnaryOp::MinScalar(s) => (21, s as f32, 0.0),
-    }
-}
-
-pub(super) fn binary_code(op: BinaryOp) -> i32 {
-    match op {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Pow => 4,
-        BinaryOp::Max => 5,
-        BinaryOp::Min => 6,
-    }
-}
-
-fn cmp_code(op: CmpOp) -> i32 {
-    match op {
-        CmpOp::Eq => 0,
-        CmpOp::Ne => 1,
-        CmpOp::Lt => 2,
-        CmpOp::Le => 3,
-        CmpOp::Gt => 4,
-        CmpOp::Ge => 5,
-    }
+    let (a, b) = op.params();
+    (op.code(), a as f32, b as f32)
 }
 
 pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
@@ -152,13 +107,13 @@ pub(crate) fn binary(
         // with the CPU's integer arithmetic (truncated, saturated).
         let out = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
         let name = format!("binary_strided_{}", kname("binary", x.dtype())?);
-        strided_pair(x, lx, y, ly, binary_code(op), name, &out)?;
+        strided_pair(x, lx, y, ly, op.code(), name, &out)?;
         return Ok(out);
     }
     let t = float_kname("binary", x.dtype())?;
     let n = lx.numel();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
-    let (code, dst, n64) = (binary_code(op), out.ptr(), n as i64);
+    let (code, dst, n64) = (op.code(), out.ptr(), n as i64);
     if lx.is_contiguous() && ly.is_contiguous() {
         let (a, b) = (x.ptr_at(lx.offset()), y.ptr_at(ly.offset()));
         launch!(
@@ -189,7 +144,7 @@ pub(crate) fn cmp(
     same_dtype("cmp", x, y)?;
     let t = kname("cmp", x.dtype())?;
     let out = CudaStorage::alloc_on(x.rt(), DType::U8, lx.numel())?;
-    strided_pair(x, lx, y, ly, cmp_code(op), format!("cmp_{t}"), &out)?;
+    strided_pair(x, lx, y, ly, op.code(), format!("cmp_{t}"), &out)?;
     Ok(out)
 }
 

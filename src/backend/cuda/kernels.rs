@@ -22,10 +22,36 @@ pub const KERNELS: &[(&str, &str)] = &[
     ),
 ];
 
-/// The full source NVRTC compiles for kernel file `name`, or `None` if there is none.
+/// `#define`s of the op codes the kernels switch on (`UNARY_EXP`, `BINARY_ADD`, `CMP_LT`,
+/// `REDUCE_SUM`, ...), generated from the Rust enums, so the two sides cannot disagree.
+pub fn op_codes() -> String {
+    use crate::backend::ops::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+    use std::fmt::Write;
+    let mut s = String::new();
+    let mut define = |family: &str, name: &str, code: i32| {
+        let _ = writeln!(s, "#define {family}_{} {code}", name.to_uppercase());
+    };
+    for op in UnaryOp::ALL {
+        define("UNARY", op.name(), op.code());
+    }
+    for op in BinaryOp::ALL {
+        define("BINARY", op.name(), op.code());
+    }
+    for op in CmpOp::ALL {
+        define("CMP", op.name(), op.code());
+    }
+    for op in ReduceOp::ALL {
+        define("REDUCE", op.name(), op.code());
+    }
+    s
+}
+
+/// The full source NVRTC compiles for kernel file `name`, or `None` if there is none: the
+/// op codes, the prelude, then the file.
 pub fn source(name: &str) -> Option<String> {
     let (_, body) = KERNELS.iter().find(|(n, _)| *n == name)?;
+    let codes = op_codes();
     Some(format!(
-        "#line 1 \"prelude.cuh\"\n{PRELUDE}\n#line 1 \"{name}.cu\"\n{body}"
+        "#line 1 \"op_codes.h\"\n{codes}#line 1 \"prelude.cuh\"\n{PRELUDE}\n#line 1 \"{name}.cu\"\n{body}"
     ))
 }

@@ -29,10 +29,7 @@ pub(crate) fn reduce(
     let dense = with_dims_last(x, l, dims)?;
     let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
     let code = match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Max => 1,
-        ReduceOp::Min => 2,
-        ReduceOp::Mean => 3,
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min | ReduceOp::Mean => op.code(),
         ReduceOp::ArgMax | ReduceOp::ArgMin => {
             let sign: f32 = if op == ReduceOp::ArgMax { 1.0 } else { -1.0 };
             let out = CudaStorage::alloc_on(x.rt(), DType::I64, rows)?;
@@ -87,10 +84,10 @@ fn rows_cols(l: &Layout, dims: &[usize]) -> (usize, usize) {
 fn int_extreme(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<CudaStorage> {
     let t = kname("reduce", x.dtype())?;
     let (code, index) = match op {
-        ReduceOp::Max => (1, false),
-        ReduceOp::Min => (2, false),
-        ReduceOp::ArgMax => (1, true),
-        ReduceOp::ArgMin => (2, true),
+        ReduceOp::Max => (ReduceOp::Max.code(), false),
+        ReduceOp::Min => (ReduceOp::Min.code(), false),
+        ReduceOp::ArgMax => (ReduceOp::Max.code(), true),
+        ReduceOp::ArgMin => (ReduceOp::Min.code(), true),
         ReduceOp::Sum | ReduceOp::Mean => {
             return Err(Error::DType {
                 op: "reduce",

@@ -19,33 +19,7 @@ const BINARY_OPS: [BinaryOp; 7] = [
 ];
 
 /// Every unary op (with sample parameters).
-const UNARY_OPS: [UnaryOp; 22] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Log1p,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Recip,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::LeakyRelu(0.1),
-    UnaryOp::GeluErf,
-    UnaryOp::GeluTanh,
-    UnaryOp::Silu,
-    UnaryOp::Affine {
-        mul: 1.5,
-        add: -0.25,
-    },
-    UnaryOp::PowScalar(1.7),
-    UnaryOp::ScalarPow(1.3),
-    UnaryOp::MaxScalar(1.0),
-    UnaryOp::MinScalar(1.0),
-];
+const UNARY_OPS: [UnaryOp; 22] = UnaryOp::ALL;
 
 type Unary<T> = unsafe extern "C" fn(i32, f32, f32, *const T, *mut T, i64) -> ();
 type Binary<T> = unsafe extern "C" fn(i32, *const T, *const T, *mut T, i64) -> ();
@@ -111,7 +85,7 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
         }
         for op in BINARY_OPS {
             let f: Binary<T> = function(lib, &format!("binary_{t}"));
-            let code = crate::backend::cuda::elementwise::binary_code(op);
+            let code = op.code();
             // SAFETY: as above.
             unsafe {
                 f(
@@ -174,7 +148,7 @@ fn max_min_relu_and_clamp_kernels_keep_nan_as_the_cpu_does() {
     }
     let binary: Binary<f32> = function(lib, "binary_float");
     for op in [BinaryOp::Max, BinaryOp::Min] {
-        let code = crate::backend::cuda::elementwise::binary_code(op);
+        let code = op.code();
         // SAFETY: as above.
         unsafe { binary(code, xs.as_ptr(), ys.as_ptr(), out.as_mut_ptr(), n as i64) };
         let want = x.storage().binary(&l, &y.storage(), &l, op).unwrap();
@@ -308,7 +282,7 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
         let want = x.storage().binary(&lx, &y.storage(), &ly, op).unwrap();
         let want = Tensor::from_storage(want, &[2, 3]).to_vec::<i64>().unwrap();
         let mut out = vec![0i64; 6];
-        let code = crate::backend::cuda::elementwise::binary_code(op);
+        let code = op.code();
         let (sx, sy) = (
             Strided::new("t", &lx).unwrap(),
             Strided::new("t", &ly).unwrap(),

@@ -44,13 +44,8 @@ fn reduce_in<T: WithDType>(lib: &Library, t: &str, tol: f64) {
     let xs = x.to_vec::<T>().unwrap();
     let xa = Addr::of(&xs);
     let (r, c) = (ROWS as i64, COLS as i64);
-    let ops = [
-        (0, ReduceOp::Sum),
-        (1, ReduceOp::Max),
-        (2, ReduceOp::Min),
-        (3, ReduceOp::Mean),
-    ];
-    for (code, op) in ops {
+    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean] {
+        let code = op.code();
         let mut out = [T::zero(); ROWS];
         let oa = Addr::of_mut(&mut out);
         // Two blocks of 64 threads: each block strides over rows and each thread over columns.
