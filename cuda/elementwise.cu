@@ -33,6 +33,7 @@ __device__ __forceinline__ float unary_f(int op, float a, float b, float x) {
     case UNARY_POW_SCALAR: return a == 2.0f ? x * x : powf(x, a);
     case UNARY_SCALAR_POW: return powf(a, x);
     case UNARY_CLAMP_MIN: return x < a ? a : x;
+    case UNARY_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
     case UNARY_CLAMP_MAX: default: return x > a ? a : x;
     }
 }
@@ -65,6 +66,7 @@ __device__ __forceinline__ float unary_df(int op, float a, float x) {
     case UNARY_POW_SCALAR: return a == 0.0f ? 0.0f : a * powf(x, a - 1.0f);
     case UNARY_SCALAR_POW: return a == 0.0f && x >= 0.0f ? 0.0f : powf(a, x) * logf(a); // PyTorch's 0^x
     case UNARY_CLAMP_MIN: return x > a ? 1.0f : 0.0f;
+    case UNARY_SOFTPLUS: return x > 20.0f ? 1.0f : sigmoid(x);
     case UNARY_CLAMP_MAX: default: return x < a ? 1.0f : 0.0f;
     }
 }

@@ -64,6 +64,7 @@ fn ops_follow_the_cast_policy() {
         );
         // f32.
         assert_eq!(h.exp().unwrap().dtype(), DType::F32);
+        assert_eq!(h.softplus().unwrap().dtype(), DType::F32);
         assert_eq!(h.softmax(1).unwrap().dtype(), DType::F32);
         assert_eq!(h.log_softmax(1).unwrap().dtype(), DType::F32);
         assert_eq!(h.sum_all().unwrap().dtype(), DType::F32);

@@ -90,7 +90,7 @@ fn transfers_and_casts_are_bit_identical() {
 fn unary_ops_match_forward_and_backward() {
     let Some(d) = gpu() else { return };
     type Op = fn(&Tensor) -> Result<Tensor>;
-    let ops: [(&str, Op); 16] = [
+    let ops: [(&str, Op); 17] = [
         ("neg", |x| x.neg()),
         ("abs", |x| x.abs()),
         ("exp", |x| x.exp()),
@@ -106,6 +106,7 @@ fn unary_ops_match_forward_and_backward() {
         ("gelu", |x| x.gelu()),
         ("gelu_tanh", |x| x.gelu_tanh()),
         ("silu", |x| x.silu()),
+        ("softplus", |x| x.mul(8.0)?.softplus()),
         ("clamp", |x| x.clamp(-0.5, 0.7)),
     ];
     for dt in FLOATS {

@@ -606,6 +606,42 @@ fn batch_norm_updates_running_stats_and_uses_them_in_eval() {
 }
 
 #[test]
+fn softplus_matches_its_definition_and_pytorch_threshold() {
+    // ln(1 + e^x) in f64 below PyTorch's threshold of 20, x itself above; across the whole
+    // range (large negative inputs give tiny positive values, not zero).
+    let mut xs = randv(200, 31);
+    xs.iter_mut().for_each(|x| *x *= 12.0);
+    xs.extend([-40.0, -20.5, 19.75, 20.0, 20.25, 35.0]);
+    let x = t(xs.clone(), &[xs.len()]);
+    let want: Vec<f64> = xs
+        .iter()
+        .map(|&x| if x > 20.0 { x } else { x.exp().ln_1p() })
+        .collect();
+    assert_close(&vals(&x.softplus().unwrap()), &want, 1e-12, "softplus f64");
+    let y = x.to_dtype(DType::F32).unwrap().softplus().unwrap();
+    assert_close(&vals(&y), &want, 1e-6, "softplus f32");
+    // Its gradient is the logistic function (1 above the threshold).
+    let xg = x.detach().requires_grad(true).unwrap();
+    xg.softplus()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let dwant: Vec<f64> = xs
+        .iter()
+        .map(|&x| {
+            if x > 20.0 {
+                1.0
+            } else {
+                1.0 / (1.0 + (-x).exp())
+            }
+        })
+        .collect();
+    assert_close(&vals(&xg.grad().unwrap()), &dwant, 1e-12, "softplus grad");
+}
+
+#[test]
 fn half_dtypes_match_f32_within_rounding() {
     // Each op on f16/bf16 inputs equals the f32 op on the same (rounded) inputs, rounded once.
     type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
@@ -615,6 +651,7 @@ fn half_dtypes_match_f32_within_rounding() {
         ("div", |a, b| a.div(&b.abs()?.add(1.0)?)),
         ("exp", |a, _| a.exp()),
         ("gelu", |a, _| a.gelu()),
+        ("softplus", |a, _| a.softplus()),
         ("tanh", |a, _| a.tanh()),
         ("matmul", |a, b| a.matmul(&b.t()?)),
         ("sum", |a, _| a.sum(&[1], false)),

@@ -66,6 +66,7 @@ proptest! {
             ("gelu", |x| x.gelu()),
             ("gelu_tanh", |x| x.gelu_tanh()),
             ("silu", |x| x.silu()),
+            ("softplus", |x| x.softplus()),
             ("sqr", |x| x.sqr()),
             ("pow_scalar", |x| x.abs()?.add(0.5)?.pow(1.7)),
             ("scalar_pow", |x| x.scalar_pow(1.3)),

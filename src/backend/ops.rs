@@ -4,6 +4,7 @@
 use crate::dtype::Float;
 
 pub use super::optim::{AdadeltaRule, AdamRule, OptimUpdate, Prepared, SgdRule, UpdateRule};
+pub use super::spec::{window_out, Conv2dParams, Pool2dParams};
 
 /// Elementwise functions of one input (some carry a scalar parameter).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +30,9 @@ pub enum UnaryOp {
     /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
     GeluTanh,
     Silu,
+    /// `ln(1 + e^x)`, and `x` itself above 20 (PyTorch's `softplus` with `beta = 1`,
+    /// `threshold = 20`).
+    Softplus,
     /// `mul * x + add`.
     Affine {
         mul: f64,
@@ -74,6 +78,7 @@ impl UnaryOp {
             GeluErf => "gelu",
             GeluTanh => "gelu_tanh",
             Silu => "silu",
+            Softplus => "softplus",
             Affine { .. } => "affine",
             PowScalar(_) => "pow_scalar",
             ScalarPow(_) => "scalar_pow",
@@ -84,7 +89,7 @@ impl UnaryOp {
 
     /// Every unary op, in the order of their kernel codes (parameters are samples). The CUDA
     /// kernels name the codes `UNARY_<NAME>` (`#define`s generated from this list).
-    pub const ALL: [UnaryOp; 22] = [
+    pub const ALL: [UnaryOp; 23] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -110,6 +115,7 @@ impl UnaryOp {
         UnaryOp::ScalarPow(1.3),
         UnaryOp::MaxScalar(1.0),
         UnaryOp::MinScalar(1.0),
+        UnaryOp::Softplus,
     ];
 
     /// The op's code in the kernels: its place in [`UnaryOp::ALL`].
@@ -173,6 +179,13 @@ impl UnaryOp {
                     * (one + (c::<A>(SQRT_2_OVER_PI) * (x + c::<A>(GELU_C) * x * x * x)).tanh())
             }
             UnaryOp::Silu => x / (one + (-x).exp()),
+            UnaryOp::Softplus => {
+                if x > c(20.0) {
+                    x
+                } else {
+                    x.exp().ln_1p()
+                }
+            }
             UnaryOp::Affine { mul, add } => x * c(mul) + c(add),
             UnaryOp::PowScalar(p) => {
                 if p == 2.0 {
@@ -263,6 +276,13 @@ impl UnaryOp {
             UnaryOp::Silu => {
                 let s = one / (one + (-x).exp());
                 s * (one + x * (one - s))
+            }
+            UnaryOp::Softplus => {
+                if x > c(20.0) {
+                    one
+                } else {
+                    one / (one + (-x).exp())
+                }
             }
             UnaryOp::Affine { mul, .. } => c(mul),
             UnaryOp::PowScalar(p) => {
@@ -500,55 +520,6 @@ impl ReduceOp {
     }
 }
 
-/// Geometry of a 2-D convolution (also used by conv_transpose2d).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Conv2dParams {
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-    pub dilation: [usize; 2],
-    pub groups: usize,
-}
-
-/// Geometry of a 2-D pooling window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pool2dParams {
-    pub kernel: [usize; 2],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-    pub dilation: [usize; 2],
-    pub ceil_mode: bool,
-    /// Average pooling only: count padded cells in the divisor.
-    pub count_include_pad: bool,
-}
-
-/// Output length of a convolution or pooling window along one axis, `None` if not positive.
-pub fn window_out(
-    len: usize,
-    kernel: usize,
-    stride: usize,
-    pad: usize,
-    dil: usize,
-    ceil: bool,
-) -> Option<usize> {
-    // Checked: a huge padding or dilation from the caller must not wrap into a small size.
-    let eff = dil.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
-    let padded = pad.checked_mul(2)?.checked_add(len)?;
-    if padded < eff || stride == 0 {
-        return None;
-    }
-    let span = padded - eff;
-    let mut out = if ceil {
-        span.div_ceil(stride)
-    } else {
-        span / stride
-    } + 1;
-    // PyTorch: the last window must start inside the input or the left padding.
-    if ceil && (out - 1) * stride >= len + pad {
-        out -= 1;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,6 +540,7 @@ mod tests {
             UnaryOp::GeluErf,
             UnaryOp::GeluTanh,
             UnaryOp::Silu,
+            UnaryOp::Softplus,
             UnaryOp::PowScalar(1.7),
             UnaryOp::ScalarPow(2.5),
         ];

@@ -1,11 +1,60 @@
-//! Backend-neutral descriptors that both backends read: the sizes of a convolution and of a
+//! Backend-neutral descriptors that both backends read: the geometry of a convolution or
+//! pooling window as the user gives it, the sizes of a convolution and of a
 //! pooling op, the `[outer, channels, inner]` view of batch norm, the gradients an LSTM
 //! cell's backward starts from, and the multi-index walk over a layout that the indexing
 //! kernels' host sides share. Neither backend imports the other's internals for these.
 
-use crate::backend::ops::Conv2dParams;
 use crate::layout::Layout;
 use crate::{Error, Result};
+
+/// Geometry of a 2-D convolution (also used by conv_transpose2d).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dParams {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+/// Geometry of a 2-D pooling window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool2dParams {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+    /// Average pooling only: count padded cells in the divisor.
+    pub count_include_pad: bool,
+}
+
+/// Output length of a convolution or pooling window along one axis, `None` if not positive.
+pub fn window_out(
+    len: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dil: usize,
+    ceil: bool,
+) -> Option<usize> {
+    // Checked: a huge padding or dilation from the caller must not wrap into a small size.
+    let eff = dil.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
+    let padded = pad.checked_mul(2)?.checked_add(len)?;
+    if padded < eff || stride == 0 {
+        return None;
+    }
+    let span = padded - eff;
+    let mut out = if ceil {
+        span.div_ceil(stride)
+    } else {
+        span / stride
+    } + 1;
+    // PyTorch: the last window must start inside the input or the left padding.
+    if ceil && (out - 1) * stride >= len + pad {
+        out -= 1;
+    }
+    Some(out)
+}
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`,
 /// output `[n, o, ho, wo]`, and the memory format of the activations (input, output and

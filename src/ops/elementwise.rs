@@ -78,8 +78,33 @@ enum Resolved {
     Scalar(f64),
 }
 
+/// The user op a unary kernel runs as when called on its own (`Tensor::exp`, `Tensor::relu`):
+/// the ops with their own autocast category are named, the rest are [`Op::Unary`] (the node
+/// takes the function's own name).
+fn unary_kind(op: UnaryOp) -> Op {
+    match op {
+        UnaryOp::Exp => Op::Exp,
+        UnaryOp::Log => Op::Log,
+        UnaryOp::Log1p => Op::Log1p,
+        UnaryOp::Sqrt => Op::Sqrt,
+        UnaryOp::Rsqrt => Op::Rsqrt,
+        UnaryOp::Recip => Op::Recip,
+        UnaryOp::PowScalar(_) => Op::PowScalar,
+        UnaryOp::ScalarPow(_) => Op::Pow,
+        UnaryOp::Softplus => Op::Softplus,
+        _ => Op::Unary,
+    }
+}
+
 impl Tensor {
     /// Applies a unary op and records its backward (`g * f'(x)`, one fused kernel).
+    /// `op` on its own: as the user op [`unary_kind`] names (its autocast category and node
+    /// name).
+    pub(crate) fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        self.unary_op(op, unary_kind(op))
+    }
+
+    /// `op` as part of the user op `kind` (a scalar operand of `add`, `pow`, ...).
     pub(crate) fn unary_op(&self, op: UnaryOp, kind: Op) -> Result<Tensor> {
         // `Op::Unary` covers many functions: the function names the node (`relu`).
         let name = match kind {
@@ -211,7 +236,7 @@ impl Tensor {
         let (x, rhs) = rhs.resolve(self)?;
         match rhs {
             Resolved::Tensor(t) => x.binary_op(&t, BinaryOp::Pow, Op::Pow),
-            Resolved::Scalar(v) => x.unary_op(UnaryOp::PowScalar(v), Op::PowScalar),
+            Resolved::Scalar(v) => x.unary(UnaryOp::PowScalar(v)),
         }
     }
     /// Elementwise maximum (ties split the gradient evenly; NaN in either operand gives NaN,
@@ -235,7 +260,7 @@ impl Tensor {
     }
     /// `scalar ^ self`.
     pub fn scalar_pow(&self, scalar: f64) -> Result<Tensor> {
-        self.unary_op(UnaryOp::ScalarPow(scalar), Op::Pow)
+        self.unary(UnaryOp::ScalarPow(scalar))
     }
     /// Clamps into `[lo, hi]`: `min(max(self, lo), hi)` (NaN stays NaN). As in PyTorch, when
     /// `lo > hi` every element becomes `hi` (and gets no gradient).
@@ -252,63 +277,78 @@ impl Tensor {
     }
 
     pub fn neg(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Neg, Op::Unary)
+        self.unary(UnaryOp::Neg)
     }
     pub fn abs(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Abs, Op::Unary)
+        self.unary(UnaryOp::Abs)
     }
     pub fn exp(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Exp, Op::Exp)
+        self.unary(UnaryOp::Exp)
     }
     pub fn log(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Log, Op::Log)
+        self.unary(UnaryOp::Log)
     }
     pub fn log1p(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Log1p, Op::Log1p)
+        self.unary(UnaryOp::Log1p)
     }
     pub fn sqrt(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Sqrt, Op::Sqrt)
+        self.unary(UnaryOp::Sqrt)
     }
     pub fn rsqrt(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Rsqrt, Op::Rsqrt)
+        self.unary(UnaryOp::Rsqrt)
     }
     pub fn recip(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Recip, Op::Recip)
+        self.unary(UnaryOp::Recip)
     }
     pub fn sqr(&self) -> Result<Tensor> {
+        // Not `pow`: autocast leaves `square` in its input dtype (PyTorch runs `pow` in f32).
         self.unary_op(UnaryOp::PowScalar(2.0), Op::Unary)
     }
     pub fn sin(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Sin, Op::Unary)
+        self.unary(UnaryOp::Sin)
     }
     pub fn cos(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Cos, Op::Unary)
+        self.unary(UnaryOp::Cos)
     }
     pub fn tanh(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Tanh, Op::Unary)
+        self.unary(UnaryOp::Tanh)
     }
     pub fn sigmoid(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Sigmoid, Op::Unary)
+        self.unary(UnaryOp::Sigmoid)
     }
     /// `max(x, 0)`. NaN stays NaN, as in PyTorch, so a diverging forward pass shows in the
     /// loss.
     pub fn relu(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Relu, Op::Unary)
+        self.unary(UnaryOp::Relu)
     }
     /// `x` for positive x, `slope * x` otherwise.
     pub fn leaky_relu(&self, slope: f64) -> Result<Tensor> {
-        self.unary_op(UnaryOp::LeakyRelu(slope), Op::Unary)
+        self.unary(UnaryOp::LeakyRelu(slope))
     }
     /// GELU, exact (erf) form, PyTorch's default.
     pub fn gelu(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::GeluErf, Op::Unary)
+        self.unary(UnaryOp::GeluErf)
     }
     /// GELU, tanh approximation (`approximate="tanh"`).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::GeluTanh, Op::Unary)
+        self.unary(UnaryOp::GeluTanh)
     }
     pub fn silu(&self) -> Result<Tensor> {
-        self.unary_op(UnaryOp::Silu, Op::Unary)
+        self.unary(UnaryOp::Silu)
+    }
+    /// `ln(1 + e^x)` elementwise, and `x` itself where `x > 20` (PyTorch's
+    /// `torch.nn.functional.softplus` with `beta = 1`, `threshold = 20`). Autocast runs it in
+    /// f32, as PyTorch does.
+    ///
+    /// ```
+    /// # use mantissa::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![0.0f32, 30.0], &[2], Device::Cpu)?;
+    /// let y = x.softplus()?.to_vec::<f32>()?;
+    /// assert!((y[0] - 2f32.ln()).abs() < 1e-6 && y[1] == 30.0);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn softplus(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Softplus)
     }
 
     fn compare<'a>(&self, rhs: impl Into<Operand<'a>>, op: CmpOp) -> Result<Tensor> {

@@ -54,6 +54,7 @@ pub enum Op {
     Rsqrt,
     Recip,
     PowScalar,
+    Softplus,
     Unary,
     Sum,
     Mean,
@@ -92,8 +93,8 @@ impl Op {
             Matmul | Linear | Conv2d | ConvTranspose2d | LstmCell | LstmLayer => {
                 CastPolicy::LowerPrecision
             }
-            Exp | Log | Log1p | Rsqrt | Recip | Pow | PowScalar | Sum | Softmax | LogSoftmax
-            | CrossEntropy | NllLoss | MseLoss | BceWithLogits | LayerNorm | Var => {
+            Exp | Log | Log1p | Rsqrt | Recip | Pow | PowScalar | Softplus | Sum | Softmax
+            | LogSoftmax | CrossEntropy | NllLoss | MseLoss | BceWithLogits | LayerNorm | Var => {
                 CastPolicy::Fp32
             }
             Add | Sub | Mul | Div | Maximum | Minimum | Compare | Where | Cat | ScatterAdd => {
@@ -133,6 +134,7 @@ impl Op {
             Rsqrt => "rsqrt",
             Recip => "reciprocal",
             PowScalar => "pow_scalar",
+            Softplus => "softplus",
             Unary => "unary",
             Sum => "sum",
             Mean => "mean",

@@ -19,7 +19,7 @@ const BINARY_OPS: [BinaryOp; 7] = [
 ];
 
 /// Every unary op (with sample parameters).
-const UNARY_OPS: [UnaryOp; 22] = UnaryOp::ALL;
+const UNARY_OPS: [UnaryOp; UnaryOp::ALL.len()] = UnaryOp::ALL;
 
 type Unary<T> = unsafe extern "C" fn(i32, f32, f32, *const T, *mut T, i64) -> ();
 type Binary<T> = unsafe extern "C" fn(i32, *const T, *const T, *mut T, i64) -> ();
