@@ -31,6 +31,7 @@ mod pool;
 mod reduce;
 mod rnn;
 pub mod rounding;
+mod softmax;
 pub(crate) mod spec;
 
 use crate::layout::Layout;
@@ -54,6 +55,7 @@ pub(crate) use optim::OptimOps;
 pub(crate) use pool::PoolOps;
 pub(crate) use reduce::ReduceOps;
 pub(crate) use rnn::RnnOps;
+pub(crate) use softmax::SoftmaxOps;
 
 /// A tensor's data on some device.
 #[derive(Debug)]
@@ -91,6 +93,7 @@ pub(crate) trait Backend:
     + CopyOps
     + ElementwiseOps
     + ReduceOps
+    + SoftmaxOps
     + MatmulOps
     + ConvOps
     + PoolOps
@@ -108,6 +111,7 @@ impl<B> Backend for B where
         + CopyOps
         + ElementwiseOps
         + ReduceOps
+        + SoftmaxOps
         + MatmulOps
         + ConvOps
         + PoolOps

@@ -7,7 +7,8 @@ use super::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use super::rounding::Rounding;
 use super::{
     AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage, ElementwiseOps,
-    IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps, Storage,
+    IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps,
+    SoftmaxOps, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -100,6 +101,11 @@ impl ElementwiseOps for CudaStorage {
 impl ReduceOps for CudaStorage {
     uninhabited! {
         fn reduce(&self, _l: &Layout, _dims: &[usize], _op: ReduceOp) -> Result<Self>;
+    }
+}
+
+impl SoftmaxOps for CudaStorage {
+    uninhabited! {
         fn softmax(&self, _l: &Layout, _dim: usize, _log: bool) -> Result<Self>;
     }
 }

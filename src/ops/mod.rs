@@ -4,15 +4,16 @@
 //! to [`Op::cast_policy`], and brought to a common dtype.
 
 mod conv;
+mod dropout;
 mod elementwise;
 mod index;
 mod loss;
 mod matmul;
-mod nn;
 mod norm;
 mod pool;
 mod reduce;
 mod rnn;
+mod softmax;
 
 pub use conv::{Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;

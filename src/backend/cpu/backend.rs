@@ -7,7 +7,8 @@ use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, 
 use crate::backend::rounding::Rounding;
 use crate::backend::{
     host, AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, ElementwiseOps, IndexOps,
-    LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps, Storage,
+    LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps, SoftmaxOps,
+    Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -101,6 +102,9 @@ impl ReduceOps for CpuStorage {
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
         super::reduce(self, l, dims, op)
     }
+}
+
+impl SoftmaxOps for CpuStorage {
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
         if log {
             super::log_softmax(self, l, dim)

@@ -12,21 +12,23 @@ pub(crate) mod index;
 pub(crate) mod layer_norm;
 mod loss;
 mod matmul;
-mod nn;
 pub(crate) mod norm;
 mod optim;
+mod pool;
 mod pool_nhwc;
 mod reduce;
 mod rnn;
+mod softmax;
 pub(crate) mod vmath;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight};
 pub(crate) use loss::{cross_entropy, cross_entropy_backward};
-pub(crate) use nn::{
-    adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
-    log_softmax, max_pool2d, max_pool2d_backward, softmax,
+pub(crate) use pool::{
+    adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward, max_pool2d,
+    max_pool2d_backward,
 };
 pub(crate) use rnn::{lstm_cell, lstm_cell_backward};
+pub(crate) use softmax::{log_softmax, softmax};
 
 use crate::layout::Layout;
 use crate::{DType, Error, Result};

@@ -4,13 +4,15 @@
 
 use super::pool::Pool;
 use super::storage::CudaStorage;
-use super::{amp, conv, elementwise, index, loss, matmul, norm, optim, pool, random, reduce, rnn};
+use super::{
+    amp, conv, elementwise, index, loss, matmul, norm, optim, pool, random, reduce, rnn, softmax,
+};
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
     fallback, AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
     ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
-    RnnOps, Storage,
+    RnnOps, SoftmaxOps, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -114,8 +116,11 @@ impl ReduceOps for CudaStorage {
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
         reduce::reduce(self, l, dims, op)
     }
+}
+
+impl SoftmaxOps for CudaStorage {
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
-        reduce::softmax(self, l, dim, log)
+        softmax::softmax(self, l, dim, log)
     }
 }
 

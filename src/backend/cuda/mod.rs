@@ -60,4 +60,5 @@ pub(crate) mod random;
 pub(crate) mod reduce;
 pub mod rnn;
 pub mod runtime;
+pub(crate) mod softmax;
 pub mod storage;

@@ -9,7 +9,7 @@ use crate::{DType, Error, Result};
 use cudarc::driver::PushKernelArg;
 
 /// The view with `last` moved to the end (the others in order), as a contiguous storage.
-fn with_dims_last(x: &CudaStorage, l: &Layout, last: &[usize]) -> Result<CudaStorage> {
+pub(super) fn with_dims_last(x: &CudaStorage, l: &Layout, last: &[usize]) -> Result<CudaStorage> {
     let mut perm: Vec<usize> = (0..l.rank()).filter(|d| !last.contains(d)).collect();
     perm.extend_from_slice(last);
     x.copy_strided(&l.permute("reduce", &perm)?)
@@ -126,38 +126,4 @@ fn int_extreme(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Res
         &c64
     );
     Ok(out)
-}
-
-/// Softmax or log-softmax along `dim`, output contiguous in the view's shape.
-pub(crate) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Result<CudaStorage> {
-    let t = float_kname("softmax", x.dtype())?;
-    let cols = l.shape()[dim];
-    let rows = l.numel() / cols.max(1);
-    let dense = with_dims_last(x, l, &[dim])?;
-    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), l.numel())?;
-    let (src, dst, r64, c64, lg) = (dense.ptr(), out.ptr(), rows as i64, cols as i64, log as i32);
-    let name = format!("softmax_rows_{t}");
-    launch!(
-        x,
-        "softmax_xent",
-        name,
-        rows_grid(rows),
-        &src,
-        &dst,
-        &r64,
-        &c64,
-        &lg
-    );
-    if dim + 1 == l.rank() {
-        return Ok(out);
-    }
-    // Back from [kept..., dim] to the view's order.
-    let mut moved: Vec<usize> = (0..l.rank()).filter(|&d| d != dim).collect();
-    moved.push(dim);
-    let shape: Vec<usize> = moved.iter().map(|&d| l.shape()[d]).collect();
-    let mut inverse = vec![0; l.rank()];
-    for (i, &d) in moved.iter().enumerate() {
-        inverse[d] = i;
-    }
-    out.copy_strided(&Layout::contiguous(&shape).permute("softmax", &inverse)?)
 }

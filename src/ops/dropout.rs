@@ -1,46 +1,11 @@
-//! Softmax, log-softmax and dropout.
+//! Dropout: a Philox mask drawn on the tensor's device, multiplied in.
 
 use super::{dispatch, expect_float, Op};
 use crate::backend::Storage;
-use crate::layout::normalize_dim;
 use crate::random::{with_default_generator, Generator};
 use crate::{Error, Result, Tensor};
 
 impl Tensor {
-    fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
-        let kind = if log { Op::LogSoftmax } else { Op::Softmax };
-        let _prof = crate::profiler::op(kind.name());
-        let [x] = dispatch(kind, [self])?;
-        expect_float(kind, &x)?;
-        let d = normalize_dim(kind.name(), dim, x.shape())?;
-        let s = x.storage().softmax(x.layout(), d, log)?;
-        let out = Tensor::from_storage(s, x.shape());
-        // Saved output, detached so the graph holds no cycle.
-        let y = out.detach();
-        let di = d as isize;
-        let read = y.clone();
-        Ok(
-            out.attach_saving(kind.name(), &[&x], &[&read], move |g, _| {
-                let gx = if log {
-                    g.sub(&y.exp()?.mul(&g.sum(&[di], true)?)?)?
-                } else {
-                    y.mul(&g.sub(&g.mul(&y)?.sum(&[di], true)?)?)?
-                };
-                Ok(vec![Some(gx)])
-            }),
-        )
-    }
-
-    /// Softmax along `dim` (computed in f32 for half inputs, stable for large values).
-    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        self.softmax_impl(dim, false)
-    }
-
-    /// Log-softmax along `dim`.
-    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        self.softmax_impl(dim, true)
-    }
-
     /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` when
     /// `training`; identity otherwise. Draws from `gen`.
     pub fn dropout_with(&self, p: f64, training: bool, gen: &mut Generator) -> Result<Tensor> {
