@@ -3,6 +3,7 @@
 //!
 //! `host_kernels/amp.rs` runs the kernels on the host against the CPU backend.
 
+use super::kernels::KernelFile;
 use super::storage::{grid, kname, one_thread, CudaStorage};
 use crate::{DType, Error, Result};
 use cudarc::driver::PushKernelArg;
@@ -57,7 +58,17 @@ pub(crate) fn unscale_grad(
         found_inf.ptr(),
         g.len() as i64,
     );
-    launch!(g, "amp", name, grid(g.len()), &gp, &op, &ip, &fp, &n);
+    launch!(
+        g,
+        KernelFile::Amp,
+        name,
+        grid(g.len()),
+        &gp,
+        &op,
+        &ip,
+        &fp,
+        &n
+    );
     Ok(o)
 }
 
@@ -78,7 +89,7 @@ pub(crate) fn update_scale(
     let name = "amp_update_scale".to_string();
     launch!(
         scale,
-        "amp",
+        KernelFile::Amp,
         name,
         one_thread(),
         &sp,

@@ -2,6 +2,7 @@
 //! and `where`. Each takes device storages and layouts as the CPU backend's functions do and
 //! returns a contiguous result; tests/cuda_parity.rs compares each with the CPU backend.
 
+use super::kernels::KernelFile;
 use super::profile::{elems, view_bytes};
 use super::storage::{float_kname, grid, kname, same_dtype, CudaStorage, Strided};
 use crate::backend::ops::{BinaryOp, CmpOp, UnaryOp};
@@ -25,7 +26,7 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
         launch!(
             bytes = 2 * elems(n, x.dtype());
             x,
-            "elementwise",
+            KernelFile::Elementwise,
             format!("unary_{t}"),
             // At least four elements a thread (one vector of f32, half of one of f16).
             grid(n.div_ceil(4)),
@@ -42,7 +43,7 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
         launch!(
             bytes = view_bytes(l, x.dtype()) + elems(n, x.dtype());
             x,
-            "elementwise",
+            KernelFile::Elementwise,
             name,
             grid(n),
             &code,
@@ -79,7 +80,7 @@ pub(crate) fn unary_grad(
     launch!(
         bytes = view_bytes(lx, x.dtype()) + view_bytes(lg, g.dtype()) + elems(n, x.dtype());
         x,
-        "elementwise",
+        KernelFile::Elementwise,
         name,
         grid(n),
         &code,
@@ -119,7 +120,7 @@ pub(crate) fn binary(
         launch!(
             bytes = 3 * elems(n, x.dtype());
             x,
-            "elementwise",
+            KernelFile::Elementwise,
             format!("binary_{t}"),
             grid(n.div_ceil(4)),
             &code,
@@ -167,7 +168,7 @@ fn strided_pair(
     launch!(
         bytes = bytes;
         x,
-        "elementwise",
+        KernelFile::Elementwise,
         name,
         grid(n),
         &code,
@@ -212,7 +213,7 @@ pub(crate) fn where_cond(
     launch!(
         bytes = bytes;
         x,
-        "elementwise",
+        KernelFile::Elementwise,
         name,
         grid(n),
         &m,

@@ -5,6 +5,7 @@
 //! unless [`set_deterministic_index_add`] asks for the CPU's order, laid out on the host from
 //! the indices (one read of them per call).
 
+use super::kernels::KernelFile;
 use super::storage::{float_kname, grid, CudaStorage, Strided};
 use crate::backend::host::indices;
 use crate::backend::host::CpuStorage;
@@ -109,7 +110,7 @@ fn take(
         .checked_launch(op, out_of_range(dim, l.shape()[dim]), |fault, slot| {
             launch!(
                 x,
-                "index",
+                KernelFile::Index,
                 format!("take_u{width}"),
                 grid(n),
                 &xp,
@@ -149,7 +150,7 @@ fn check_only(
         .checked_launch(op, out_of_range(dim, size), |fault, slot| {
             launch!(
                 like,
-                "index",
+                KernelFile::Index,
                 "check_indices".to_string(),
                 grid(n),
                 &ip,
@@ -215,7 +216,7 @@ fn add_at(
         .checked_launch(op, out_of_range(dim, dst_shape[dim]), |fault, slot| {
             launch!(
                 dst,
-                "index",
+                KernelFile::Index,
                 format!("add_at_{t}"),
                 grid(n),
                 &dp,
@@ -288,7 +289,7 @@ fn add_pairs(
     );
     launch!(
         dst,
-        "index",
+        KernelFile::Index,
         format!("add_groups_{t}"),
         grid(groups),
         &dptr,

@@ -22,6 +22,56 @@ pub const KERNELS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The kernel files, by name: what a launch names (a misspelt file is a compile error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelFile {
+    Amp,
+    Cast,
+    Elementwise,
+    Index,
+    Norm,
+    Optim,
+    Pool,
+    Random,
+    Reduce,
+    Rnn,
+    SoftmaxXent,
+}
+
+impl KernelFile {
+    /// Every kernel file.
+    pub const ALL: [KernelFile; 11] = [
+        KernelFile::Amp,
+        KernelFile::Cast,
+        KernelFile::Elementwise,
+        KernelFile::Index,
+        KernelFile::Norm,
+        KernelFile::Optim,
+        KernelFile::Pool,
+        KernelFile::Random,
+        KernelFile::Reduce,
+        KernelFile::Rnn,
+        KernelFile::SoftmaxXent,
+    ];
+
+    /// The file's name in [`KERNELS`] (`cuda/<name>.cu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFile::Amp => "amp",
+            KernelFile::Cast => "cast",
+            KernelFile::Elementwise => "elementwise",
+            KernelFile::Index => "index",
+            KernelFile::Norm => "norm",
+            KernelFile::Optim => "optim",
+            KernelFile::Pool => "pool",
+            KernelFile::Random => "random",
+            KernelFile::Reduce => "reduce",
+            KernelFile::Rnn => "rnn",
+            KernelFile::SoftmaxXent => "softmax_xent",
+        }
+    }
+}
+
 /// `#define`s of the op codes the kernels switch on (`UNARY_EXP`, `BINARY_ADD`, `CMP_LT`,
 /// `REDUCE_SUM`, ...), generated from the Rust enums, so the two sides cannot disagree.
 pub fn op_codes() -> String {
@@ -54,4 +104,23 @@ pub fn source(name: &str) -> Option<String> {
     Some(format!(
         "#line 1 \"op_codes.h\"\n{codes}#line 1 \"prelude.cuh\"\n{PRELUDE}\n#line 1 \"{name}.cu\"\n{body}"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_file_has_its_name_and_source() {
+        let names: Vec<&str> = KernelFile::ALL.iter().map(|f| f.name()).collect();
+        let listed: Vec<&str> = KERNELS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), listed.len());
+        for n in &listed {
+            assert!(names.contains(n), "{n} has no KernelFile");
+        }
+        for f in KernelFile::ALL {
+            let src = source(f.name()).expect("a listed file");
+            assert!(src.contains("#define UNARY_SOFTPLUS") && src.contains("#define CMP_GE"));
+        }
+    }
 }

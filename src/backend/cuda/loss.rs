@@ -3,6 +3,7 @@
 //! is found by the kernel and reported at the next read of device data (`faults.rs`), so a
 //! training step reads nothing back for its loss.
 
+use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::rows_grid;
 use super::storage::{float_kname, grid, CudaStorage};
@@ -50,7 +51,7 @@ pub(crate) fn cross_entropy(
         launch!(
             bytes = bytes;
             x,
-            "softmax_xent",
+            KernelFile::SoftmaxXent,
             format!("xent_rows_{t}"),
             rows_grid(rows),
             &xp,
@@ -101,7 +102,7 @@ pub(crate) fn cross_entropy_backward(
     launch!(
         bytes = bytes;
         x,
-        "softmax_xent",
+        KernelFile::SoftmaxXent,
         format!("xent_backward_{t}"),
         grid(n),
         &xp,

@@ -2,6 +2,7 @@
 //! (a partial per chunk of rows, then an in-order combination) and its per-channel affine
 //! pass, over dense row-major or channels-last operands (`ChannelSplit`).
 
+use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
@@ -99,13 +100,13 @@ fn reduce(
     let name = format!("bn_partial_{t}");
     launch!(
         bytes = reads + part_bytes;
-        x, "norm", name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk
+        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk
     );
     let name = "bn_combine".to_string();
     launch!(
         bytes = part_bytes + elems(2 * s.channels, DType::F32);
         x,
-        "norm",
+        KernelFile::Norm,
         name,
         grid(s.channels),
         &mode,
@@ -174,7 +175,7 @@ pub(crate) fn channel_affine(
     launch!(
         bytes = bytes;
         x,
-        "norm",
+        KernelFile::Norm,
         name,
         grid(n),
         &xp,
@@ -232,7 +233,7 @@ pub(crate) fn layer_norm(
         + elems(2 * rows, DType::F32);
     launch!(
         bytes = bytes;
-        x, "norm", name, cfg, &xp, &wp, &bp, &yp, &sp, &r64, &c64, &e32
+        x, KernelFile::Norm, name, cfg, &xp, &wp, &bp, &yp, &sp, &r64, &c64, &e32
     );
     Ok((y, stats))
 }
@@ -272,7 +273,7 @@ pub(crate) fn layer_norm_backward(
         + elems(2 * rows, DType::F32);
     launch!(
         bytes = bytes;
-        x, "norm", name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64
+        x, KernelFile::Norm, name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64
     );
     Ok(dx)
 }

@@ -5,6 +5,7 @@
 //! host in f64 and passed in; `host_kernels/optim.rs` runs the kernel on the host against the
 //! CPU backend.
 
+use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::{grid, one_thread, CudaStorage};
 use crate::backend::ops::OptimUpdate;
@@ -221,7 +222,7 @@ pub(crate) fn optim_update(
     launch!(
         bytes = bytes;
         p,
-        "optim",
+        KernelFile::Optim,
         name.to_string(),
         grid(n),
         &a,
@@ -236,7 +237,7 @@ pub(crate) fn optim_update(
     );
     launch!(
         p,
-        "optim",
+        KernelFile::Optim,
         "optim_count".to_string(),
         one_thread(),
         &sp,
@@ -272,7 +273,7 @@ pub(crate) fn round_from_master(
         (DType::F16, Rounding::Nearest) => {
             launch!(
                 w,
-                "optim",
+                KernelFile::Optim,
                 "round_master_f16".to_string(),
                 grid(n),
                 &mp,
@@ -287,7 +288,7 @@ pub(crate) fn round_from_master(
             };
             launch!(
                 w,
-                "optim",
+                KernelFile::Optim,
                 "round_master_bf16".to_string(),
                 grid(n),
                 &mp,

@@ -2,6 +2,7 @@
 //! backward passes over dense NCHW inputs, or NHWC ones for a channels-last input (outputs in
 //! the same order; a view in another order is copied first).
 
+use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::backend::ops::Pool2dParams;
@@ -105,7 +106,7 @@ pub(crate) fn max_pool2d(
     launch!(
         bytes = input + elems(n, x.dtype()) + elems(n, DType::I64);
         x,
-        "pool",
+        KernelFile::Pool,
         format!("max_pool2d_{t}"),
         grid(n),
         &xp,
@@ -140,7 +141,7 @@ pub(crate) fn max_pool2d_backward(
     let name = format!("max_pool2d_backward_{t}");
     let outputs = d.planes * d.ho * d.wo;
     let bytes = elems(outputs, g.dtype()) + elems(outputs, DType::I64) + elems(n, g.dtype());
-    launch!(bytes = bytes; g, "pool", name, grid(n), &gp, &ip, &xp, &a);
+    launch!(bytes = bytes; g, KernelFile::Pool, name, grid(n), &gp, &ip, &xp, &a);
     Ok(gx)
 }
 
@@ -175,6 +176,6 @@ pub(crate) fn avg_pool2d(
         false => d.planes * d.h * d.w,
     };
     let bytes = elems(read, x.dtype()) + elems(n, x.dtype());
-    launch!(bytes = bytes; x, "pool", name, grid(n), &xp, &op, &a);
+    launch!(bytes = bytes; x, KernelFile::Pool, name, grid(n), &xp, &op, &a);
     Ok(out)
 }

@@ -1,5 +1,6 @@
 //! Launcher of `cuda/random.cu`: dropout masks from the Philox stream.
 
+use super::kernels::KernelFile;
 use super::storage::{float_kname, grid, CudaStorage};
 use crate::{DType, Error, Result};
 use cudarc::driver::PushKernelArg;
@@ -19,7 +20,7 @@ pub(crate) fn dropout_mask(
     let name = format!("dropout_mask_{t}");
     launch!(
         out,
-        "random",
+        KernelFile::Random,
         name,
         grid(n.div_ceil(4)),
         &seed,

@@ -1,6 +1,7 @@
 //! Launchers of `cuda/reduce.cu` and the softmax rows of `cuda/softmax_xent.cu`: reductions
 //! over dims and softmax along one dim, contiguous results.
 
+use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::{float_kname, kname, rows_grid, CudaStorage};
 use crate::backend::ops::ReduceOp;
@@ -38,7 +39,7 @@ pub(crate) fn reduce(
             launch!(
                 bytes = elems(rows * cols, x.dtype()) + elems(rows, DType::I64);
                 x,
-                "reduce",
+                KernelFile::Reduce,
                 name,
                 rows_grid(rows),
                 &sign,
@@ -56,7 +57,7 @@ pub(crate) fn reduce(
     launch!(
         bytes = elems(rows * cols, x.dtype()) + elems(rows, x.dtype());
         x,
-        "reduce",
+        KernelFile::Reduce,
         name,
         rows_grid(rows),
         &code,
@@ -115,7 +116,7 @@ fn int_extreme(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Res
     let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
     launch!(
         x,
-        "reduce",
+        KernelFile::Reduce,
         format!("extreme_rows_{t}"),
         rows_grid(rows),
         &code,

@@ -2,6 +2,7 @@
 //! read at their offset and `[B, H]` operands with unit-stride rows in place (a step of a
 //! sequence, a slice of `[h | c']`); others are copied first.
 
+use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::same_dtype as same;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
@@ -41,7 +42,7 @@ pub(crate) fn lstm_cell(
     launch!(
         bytes = bytes;
         g,
-        "rnn",
+        KernelFile::Rnn,
         name,
         grid(batch * h),
         &gp,
@@ -97,7 +98,7 @@ pub(crate) fn lstm_cell_backward(
     launch!(
         bytes = bytes;
         g,
-        "rnn",
+        KernelFile::Rnn,
         name,
         grid(batch * h),
         &gp,

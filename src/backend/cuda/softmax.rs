@@ -1,6 +1,7 @@
 //! Launcher of the softmax rows of `cuda/softmax_xent.cu` (the file the fused cross-entropy
 //! shares): softmax or log-softmax along one dim.
 
+use super::kernels::KernelFile;
 use super::reduce::with_dims_last;
 use super::storage::{float_kname, rows_grid, CudaStorage};
 use crate::layout::Layout;
@@ -18,7 +19,7 @@ pub(crate) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
     let name = format!("softmax_rows_{t}");
     launch!(
         x,
-        "softmax_xent",
+        KernelFile::SoftmaxXent,
         name,
         rows_grid(rows),
         &src,

@@ -3,6 +3,7 @@
 //!
 //! tests/cuda_parity.rs checks transfers and casts bit for bit against the CPU.
 
+use super::kernels::KernelFile;
 use super::pinned::PinnedBuffer;
 use super::profile::{elems, view_bytes};
 use super::runtime::{runtime, CudaRuntime};
@@ -227,12 +228,12 @@ impl CudaStorage {
     }
 
     /// Kernel `name` of kernel file `file`, with the context bound to this thread.
-    pub(crate) fn function(&self, file: &str, name: &str) -> Result<CudaFunction> {
+    pub(crate) fn function(&self, file: KernelFile, name: &str) -> Result<CudaFunction> {
         self.rt()
             .context()
             .bind_to_thread()
             .map_err(|e| self.driver("binding the context", e))?;
-        self.rt().function(file, name)
+        self.rt().function(file.name(), name)
     }
 
     /// Copies the selected elements of a host storage to device `ordinal`, row-major. The
@@ -429,7 +430,7 @@ impl CudaStorage {
         // The kernel reads the view's elements and writes `n` of the same width.
         launch!(
             bytes = view_bytes(l, self.dtype) + elems(n, self.dtype);
-            self, "cast", format!("copy_strided_{width}"), grid(n), &src, &st, &dst, &n64
+            self, KernelFile::Cast, format!("copy_strided_{width}"), grid(n), &src, &st, &dst, &n64
         );
         Ok(out)
     }
@@ -467,14 +468,14 @@ impl CudaStorage {
             // `n` elements in, `n` out, of the kernel's types.
             launch!(
                 bytes = elems(n, self.dtype) + elems(n, dtype);
-                self, "cast", format!("cast_{from}_{to}"), grid(n), &src, &dst, &n64
+                self, KernelFile::Cast, format!("cast_{from}_{to}"), grid(n), &src, &dst, &n64
             );
         } else {
             let (src, st) = (self.ptr(), Strided::new("to_dtype", l)?);
             // As above, reading through the view.
             launch!(
                 bytes = view_bytes(l, self.dtype) + elems(n, dtype);
-                self, "cast", format!("cast_strided_{from}_{to}"), grid(n), &src, &st, &dst, &n64
+                self, KernelFile::Cast, format!("cast_strided_{from}_{to}"), grid(n), &src, &st, &dst, &n64
             );
         }
         Ok(out)
@@ -509,7 +510,7 @@ impl CudaStorage {
         // The kernel reads `n` elements of `dense` and writes the `n` distinct elements of
         // the view `dl`, which lies inside this storage.
         let name = format!("copy_into_strided_u{width}");
-        launch!(bytes = 2 * elems(n, self.dtype); self, "cast", name, grid(n), &src, &st, &dst, &n64);
+        launch!(bytes = 2 * elems(n, self.dtype); self, KernelFile::Cast, name, grid(n), &src, &st, &dst, &n64);
         Ok(())
     }
 
