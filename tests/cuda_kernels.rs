@@ -97,7 +97,6 @@ fn cuda_devices_are_an_error_that_says_why_never_a_panic() {
 /// The device runtime: on a machine without a GPU an error that names what is missing; with
 /// one, a kernel loads, a freed block is reused from the cache and the statistics count it,
 /// and a request larger than the device is `Error::OutOfMemory` naming the request.
-/// (The GPU branch has not run yet: no GPU was available when it was written.)
 #[test]
 fn the_device_runtime_loads_kernels_and_caches_memory() {
     use mantissa::backend::cuda::{probe, runtime};

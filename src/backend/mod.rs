@@ -5,7 +5,7 @@
 //! backend storages, and each family file also holds its `impl Storage` block: the one place
 //! an op crosses from the device-independent op definitions (`crate::ops`) into a device's
 //! kernels, checking that its operands share a device and picking the backend with
-//! [`on_backend!`]. Ops a backend runs through the host instead of a kernel of its own are
+//! `on_backend!`. Ops a backend runs through the host instead of a kernel of its own are
 //! listed in `fallback.rs`.
 
 mod amp;

@@ -1,7 +1,10 @@
-//! The CPU backend: one `Vec` per dtype, generic kernels, rayon for threads.
+//! The CPU backend: one `Vec` per dtype ([`CpuStorage`], in `backend/host.rs`), generic
+//! kernels, rayon for threads; one module per op family behind the backend traits
+//! (`backend.rs`).
 //!
-//! Dtype dispatch is written once, in the `map_*` macros below: a kernel is a generic function
-//! over [`CpuElem`], and the macro expands its call for every storage variant it accepts.
+//! Dtype dispatch is written once, in the `map_*` macros of `host.rs`: a kernel is a generic
+//! function over [`CpuElem`], and the macro expands its call for every storage variant it
+//! accepts.
 
 pub(crate) mod amp;
 mod backend;

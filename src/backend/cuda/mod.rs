@@ -1,9 +1,9 @@
 //! The CUDA backend (feature `cuda`): library discovery, device probing and report, the NVRTC
 //! kernel compiler with its disk cache, a per-device runtime (context, stream, loaded kernels,
-//! caching allocator, cuBLAS and cuDNN handles), device storage with transfers and casts,
-//! kernels for elementwise ops, reductions, softmax, dropout, pooling, indexing and optimizer
-//! updates, cuBLAS products and cuDNN convolutions. Index tensors are checked on the host
-//! (one read of the indices, not of the data); integer scatter sums still go through the host.
+//! caching allocator, cuBLAS and cuDNN handles), device storage with transfers and casts, and
+//! one launcher module per op family (`elementwise.rs`, `reduce.rs`, `matmul.rs`, ...) behind
+//! the backend traits (`backend.rs`). Index tensors stay on the device: the kernels check them,
+//! and an index out of range is reported at the next read (`faults.rs`).
 
 /// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
 /// given as references to locals (cudarc stores argument pointers until the launch). With a
