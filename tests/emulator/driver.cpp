@@ -1,7 +1,7 @@
 // An emulated CUDA driver (libcuda.so.1) for running the CUDA backend's host side on a machine
 // without a GPU: device memory is host memory, streams run their queued work lazily (see
 // "Streams" below), and a kernel launch runs the kernel file built for the host by the
-// emulated NVRTC (nvrtc.cpp: the same source with cuda/host_shim.h, plus per-kernel
+// emulated NVRTC (nvrtc.cpp: the same source with host_shim.h, plus per-kernel
 // trampolines). What it checks: the launchers' argument lists, views, offsets and sizes, the
 // caching allocator, copies, fault flags, out-of-memory paths, and that the host waits for
 // the work whose results it reads. What it cannot: speed, the GPU's memory model, work of two
@@ -542,7 +542,7 @@ API CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, uns
                 }
             }
         } else {
-            // The others: a block at a time, its threads as fibers (cuda/host_shim.h).
+            // The others: a block at a time, its threads as fibers (host_shim.h).
             struct Call {
                 Function* f;
                 void* args;

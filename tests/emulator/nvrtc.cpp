@@ -1,5 +1,5 @@
 // An emulated NVRTC (libnvrtc) for the emulated driver (driver.cpp): "compiling" a kernel file
-// builds it for the host as C++ with cuda/host_shim.h (MANTISSA_EMU_SHIM names it), adds
+// builds it for the host as C++ with host_shim.h (MANTISSA_EMU_SHIM names it), adds
 // trampolines per kernel that copy a launch's arguments by the kernel's own parameter types
 // and call the kernel with them, and hands back the library's path as the
 // "cubin". A source that does not build gives NVRTC_ERROR_COMPILATION with the compiler's
@@ -133,7 +133,7 @@ static bool mentions(const std::string& text, const std::string& word) {
 
 // The functions of preprocessed text `t` that reach a block barrier, a warp shuffle or a
 // compare-and-swap (directly or through the functions they call, judged by name): their
-// blocks' threads run as fibers that take turns (cuda/host_shim.h). The others run one
+// blocks' threads run as fibers that take turns (host_shim.h). The others run one
 // thread after another.
 static std::set<std::string> cooperative(const std::string& t) {
     std::map<std::string, std::string> bodies;
@@ -172,7 +172,7 @@ static std::set<std::string> cooperative(const std::string& t) {
 API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
     const char* shim = getenv("MANTISSA_EMU_SHIM");
     if (!shim) {
-        p->log = "MANTISSA_EMU_SHIM (the path of cuda/host_shim.h) is not set";
+        p->log = "MANTISSA_EMU_SHIM (the path of host_shim.h) is not set";
         return NVRTC_ERROR_COMPILATION;
     }
     const char* cxx = getenv("CXX") ? getenv("CXX") : "c++";

@@ -29,7 +29,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/cache"
 export LD_LIBRARY_PATH=$out${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export MANTISSA_EMU_SHIM=$root/cuda/host_shim.h MANTISSA_CACHE_DIR=$work/cache MANTISSA_EMU_TMP=$work
+export MANTISSA_EMU_SHIM=$root/tests/emulator/host_shim.h MANTISSA_CACHE_DIR=$work/cache MANTISSA_EMU_TMP=$work
 cd "$root"
 # MANTISSA_EMU_SANITIZE=1: the kernels built with AddressSanitizer and UBSan, the test
 # binaries run with their runtimes preloaded, so that a kernel that reads or writes past its

@@ -1,7 +1,7 @@
 //! Launchers for `cuda/amp.cu`: the loss scaler's unscale with its overflow check (one pass
 //! per gradient) and its scale update (one thread), on device scalars: no host read.
 //!
-//! `host_kernels/amp.rs` runs the kernels on the host against the CPU backend.
+//! `tests/host_kernels/amp.rs` runs the kernels on the host against the CPU backend.
 
 use super::kernels::KernelFile;
 use super::storage::{grid, kname, one_thread, CudaStorage};

@@ -42,7 +42,10 @@ mod blaslt;
 pub mod conv;
 pub(crate) mod elementwise;
 mod faults;
+// The kernel files run on the host against the CPU backend: unit tests of the launchers'
+// private argument structs, kept with the other GPU stand-ins under tests/.
 #[cfg(test)]
+#[path = "../../../tests/host_kernels/mod.rs"]
 mod host_kernels;
 pub mod index;
 pub mod kernels;

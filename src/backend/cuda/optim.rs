@@ -2,7 +2,7 @@
 //! step count and the overflow flag on the device, updates parameter, states and working copy
 //! in one pass, and a one-thread kernel counts the step, so a step never waits for the host.
 //! Constants that f32 would round (`1 - beta`, `ln beta`, AdamW's decay) are computed on the
-//! host in f64 and passed in; `host_kernels/optim.rs` runs the kernel on the host against the
+//! host in f64 and passed in; `tests/host_kernels/optim.rs` runs the kernel on the host against the
 //! CPU backend.
 
 use super::kernels::KernelFile;

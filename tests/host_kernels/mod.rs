@@ -1,5 +1,5 @@
 //! The kernel files run on the host, for tests: a kernel file with its prelude, exactly the
-//! text NVRTC compiles, is built as C++ into a shared library (with `cuda/host_shim.h`
+//! text NVRTC compiles, is built as C++ into a shared library (with `tests/emulator/host_shim.h`
 //! standing in for the CUDA built-ins) and
 //! called with the launchers' own argument structs, then compared with the CPU backend. This
 //! checks the kernels' arithmetic and indexing without a GPU: directly called, a kernel runs
@@ -34,7 +34,7 @@ pub(super) fn library(name: &str) -> Option<&'static Library> {
     }
     let dir = std::env::temp_dir().join(format!("mantissa-host-kernels-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let shim = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/host_shim.h");
+    let shim = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/emulator/host_shim.h");
     let source = kernels::source(name).expect("a kernel file");
     let (cpp, so) = (
         dir.join(format!("{name}.cpp")),

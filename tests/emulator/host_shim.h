@@ -1,6 +1,6 @@
 // Host stand-ins for the CUDA built-ins the kernel files use, so that a kernel file (with the
 // prelude, exactly as NVRTC gets it) compiles as C++ and runs on the CPU. For tests only
-// (src/backend/cuda/host_kernels/ and the emulated driver in tests/emulator/): they check the
+// (tests/host_kernels/ and the emulated driver in tests/emulator/): they check the
 // kernels' index arithmetic without a GPU. Called directly, a kernel runs as a grid of one
 // thread. Through host_run_grid, a block's threads run as fibers on the calling OS thread,
 // taking turns: each runs until it reaches __syncthreads, ends, or is about to compare-and-swap
