@@ -1,4 +1,5 @@
-//! Devices a tensor can live on.
+//! Devices a tensor can live on. Whether one can be used is the backend's to say
+//! (`Device::check_available` and `Device::supports_bf16` are in `backend/device.rs`).
 
 use crate::{Error, Result};
 
@@ -39,32 +40,6 @@ impl Device {
     /// ```
     pub fn best() -> Device {
         Device::Cuda(0).check_available().unwrap_or(Device::Cpu)
-    }
-
-    /// Returns `self` when the device can hold tensors, an error otherwise.
-    pub fn check_available(self) -> Result<Device> {
-        match self {
-            Device::Cpu => Ok(self),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(n) => crate::backend::cuda::runtime::runtime(n).map(|_| self),
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => Err(Error::CudaUnavailable {
-                device: self,
-                reason: "built without the `cuda` feature; use Device::Cpu".into(),
-            }),
-        }
-    }
-
-    /// Whether the device computes in bf16 (autocast falls back to f16 where it does not):
-    /// always on the CPU; on CUDA from compute capability 8.0.
-    pub fn supports_bf16(self) -> Result<bool> {
-        match self {
-            Device::Cpu => Ok(true),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(n) => Ok(crate::backend::cuda::runtime::runtime(n)?.arch() >= 80),
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => self.check_available().map(|_| false),
-        }
     }
 
     /// Parses `cpu`, `cuda`, `cuda:N` (as PyTorch writes devices).

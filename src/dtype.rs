@@ -1,6 +1,8 @@
 //! Element types: the runtime [`DType`] tag and the [`WithDType`] trait every storage type
 //! implements, so that kernels are written once as generic functions.
 
+mod vmath;
+
 use half::{bf16, f16};
 
 /// The element type of a tensor.
@@ -97,11 +99,11 @@ impl Float for f32 {
     }
     #[inline(always)]
     fn sigmoid_act(self) -> Self {
-        crate::backend::cpu::vmath::sigmoid(self)
+        vmath::sigmoid(self)
     }
     #[inline(always)]
     fn tanh_act(self) -> Self {
-        crate::backend::cpu::vmath::tanh(self)
+        vmath::tanh(self)
     }
 }
 

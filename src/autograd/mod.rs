@@ -5,6 +5,8 @@
 //! order under `no_grad`, accumulates into the leaves' `.grad()`, and frees every node it ran
 //! (saved tensors included), as PyTorch does without `retain_graph`.
 
+pub(crate) mod join;
+
 use crate::scope::{ScopeEntry, ScopeStack};
 use crate::{Error, Result, Tensor};
 use std::cell::{Cell, RefCell};

@@ -15,6 +15,7 @@ mod copy;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod device;
 mod elementwise;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod fallback;

@@ -26,7 +26,7 @@ impl Tensor {
             &[self, rhs],
             move |g, needs| {
                 // The two products are independent: side by side on the CPU.
-                let (ga, gb) = crate::parallel::join_backward(
+                let (ga, gb) = crate::autograd::join::join_backward(
                     g.device() == Device::Cpu
                         && needs[0]
                         && needs[1]
@@ -199,7 +199,7 @@ impl Tensor {
         let backward = move |g: &Tensor, needs: &[bool]| {
             // The input's and the weight's gradients are independent products of equal
             // size: side by side on the CPU.
-            let (gx, gw) = crate::parallel::join_backward(
+            let (gx, gw) = crate::autograd::join::join_backward(
                 g.device() == Device::Cpu
                     && needs[0]
                     && needs[1]

@@ -22,7 +22,6 @@ mod pool_nhwc;
 mod reduce;
 mod rnn;
 mod softmax;
-pub(crate) mod vmath;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight};
 pub(crate) use loss::{cross_entropy, cross_entropy_backward};
