@@ -25,6 +25,7 @@ mod device;
 pub mod dtype;
 mod error;
 mod fs;
+mod grad_mode;
 pub mod layout;
 mod memory_format;
 pub mod nn;
@@ -34,14 +35,15 @@ mod parallel;
 pub mod profiler;
 pub mod random;
 mod scope;
+mod sync;
 mod tensor;
 pub mod train;
 
-pub use autograd::{is_grad_enabled, no_grad, NoGradGuard};
 pub use counters::host_reads;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 pub use memory_format::MemoryFormat;
 pub use ops::{
     AvgPool2dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, MaxPool2dOptions,

@@ -1,7 +1,7 @@
 //! BatchNorm2d, LayerNorm and Dropout.
 
 use super::{join, Module, TensorKind, Visitor, VisitorMut};
-use crate::autograd::lock;
+use crate::sync::lock;
 use crate::{no_grad, DType, Device, Generator, Result, Tensor};
 use std::sync::Mutex;
 

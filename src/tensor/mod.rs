@@ -1,13 +1,15 @@
 //! The [`Tensor`] type: a strided view into shared storage, plus its autograd links.
 
 mod create;
+pub(crate) mod node;
 mod view;
 
-use crate::autograd::{lock, Node};
 use crate::backend::Storage;
 use crate::dtype::WithDType;
 use crate::layout::Layout;
+use crate::sync::lock;
 use crate::{DType, Device, Error, Result};
+use node::Node;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 

@@ -8,12 +8,13 @@ use super::libs::{self, Lib};
 use super::pinned::{PinnedBuffer, PinnedMemory};
 use super::{kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, Fence, MemoryStats, RawMemory};
+use crate::sync::lock;
 use crate::{Device, Error, Result};
 use cudarc::cublas::{sys as bs, CudaBlas};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Device memory straight from the driver, for the caching allocator.
 pub struct DriverMemory {
@@ -75,12 +76,6 @@ impl Drop for DnnHandle {
         // SAFETY: the handle was created by `with_cudnn` and is destroyed once, here.
         let _ = unsafe { cudarc::cudnn::result::destroy_handle(self.0) };
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave these maps half-updated in a way that
-    // matters more than losing the device, so a poisoned lock is used as is.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `MANTISSA_NO_CUDA_MEMORY_CACHING=1` (as PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING`): device

@@ -1,0 +1,68 @@
+//! Graph recording on or off, per thread: [`no_grad`] and [`NoGradGuard`] (PyTorch's
+//! `torch.no_grad()`). Every op reads [`is_grad_enabled`] before it records a node.
+
+use crate::scope::{ScopeEntry, ScopeStack};
+use std::cell::{Cell, RefCell};
+
+thread_local! {
+    /// The grad mode in force: a cache of [`NO_GRAD`]'s top, read by every op.
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static NO_GRAD: RefCell<ScopeStack<bool>> = const { RefCell::new(ScopeStack::new()) };
+}
+
+/// True unless inside a [`no_grad`] scope on this thread.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Disables graph recording on this thread until dropped.
+///
+/// Guards nest and may be dropped in any order: gradients stay off while any guard of this
+/// thread is alive and come back once all are gone. A guard is not `Send`: it belongs to the
+/// thread whose grad mode it changed.
+///
+/// ```
+/// use mantissa::{is_grad_enabled, NoGradGuard};
+/// let a = NoGradGuard::new();
+/// let b = NoGradGuard::new();
+/// drop(a);
+/// assert!(!is_grad_enabled());
+/// drop(b);
+/// assert!(is_grad_enabled());
+/// ```
+#[must_use = "gradients are off as long as the guard lives"]
+pub struct NoGradGuard {
+    entry: ScopeEntry<bool>,
+}
+
+impl NoGradGuard {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> NoGradGuard {
+        NoGradGuard {
+            entry: ScopeEntry::push(&NO_GRAD, false, set_grad_mode),
+        }
+    }
+}
+
+fn set_grad_mode(top: Option<bool>) {
+    let _ = GRAD_ENABLED.try_with(|g| g.set(top.unwrap_or(true)));
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        self.entry.pop(set_grad_mode);
+    }
+}
+
+/// Runs `f` without recording the graph (like `with torch.no_grad():`).
+///
+/// ```
+/// use mantissa::{no_grad, Tensor};
+/// let w = Tensor::ones(&[2], mantissa::DType::F32, mantissa::Device::Cpu).unwrap().requires_grad(true).unwrap();
+/// let y = no_grad(|| w.mul(2.0)).unwrap();
+/// assert!(!y.is_requires_grad());
+/// ```
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    let _g = NoGradGuard::new();
+    f()
+}

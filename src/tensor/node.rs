@@ -1,0 +1,122 @@
+//! The recorded graph's node, which a tensor made by an op holds: the op's inputs as edges and
+//! its one-shot backward closure. `crate::autograd` records nodes and runs them.
+
+use crate::sync::lock;
+use crate::{Error, Result, Tensor};
+use std::sync::{Arc, Mutex};
+
+/// Computes the inputs' gradients from the output's gradient. `needs[i]` tells whether input
+/// `i` wants one; entries for the others may be `None`.
+pub(crate) type BackwardFn =
+    Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static>;
+
+/// Where the gradient of one op input goes. An edge holds the input's producing node or its
+/// gradient slot, never the input's data: a graph keeps alive only what the backward
+/// closures saved.
+pub(crate) enum Edge {
+    /// The input was made by a recorded op.
+    Node {
+        node: Arc<Node>,
+        shape: Vec<usize>,
+        dtype: crate::DType,
+    },
+    /// The input is a leaf that requires grad.
+    Leaf {
+        grad: Arc<Mutex<Option<Tensor>>>,
+        shape: Vec<usize>,
+        dtype: crate::DType,
+        /// The leaf's memory format, which its gradient takes (PyTorch's layout contract).
+        format: crate::MemoryFormat,
+    },
+    /// The input needs no gradient.
+    None,
+}
+
+impl Edge {
+    pub(crate) fn of(t: &Tensor) -> Edge {
+        let (shape, dtype) = (t.shape().to_vec(), t.dtype());
+        match &t.0.node {
+            Some(node) => Edge::Node {
+                node: node.clone(),
+                shape,
+                dtype,
+            },
+            None if t.is_requires_grad() => Edge::Leaf {
+                grad: t.0.grad.clone(),
+                shape,
+                dtype,
+                format: t.memory_format(),
+            },
+            None => Edge::None,
+        }
+    }
+}
+
+static NEXT_NODE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// One recorded op.
+pub(crate) struct Node {
+    pub(crate) id: u64,
+    pub(crate) name: &'static str,
+    state: Mutex<Option<(Vec<Edge>, BackwardFn)>>,
+    /// The tensors the backward reads (inputs or outputs), with their storage versions when
+    /// they were saved: an in-place write since then would make the gradient wrong, so
+    /// backward refuses it (PyTorch's saved-tensor version check).
+    saved: Vec<(Tensor, u64)>,
+}
+
+impl Node {
+    pub(crate) fn new(
+        name: &'static str,
+        edges: Vec<Edge>,
+        f: BackwardFn,
+        saved: &[&Tensor],
+    ) -> Node {
+        Node {
+            id: NEXT_NODE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            name,
+            state: Mutex::new(Some((edges, f))),
+            // Detached: a saved output must not hold its own node (a reference cycle).
+            saved: saved.iter().map(|t| (t.detach(), t.version())).collect(),
+        }
+    }
+
+    /// `Err` when a saved tensor was written in place after it was saved.
+    pub(crate) fn check_saved(&self) -> Result<()> {
+        for (i, (t, v)) in self.saved.iter().enumerate() {
+            let now = t.version();
+            if now != *v {
+                return Err(Error::Autograd(format!(
+                    "operand {i} of `{}` (shape {:?}, {:?}), which its backward reads, was \
+                     modified in place after the forward (version {v}, now {now}), so the \
+                     gradient would be wrong; write into a clone instead, or make the change \
+                     after backward()",
+                    self.name,
+                    t.shape(),
+                    t.dtype()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The nodes this one sends gradients to.
+    pub(crate) fn children(&self) -> Vec<Arc<Node>> {
+        lock(&self.state)
+            .as_ref()
+            .map(|(edges, _)| {
+                edges
+                    .iter()
+                    .filter_map(|e| match e {
+                        Edge::Node { node, .. } => Some(node.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn take(&self) -> Option<(Vec<Edge>, BackwardFn)> {
+        lock(&self.state).take()
+    }
+}
