@@ -1,6 +1,6 @@
 //! The gradient scaler's device work: the [`AmpOps`] family and its dispatch.
 
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::{DType, Result};
 
 /// PyTorch's two AMP kernels, on f32 scalar storages of the backend.

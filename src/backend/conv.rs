@@ -1,6 +1,6 @@
 //! 2-D convolution: the [`ConvOps`] family and its dispatch.
 
-use super::{on_backend, BackendStorage, ConvDims, Storage};
+use super::{on_backend, Backend, BackendStorage, ConvDims, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

@@ -1,6 +1,6 @@
 //! Copies, casts, transfers and fills: the [`CopyOps`] family and its dispatch.
 
-use super::{on_backend, on_device, BackendStorage, CpuStorage, CudaStorage, Storage};
+use super::{on_backend, on_device, Backend, BackendStorage, CpuStorage, CudaStorage, Storage};
 use crate::layout::Layout;
 use crate::{DType, Device, Result};
 

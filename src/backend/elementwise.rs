@@ -1,7 +1,7 @@
 //! Elementwise ops: the [`ElementwiseOps`] family and its dispatch.
 
 use super::ops::{BinaryOp, CmpOp, UnaryOp};
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

@@ -1,6 +1,6 @@
 //! Indexing by an I64 index tensor: the [`IndexOps`] family and its dispatch.
 
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

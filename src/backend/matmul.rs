@@ -2,7 +2,7 @@
 //! backend relies on.
 
 use super::cpu::host_can_hold;
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::{Error, Result};
 

@@ -66,8 +66,8 @@ pub enum Storage {
     Cuda(CudaStorage),
 }
 
-/// What every backend storage is, besides its op families: its device and dtype, its way to
-/// and from the host, and its place in [`Storage`].
+/// What every backend storage is, besides its op families: its device and dtype, and its way
+/// to and from the host.
 pub(crate) trait BackendStorage: Sized {
     fn device(&self) -> Device;
     fn dtype(&self) -> DType;
@@ -79,16 +79,10 @@ pub(crate) trait BackendStorage: Sized {
     fn host(&self) -> Result<std::borrow::Cow<'_, CpuStorage>>;
     /// The elements `l` selects in `s`, contiguous, on `device` (of this backend).
     fn from_host(s: &CpuStorage, l: &Layout, device: Device) -> Result<Self>;
-    /// This storage in a [`Storage`].
-    fn wrap(self) -> Storage;
-    /// The storage of this backend inside `s`. Called only after the caller checked the
-    /// device (see [`on_backend!`]); another backend's storage is a bug, and panics.
-    fn part(s: &Storage) -> &Self;
-    /// [`BackendStorage::part`], mutably.
-    fn part_mut(s: &mut Storage) -> &mut Self;
 }
 
-/// Every op family: what a storage must implement to be a backend.
+/// Every op family: what a storage must implement to be a backend (each backend says
+/// `impl Backend for ...`, so a family it lacks is a compile error there).
 pub(crate) trait Backend:
     BackendStorage
     + CopyOps
@@ -105,32 +99,14 @@ pub(crate) trait Backend:
     + OptimOps
     + AmpOps
 {
+    /// This storage in a [`Storage`].
+    fn wrap(self) -> Storage;
+    /// The storage of this backend inside `s`. Called only after the caller checked the
+    /// device (see [`on_backend!`]); another backend's storage is a bug, and panics.
+    fn part(s: &Storage) -> &Self;
+    /// [`Backend::part`], mutably.
+    fn part_mut(s: &mut Storage) -> &mut Self;
 }
-
-impl<B> Backend for B where
-    B: BackendStorage
-        + CopyOps
-        + ElementwiseOps
-        + ReduceOps
-        + SoftmaxOps
-        + MatmulOps
-        + ConvOps
-        + PoolOps
-        + NormOps
-        + LossOps
-        + IndexOps
-        + RnnOps
-        + OptimOps
-        + AmpOps
-{
-}
-
-// Both storages are complete backends: a family method missing from one fails here.
-const _: fn() = || {
-    fn is_backend<B: Backend>() {}
-    is_backend::<CpuStorage>();
-    is_backend::<CudaStorage>();
-};
 
 /// Evaluates `$body` with the type `$B` naming the backend storage of `$device`. The body is
 /// written once and compiled for each backend.

@@ -6,9 +6,9 @@
 use super::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use super::rounding::Rounding;
 use super::{
-    AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage, ElementwiseOps,
-    IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps,
-    SoftmaxOps, Storage,
+    AmpOps, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
+    ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
+    RnnOps, SoftmaxOps, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -42,6 +42,18 @@ macro_rules! uninhabited {
     };
 }
 
+impl Backend for CudaStorage {
+    fn wrap(self) -> Storage {
+        match self {}
+    }
+    fn part(_s: &Storage) -> &Self {
+        unreachable!("a Storage::Cuda cannot be built without the cuda feature")
+    }
+    fn part_mut(_s: &mut Storage) -> &mut Self {
+        unreachable!("a Storage::Cuda cannot be built without the cuda feature")
+    }
+}
+
 impl BackendStorage for CudaStorage {
     uninhabited! {
         fn device(&self) -> Device;
@@ -52,15 +64,6 @@ impl BackendStorage for CudaStorage {
     }
     fn from_host(_s: &CpuStorage, _l: &Layout, device: Device) -> Result<Self> {
         Err(unavailable(device))
-    }
-    fn wrap(self) -> Storage {
-        match self {}
-    }
-    fn part(_s: &Storage) -> &Self {
-        unreachable!("a Storage::Cuda cannot be built without the cuda feature")
-    }
-    fn part_mut(_s: &mut Storage) -> &mut Self {
-        unreachable!("a Storage::Cuda cannot be built without the cuda feature")
     }
 }
 

@@ -1,7 +1,7 @@
 //! Batch and layer normalisation: the [`NormOps`] family and its dispatch. Batch norm's
 //! fused passes work on the `[outer, channels, inner]` view of `spec::ChannelSplit`.
 
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 
@@ -53,7 +53,7 @@ pub(crate) trait NormOps: BackendStorage {
 }
 
 /// `v`'s storage as backend `B`'s (the device already checked).
-fn part<'a, B: BackendStorage>(v: Opt<'a, Storage>) -> Opt<'a, B> {
+fn part<'a, B: Backend>(v: Opt<'a, Storage>) -> Opt<'a, B> {
     v.map(|(s, l)| (B::part(s), l))
 }
 

@@ -2,7 +2,7 @@
 //! arithmetic type), the [`OptimOps`] family and its dispatch.
 
 use super::rounding::Rounding;
-use super::{on_device, BackendStorage, Storage};
+use super::{on_device, Backend, BackendStorage, Storage};
 use crate::dtype::Float;
 use crate::Result;
 

@@ -1,7 +1,7 @@
 //! 2-D pooling: the [`PoolOps`] family and its dispatch.
 
 use super::ops::Pool2dParams;
-use super::{on_backend, BackendStorage, PoolDims, Storage};
+use super::{on_backend, Backend, BackendStorage, PoolDims, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

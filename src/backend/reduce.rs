@@ -1,7 +1,7 @@
 //! Reductions over dims: the [`ReduceOps`] family and its dispatch.
 
 use super::ops::ReduceOp;
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

@@ -1,6 +1,6 @@
 //! The fused LSTM cell: the [`RnnOps`] family and its dispatch.
 
-use super::{on_backend, BackendStorage, CellGrads, Storage};
+use super::{on_backend, Backend, BackendStorage, CellGrads, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

@@ -1,6 +1,6 @@
 //! Softmax along one dim: the [`SoftmaxOps`] family and its dispatch.
 
-use super::{on_backend, BackendStorage, Storage};
+use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 

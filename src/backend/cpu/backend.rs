@@ -6,13 +6,25 @@ use super::{amp, host_can_hold, index, layer_norm, norm, CpuStorage, IntoStorage
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
-    host, AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, ElementwiseOps, IndexOps,
-    LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps, SoftmaxOps,
-    Storage,
+    host, AmpOps, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, ElementwiseOps,
+    IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps,
+    SoftmaxOps, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
 use std::borrow::Cow;
+
+impl Backend for CpuStorage {
+    fn wrap(self) -> Storage {
+        Storage::Cpu(self)
+    }
+    fn part(s: &Storage) -> &Self {
+        s.as_cpu().expect("the dispatcher checked the device")
+    }
+    fn part_mut(s: &mut Storage) -> &mut Self {
+        s.as_cpu_mut().expect("the dispatcher checked the device")
+    }
+}
 
 impl BackendStorage for CpuStorage {
     fn device(&self) -> Device {
@@ -32,15 +44,6 @@ impl BackendStorage for CpuStorage {
     }
     fn from_host(s: &CpuStorage, l: &Layout, _device: Device) -> Result<Self> {
         CopyOps::copy_strided(s, l)
-    }
-    fn wrap(self) -> Storage {
-        Storage::Cpu(self)
-    }
-    fn part(s: &Storage) -> &Self {
-        s.as_cpu().expect("the dispatcher checked the device")
-    }
-    fn part_mut(s: &mut Storage) -> &mut Self {
-        s.as_cpu_mut().expect("the dispatcher checked the device")
     }
 }
 

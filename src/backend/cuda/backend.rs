@@ -10,7 +10,7 @@ use super::{
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
-    fallback, AmpOps, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
+    fallback, AmpOps, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
     ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
     RnnOps, SoftmaxOps, Storage,
 };
@@ -23,6 +23,24 @@ fn ordinal(op: &'static str, device: Device) -> Result<usize> {
     match device {
         Device::Cuda(n) => Ok(n),
         Device::Cpu => Err(Error::invalid(op, "a CUDA storage requested on the CPU")),
+    }
+}
+
+impl Backend for CudaStorage {
+    fn wrap(self) -> Storage {
+        Storage::Cuda(self)
+    }
+    fn part(s: &Storage) -> &Self {
+        match s {
+            Storage::Cuda(s) => s,
+            Storage::Cpu(_) => unreachable!("the dispatcher checked the device"),
+        }
+    }
+    fn part_mut(s: &mut Storage) -> &mut Self {
+        match s {
+            Storage::Cuda(s) => s,
+            Storage::Cpu(_) => unreachable!("the dispatcher checked the device"),
+        }
     }
 }
 
@@ -44,21 +62,6 @@ impl BackendStorage for CudaStorage {
     }
     fn from_host(s: &CpuStorage, l: &Layout, device: Device) -> Result<Self> {
         CudaStorage::from_cpu(s, l, ordinal("to_device", device)?)
-    }
-    fn wrap(self) -> Storage {
-        Storage::Cuda(self)
-    }
-    fn part(s: &Storage) -> &Self {
-        match s {
-            Storage::Cuda(s) => s,
-            Storage::Cpu(_) => unreachable!("the dispatcher checked the device"),
-        }
-    }
-    fn part_mut(s: &mut Storage) -> &mut Self {
-        match s {
-            Storage::Cuda(s) => s,
-            Storage::Cpu(_) => unreachable!("the dispatcher checked the device"),
-        }
     }
 }
 
