@@ -10,6 +10,7 @@ mod index;
 mod loss;
 mod matmul;
 mod norm;
+mod operators;
 mod pool;
 mod reduce;
 mod rnn;
