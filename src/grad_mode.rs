@@ -66,3 +66,24 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
     let _g = NoGradGuard::new();
     f()
 }
+
+/// Turns graph recording back on for this thread until dropped (PyTorch's
+/// `torch.enable_grad()`): a checkpoint's recomputation records its graph inside a backward.
+#[must_use = "gradients are on as long as the guard lives"]
+pub(crate) struct EnableGradGuard {
+    entry: ScopeEntry<bool>,
+}
+
+impl EnableGradGuard {
+    pub(crate) fn new() -> EnableGradGuard {
+        EnableGradGuard {
+            entry: ScopeEntry::push(&NO_GRAD, true, set_grad_mode),
+        }
+    }
+}
+
+impl Drop for EnableGradGuard {
+    fn drop(&mut self) {
+        self.entry.pop(set_grad_mode);
+    }
+}

@@ -5,11 +5,16 @@
 //! order under `no_grad`, accumulates into the leaves' `.grad()`, and frees every node it ran
 //! (saved tensors included), as PyTorch does without `retain_graph`.
 
+pub(crate) mod checkpoint;
+mod function;
 pub(crate) mod join;
+
+pub use checkpoint::checkpoint;
+pub use function::custom_op;
 
 pub use crate::grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 use crate::sync::lock;
-use crate::tensor::node::{Edge, Node};
+use crate::tensor::node::{BackwardFn, Edge, Node};
 use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -29,7 +34,7 @@ impl Tensor {
     /// versions are recorded, and backward refuses to run this op when one of them was
     /// written in place since.
     pub(crate) fn attach_saving(
-        mut self,
+        self,
         name: &'static str,
         inputs: &[&Tensor],
         saved: &[&Tensor],
@@ -38,10 +43,34 @@ impl Tensor {
         if !is_grad_enabled() || !inputs.iter().any(|t| t.is_requires_grad()) {
             return self;
         }
+        self.attach_node(name, inputs, saved, Box::new(backward))
+    }
+
+    /// [`Tensor::attach`] whenever grad mode is on, even when no input requires grad: for a
+    /// checkpoint, whose function may use tensors that do (a module's parameters).
+    pub(crate) fn attach_always(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
+        if !is_grad_enabled() {
+            return self;
+        }
+        self.attach_node(name, inputs, &[], Box::new(backward))
+    }
+
+    fn attach_node(
+        mut self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        saved: &[&Tensor],
+        backward: BackwardFn,
+    ) -> Tensor {
         let node = Node::new(
             name,
             inputs.iter().map(|t| Edge::of(t)).collect(),
-            Box::new(backward),
+            backward,
             saved,
         );
         match Arc::get_mut(&mut self.0) {

@@ -27,16 +27,12 @@ impl Tensor {
         // One Philox word per element, kept when the word is at least p * 2^32; the mask
         // holds 1 / (1 - p) or 0 in x's dtype and is drawn in one parallel pass.
         let n = x.numel();
-        let start = gen.reserve(n.div_ceil(4) as u64);
+        // Inside a gradient checkpoint the stream is recorded, and replayed when backward
+        // recomputes: the same mask both times.
+        let stream = crate::autograd::checkpoint::dropout_stream(gen, n.div_ceil(4) as u64);
         let threshold = (p * 4_294_967_296.0).ceil() as u64;
-        let storage = Storage::dropout_mask(
-            x.device(),
-            n,
-            threshold,
-            1.0 / (1.0 - p),
-            (gen.seed(), start),
-            x.dtype(),
-        )?;
+        let storage =
+            Storage::dropout_mask(x.device(), n, threshold, 1.0 / (1.0 - p), stream, x.dtype())?;
         x.mul(&Tensor::from_storage(storage, x.shape()))
     }
 
