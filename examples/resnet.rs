@@ -70,6 +70,10 @@ struct Args {
     /// MNIST: 10k training and 2k test images.
     #[arg(long)]
     quick: bool,
+    /// Runs each residual block under gradient checkpointing: its activations are
+    /// recomputed in backward instead of kept (less memory, a second forward per block).
+    #[arg(long)]
+    checkpoint: bool,
     #[command(flatten)]
     run: RunFlags,
 }
@@ -158,7 +162,10 @@ fn resnet(
         for i in 0..count {
             let stride = if stage > 0 && i == 0 { 2 } else { 1 };
             let (b, c_out) = block(c, w << stage, stride, bottleneck, g)?;
-            net = net.push(b);
+            net = match args.checkpoint {
+                true => net.push(Checkpointed::new(b)),
+                false => net.push(b),
+            };
             c = c_out;
         }
     }
@@ -305,6 +312,23 @@ fn throughput(
         .collect();
     let y = Tensor::from_vec(labels, &[n], Device::Cpu)?.to_device(device)?;
     net.train();
+    // What one forward keeps for backward (activations; weights and their casts are counted
+    // too, but they are there either way): with --checkpoint, the blocks' inputs only.
+    let before = live_storage_bytes();
+    let kept = mantissa::train::autocast_maybe(low, || {
+        let _loss = net.forward(&x)?.cross_entropy(&y, Default::default())?;
+        Ok(live_storage_bytes().saturating_sub(before))
+    })?;
+    println!(
+        "one forward keeps {:.1} MiB for backward ({:.1} MiB per image){}",
+        kept as f64 / 1048576.0,
+        kept as f64 / 1048576.0 / n as f64,
+        if args.checkpoint {
+            ", blocks checkpointed"
+        } else {
+            ""
+        }
+    );
     let mut start = Instant::now();
     let mut last = 0.0;
     // Profiled steps run after the timed ones: profiling adds an event pair per launch.

@@ -220,3 +220,47 @@ fn custom_op_gradient_mistakes_are_errors() {
         .to_string();
     assert!(e.contains("bad_shape"), "{e}");
 }
+
+/// A conv - batch norm - relu - conv block (the shape of a ResNet block's main branch).
+fn conv_block(seed: u64) -> nn::Sequential {
+    let mut g = Generator::new(seed);
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    nn::Sequential::new()
+        .push(nn::Conv2d::new(3, 8, 3, opts, false, &mut g).unwrap())
+        .push(nn::BatchNorm2d::new(8).unwrap())
+        .push(nn::Activation::Relu)
+        .push(nn::Conv2d::new(8, 4, 3, opts, true, &mut g).unwrap())
+}
+
+#[test]
+fn a_checkpointed_module_trains_like_the_module() {
+    use nn::Module;
+    let _s = serial();
+    let plain = conv_block(21);
+    let ckpt = nn::Checkpointed::new(conv_block(21));
+    let names = |m: &dyn Module| -> Vec<String> {
+        m.named_parameters().into_iter().map(|(n, _)| n).collect()
+    };
+    assert_eq!(names(&ckpt), names(&plain), "the wrapped module's names");
+    let x = f32s(&[2, 3, 6, 6], 22).requires_grad(true).unwrap();
+    let g = f32s(&[2, 4, 6, 6], 23);
+    let run = |m: &dyn Module| {
+        let mut leaves = vec![x.clone()];
+        leaves.extend(m.parameters());
+        let refs: Vec<&Tensor> = leaves.iter().collect();
+        let mut out = output_and_grads(&m.forward(&x).unwrap(), &g, &refs);
+        // The running statistics: updated once for the one training step.
+        out.extend(m.named_buffers().iter().map(|(_, b)| vals(b)));
+        out
+    };
+    assert_eq!(run(&ckpt), run(&plain));
+    let counted = ckpt.named_buffers();
+    let nbt = counted
+        .iter()
+        .find(|(n, _)| n.ends_with("num_batches_tracked"))
+        .unwrap();
+    assert_eq!(vals(&nbt.1), vec![1.0]);
+}

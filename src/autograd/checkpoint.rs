@@ -42,6 +42,12 @@ pub(crate) fn dropout_stream(gen: &mut Generator, blocks: u64) -> (u64, u64) {
     })
 }
 
+/// Whether this thread is recomputing a checkpointed function for backward (a batch norm
+/// then leaves its running statistics alone: the forward already counted this batch).
+pub(crate) fn recomputing() -> bool {
+    FRAMES.with(|f| f.borrow().iter().any(|fr| matches!(fr, Frame::Replay(_))))
+}
+
 /// Runs `f` with `frame` on top of this thread's checkpoint frames; returns `f`'s result and
 /// the frame as `f` left it (the frame is popped even when `f` panics).
 fn with_frame<R>(frame: Frame, f: impl FnOnce() -> R) -> (R, Frame) {
@@ -68,8 +74,10 @@ fn with_frame<R>(frame: Frame, f: impl FnOnce() -> R) -> (R, Frame) {
 ///
 /// Gradients reach the inputs and every tensor `f` uses that requires grad (a module's
 /// parameters). The recomputation runs under the autocast state of the forward, and each
-/// dropout inside `f` draws the same mask both times. `f` must compute the same function
-/// both times (no other state it reads may change in between).
+/// dropout inside `f` draws the same mask both times; a batch norm in training mode updates
+/// its running statistics once, in the forward. `f` must compute the same function both
+/// times (no other state it reads may change in between). [`crate::nn::Checkpointed`] wraps
+/// a module this way.
 ///
 /// ```
 /// use mantissa::autograd::checkpoint;

@@ -5,12 +5,14 @@
 //! module always sees its current weights. Tensors are named as in PyTorch's `state_dict`
 //! (`0.weight`, `bn.running_mean`, ...), which checkpoints use.
 
+mod checkpointed;
 mod conv;
 mod linear;
 mod lstm;
 mod norm;
 mod residual;
 
+pub use checkpointed::Checkpointed;
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
 pub use linear::{Embedding, Linear};
 pub use lstm::Lstm;

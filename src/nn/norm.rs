@@ -37,7 +37,10 @@ impl BatchNorm2d {
 
 impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.training {
+        // A checkpoint's recomputation normalises by the batch again but counts it once: the
+        // forward already updated the running statistics.
+        let count = self.training && !crate::autograd::checkpoint::recomputing();
+        if count {
             // Counted on the tensor's device: no read back per step on a GPU.
             no_grad(|| {
                 let nbt = &self.num_batches_tracked;
@@ -45,9 +48,10 @@ impl Module for BatchNorm2d {
                 nbt.copy_(&nbt.add(&one)?)
             })?;
         }
+        let keep = !self.training || count;
         x.batch_norm(
-            Some(&self.running_mean),
-            Some(&self.running_var),
+            keep.then_some(&self.running_mean),
+            keep.then_some(&self.running_var),
             Some(&self.weight),
             Some(&self.bias),
             self.training,
