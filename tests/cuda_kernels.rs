@@ -1,7 +1,7 @@
 //! Every kernel in `cuda/` compiles with NVRTC for sm_80 and sm_90 (no GPU needed). Without
 //! libnvrtc the test prints `skipped` and passes, unless `MANTISSA_REQUIRE_NVRTC` is set (CI
 //! sets it, after installing NVRTC from PyPI).
-#![cfg(feature = "cuda")]
+#![cfg(feature = "cuda-backend")]
 
 use mantissa::backend::cuda::{kernels, nvrtc};
 use mantissa::Error;

@@ -1,7 +1,7 @@
 //! CPU-vs-CUDA parity: every op, forward and backward, on the same inputs on both devices,
 //! compared norm-wise within a band per dtype (transfers, casts and dropout masks bit for
 //! bit). Without a GPU each test prints `skipped: no CUDA device` and passes.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "cuda-backend")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 

@@ -3,7 +3,7 @@
 //! (truncating, saturating, NaN to 0), and the remaining elementwise, comparison, reduction
 //! and loss ops; the loss scaler's fused kernels. Without a GPU each test prints
 //! `skipped: no CUDA device` and passes.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "cuda-backend")]
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` beside multi-input calls.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 

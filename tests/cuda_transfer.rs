@@ -2,7 +2,7 @@
 //! pinned loader batches uploaded on the compute stream, and the pool's fences. Without a GPU
 //! each test prints `skipped: no CUDA device` and passes (tests/data.rs runs the loader's
 //! device batches on the GPU too, where there is one).
-#![cfg(feature = "cuda")]
+#![cfg(feature = "cuda-backend")]
 
 mod common;
 use common::parity::{emulated, gpu};

@@ -335,7 +335,7 @@ fn device_step_launches_match_the_emulator_trace() {
     assert_eq!(counted, launches, "the child ran the same steps");
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 #[test]
 fn device_memory_at_peak_names_the_ops_holding_it() {
     let Some(dev) = gpu() else { return };

@@ -24,7 +24,7 @@ pub struct RunFlags {
     /// On a GPU: time cuDNN's convolution algorithms once per shape and keep the fastest
     /// (PyTorch's `cudnn.benchmark = True`).
     #[arg(long)]
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_benchmark: bool,
     /// Data-loader worker threads.
     #[arg(long, default_value_t = 2)]
@@ -50,7 +50,7 @@ impl RunFlags {
             "auto" => Device::best(),
             d => Device::parse(d)?.check_available()?,
         };
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-backend")]
         if let Device::Cuda(n) = device {
             println!("{}", mantissa::backend::cuda::probe::report(n)?);
             mantissa::backend::cuda::conv::set_cudnn_benchmark(self.cudnn_benchmark);
@@ -147,7 +147,7 @@ impl StepProfile {
 /// On a GPU: the allocator's peak allocated and reserved memory so far (`label: peak ...`),
 /// the line the PyTorch peers print from `torch.cuda.max_memory_allocated`.
 pub fn print_peak_memory(label: &str, device: Device) -> Result<()> {
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     if let Device::Cuda(n) = device {
         let s = mantissa::backend::cuda::runtime::runtime(n)?.memory_stats();
         let mib = |b: usize| b as f64 / (1u64 << 20) as f64;

@@ -13,17 +13,17 @@ pub mod caching;
 mod conv;
 mod copy;
 pub mod cpu;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 pub mod cuda;
 mod device;
 mod elementwise;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 mod fallback;
 pub(crate) mod host;
 mod index;
 mod loss;
 mod matmul;
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-backend"))]
 mod no_cuda;
 pub(crate) mod norm;
 pub mod ops;
@@ -38,9 +38,9 @@ pub(crate) mod spec;
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
 use cpu::CpuStorage;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 pub(crate) use cuda::storage::CudaStorage;
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-backend"))]
 pub(crate) use no_cuda::CudaStorage;
 pub(crate) use spec::{CellGrads, ConvDims, PoolDims};
 

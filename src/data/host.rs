@@ -4,10 +4,10 @@
 //! stream works on the current one.
 
 use super::Dataset;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 use crate::backend::cuda::{pinned::PinnedBuffer, runtime::CudaRuntime};
 use crate::{Device, Error, Result, Tensor};
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 use std::sync::Arc;
 
 /// A batch's features on the host: an ordinary vector, or a block of pinned memory from a
@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// copy and without making the host wait.
 pub enum HostBuffer {
     Heap(Vec<f32>),
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     Pinned {
         buf: PinnedBuffer,
         len: usize,
@@ -26,7 +26,7 @@ impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             HostBuffer::Heap(v) => write!(f, "HostBuffer::Heap({} floats)", v.len()),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             HostBuffer::Pinned { buf, len } => {
                 write!(f, "HostBuffer::Pinned({len} floats, {buf:?})")
             }
@@ -43,7 +43,7 @@ impl std::ops::Deref for HostBuffer {
             // Pinned blocks are page-aligned, so the cast cannot fail on alignment. A `len`
             // beyond the buffer (a hand-made HostBuffer) shows what is there; the batch's
             // shape check then refuses it.
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             HostBuffer::Pinned { buf, len } => {
                 let b = buf.as_bytes();
                 bytemuck::cast_slice(&b[..(len * 4).min(b.len() / 4 * 4)])
@@ -55,7 +55,7 @@ impl std::ops::Deref for HostBuffer {
 impl HostBuffer {
     /// `len` zeros, pinned when `pin` names a CUDA device's pool.
     fn zeros(len: usize, pin: &PinTarget) -> Result<HostBuffer> {
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-backend")]
         if let Some(rt) = &pin.rt {
             let mut buf = rt.pinned_buffer(len * 4)?;
             buf.as_mut_slice::<f32>(len)?.fill(0.0);
@@ -68,7 +68,7 @@ impl HostBuffer {
     fn as_mut_slice(&mut self) -> Result<&mut [f32]> {
         match self {
             HostBuffer::Heap(v) => Ok(v),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             HostBuffer::Pinned { buf, len } => buf.as_mut_slice(*len),
         }
     }
@@ -82,7 +82,7 @@ impl HostBuffer {
     pub fn into_vec(self) -> Vec<f32> {
         match self {
             HostBuffer::Heap(v) => v,
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             p @ HostBuffer::Pinned { .. } => p.to_vec(),
         }
     }
@@ -92,7 +92,7 @@ impl HostBuffer {
 /// ordinary memory.
 #[derive(Clone, Default)]
 pub(crate) struct PinTarget {
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     rt: Option<Arc<CudaRuntime>>,
 }
 
@@ -103,11 +103,11 @@ impl PinTarget {
     pub(crate) fn new(pin: Option<Device>) -> Result<PinTarget> {
         match pin {
             None | Some(Device::Cpu) => Ok(PinTarget::default()),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             Some(Device::Cuda(n)) => Ok(PinTarget {
                 rt: Some(crate::backend::cuda::runtime::runtime(n)?),
             }),
-            #[cfg(not(feature = "cuda"))]
+            #[cfg(not(feature = "cuda-backend"))]
             Some(d) => d.check_available().map(|_| PinTarget::default()),
         }
     }
@@ -162,7 +162,7 @@ impl HostBatch {
         let n = self.y.len();
         let y = Tensor::from_vec(self.y, &[n], device)?;
         let x = match (self.x, device) {
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             (HostBuffer::Pinned { mut buf, len }, d) if buf.device() == d => {
                 use crate::backend::{cuda::storage::CudaStorage, Storage};
                 let s = CudaStorage::from_pinned(&mut buf, crate::DType::F32, len)?;
@@ -198,14 +198,14 @@ pub struct DeviceBatches<'a> {
 struct Uploaded {
     // Dropped before the batch: the compute stream is ordered after the upload before the
     // batch's device blocks go back to the pool.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     ready: Option<Ready>,
     batch: Batch,
 }
 
 /// The end of a batch's upload on the copy stream; dropping it unused still makes the
 /// compute stream wait, so the batch's device blocks are not reused under the copy.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 struct Ready {
     event: cudarc::driver::CudaEvent,
     compute: Arc<cudarc::driver::CudaStream>,
@@ -213,7 +213,7 @@ struct Ready {
     waited: bool,
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 impl Ready {
     fn wait(mut self) -> Result<()> {
         self.waited = true;
@@ -227,7 +227,7 @@ impl Ready {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 impl Drop for Ready {
     fn drop(&mut self) {
         if !self.waited {
@@ -250,11 +250,11 @@ impl<'a> DeviceBatches<'a> {
 
     fn upload(&self, host: HostBatch) -> Result<Uploaded> {
         match self.device {
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             Device::Cuda(n) => upload_on_copy_stream(host, n),
             d => Ok(Uploaded {
                 batch: host.into_batch(d)?,
-                #[cfg(feature = "cuda")]
+                #[cfg(feature = "cuda-backend")]
                 ready: None,
             }),
         }
@@ -264,7 +264,7 @@ impl<'a> DeviceBatches<'a> {
 /// Queues `host`'s upload to device `n` on the copy stream (features from their pinned
 /// block, or through a staging block; labels through a staging block). The pinned blocks
 /// go back to their pool once the copies from them have run.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 fn upload_on_copy_stream(host: HostBatch, n: usize) -> Result<Uploaded> {
     use crate::backend::{cuda::pinned::staged, cuda::storage::CudaStorage, Storage};
     use crate::DType;
@@ -340,7 +340,7 @@ impl Iterator for DeviceBatches<'_> {
         }
         let u = self.ahead.pop_front()?;
         Some(u.and_then(|u| {
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             if let Some(r) = u.ready {
                 r.wait()?;
             }

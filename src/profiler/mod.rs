@@ -250,7 +250,7 @@ impl Drop for OpSpan {
 
 /// A device record being made: from just before a launch, library call or copy is queued to
 /// just after (the device backends make them; a build without one has none).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 pub(crate) struct DeviceSpan {
     session: u64,
     launch: Launch,
@@ -261,7 +261,7 @@ pub(crate) struct DeviceSpan {
 
 /// Opens a device record (None when no profile runs). The launch site calls `launch` only
 /// when profiling, so that naming costs nothing otherwise.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 #[inline]
 pub(crate) fn device_work(launch: impl FnOnce() -> Launch) -> Option<DeviceSpan> {
     if !enabled() {
@@ -279,7 +279,7 @@ pub(crate) fn device_work(launch: impl FnOnce() -> Launch) -> Option<DeviceSpan>
     })
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 impl DeviceSpan {
     /// Ends the record: `timer` reads its device times when the profile stops. A span
     /// dropped without `finish` (its launch failed) records nothing.
@@ -302,7 +302,7 @@ impl DeviceSpan {
 /// The base mark of `device` in the running profile: made by `make` (an event recorded on
 /// the device's stream) the first time the profile records work there. Device times are
 /// read relative to it and placed on the host timeline at the host time it was made.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 pub(crate) fn device_base(
     device: Device,
     make: impl FnOnce() -> Option<Arc<dyn Any + Send + Sync>>,

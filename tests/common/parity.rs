@@ -19,7 +19,7 @@ pub fn gpu() -> Option<Device> {
 /// running, and a product of large matrices takes minutes).
 #[allow(dead_code)]
 pub fn emulated(d: Device) -> bool {
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     if let Device::Cuda(n) = d {
         return mantissa::backend::cuda::probe::report(n)
             .is_ok_and(|r| r.name.contains("emulated"));
