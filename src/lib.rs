@@ -39,6 +39,7 @@ mod sync;
 mod tensor;
 pub mod train;
 
+pub use backend::memory;
 pub use counters::host_reads;
 pub use device::Device;
 pub use dtype::DType;

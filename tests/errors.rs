@@ -160,6 +160,35 @@ fn cuda_without_a_gpu_is_a_clear_error() {
 }
 
 #[test]
+fn memory_statistics_name_the_device_they_cannot_count() {
+    let m = msg(memory::memory_allocated(Device::Cpu));
+    assert!(m.contains("memory_allocated") && m.contains("CPU"), "{m}");
+    assert!(msg(memory::empty_cache(Device::Cpu)).contains("empty_cache"));
+    match Device::cuda(0) {
+        Err(_) => {
+            let m = msg(memory::mem_get_info(Device::Cuda(0)));
+            assert!(m.contains("cuda:0"), "{m}");
+            assert!(memory::memory_stats(Device::Cuda(0)).is_err());
+        }
+        Ok(d) => {
+            // Other tests of this binary allocate too: only relations that hold anyway.
+            let x = Tensor::zeros(&[1 << 18], DType::F32, d).unwrap();
+            let allocated = memory::memory_allocated(d).unwrap();
+            assert!(allocated >= 1 << 20, "{allocated}");
+            assert!(memory::max_memory_allocated(d).unwrap() >= allocated);
+            assert!(memory::memory_reserved(d).unwrap() >= allocated);
+            memory::reset_peak_memory_stats(d).unwrap();
+            let s = memory::memory_stats(d).unwrap();
+            assert!(s.peak_allocated >= s.allocated && s.peak_reserved >= s.reserved);
+            drop(x);
+            memory::empty_cache(d).unwrap();
+            let (free, total) = memory::mem_get_info(d).unwrap();
+            assert!(total > 0 && free <= total, "{free} of {total}");
+        }
+    }
+}
+
+#[test]
 fn degenerate_convolutions_are_errors() {
     let t = ConvTranspose2dOptions::default();
     assert!(msg(f(&[1, 2, 0, 3]).conv_transpose2d(&f(&[2, 1, 3, 3]), None, t)).contains("empty"));

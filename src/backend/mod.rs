@@ -23,6 +23,7 @@ pub(crate) mod host;
 mod index;
 mod loss;
 mod matmul;
+pub mod memory;
 #[cfg(not(feature = "cuda-backend"))]
 mod no_cuda;
 pub(crate) mod norm;

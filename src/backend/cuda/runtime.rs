@@ -234,6 +234,15 @@ impl CudaRuntime {
         Ok(())
     }
 
+    /// The device's free and total bytes as the driver counts them (`torch.cuda.mem_get_info`):
+    /// free excludes what this process's cache holds.
+    pub fn mem_get_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))?;
+        result::mem_get_info().map_err(|e| self.driver("cuMemGetInfo", e))
+    }
+
     /// A block of at least `bytes` of pinned host memory from this device's pool, handed
     /// back when the buffer is dropped (once the uploads queued from it have run).
     /// [`Error::OutOfMemory`] when the driver refuses even after the pool's cache is
