@@ -33,7 +33,7 @@ fn randn(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
 
 fn main() -> Result<()> {
     let only = std::env::args().nth(1);
-    let run = |group: &str| only.as_deref().map_or(true, |o| o == group);
+    let run = |group: &str| only.as_deref().is_none_or(|o| o == group);
     println!("threads: {}", rayon::current_num_threads());
     println!("{:<44} {:>10} {:>10}", "workload", "ms", "GFLOP/s");
     if run("matmul") {

@@ -728,7 +728,7 @@ fn run_cases(device: Device) -> (Vec<String>, usize, usize) {
     let mut ids: Vec<usize> = meta
         .keys()
         .map(|k| k.strip_prefix("case.").unwrap().parse().unwrap())
-        .filter(|n| only.map_or(true, |o| o == *n))
+        .filter(|n| only.is_none_or(|o| o == *n))
         .collect();
     ids.sort();
     let mut failures = vec![];

@@ -196,7 +196,7 @@ impl CpuStorage {
     /// Storage of `dtype` from raw little-endian bytes; `None` if the length does not fit.
     pub fn from_le_bytes(bytes: &[u8], dtype: DType) -> Option<CpuStorage> {
         fn go<T: CpuElem>(b: &[u8]) -> Option<CpuStorage> {
-            if b.len() % std::mem::size_of::<T>() != 0 {
+            if !b.len().is_multiple_of(std::mem::size_of::<T>()) {
                 return None;
             }
             let mut v = vec![T::zero(); b.len() / std::mem::size_of::<T>()];

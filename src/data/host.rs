@@ -338,14 +338,18 @@ impl Iterator for DeviceBatches<'_> {
                 None => break,
             }
         }
-        let u = self.ahead.pop_front()?;
-        Some(u.and_then(|u| {
-            #[cfg(feature = "cuda-backend")]
-            if let Some(r) = u.ready {
-                r.wait()?;
+        let u = match self.ahead.pop_front()? {
+            Ok(u) => u,
+            Err(e) => return Some(Err(e)),
+        };
+        // The batch once its upload has landed (a host batch is ready as it is).
+        #[cfg(feature = "cuda-backend")]
+        if let Some(r) = u.ready {
+            if let Err(e) = r.wait() {
+                return Some(Err(e));
             }
-            Ok(u.batch)
-        }))
+        }
+        Some(Ok(u.batch))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -22,7 +22,7 @@ impl Conv2d {
         gen: &mut Generator,
     ) -> Result<Conv2d> {
         let g = options.groups;
-        if g == 0 || inputs % g != 0 || outputs % g != 0 || kernel == 0 {
+        if g == 0 || !inputs.is_multiple_of(g) || !outputs.is_multiple_of(g) || kernel == 0 {
             return Err(Error::invalid(
                 "Conv2d::new",
                 format!("in {inputs}, out {outputs}, kernel {kernel}, groups {g}"),

@@ -71,7 +71,7 @@ impl Tensor {
             .map(|&d| {
                 if d >= 0 {
                     Ok(d as usize)
-                } else if known == 0 || self.numel() % known != 0 {
+                } else if known == 0 || !self.numel().is_multiple_of(known) {
                     Err(bad())
                 } else {
                     Ok(self.numel() / known)

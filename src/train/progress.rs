@@ -140,7 +140,7 @@ impl EpochProgress {
         #[cfg(feature = "train-ui")]
         self.bar.inc(1);
         #[cfg(not(feature = "train-ui"))]
-        if self.batches % 100 == 0 || self.batches == self.total {
+        if self.batches.is_multiple_of(100) || self.batches == self.total {
             eprintln!(
                 "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s {}",
                 self.label,

@@ -474,7 +474,7 @@ fn i64_extremes(
         let mut best: Option<(i64, usize)> = None;
         for (k, o) in walk(base, starts, len, inner).enumerate() {
             let x = v[o];
-            if best.map_or(true, |(b, _)| if max { x > b } else { x < b }) {
+            if best.is_none_or(|(b, _)| if max { x > b } else { x < b }) {
                 best = Some((x, k));
             }
         }

@@ -189,7 +189,7 @@ pub(crate) fn optim_update(
         && states
             .iter()
             .all(|s| s.len() == n && s.dtype() == p.dtype())
-        && working.as_ref().map_or(true, |(w, _)| w.len() == n);
+        && working.as_ref().is_none_or(|(w, _)| w.len() == n);
     if !lens_ok {
         return Err(Error::invalid(
             "optimizer step",
