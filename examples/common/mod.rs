@@ -47,7 +47,12 @@ impl RunFlags {
     /// autocast dtype and the memory format the flags ask for.
     pub fn open(&self) -> Result<(Device, Option<DType>, MemoryFormat)> {
         let device = match self.device.as_str() {
-            "auto" => Device::best(),
+            // The CPU when no GPU can be used, saying why (which library is missing, and
+            // where it comes from).
+            "auto" => Device::cuda(0).unwrap_or_else(|e| {
+                eprintln!("--device auto: running on the CPU: {e}");
+                Device::Cpu
+            }),
             d => Device::parse(d)?.check_available()?,
         };
         #[cfg(feature = "cuda-backend")]
@@ -67,6 +72,8 @@ impl RunFlags {
 /// An example's `main`: parses its flags, runs `run` on the compute pool with freed host
 /// memory kept mapped, and prints an error (exit status 1) instead of panicking.
 pub fn main_with<A: clap::Parser + Send>(run: impl FnOnce(A) -> Result<()> + Send) {
+    // The library's warnings (a dtype fallback, say) on stderr.
+    let _ = log::set_logger(&StderrLog).map(|()| log::set_max_level(log::LevelFilter::Warn));
     mantissa::retain_freed_host_memory();
     let args = A::parse();
     if let Err(e) = mantissa::in_compute_pool(|| run(args)) {
@@ -159,4 +166,19 @@ pub fn print_peak_memory(label: &str, device: Device) -> Result<()> {
     }
     let _ = (label, device);
     Ok(())
+}
+
+/// Prints log records at warning level and above on stderr.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("{}: {}", r.level().as_str().to_lowercase(), r.args());
+        }
+    }
+    fn flush(&self) {}
 }

@@ -134,8 +134,9 @@ pub fn supported_dtype(device: Device, dtype: DType) -> Result<DType> {
     }
     let (d, warning) = fallback(dtype, device.supports_bf16()?);
     if let Some(w) = warning {
+        // Once per process, to the application's logger (the `log` crate).
         static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| eprintln!("warning: {w} (device {device})"));
+        ONCE.call_once(|| log::warn!("{w} (device {device})"));
     }
     Ok(d)
 }
