@@ -1,4 +1,4 @@
-"""PyTorch peer of `examples/lstm --synthetic` (W4 of DESIGN.md section 7): embedding, a
+"""PyTorch peer of `examples/lstm --synthetic` (W4 of BENCHMARKS.md): embedding, a
 stacked nn.LSTM (batch first; cuDNN's on a GPU) and a linear read-out over 256 symbols, one
 fixed random batch, Adam, gradients clipped to norm 1, autocast with GradScaler for fp16.
 

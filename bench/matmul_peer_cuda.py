@@ -1,4 +1,4 @@
-"""PyTorch peer of M1 (DESIGN.md §7): torch.matmul TFLOP/s on n^3 GEMMs in bf16, fp16 and f32
+"""PyTorch peer of M1 (BENCHMARKS.md): torch.matmul TFLOP/s on n^3 GEMMs in bf16, fp16 and f32
 with TF32 allowed, median of 10 CUDA-event-timed runs after 3 warm-ups, N(0, 1) operands.
 Compare with the GEMM line of `examples/gpu_check` from the same session.
 

@@ -1,4 +1,4 @@
-"""PyTorch peer of examples/mnist for the side-by-side runs (W1, W2 of DESIGN.md section 7).
+"""PyTorch peer of examples/mnist for the side-by-side runs (W1, W2 of BENCHMARKS.md).
 
 Same models, initialisation scheme, optimizers and batch sizes; CPU with the same thread
 count unless --device cuda. Reads the IDX files from data/mnist (or $MNIST_DIR).

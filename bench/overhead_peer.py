@@ -1,4 +1,4 @@
-"""PyTorch peer of `bench_cpu overhead` (DESIGN.md M4 on the CPU): the host's cost per op on
+"""PyTorch peer of `bench_cpu overhead` (M4 of BENCHMARKS.md, on the CPU): the host's cost per op on
 one-element tensors, eager, no grad and recorded, and a chain of 1000 recorded ops with its
 backward pass. Median of 5 runs after 2 warm-ups, as bench_cpu times.
 

@@ -1,5 +1,5 @@
 """PyTorch peer of `examples/resnet --data synthetic` for side-by-side throughput runs (W3 of
-DESIGN.md section 7).
+BENCHMARKS.md).
 
 The same networks (torchvision's ResNet-18/34/50 shapes, ImageNet stem), PyTorch's default
 initialisation, one fixed random batch on the device, SGD with Nesterov momentum 0.9 and

@@ -54,7 +54,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// DESIGN.md's M4 on the CPU: the host's cost per op on one-element tensors (dispatch,
+/// M4 of BENCHMARKS.md on the CPU: the host's cost per op on one-element tensors (dispatch,
 /// layout, allocation, graph recording), where the arithmetic is nothing. The peer is
 /// `bench/overhead_peer.py`.
 fn overhead() -> Result<()> {

@@ -1,6 +1,6 @@
 //! Trains a character-level LSTM language model (embedding, stacked `nn::Lstm`, linear to the
 //! vocabulary) on a text, reports held-out bits per character and samples from it; or, with
-//! `--synthetic`, measures training tokens/s on random tokens (DESIGN.md W4: 2 layers, hidden
+//! `--synthetic`, measures training tokens/s on random tokens (W4 of BENCHMARKS.md: 2 layers, hidden
 //! 512, sequence 100, batch 64, AMP).
 //!
 //! ```text

@@ -1,5 +1,5 @@
 //! Trains a ResNet (18, 34 or 50): on MNIST to a test accuracy, or on synthetic ImageNet-sized
-//! batches for throughput (DESIGN.md W3: ResNet-50, 224x224, batch 256, AMP, channels-last).
+//! batches for throughput (W3 of BENCHMARKS.md: ResNet-50, 224x224, batch 256, AMP, channels-last).
 //!
 //! ```text
 //! cargo run --release --example resnet -- --data mnist --arch resnet18 --width 16 --quick

@@ -181,7 +181,7 @@ fn check_allocator(total: usize) -> Res<()> {
     Ok(())
 }
 
-/// TFLOP/s of an `n^3` cuBLAS GEMM (M1 of DESIGN.md §7): median of 10 event-timed runs after
+/// TFLOP/s of an `n^3` cuBLAS GEMM (M1 of BENCHMARKS.md): median of 10 event-timed runs after
 /// 3 warm-ups, on N(0, 1) operands; f32 with TF32 tensor cores allowed.
 fn gemm_tflops<T>(stream: &Arc<CudaStream>, n: usize, to: impl Fn(f32) -> T) -> Res<f64>
 where
