@@ -11,7 +11,8 @@ use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
-    classify_step, evaluate_classifier, plot_metrics, EpochMetrics, EpochProgress, MetricsLog,
+    classify_micro_step, evaluate_classifier, plot_metrics, Accumulation, EpochMetrics,
+    EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::PathBuf;
@@ -259,6 +260,8 @@ fn run(args: Args) -> Result<()> {
     )?;
     let cycle = OneCycle::new(lr, epochs * train_dl.len());
     let mut profile = common::StepProfile::new(&args.run, &out);
+    let mut acc = Accumulation::new(args.run.accumulate)?;
+    let steps = train_dl.len();
     for epoch in start_epoch..epochs {
         opt.set_lr(epoch_schedule.lr(epoch));
         net.train();
@@ -273,7 +276,16 @@ fn run(args: Args) -> Result<()> {
                 opt.set_lr(cycle.lr(first_step + k));
             }
             let (x, y) = (b.x.to_memory_format(format)?, b.y);
-            let (loss, hits) = classify_step(&net, opt.as_mut(), &mut scaler, low, &x, &y)?;
+            let last = k + 1 == steps;
+            let (loss, hits) = classify_micro_step(
+                &net,
+                opt.as_mut(),
+                &mut scaler,
+                low,
+                (&x, &y),
+                &mut acc,
+                last,
+            )?;
             if scaler.is_enabled() && k % 50 == 0 {
                 bar.set_extra(format!("scale {}", scaler.current_scale()?.unwrap_or(0.0)));
             }

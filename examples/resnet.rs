@@ -16,7 +16,9 @@ use mantissa::data::mnist::{locate_or_fetch, Mnist};
 use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{classify_step, evaluate_classifier, EpochProgress};
+use mantissa::train::{
+    classify_micro_step, classify_step, evaluate_classifier, Accumulation, EpochProgress,
+};
 use mantissa::*;
 use std::path::Path;
 use std::sync::Arc;
@@ -262,6 +264,7 @@ fn train_mnist(
     let steps = train_dl.len();
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
     let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR));
+    let mut acc = Accumulation::new(args.run.accumulate)?;
     for epoch in 0..args.epochs {
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
@@ -270,7 +273,9 @@ fn train_mnist(
             let b = b?;
             opt.set_lr(cycle.lr(epoch * steps + k));
             let (x, y) = (b.x.to_memory_format(format)?, b.y);
-            let (loss, hits) = classify_step(net, opt, scaler, low, &x, &y)?;
+            let last = k + 1 == steps;
+            let (loss, hits) =
+                classify_micro_step(net, opt, scaler, low, (&x, &y), &mut acc, last)?;
             bar.step_tensors(y.numel(), &loss, &hits)?;
             profile.step()?;
         }

@@ -6,7 +6,9 @@ use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{classify_step, evaluate_classifier, parse_precision};
+use mantissa::train::{
+    classify_micro_step, classify_step, evaluate_classifier, parse_precision, Accumulation,
+};
 use mantissa::*;
 use std::sync::Arc;
 
@@ -105,4 +107,76 @@ fn a_classifier_learns_quadrants_with_the_training_helpers() {
         .unwrap_err()
         .to_string()
         .contains("fp8"));
+}
+
+/// Parameters after one epoch of 256 quadrant points, SGD with momentum, batches of `batch`
+/// samples from the loader, stepping every `every` batches.
+fn after_an_epoch(batch: usize, every: usize, low: Option<DType>) -> Vec<Vec<f32>> {
+    let mut g = Generator::new(9);
+    let net = Sequential::new()
+        .push(Linear::new(2, 16, true, &mut g).unwrap())
+        .push(Activation::Tanh)
+        .push(Linear::new(16, 4, true, &mut g).unwrap());
+    let cfg = SgdConfig {
+        momentum: 0.9,
+        ..SgdConfig::new(0.05)
+    };
+    let mut opt = Sgd::new(net.parameters(), cfg).unwrap();
+    let mut scaler = GradScaler::new(GradScalerConfig {
+        enabled: low == Some(DType::F16),
+        ..Default::default()
+    })
+    .unwrap();
+    let loader_cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: 3,
+        ..DataLoaderConfig::new(batch)
+    };
+    let mut train = DataLoader::new(Arc::new(Quadrants::new(256, 5)), loader_cfg).unwrap();
+    let mut acc = Accumulation::new(every).unwrap();
+    let steps = train.len();
+    for (k, b) in train.epoch(0).enumerate() {
+        let b = b.unwrap();
+        classify_micro_step(
+            &net,
+            &mut opt,
+            &mut scaler,
+            low,
+            (&b.x, &b.y),
+            &mut acc,
+            k + 1 == steps,
+        )
+        .unwrap();
+    }
+    net.parameters()
+        .iter()
+        .map(|p| p.to_vec::<f32>().unwrap())
+        .collect()
+}
+
+fn rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den).sqrt()
+}
+
+#[test]
+fn accumulating_four_batches_of_16_trains_as_batches_of_64() {
+    let big = after_an_epoch(64, 1, None);
+    let acc = after_an_epoch(16, 4, None);
+    let e = rel(&acc, &big);
+    assert!(e < 1e-6, "fp32: relative difference {e:.2e}");
+    // The optimizer stepped 4 times, not 16: stepping every batch of 16 goes elsewhere.
+    let every = after_an_epoch(16, 1, None);
+    assert!(rel(&every, &big) > 1e-3);
+    // Under fp16 autocast with the scaler, within half-precision rounding.
+    let e = rel(
+        &after_an_epoch(16, 4, Some(DType::F16)),
+        &after_an_epoch(64, 1, Some(DType::F16)),
+    );
+    assert!(e < 1e-2, "fp16: relative difference {e:.2e}");
+    assert!(Accumulation::new(0).is_err());
 }

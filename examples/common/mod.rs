@@ -26,6 +26,10 @@ pub struct RunFlags {
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_benchmark: bool,
+    /// Gradient accumulation: an optimizer step every N batches, each batch's loss divided
+    /// by N (the update of a batch N times as large, in the memory of one).
+    #[arg(long, default_value_t = 1)]
+    pub accumulate: usize,
     /// Data-loader worker threads.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,

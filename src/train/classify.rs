@@ -49,15 +49,88 @@ pub fn classify_step(
     x: &Tensor,
     y: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
+    let mut one = Accumulation::new(1)?;
+    classify_micro_step(net, opt, scaler, low, (x, y), &mut one, true)
+}
+
+/// Gradient accumulation: an optimizer step every `every` micro-batches, each micro-batch's
+/// loss divided by `every`, so `every` micro-batches of `b` samples step as one batch of
+/// `every * b` would (PyTorch's accumulation loop). Counts the micro-batches of a group.
+#[derive(Debug, Clone)]
+pub struct Accumulation {
+    every: usize,
+    seen: usize,
+}
+
+impl Accumulation {
+    /// Steps every `every` micro-batches (1: every batch); 0 is an error.
+    pub fn new(every: usize) -> Result<Accumulation> {
+        if every == 0 {
+            return Err(Error::invalid(
+                "Accumulation",
+                "micro-batches per step must be at least 1",
+            ));
+        }
+        Ok(Accumulation { every, seen: 0 })
+    }
+
+    /// Micro-batches per optimizer step.
+    pub fn every(&self) -> usize {
+        self.every
+    }
+}
+
+/// [`classify_step`] for one micro-batch of a gradient-accumulation group: the loss divided
+/// by the group's size is backpropagated (gradients add up on the parameters), and the
+/// optimizer and scaler step, then the gradients clear, once `acc` has seen its micro-batches
+/// or at the `last` batch of an epoch (a short final group). Returns the micro-batch's mean
+/// loss (undivided) and its correct predictions.
+///
+/// ```
+/// use mantissa::amp::GradScaler;
+/// use mantissa::nn::{Linear, Module};
+/// use mantissa::optim::{Sgd, SgdConfig};
+/// use mantissa::train::{classify_micro_step, Accumulation};
+/// use mantissa::{DType, Device, Generator, Tensor};
+/// let net = Linear::new(4, 3, true, &mut Generator::new(0))?;
+/// let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1))?;
+/// let mut scaler = GradScaler::new(Default::default())?;
+/// let mut acc = Accumulation::new(2)?;
+/// let x = Tensor::ones(&[8, 4], DType::F32, Device::Cpu)?;
+/// let y = Tensor::from_vec(vec![0i64, 1, 2, 0, 1, 2, 0, 1], &[8], Device::Cpu)?;
+/// for (i, (xb, yb)) in x.split(2, 0)?.iter().zip(y.split(2, 0)?.iter()).enumerate() {
+///     classify_micro_step(&net, &mut opt, &mut scaler, None, (xb, yb), &mut acc, i == 3)?;
+/// }
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn classify_micro_step(
+    net: &dyn Module,
+    opt: &mut dyn Optimizer,
+    scaler: &mut GradScaler,
+    low: Option<DType>,
+    (x, y): (&Tensor, &Tensor),
+    acc: &mut Accumulation,
+    last: bool,
+) -> Result<(Tensor, Tensor)> {
     let (logits, loss) = autocast_maybe(low, || {
         let logits = net.forward(x)?;
         let loss = logits.cross_entropy(y, CrossEntropyOptions::default())?;
         Ok((logits, loss))
     })?;
-    opt.zero_grad();
-    scaler.scale(&loss)?.backward()?;
-    scaler.step(opt)?;
-    scaler.update()?;
+    if acc.seen == 0 {
+        opt.zero_grad();
+    }
+    let part = match acc.every {
+        1 => loss.clone(),
+        n => loss.div(n as f64)?,
+    };
+    scaler.scale(&part)?.backward()?;
+    acc.seen += 1;
+    if acc.seen == acc.every || last {
+        scaler.step(opt)?;
+        scaler.update()?;
+        acc.seen = 0;
+    }
     Ok((loss, hits(&logits, y)?))
 }
 

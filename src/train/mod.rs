@@ -8,7 +8,10 @@ mod metrics;
 mod plot;
 mod progress;
 
-pub use classify::{autocast_maybe, classify_step, evaluate_classifier, parse_precision};
+pub use classify::{
+    autocast_maybe, classify_micro_step, classify_step, evaluate_classifier, parse_precision,
+    Accumulation,
+};
 pub use metrics::{EpochMetrics, MetricsLog};
 #[cfg(feature = "train-ui")]
 pub use plot::plot_metrics;
