@@ -1,5 +1,5 @@
-//! A per-epoch progress bar: ETA, samples/s, running loss and accuracy (plain log lines
-//! without the `train-ui` feature or when output is not a terminal).
+//! A per-epoch progress bar: ETA, samples/s, running loss and accuracy; plain lines on stdout
+//! instead without the `train-ui` feature, or when stdout is not a terminal (a CI log, `| tee`).
 
 use crate::{Result, Tensor};
 use std::time::Instant;
@@ -23,18 +23,23 @@ pub struct EpochProgress {
     /// and their samples.
     pending: Option<(Tensor, Tensor, usize, usize)>,
     extra: String,
-    #[cfg_attr(feature = "train-ui", allow(dead_code))]
     label: String,
-    #[cfg_attr(feature = "train-ui", allow(dead_code))]
     total: usize,
+    /// Plain lines instead of the bar.
+    plain: bool,
 }
 
 impl EpochProgress {
     /// A bar over `batches` steps, labelled e.g. `epoch 1/3 fp32`.
     pub fn new(label: &str, batches: usize) -> EpochProgress {
+        use std::io::IsTerminal;
+        let plain = !cfg!(feature = "train-ui") || !std::io::stdout().is_terminal();
         #[cfg(feature = "train-ui")]
         let bar = {
-            let b = indicatif::ProgressBar::new(batches as u64);
+            let b = match plain {
+                true => indicatif::ProgressBar::hidden(),
+                false => indicatif::ProgressBar::new(batches as u64),
+            };
             let style = indicatif::ProgressStyle::with_template(
                 "{prefix} [{bar:28}] {pos}/{len} {elapsed}<{eta} {msg}",
             )
@@ -57,6 +62,7 @@ impl EpochProgress {
             extra: String::new(),
             label: label.to_string(),
             total: batches,
+            plain,
         }
     }
 
@@ -135,13 +141,12 @@ impl EpochProgress {
         ));
     }
 
-    /// Advances the bar by one step (a log line every 100 steps without `train-ui`).
+    /// Advances the bar by one step, or prints a plain line every 100 steps and at the last.
     fn tick(&self) {
         #[cfg(feature = "train-ui")]
         self.bar.inc(1);
-        #[cfg(not(feature = "train-ui"))]
-        if self.batches.is_multiple_of(100) || self.batches == self.total {
-            eprintln!(
+        if self.plain && (self.batches.is_multiple_of(100) || self.batches == self.total) {
+            let line = format!(
                 "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s {}",
                 self.label,
                 self.batches,
@@ -151,6 +156,7 @@ impl EpochProgress {
                 self.samples_per_s(),
                 self.extra
             );
+            println!("{}", line.trim_end());
         }
     }
 
