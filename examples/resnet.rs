@@ -17,7 +17,8 @@ use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
-    classify_micro_step, classify_step, evaluate_classifier, Accumulation, EpochProgress,
+    classify_micro_step, classify_step, evaluate_classifier, plot_metrics, Accumulation,
+    EpochMetrics, EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::Path;
@@ -265,6 +266,7 @@ fn train_mnist(
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
     let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR));
     let mut acc = Accumulation::new(args.run.accumulate)?;
+    let mut log = MetricsLog::default();
     for epoch in 0..args.epochs {
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
@@ -292,7 +294,21 @@ fn train_mnist(
             bar.seconds(),
             bar.samples_per_s()
         );
+        log.push(EpochMetrics {
+            epoch: epoch + 1,
+            train_loss: bar.loss(),
+            train_acc: bar.accuracy(),
+            test_loss,
+            test_acc,
+            lr: opt.lr(),
+            seconds: bar.seconds(),
+            samples_per_s: bar.samples_per_s(),
+        });
+        let out = Path::new(TRACE_DIR);
+        log.write_csv(&out.join("metrics.csv"))?;
+        plot_metrics(&log, &out.join("curves.png"))?;
     }
+    println!("metrics and curves in {TRACE_DIR}");
     profile.finish()
 }
 
@@ -369,7 +385,7 @@ fn throughput(
     profile.finish()
 }
 
-/// Where `--profile` writes `trace.json`.
+/// Where `metrics.csv`, `curves.png` and `--profile`'s `trace.json` go.
 const TRACE_DIR: &str = "runs/resnet";
 
 fn main() {
