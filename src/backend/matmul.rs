@@ -2,7 +2,7 @@
 //! backend relies on.
 
 use super::cpu::host_can_hold;
-use super::{on_backend, Backend, BackendStorage, Storage};
+use super::{common_device, on_backend, on_device, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::{Error, Result};
 
@@ -76,9 +76,9 @@ impl Storage {
         bias: &Storage,
         lb: &Layout,
     ) -> Result<Option<Storage>> {
-        super::common_device("linear_relu", &[self, rhs, bias])?;
+        let device = common_device("linear_relu", &[self, rhs, bias])?;
         product_fits("linear_relu", self, l, lr)?;
-        on_backend!("linear_relu", [self, rhs, bias], B => {
+        on_device!(device, B => {
             let out = B::part(self).linear_relu(l, B::part(rhs), lr, (B::part(bias), lb))?;
             Ok(out.map(B::wrap))
         })
@@ -96,7 +96,7 @@ impl Storage {
         lb: &Layout,
     ) -> Result<()> {
         let op = "matmul (accumulate)";
-        super::common_device(op, &[&*self, a, b])?;
+        let device = common_device(op, &[&*self, a, b])?;
         let (sa, sb, sd) = (la.shape(), lb.shape(), ld.shape());
         let fits = sa.len() == 2
             && sb.len() == 2
@@ -117,7 +117,7 @@ impl Storage {
                 ),
             ));
         }
-        on_backend!(op, [self, a, b], B => {
+        on_device!(device, B => {
             B::part_mut(self).matmul_acc(ld, B::part(a), la, B::part(b), lb)
         })
     }
@@ -133,9 +133,9 @@ impl Storage {
         bias: &Storage,
         lb: &Layout,
     ) -> Result<Storage> {
-        super::common_device("linear", &[self, rhs, bias])?;
+        let device = common_device("linear", &[self, rhs, bias])?;
         product_fits("linear", self, l, lr)?;
-        on_backend!("linear", [self, rhs, bias], B => {
+        on_device!(device, B => {
             Ok(B::part(self).matmul(l, B::part(rhs), lr, Some((B::part(bias), lb)))?.wrap())
         })
     }
