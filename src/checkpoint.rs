@@ -1,5 +1,6 @@
-//! Checkpoints in the safetensors format: model parameters and buffers (`model.<name>`),
-//! optimizer state (`optim.<i>.<name>`) and string metadata, written atomically.
+//! Checkpoints in the safetensors format: model parameters, buffers and generator states
+//! (`model.<name>`), optimizer state (`optim.<i>.<name>`, `optim.generator`) and string
+//! metadata, written atomically.
 //!
 //! ```no_run
 //! use mantissa::{checkpoint, nn::{Linear, Module}, optim::{Sgd, SgdConfig}, Generator};
@@ -13,7 +14,7 @@
 
 use crate::backend::cpu::CpuStorage;
 use crate::backend::Storage;
-use crate::nn::Module;
+use crate::nn::{Module, TensorKind};
 use crate::optim::Optimizer;
 use crate::{DType, Error, Result, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
@@ -141,7 +142,28 @@ pub fn load(
     let (mut file, meta) = read(path)?;
     let mut problems = Vec::new();
     let mut targets: Vec<(String, Tensor)> = Vec::new();
-    model.visit("", &mut |n, t, _| targets.push((n, t.clone())));
+    let mut generators = Vec::new();
+    model.visit("", &mut |n, t, k| {
+        if k == TensorKind::Generator {
+            generators.push(n.clone());
+        }
+        targets.push((n, t.clone()))
+    });
+    // A checkpoint written before modules saved their generators has none: the model is
+    // loaded, and those streams go on from where they stand (said once, as a warning).
+    let key = |n: &str| format!("model.{n}");
+    let missing: Vec<&String> = generators
+        .iter()
+        .filter(|n| !file.contains_key(&key(n)))
+        .collect();
+    if !missing.is_empty() {
+        log::warn!(
+            "{}: no state for the generators {missing:?}; their random streams are not \
+             restored, so a resumed run draws other dropout masks than an uninterrupted one",
+            path.display()
+        );
+    }
+    targets.retain(|(n, _)| file.contains_key(&key(n)) || !generators.contains(n));
     for (n, t) in &targets {
         match file.get(&format!("model.{n}")) {
             None => problems.push(format!(

@@ -33,6 +33,20 @@ pub(crate) fn philox_block(seed: u64, i: u64) -> [u32; 4] {
     )
 }
 
+/// A draw from U[0, 1) with 53 bits of resolution from two words.
+fn unit(hi: u32, lo: u32) -> f64 {
+    ((((hi as u64) << 21) ^ (lo as u64 >> 11)) & ((1 << 53) - 1)) as f64 * 2f64.powi(-53)
+}
+
+/// The two N(0, 1) draws of one block (Box-Muller of its two uniforms): the definition the
+/// host and `cuda/random.cu` share.
+pub(crate) fn box_muller(w: [u32; 4]) -> [f64; 2] {
+    let (u0, u1) = (unit(w[0], w[1]), unit(w[2], w[3]));
+    let r = (-2.0 * (1.0 - u0).ln()).sqrt();
+    let t = 2.0 * std::f64::consts::PI * u1;
+    [r * t.cos(), r * t.sin()]
+}
+
 /// A random generator: a 64-bit seed and a position in its stream.
 ///
 /// ```
@@ -62,6 +76,12 @@ impl Generator {
         self.offset
     }
 
+    /// The generator at block `offset` of `seed`'s stream (a state [`Generator::offset`]
+    /// reported, say).
+    pub fn at(seed: u64, offset: u64) -> Generator {
+        Generator { seed, offset }
+    }
+
     fn block(&self, i: u64) -> [u32; 4] {
         philox_block(self.seed, i)
     }
@@ -85,27 +105,18 @@ impl Generator {
             .collect()
     }
 
-    /// `n` draws from U[0, 1) with 53 bits of resolution.
+    /// `n` draws from U[0, 1) with 53 bits of resolution, two words each.
     pub fn uniform(&mut self, n: usize) -> Vec<f64> {
         let w = self.next_u32s(2 * n);
-        w.chunks_exact(2)
-            .map(|p| {
-                ((((p[0] as u64) << 21) ^ (p[1] as u64 >> 11)) & ((1 << 53) - 1)) as f64
-                    * 2f64.powi(-53)
-            })
-            .collect()
+        w.chunks_exact(2).map(|p| unit(p[0], p[1])).collect()
     }
 
-    /// `n` draws from N(0, 1) (Box-Muller).
+    /// `n` draws from N(0, 1) (Box-Muller), a pair from each block.
     pub fn normal(&mut self, n: usize) -> Vec<f64> {
-        let u = self.uniform(n + n % 2);
-        let mut out = Vec::with_capacity(n + 1);
-        for p in u.chunks_exact(2) {
-            let r = (-2.0 * (1.0 - p[0]).ln()).sqrt();
-            let t = 2.0 * std::f64::consts::PI * p[1];
-            out.push(r * t.cos());
-            out.push(r * t.sin());
-        }
+        let start = self.reserve(n.div_ceil(2) as u64);
+        let mut out: Vec<f64> = (start..start + n.div_ceil(2) as u64)
+            .flat_map(|b| box_muller(self.block(b)))
+            .collect();
         out.truncate(n);
         out
     }

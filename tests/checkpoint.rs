@@ -175,3 +175,127 @@ fn mismatches_are_all_reported_and_nothing_is_changed() {
     assert!(checkpoint::load(&p, &mut same, None).is_err());
     std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
 }
+
+/// Blobs' model with a Dropout after the convolution (a generator state at `2.generator`).
+fn dropout_model(seed: u64) -> Sequential {
+    let mut g = Generator::new(seed);
+    Sequential::new()
+        .push(Conv2d::new(1, 3, 3, Conv2dOptions::default(), true, &mut g).unwrap())
+        .push(Activation::Relu)
+        .push(Dropout::new(0.3, seed))
+        .push(Flatten)
+        .push(Linear::new(3 * 4 * 4, 4, true, &mut g).unwrap())
+}
+
+/// One epoch of SGLD over Blobs.
+fn sgld_epoch(m: &Sequential, opt: &mut Sgld, dl: &mut DataLoader, epoch: usize) {
+    for b in dl.epoch(epoch) {
+        let b = b.unwrap();
+        let loss = m
+            .forward(&b.x)
+            .unwrap()
+            .cross_entropy(&b.y, Default::default())
+            .unwrap();
+        opt.zero_grad();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+    }
+}
+
+#[test]
+fn dropout_and_sgld_streams_resume_where_they_stood() {
+    let cfg = DataLoaderConfig {
+        shuffle: true,
+        seed: 2,
+        ..DataLoaderConfig::new(8)
+    };
+    let sgd = SgdConfig {
+        momentum: 0.9,
+        ..SgdConfig::new(0.05)
+    };
+    let p = path("streams");
+    let full = dropout_model(1);
+    let mut opt = Sgld::new(full.parameters(), sgd, 1e-3, 11).unwrap();
+    let mut dl = DataLoader::new(Arc::new(Blobs), cfg).unwrap();
+    sgld_epoch(&full, &mut opt, &mut dl, 0);
+    checkpoint::save(&p, &full, Some(&opt), &[]).unwrap();
+    let saved = checkpoint::read(&p).unwrap().0;
+    assert!(saved.contains_key("model.2.generator"));
+    assert!(saved.contains_key("optim.generator"));
+    sgld_epoch(&full, &mut opt, &mut dl, 1);
+
+    // Another model and optimizer seed: the checkpoint brings both streams.
+    let mut resumed = dropout_model(5);
+    let mut opt2 = Sgld::new(resumed.parameters(), sgd, 1e-3, 12).unwrap();
+    checkpoint::load(&p, &mut resumed, Some(&mut opt2)).unwrap();
+    assert_eq!(opt2.generator(), opt.generator().map(|_| saved_gen(&saved)));
+    let mut dl2 = DataLoader::new(Arc::new(Blobs), cfg).unwrap();
+    sgld_epoch(&resumed, &mut opt2, &mut dl2, 1);
+    assert_eq!(all_values(&resumed), all_values(&full));
+    assert_eq!(opt2.generator(), opt.generator());
+    std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+}
+
+fn saved_gen(saved: &std::collections::BTreeMap<String, Tensor>) -> Generator {
+    Generator::from_tensor(&saved["optim.generator"]).unwrap()
+}
+
+#[test]
+fn generator_states_follow_the_strict_rules_except_when_absent() {
+    let p = path("generators");
+    let mut with_dropout = dropout_model(1);
+    // A model without the Dropout has the same parameter names ([2] is a ReLU there).
+    let mut g = Generator::new(1);
+    let mut plain = Sequential::new()
+        .push(Conv2d::new(1, 3, 3, Conv2dOptions::default(), true, &mut g).unwrap())
+        .push(Activation::Relu)
+        .push(Activation::Relu)
+        .push(Flatten)
+        .push(Linear::new(3 * 4 * 4, 4, true, &mut g).unwrap());
+    // A checkpoint without generator states (an older one) loads; the stream stays put.
+    checkpoint::save(&p, &plain, None, &[]).unwrap();
+    let before = with_dropout.named_generators()[0]
+        .1
+        .to_vec::<i64>()
+        .unwrap();
+    checkpoint::load(&p, &mut with_dropout, None).unwrap();
+    assert_eq!(
+        with_dropout.named_generators()[0]
+            .1
+            .to_vec::<i64>()
+            .unwrap(),
+        before
+    );
+    // One with a state the model has no place for is refused, naming it.
+    checkpoint::save(&p, &with_dropout, None, &[]).unwrap();
+    let err = checkpoint::load(&p, &mut plain, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unexpected tensor model.2.generator"), "{err}");
+
+    // An optimizer that draws nothing refuses a generator; SGLD takes a state without one.
+    let mut sgld = Sgld::new(with_dropout.parameters(), SgdConfig::new(0.1), 1.0, 3).unwrap();
+    for p in with_dropout.parameters() {
+        p.set_grad(Some(p.ones_like().unwrap())).unwrap();
+    }
+    sgld.step().unwrap();
+    let state: std::collections::BTreeMap<String, Tensor> =
+        sgld.state_tensors().unwrap().into_iter().collect();
+    let mut sgd = Sgd::new(with_dropout.parameters(), SgdConfig::new(0.1)).unwrap();
+    let err = sgd.load_state_tensors(&state).unwrap_err().to_string();
+    assert!(err.contains("generator"), "{err}");
+    let at = sgld.generator();
+    let mut without = state.clone();
+    without.remove("generator");
+    sgld.load_state_tensors(&without).unwrap();
+    assert_eq!(sgld.generator(), at);
+    // A malformed state is refused with its shape.
+    let mut bad = state;
+    bad.insert(
+        "generator".into(),
+        Tensor::zeros(&[3], DType::I64, Device::Cpu).unwrap(),
+    );
+    let err = sgld.load_state_tensors(&bad).unwrap_err().to_string();
+    assert!(err.contains("[3]"), "{err}");
+    std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+}

@@ -433,3 +433,62 @@ fn device_memory_at_peak_names_the_ops_holding_it() {
     );
     assert_eq!(p.steps()[0].peak_allocated, m.peak_allocated);
 }
+
+#[test]
+fn sgld_noise_is_drawn_on_the_device() {
+    let Some(dev) = gpu() else { return };
+    let _s = serial();
+    let sgld = |device: Device| {
+        let p = Tensor::randn_with(
+            &[48, 33],
+            0.0,
+            1.0,
+            DType::F32,
+            Device::Cpu,
+            &mut Generator::new(1),
+        )
+        .unwrap()
+        .to_device(device)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+        let g = Tensor::full(&[48, 33], 0.5, DType::F32, device).unwrap();
+        let opt = mantissa::optim::Sgld::new(vec![p.clone()], SgdConfig::new(0.1), 2.0, 9).unwrap();
+        (p, g, opt)
+    };
+    let (p, g, mut opt) = sgld(dev);
+    let ((), prof) = profiler::profile(|prof| {
+        for _ in 0..2 {
+            p.set_grad(Some(g.clone())).unwrap();
+            opt.step().unwrap();
+            prof.step();
+        }
+    })
+    .unwrap();
+    for (k, s) in prof.steps().iter().enumerate() {
+        assert_eq!((s.h2d_copies, s.h2d_bytes), (0, 0), "step {k}: an upload");
+    }
+    let normal = prof
+        .kernels()
+        .iter()
+        .find(|k| k.name.starts_with("normal_float"));
+    assert_eq!(
+        normal.map(|k| k.count),
+        Some(2),
+        "{}",
+        prof.table(SortBy::Count, 30)
+    );
+    // The same noise as on the host, where the same generator draws it.
+    let (q, h, mut host_opt) = sgld(Device::Cpu);
+    for _ in 0..2 {
+        q.set_grad(Some(h.clone())).unwrap();
+        host_opt.step().unwrap();
+    }
+    let (a, b) = (common::vals(&p), common::vals(&q));
+    assert!(
+        common::rel_err(&a, &b) < 1e-6,
+        "{}",
+        common::rel_err(&a, &b)
+    );
+    assert_eq!(opt.generator(), host_opt.generator());
+}

@@ -28,6 +28,17 @@ pub(crate) trait CopyOps: BackendStorage {
         stream: (u64, u64),
         dtype: DType,
     ) -> Result<Self>;
+    /// `n` draws from N(`mean`, `std`²) of a float `dtype` on `device`: elements `2j` and
+    /// `2j + 1` from block `start + j` of `seed`'s Philox stream (Box-Muller, as
+    /// [`crate::Generator::normal`]).
+    fn normal(
+        device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        stream: (u64, u64),
+        dtype: DType,
+    ) -> Result<Self>;
 }
 
 impl Storage {
@@ -54,6 +65,21 @@ impl Storage {
         on_device!(device, B => {
             let s = <B as CopyOps>::dropout_mask(device, n, threshold, scale, stream, dtype)?;
             Ok(s.wrap())
+        })
+    }
+
+    /// `n` normal draws (see [`CopyOps::normal`]).
+    pub(crate) fn normal(
+        device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        stream: (u64, u64),
+        dtype: DType,
+    ) -> Result<Storage> {
+        let device = device.check_available()?;
+        on_device!(device, B => {
+            Ok(<B as CopyOps>::normal(device, n, mean, std, stream, dtype)?.wrap())
         })
     }
 

@@ -88,6 +88,16 @@ impl CopyOps for CudaStorage {
     ) -> Result<Self> {
         Err(unavailable(device))
     }
+    fn normal(
+        device: Device,
+        _n: usize,
+        _mean: f64,
+        _std: f64,
+        _stream: (u64, u64),
+        _dtype: DType,
+    ) -> Result<Self> {
+        Err(unavailable(device))
+    }
 }
 
 impl ElementwiseOps for CudaStorage {

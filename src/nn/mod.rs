@@ -21,11 +21,15 @@ pub use residual::Residual;
 
 use crate::{DType, Device, Generator, MemoryFormat, Result, Tensor};
 
-/// Whether a module tensor is trained (parameter) or only carried (buffer, e.g. running stats).
+/// Whether a module tensor is trained (parameter), only carried (buffer, e.g. running stats),
+/// or a random generator's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorKind {
     Parameter,
     Buffer,
+    /// A generator's (seed, offset) as two i64 on the host (see [`Generator::to_tensor`]),
+    /// such as [`Dropout`]'s: saved in checkpoints, never moved or converted.
+    Generator,
 }
 
 /// Callback of [`Module::visit`]: dotted name, tensor, kind.
@@ -101,6 +105,17 @@ pub trait Module: Send + Sync {
         out
     }
 
+    /// Generator states (a [`Dropout`]'s stream position) with their names.
+    fn named_generators(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit("", &mut |n, t, k| {
+            if k == TensorKind::Generator {
+                out.push((n, t.clone()))
+            }
+        });
+        out
+    }
+
     /// Number of trainable scalars.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(|p| p.numel()).sum()
@@ -116,9 +131,13 @@ pub trait Module: Send + Sync {
         self.set_training(false)
     }
 
-    /// Moves every tensor to `device` (parameters stay trainable leaves).
+    /// Moves every tensor to `device` (parameters stay trainable leaves; generator states
+    /// stay on the host).
     fn to_device(&mut self, device: Device) -> Result<()> {
         self.visit_mut("", &mut |_, t, k| {
+            if k == TensorKind::Generator {
+                return Ok(());
+            }
             *t = renew(t.to_device(device)?, k)?;
             Ok(())
         })
@@ -140,7 +159,7 @@ pub trait Module: Send + Sync {
     /// ```
     fn to_memory_format(&mut self, format: MemoryFormat) -> Result<()> {
         self.visit_mut("", &mut |_, t, k| {
-            if t.rank() == 4 {
+            if t.rank() == 4 && k != TensorKind::Generator {
                 *t = renew(t.to_memory_format(format)?, k)?;
             }
             Ok(())
@@ -150,7 +169,7 @@ pub trait Module: Send + Sync {
     /// Converts the floating tensors to `dtype` (integer buffers stay as they are).
     fn to_dtype(&mut self, dtype: DType) -> Result<()> {
         self.visit_mut("", &mut |_, t, k| {
-            if t.dtype().is_float() {
+            if t.dtype().is_float() && k != TensorKind::Generator {
                 *t = renew(t.to_dtype(dtype)?, k)?;
             }
             Ok(())

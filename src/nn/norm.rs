@@ -136,9 +136,26 @@ impl Module for LayerNorm {
 }
 
 /// Dropout with its own seeded generator (`nn.Dropout`); identity in eval mode.
+///
+/// The generator's state is a module tensor, `generator` (kind [`TensorKind::Generator`]:
+/// two i64 on the host), so a checkpoint saves where the stream stands and a resumed run
+/// draws the masks an uninterrupted run would.
+///
+/// ```
+/// use mantissa::nn::{Dropout, Module};
+/// use mantissa::{Device, DType, Tensor};
+/// let drop = Dropout::new(0.5, 7);
+/// let x = Tensor::ones(&[8], DType::F32, Device::Cpu)?;
+/// let first = drop.forward(&x)?.to_vec::<f32>()?;
+/// assert!(first.iter().all(|&v| v == 0.0 || v == 2.0));
+/// assert_eq!(drop.named_generators()[0].0, "generator");
+/// # Ok::<(), mantissa::Error>(())
+/// ```
 pub struct Dropout {
     pub p: f64,
-    gen: Mutex<Generator>,
+    generator: Tensor,
+    /// Serialises the read-draw-write of the generator state between threads.
+    drawing: Mutex<()>,
     training: bool,
 }
 
@@ -146,7 +163,8 @@ impl Dropout {
     pub fn new(p: f64, seed: u64) -> Dropout {
         Dropout {
             p,
-            gen: Mutex::new(Generator::new(seed)),
+            generator: Generator::new(seed).state_tensor(),
+            drawing: Mutex::new(()),
             training: true,
         }
     }
@@ -154,11 +172,24 @@ impl Dropout {
 
 impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.dropout_with(self.p, self.training, &mut lock(&self.gen))
+        if !self.training {
+            return x.dropout_with(self.p, false, &mut Generator::new(0));
+        }
+        let _drawing = lock(&self.drawing);
+        let mut gen = Generator::from_tensor(&self.generator)?;
+        let y = x.dropout_with(self.p, true, &mut gen)?;
+        no_grad(|| self.generator.copy_(&gen.state_tensor()))?;
+        Ok(y)
     }
-    fn visit(&self, _: &str, _: &mut Visitor) {}
-    fn visit_mut(&mut self, _: &str, _: &mut VisitorMut) -> Result<()> {
-        Ok(())
+    fn visit(&self, p: &str, f: &mut Visitor) {
+        f(join(p, "generator"), &self.generator, TensorKind::Generator);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        f(
+            join(p, "generator"),
+            &mut self.generator,
+            TensorKind::Generator,
+        )
     }
     fn set_training(&mut self, on: bool) {
         self.training = on;

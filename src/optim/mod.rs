@@ -17,7 +17,7 @@ pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCyc
 pub use sgd::{Sgd, SgdConfig, Sgld};
 
 use crate::backend::ops::OptimUpdate;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Generator, Result, Tensor};
 use std::collections::BTreeMap;
 
 /// State of one parameter: named tensors. `step` (an f32 scalar on the parameter's device,
@@ -143,13 +143,27 @@ pub trait Optimizer {
         }
     }
 
-    /// The state as named tensors, `{i}.{name}` per parameter (`{i}.step` included).
+    /// The optimizer's own random generator, where it draws (SGLD's noise): saved with the
+    /// state as `generator`, so a resumed run draws what an uninterrupted one would.
+    fn generator(&self) -> Option<Generator> {
+        None
+    }
+
+    /// Puts the generator [`Optimizer::generator`] reports at `gen`'s state; optimizers
+    /// without one ignore it.
+    fn set_generator(&mut self, _gen: Generator) {}
+
+    /// The state as named tensors, `{i}.{name}` per parameter (`{i}.step` included), and
+    /// `generator` for an optimizer that draws.
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for (i, s) in self.states().iter().enumerate() {
             for (k, t) in &s.tensors {
                 out.push((format!("{i}.{k}"), t.clone()));
             }
+        }
+        if let Some(g) = self.generator() {
+            out.push((GENERATOR.to_string(), g.state_tensor()));
         }
         Ok(out)
     }
@@ -163,6 +177,19 @@ pub trait Optimizer {
         let n = params.len();
         let mut problems = Vec::new();
         for (name, t) in named {
+            if name == GENERATOR {
+                match self.generator() {
+                    None => {
+                        problems.push("a generator state, for an optimizer that draws none".into())
+                    }
+                    Some(_) => {
+                        if let Err(e) = Generator::from_tensor(t) {
+                            problems.push(e.to_string());
+                        }
+                    }
+                }
+                continue;
+            }
             let Some((i, key)) = state_entry(name, n) else {
                 problems.push(format!("unexpected entry {name:?} for {n} parameters"));
                 continue;
@@ -205,13 +232,26 @@ pub trait Optimizer {
         self.check_state_tensors(named)?;
         let devices: Vec<_> = self.params().iter().map(|p| p.device()).collect();
         let mut fresh = vec![ParamState::default(); devices.len()];
+        let generator = named
+            .get(GENERATOR)
+            .map(Generator::from_tensor)
+            .transpose()?;
+        if generator.is_none() && self.generator().is_some() {
+            log::warn!(
+                "load_state_tensors: the state has no generator; the optimizer's random \
+                 stream goes on from where it stands"
+            );
+        }
         for (name, t) in named {
             let Some((i, key)) = state_entry(name, devices.len()) else {
-                continue; // refused by check_state_tensors above
+                continue; // the generator, or refused by check_state_tensors above
             };
             fresh[i]
                 .tensors
                 .insert(key.to_string(), t.to_device(devices[i])?.copy()?);
+        }
+        if let Some(gen) = generator {
+            self.set_generator(gen);
         }
         let g = self.group_mut();
         g.states.clone_from_slice(&fresh);
@@ -222,6 +262,9 @@ pub trait Optimizer {
         Ok(())
     }
 }
+
+/// The name of an optimizer's generator state in [`Optimizer::state_tensors`].
+const GENERATOR: &str = "generator";
 
 /// Parameter index and state name of a `{i}.{name}` state entry, for `n` parameters.
 fn state_entry(name: &str, n: usize) -> Option<(usize, &str)> {

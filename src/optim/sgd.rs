@@ -153,6 +153,12 @@ impl Optimizer for Sgld {
             Ok(())
         })
     }
+    fn generator(&self) -> Option<Generator> {
+        Some(self.gen.clone())
+    }
+    fn set_generator(&mut self, gen: Generator) {
+        self.gen = gen;
+    }
     fn group(&self) -> &ParamGroup {
         &self.inner.group
     }

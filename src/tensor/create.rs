@@ -155,11 +155,18 @@ impl Tensor {
         }
         let n = checked_numel("randn", shape)?;
         checked_bytes("randn", shape, n, dtype)?;
-        let values = Chunked::new(n, |k| gen.normal(k)).map(|z| mean + std * z);
-        Ok(Tensor::from_storage(
-            Storage::from_f64s(device, values, dtype)?,
-            shape,
-        ))
+        if !dtype.is_float() {
+            return Err(Error::DType {
+                op: "randn",
+                dtype,
+                expected: "a float dtype",
+            });
+        }
+        // Drawn where the tensor lives, a pair per block, as `gen.normal(n)` would draw them.
+        let device = device.check_available()?;
+        let stream = (gen.seed(), gen.reserve(n.div_ceil(2) as u64));
+        let storage = Storage::normal(device, n, mean, std, stream, dtype)?;
+        Ok(Tensor::from_storage(storage, shape))
     }
 
     /// U[0, 1) values from this thread's default generator (see [`crate::manual_seed`]).
@@ -261,5 +268,27 @@ mod tests {
         assert_eq!(got, b.normal(n));
         let got: Vec<f64> = Chunked::new(n, |k| a.uniform(k)).collect();
         assert_eq!(got, b.uniform(n));
+    }
+
+    #[test]
+    fn randn_is_the_generators_normal_stream_drawn_in_parallel() {
+        use crate::{DType, Device, Tensor};
+        // Odd, and over several parallel chunks of the host kernel.
+        let n = 3 * crate::backend::cpu::CHUNK + 5;
+        let (mut a, mut b) = (Generator::new(9), Generator::new(9));
+        a.uniform(3);
+        b.uniform(3);
+        let t = Tensor::randn_with(&[n], 0.5, 2.0, DType::F64, Device::Cpu, &mut a).unwrap();
+        let want: Vec<f64> = b.normal(n).iter().map(|z| 0.5 + 2.0 * z).collect();
+        assert_eq!(t.to_vec::<f64>().unwrap(), want);
+        assert_eq!(a, b, "both generators moved past the same blocks");
+        let t = Tensor::randn_with(&[n], 0.0, 1.0, DType::BF16, Device::Cpu, &mut a).unwrap();
+        let want: Vec<f64> = b
+            .normal(n)
+            .iter()
+            .map(|&z| half::bf16::from_f64(z).to_f64())
+            .collect();
+        assert_eq!(t.to_vec_f64().unwrap(), want);
+        assert!(Tensor::randn_with(&[2], 0.0, 1.0, DType::I64, Device::Cpu, &mut a).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The [`Tensor`] type: a strided view into shared storage, plus its autograd links.
 
 mod create;
+mod generator_state;
 pub(crate) mod node;
 mod view;
 

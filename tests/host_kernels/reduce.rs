@@ -1,5 +1,5 @@
-//! Row reductions (reduce.cu) on emulated blocks and dropout masks (random.cu), against the
-//! CPU backend.
+//! Row reductions (reduce.cu) on emulated blocks, dropout masks and normal draws (random.cu),
+//! against the CPU backend.
 
 use super::{function, library, run_grid, Addr};
 use crate::backend::ops::ReduceOp;
@@ -125,6 +125,40 @@ fn dropout_kernels_draw_the_cpus_mask() {
                 );
             }
         }
+    }
+    check::<f32>(lib, "float", DType::F32);
+    check::<f16>(lib, "f16", DType::F16);
+    check::<bf16>(lib, "bf16", DType::BF16);
+}
+
+#[test]
+fn normal_kernels_draw_the_cpus_values() {
+    let Some(lib) = library("random") else { return };
+    type Normal<T> = unsafe extern "C" fn(u64, u64, f64, f64, *mut T, i64) -> ();
+    fn check<T: WithDType>(lib: &Library, t: &str, dtype: DType) {
+        let f: Normal<T> = function(lib, &format!("normal_{t}"));
+        // An odd length (the last pair is cut) and a stream that does not start at 0.
+        let (n, seed, start, mean, std) = (2 * 91 + 1, 0x0fed_cba9_8765_4321, 7u64, 0.25, 3.0);
+        let want = Storage::normal(Device::Cpu, n, mean, std, (seed, start), dtype).unwrap();
+        let want = Tensor::from_storage(want, &[n]).to_vec_f64().unwrap();
+        let mut out = vec![T::zero(); n];
+        // SAFETY: `out` holds n elements; run as one thread, which loops over every pair.
+        unsafe { f(seed, start, mean, std, out.as_mut_ptr(), n as i64) };
+        let got: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
+        // The kernel rounds through f32 where the host rounds f64 to T once: equal up to a
+        // double rounding's last bit of T.
+        let tol = match dtype {
+            DType::F32 => 0.0,
+            _ => 1e-2,
+        };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * w.abs(),
+                "normal_{t}[{i}]: {g} vs {w}"
+            );
+        }
+        let m = got.iter().sum::<f64>() / n as f64;
+        assert!((m - mean).abs() < 0.5, "mean {m}");
     }
     check::<f32>(lib, "float", DType::F32);
     check::<f16>(lib, "f16", DType::F16);

@@ -78,6 +78,17 @@ impl CopyOps for CpuStorage {
     ) -> Result<Self> {
         super::dropout_mask(n, threshold, scale, stream, dtype)
     }
+    fn normal(
+        _device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        stream: (u64, u64),
+        dtype: DType,
+    ) -> Result<Self> {
+        host_can_hold(n, dtype)?;
+        super::normal(n, mean, std, stream, dtype)
+    }
 }
 
 impl ElementwiseOps for CpuStorage {

@@ -19,6 +19,7 @@ pub(crate) mod norm;
 mod optim;
 mod pool;
 mod pool_nhwc;
+mod random;
 mod reduce;
 mod rnn;
 mod softmax;
@@ -29,6 +30,7 @@ pub(crate) use pool::{
     adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward, max_pool2d,
     max_pool2d_backward,
 };
+pub(crate) use random::{dropout_mask, normal};
 pub(crate) use rnn::{lstm_cell, lstm_cell_backward};
 pub(crate) use softmax::{log_softmax, softmax};
 
@@ -166,52 +168,4 @@ pub(crate) fn contiguous<'a, T: CpuElem>(v: &'a [T], l: &Layout) -> std::borrow:
     } else {
         std::borrow::Cow::Owned(elementwise::map1(v, l, |x| x))
     }
-}
-
-/// `n` dropout multipliers of `dtype`: element `i` is `scale` when word `i` of the Philox
-/// stream of `seed` from block `start` on (four words a block) is at least `threshold`, else
-/// 0. Chunks of the output are drawn in parallel; the result does not depend on the split.
-pub(crate) fn dropout_mask(
-    n: usize,
-    threshold: u64,
-    scale: f64,
-    (seed, start): (u64, u64),
-    dtype: DType,
-) -> Result<CpuStorage> {
-    fn go<T: CpuElem + bytemuck::Pod>(
-        n: usize,
-        threshold: u64,
-        scale: f64,
-        (seed, start): (u64, u64),
-    ) -> Vec<T> {
-        use rayon::prelude::*;
-        let (keep, drop) = (T::from_f64(scale), T::from_f64(0.0));
-        let mut out = overwritten_buffer::<T>(n);
-        out.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                let first = (c * CHUNK / 4) as u64;
-                for (b, quad) in chunk.chunks_mut(4).enumerate() {
-                    let words = crate::random::philox_block(seed, start + first + b as u64);
-                    for (o, w) in quad.iter_mut().zip(words) {
-                        *o = if w as u64 >= threshold { keep } else { drop };
-                    }
-                }
-            });
-        out
-    }
-    let stream = (seed, start);
-    Ok(match dtype {
-        DType::F32 => go::<f32>(n, threshold, scale, stream).into_storage(),
-        DType::F16 => go::<f16>(n, threshold, scale, stream).into_storage(),
-        DType::BF16 => go::<bf16>(n, threshold, scale, stream).into_storage(),
-        DType::F64 => go::<f64>(n, threshold, scale, stream).into_storage(),
-        dtype => {
-            return Err(Error::DType {
-                op: "dropout",
-                dtype,
-                expected: "a float dtype",
-            })
-        }
-    })
 }

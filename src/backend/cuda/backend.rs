@@ -95,6 +95,16 @@ impl CopyOps for CudaStorage {
         let o = ordinal("dropout", device)?;
         random::dropout_mask(o, n, threshold, scale, stream, dtype)
     }
+    fn normal(
+        device: Device,
+        n: usize,
+        mean: f64,
+        std: f64,
+        stream: (u64, u64),
+        dtype: DType,
+    ) -> Result<Self> {
+        random::normal(ordinal("randn", device)?, n, mean, std, stream, dtype)
+    }
 }
 
 impl ElementwiseOps for CudaStorage {

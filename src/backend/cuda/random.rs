@@ -1,4 +1,4 @@
-//! Launcher of `cuda/random.cu`: dropout masks from the Philox stream.
+//! Launchers of `cuda/random.cu`: dropout masks and normal draws from the Philox stream.
 
 use super::kernels::KernelFile;
 use super::storage::{float_kname, grid, CudaStorage};
@@ -27,6 +27,35 @@ pub(crate) fn dropout_mask(
         &start,
         &threshold,
         &sc,
+        &dst,
+        &n64
+    );
+    Ok(out)
+}
+
+/// `n` draws from N(`mean`, `std`²) from the Philox stream (the CPU's definition, element for
+/// element, up to the device's last bit of `log`, `sin` and `cos` in f64).
+pub(crate) fn normal(
+    ordinal: usize,
+    n: usize,
+    mean: f64,
+    std: f64,
+    (seed, start): (u64, u64),
+    dtype: DType,
+) -> Result<CudaStorage> {
+    let t = float_kname("randn", dtype)?;
+    let out = CudaStorage::alloc(ordinal, dtype, n)?;
+    let (dst, n64) = (out.ptr(), n as i64);
+    let name = format!("normal_{t}");
+    launch!(
+        out,
+        KernelFile::Random,
+        name,
+        grid(n.div_ceil(2)),
+        &seed,
+        &start,
+        &mean,
+        &std,
         &dst,
         &n64
     );
