@@ -14,13 +14,13 @@ use clap::Parser;
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::autocast_maybe;
+use mantissa::train::{autocast_maybe, step_fits};
 use mantissa::*;
 use std::path::PathBuf;
 use std::time::Instant;
 
 mod common;
-use common::RunFlags;
+use common::{BatchSize, RunFlags};
 
 #[derive(Parser, Debug)]
 #[command(about = "Train a character-level LSTM with mantissa")]
@@ -39,8 +39,12 @@ struct Args {
     embedding: usize,
     #[arg(long, default_value_t = 100)]
     seq_len: usize,
-    #[arg(long, default_value_t = 64)]
-    batch_size: usize,
+    /// A number, or `auto`: the largest batch whose training step fits in the GPU's memory.
+    #[arg(long, default_value = "64")]
+    batch_size: BatchSize,
+    /// The batch size in use (--batch-size, resolved).
+    #[arg(skip)]
+    batch: usize,
     /// Training steps (with --synthetic: timed, after --warmup steps).
     #[arg(long, default_value_t = 200)]
     steps: usize,
@@ -128,14 +132,14 @@ fn loss_of(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
         .cross_entropy(&y.flatten(0, -1)?, CrossEntropyOptions::default())
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     let (device, low, _) = args.run.open()?;
-    if args.seq_len == 0 || args.batch_size == 0 || args.steps == 0 {
+    if args.seq_len == 0 || args.steps == 0 {
         return Err(Error::Invalid {
             op: "lstm",
             msg: format!(
-                "--seq-len {} --batch-size {} --steps {}",
-                args.seq_len, args.batch_size, args.steps
+                "--seq-len {} and --steps {} must be at least 1",
+                args.seq_len, args.steps
             ),
         });
     }
@@ -172,6 +176,11 @@ fn run(args: Args) -> Result<()> {
     let mut net = CharModel::new(&args, vocab, &mut g)?;
     net.to_device(device)?;
     let mut opt = Adam::new(net.parameters(), AdamConfig::adam(args.lr))?;
+    // Trial batches of random tokens.
+    args.batch = args.batch_size.resolve(device, 1 << 16, |b| {
+        let x = Tensor::zeros(&[b, args.seq_len], DType::I64, device)?;
+        step_fits(&net, &mut opt, low, || loss_of(&net.forward(&x)?, &x))
+    })?;
     let mut scaler = GradScaler::new(GradScalerConfig {
         enabled: low == Some(DType::F16),
         ..Default::default()
@@ -183,7 +192,7 @@ fn run(args: Args) -> Result<()> {
         args.embedding,
         net.num_parameters(),
         args.seq_len,
-        args.batch_size,
+        args.batch,
         args.run.precision,
         rayon::current_num_threads()
     );
@@ -196,11 +205,11 @@ fn run(args: Args) -> Result<()> {
     // Synthetic data: one fixed batch of random tokens on the device.
     let fixed = if args.synthetic {
         let tok: Vec<i64> = g
-            .uniform(args.batch_size * (args.seq_len + 1))
+            .uniform(args.batch * (args.seq_len + 1))
             .iter()
             .map(|u| (u * 255.99) as i64)
             .collect();
-        let (x, y) = windows(&tok, args.batch_size, args.seq_len, &mut Generator::new(0))?;
+        let (x, y) = windows(&tok, args.batch, args.seq_len, &mut Generator::new(0))?;
         Some((x.to_device(device)?, y.to_device(device)?))
     } else {
         None
@@ -219,7 +228,7 @@ fn run(args: Args) -> Result<()> {
         let (x, y) = match &fixed {
             Some((x, y)) => (x.clone(), y.clone()),
             None => {
-                let (x, y) = windows(train, args.batch_size, args.seq_len, &mut g)?;
+                let (x, y) = windows(train, args.batch, args.seq_len, &mut g)?;
                 (x.to_device(device)?, y.to_device(device)?)
             }
         };
@@ -250,7 +259,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     let timed = if args.synthetic { args.steps } else { total };
-    let tokens = (timed * args.batch_size * args.seq_len) as f64;
+    let tokens = (timed * args.batch * args.seq_len) as f64;
     println!(
         "{} training tokens/s ({timed} steps in {secs:.2} s)",
         (tokens / secs).round()
@@ -262,7 +271,7 @@ fn run(args: Args) -> Result<()> {
     }
     // Held-out bits per character, on windows of the last tenth of the text.
     net.set_training(false);
-    let (x, y) = windows(test, args.batch_size, args.seq_len, &mut Generator::new(7))?;
+    let (x, y) = windows(test, args.batch, args.seq_len, &mut Generator::new(7))?;
     let l = no_grad(|| {
         autocast_maybe(low, || {
             loss_of(&net.forward(&x.to_device(device)?)?, &y.to_device(device)?)

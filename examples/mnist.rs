@@ -7,19 +7,19 @@
 use clap::{Parser, ValueEnum};
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::mnist::{locate_or_fetch, Mnist};
-use mantissa::data::{DataLoader, DataLoaderConfig};
+use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
-    classify_micro_step, evaluate_classifier, plot_metrics, Accumulation, EpochMetrics,
-    EpochProgress, MetricsLog,
+    classifier_fits, classify_micro_step, evaluate_classifier, plot_metrics, Accumulation,
+    EpochMetrics, EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 mod common;
-use common::RunFlags;
+use common::{BatchSize, RunFlags};
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Model {
@@ -51,8 +51,9 @@ struct Args {
     model: Model,
     #[arg(long, default_value_t = 3)]
     epochs: usize,
-    #[arg(long, default_value_t = 64)]
-    batch_size: usize,
+    /// A number, or `auto`: the largest batch whose training step fits in the GPU's memory.
+    #[arg(long, default_value = "64")]
+    batch_size: BatchSize,
     /// Learning rate, the peak one with the one-cycle schedule (default: 1.0 for adadelta,
     /// 0.05 for sgd/sgld, 3e-3 for adam/adamw with one-cycle and 1e-3 without).
     #[arg(long)]
@@ -205,6 +206,14 @@ fn run(args: Args) -> Result<()> {
         Some(_) if args.master_weights => opt.use_master_weights(Rounding::Nearest)?,
         _ => {}
     }
+    // The trial batches are random images and labels 0; the device also holds the loader's
+    // two prefetched batches, counted in each trial.
+    let batch_size = args.batch_size.resolve(device, train.len(), |b| {
+        let x = || Tensor::randn(&[b, 1, 28, 28], DType::F32, device)?.to_memory_format(format);
+        let _prefetched = (x()?, x()?);
+        let y = Tensor::zeros(&[b], DType::I64, device)?;
+        classifier_fits(&net, opt.as_mut(), low, &x()?, &y)
+    })?;
     let gamma = args.gamma.unwrap_or(if cnn { 0.7 } else { 0.3 });
     let epoch_schedule = StepLr {
         base: lr,
@@ -238,7 +247,7 @@ fn run(args: Args) -> Result<()> {
         "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision {precision}, {format:?} memory format, {} threads",
         args.model,
         net.num_parameters(),
-        args.batch_size,
+        batch_size,
         args.run.workers,
         rayon::current_num_threads()
     );
@@ -247,7 +256,7 @@ fn run(args: Args) -> Result<()> {
         seed: args.run.seed,
         num_workers: args.run.workers,
         pin_memory: Some(device),
-        ..DataLoaderConfig::new(args.batch_size)
+        ..DataLoaderConfig::new(batch_size)
     };
     let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
     let mut test_dl = DataLoader::new(

@@ -17,8 +17,8 @@ use mantissa::data::{DataLoader, DataLoaderConfig};
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
-    classify_micro_step, classify_step, evaluate_classifier, plot_metrics, Accumulation,
-    EpochMetrics, EpochProgress, MetricsLog,
+    classifier_fits, classify_micro_step, classify_step, evaluate_classifier, plot_metrics,
+    Accumulation, EpochMetrics, EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::Path;
@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
-use common::RunFlags;
+use common::{BatchSize, RunFlags};
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Arch {
@@ -54,8 +54,12 @@ struct Args {
     /// Channels of the first stage (64 in the paper); later stages double it.
     #[arg(long, default_value_t = 64)]
     width: usize,
-    #[arg(long, default_value_t = 128)]
-    batch_size: usize,
+    /// A number, or `auto`: the largest batch whose training step fits in the GPU's memory.
+    #[arg(long, default_value = "128")]
+    batch_size: BatchSize,
+    /// The batch size in use (--batch-size, resolved).
+    #[arg(skip)]
+    batch: usize,
     /// Peak learning rate of the one-cycle schedule.
     #[arg(long, default_value_t = 0.1)]
     lr: f64,
@@ -188,12 +192,12 @@ fn optimizer(net: &Sequential, lr: f64) -> Result<Sgd> {
     Sgd::new(net.parameters(), cfg)
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     let (device, low, format) = args.run.open()?;
-    if args.width == 0 || args.batch_size == 0 {
+    if args.width == 0 {
         return Err(Error::Invalid {
             op: "resnet",
-            msg: format!("--width {} --batch-size {}", args.width, args.batch_size),
+            msg: "--width must be at least 1".into(),
         });
     }
     let mut scaler = GradScaler::new(GradScalerConfig {
@@ -209,13 +213,28 @@ fn run(args: Args) -> Result<()> {
     net.to_device(device)?;
     net.to_memory_format(format)?;
     let mut opt = optimizer(&net, args.lr)?;
+    // Trial batches of random images (and, on MNIST, the loader's two prefetched batches).
+    let (side, max) = match args.data {
+        Data::Mnist => (28, 60_000),
+        Data::Synthetic => (args.image_size, 1 << 16),
+    };
+    args.batch = args.batch_size.resolve(device, max, |b| {
+        let shape = [b, in_channels, side, side];
+        let x = || Tensor::randn(&shape, DType::F32, device)?.to_memory_format(format);
+        let _prefetched = match args.data {
+            Data::Mnist => Some((x()?, x()?)),
+            Data::Synthetic => None,
+        };
+        let y = Tensor::zeros(&[b], DType::I64, device)?;
+        classifier_fits(&net, &mut opt, low, &x()?, &y)
+    })?;
     println!(
         "{:?} width {} ({} parameters) on {:?}, batch {}, device {device}, precision {}, {format:?} memory format, {} threads",
         args.arch,
         args.width,
         net.num_parameters(),
         args.data,
-        args.batch_size,
+        args.batch,
         args.run.precision,
         rayon::current_num_threads()
     );
@@ -253,7 +272,7 @@ fn train_mnist(
         seed: args.run.seed,
         num_workers: args.run.workers,
         pin_memory: Some(device),
-        ..DataLoaderConfig::new(args.batch_size)
+        ..DataLoaderConfig::new(args.batch)
     };
     let mut train_dl = DataLoader::new(Arc::new(train), cfg)?;
     let test_cfg = DataLoaderConfig {
@@ -322,7 +341,7 @@ fn throughput(
     (device, low, format): Setting,
     gen: &mut Generator,
 ) -> Result<()> {
-    let (n, s) = (args.batch_size, args.image_size);
+    let (n, s) = (args.batch, args.image_size);
     let x = Tensor::randn_with(&[n, 3, s, s], 0.0, 1.0, DType::F32, Device::Cpu, gen)?
         .to_device(device)?
         .to_memory_format(format)?;

@@ -86,6 +86,59 @@ pub fn main_with<A: clap::Parser + Send>(run: impl FnOnce(A) -> Result<()> + Sen
     }
 }
 
+/// A `--batch-size`: a number, or `auto`, the largest batch whose training step fits in the
+/// GPU's memory ([`mantissa::train::find_batch_size`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchSize {
+    Auto,
+    Fixed(usize),
+}
+
+impl std::str::FromStr for BatchSize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<BatchSize, String> {
+        match s {
+            "auto" => Ok(BatchSize::Auto),
+            n => match n.parse::<usize>() {
+                Ok(0) | Err(_) => Err(format!(
+                    "{n:?} is not a batch size (a number >= 1, or auto)"
+                )),
+                Ok(n) => Ok(BatchSize::Fixed(n)),
+            },
+        }
+    }
+}
+
+impl BatchSize {
+    /// The size to train with: the number given, or for `auto` the largest size up to `max`
+    /// for which `trial` (a training step on a batch of that size that leaves no trace, such
+    /// as [`mantissa::train::classifier_fits`]) runs on `device` without running out of
+    /// memory.
+    pub fn resolve(
+        self,
+        device: Device,
+        max: usize,
+        trial: impl FnMut(usize) -> Result<()>,
+    ) -> Result<usize> {
+        let BatchSize::Fixed(n) = self else {
+            let search = mantissa::train::BatchSizeSearch { start: 8, max };
+            let found = mantissa::train::find_batch_size(device, search, trial)?;
+            let tried: Vec<String> = found
+                .tried
+                .iter()
+                .map(|(b, fits)| format!("{b}{}", if *fits { "" } else { " (out of memory)" }))
+                .collect();
+            println!(
+                "--batch-size auto: {} fits on {device} (tried {})",
+                found.size,
+                tried.join(", ")
+            );
+            return Ok(found.size);
+        };
+        Ok(n)
+    }
+}
+
 /// `--profile N`: counts training steps, profiles steps `warmup + 1 ..= warmup + N`, then
 /// prints the tables and writes `trace.json` into its folder.
 pub struct StepProfile {
