@@ -278,6 +278,7 @@ fn run(args: Args) -> Result<()> {
             &format!("epoch {}/{epochs} {precision}", epoch + 1),
             train_dl.len(),
         );
+        bar.show_memory(device);
         let first_step = epoch * train_dl.len();
         for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
             let b = b?;
@@ -314,6 +315,7 @@ fn run(args: Args) -> Result<()> {
             lr: opt.lr(),
             seconds: bar.seconds(),
             samples_per_s: bar.samples_per_s(),
+            memory: memory::memory_stats(device).ok(),
         };
         println!(
             "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} samples/s",

@@ -290,6 +290,7 @@ fn train_mnist(
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
         let mut bar = EpochProgress::new(&label, steps);
+        bar.show_memory(device);
         for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
             let b = b?;
             opt.set_lr(cycle.lr(epoch * steps + k));
@@ -322,6 +323,7 @@ fn train_mnist(
             lr: opt.lr(),
             seconds: bar.seconds(),
             samples_per_s: bar.samples_per_s(),
+            memory: memory::memory_stats(device).ok(),
         });
         let out = Path::new(TRACE_DIR);
         log.write_csv(&out.join("metrics.csv"))?;

@@ -184,6 +184,17 @@ fn memory_statistics_name_the_device_they_cannot_count() {
             memory::empty_cache(d).unwrap();
             let (free, total) = memory::mem_get_info(d).unwrap();
             assert!(total > 0 && free <= total, "{free} of {total}");
+            // The progress line shows the device's memory; on the CPU it has none to show.
+            let mut bar = mantissa::train::EpochProgress::new("epoch 1", 10);
+            let _held = Tensor::zeros(&[1 << 18], DType::F32, d).unwrap();
+            bar.show_memory(d);
+            let line = bar.status_line();
+            assert!(
+                line.contains(" mem ") && line.contains(" GiB peak "),
+                "{line}"
+            );
+            bar.show_memory(Device::Cpu);
+            assert!(!bar.status_line().contains("mem"));
         }
     }
 }

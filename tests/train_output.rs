@@ -15,6 +15,13 @@ fn log() -> MetricsLog {
             lr: 0.1 * 0.7f64.powi(e as i32 - 1),
             seconds: 10.0 + e as f64,
             samples_per_s: 5000.0,
+            // A GPU run's memory in the first two epochs, a CPU run's none in the third.
+            memory: (e < 3).then(|| mantissa::memory::MemoryStats {
+                allocated: (100 + e) << 20,
+                reserved: 300 << 20,
+                peak_allocated: (200 << 20) + (1 << 19),
+                ..Default::default()
+            }),
         });
     }
     log
@@ -24,16 +31,34 @@ fn log() -> MetricsLog {
 fn metrics_csv_round_trips_and_rejects_garbage() {
     let l = log();
     let text = l.to_csv();
-    assert!(text
-        .starts_with("epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s\n"));
+    assert!(text.starts_with(
+        "epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s,allocated_mib,\
+         reserved_mib,peak_allocated_mib\n"
+    ));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].ends_with(",101.0,300.0,200.5"), "{}", lines[1]);
+    assert!(lines[3].ends_with(",5000.0,,,"), "{}", lines[3]);
     let back = MetricsLog::from_csv(&text, Path::new("m.csv")).unwrap();
     assert_eq!(back.epochs.len(), 3);
     for (a, b) in back.epochs.iter().zip(&l.epochs) {
         assert_eq!(a.epoch, b.epoch);
         assert!((a.test_acc - b.test_acc).abs() < 1e-6 && (a.lr - b.lr).abs() < 1e-9);
+        // MiB with one decimal: these sizes come back exactly.
+        assert_eq!(a.memory, b.memory);
     }
+    // A file of the columns before memory was logged still reads.
+    let old: String = text
+        .lines()
+        .map(|l| l.splitn(9, ',').take(8).collect::<Vec<_>>().join(",") + "\n")
+        .collect();
+    let old = MetricsLog::from_csv(&old, Path::new("m.csv")).unwrap();
+    assert_eq!(old.epochs.len(), 3);
+    assert!(old.epochs.iter().all(|m| m.memory.is_none()));
     assert!(MetricsLog::from_csv("nope\n1,2", Path::new("m.csv")).is_err());
     assert!(MetricsLog::from_csv(&format!("{}1,x,3\n", text), Path::new("m.csv")).is_err());
+    // An empty field outside the memory columns is refused.
+    let hole = text.replacen(",5000.0,", ",,", 1);
+    assert!(MetricsLog::from_csv(&hole, Path::new("m.csv")).is_err());
 }
 
 #[cfg(feature = "train-ui")]

@@ -1,5 +1,6 @@
 //! Per-epoch metrics and their CSV file.
 
+use crate::memory::MemoryStats;
 use crate::{Error, Result};
 use std::path::Path;
 
@@ -14,6 +15,10 @@ pub struct EpochMetrics {
     pub lr: f64,
     pub seconds: f64,
     pub samples_per_s: f64,
+    /// The device's memory at the epoch's end, on a GPU ([`crate::memory::memory_stats`]:
+    /// the peak is the run's so far, as `torch.cuda.max_memory_allocated` reports it unless
+    /// reset); `None` on the CPU. The CSV keeps allocated, reserved and peak allocated.
+    pub memory: Option<MemoryStats>,
 }
 
 /// The metrics of a run, in epoch order.
@@ -22,7 +27,12 @@ pub struct MetricsLog {
     pub epochs: Vec<EpochMetrics>,
 }
 
-const HEADER: &str = "epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s";
+/// The columns before device memory was logged; such a file still reads.
+const HEADER_V1: &str = "epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s";
+const HEADER: &str = "epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s,\
+                      allocated_mib,reserved_mib,peak_allocated_mib";
+
+const MIB: f64 = (1u64 << 20) as f64;
 
 impl MetricsLog {
     pub fn push(&mut self, m: EpochMetrics) {
@@ -44,6 +54,14 @@ impl MetricsLog {
                 m.seconds,
                 m.samples_per_s
             );
+            // The memory columns, empty on the CPU.
+            let mib = |b: usize| format!("{:.1}", b as f64 / MIB);
+            let mem = match m.memory {
+                Some(st) => [st.allocated, st.reserved, st.peak_allocated].map(mib),
+                None => Default::default(),
+            };
+            s.pop();
+            s += &format!(",{}\n", mem.join(","));
         }
         s
     }
@@ -56,20 +74,44 @@ impl MetricsLog {
     /// Parses a CSV written by [`MetricsLog::to_csv`] (to continue a resumed run's log).
     pub fn from_csv(text: &str, path: &Path) -> Result<MetricsLog> {
         let mut lines = text.lines();
-        if lines.next() != Some(HEADER) {
-            return Err(Error::format("metrics", path, "unexpected CSV header"));
-        }
+        let columns = match lines.next() {
+            Some(HEADER) => 11,
+            Some(HEADER_V1) => 8,
+            _ => return Err(Error::format("metrics", path, "unexpected CSV header")),
+        };
         let epochs = lines
             .filter(|l| !l.trim().is_empty())
             .map(|l| {
-                let f: Vec<f64> = l
-                    .split(',')
-                    .map(|x| x.parse::<f64>())
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|e| Error::format("metrics", path, format!("bad line {l:?}: {e}")))?;
-                if f.len() != 8 {
-                    return Err(Error::format("metrics", path, format!("bad line {l:?}")));
+                let bad =
+                    |why: String| Error::format("metrics", path, format!("bad line {l:?}{why}"));
+                let fields: Vec<&str> = l.split(',').collect();
+                if fields.len() != columns {
+                    return Err(bad(format!(": {} fields, not {columns}", fields.len())));
                 }
+                // Empty memory fields (a CPU run) read as NaN, then as no memory.
+                let f: Vec<f64> = fields
+                    .iter()
+                    .map(|x| match x.is_empty() {
+                        true => Ok(f64::NAN),
+                        false => x.parse::<f64>(),
+                    })
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| bad(format!(": {e}")))?;
+                if f[..8].iter().any(|v| v.is_nan()) {
+                    return Err(bad(": an empty field".into()));
+                }
+                let memory = match f.get(8..11) {
+                    Some(m) if m.iter().all(|v| v.is_finite() && *v >= 0.0) => {
+                        let bytes = |v: f64| (v * MIB).round() as usize;
+                        Some(MemoryStats {
+                            allocated: bytes(m[0]),
+                            reserved: bytes(m[1]),
+                            peak_allocated: bytes(m[2]),
+                            ..Default::default()
+                        })
+                    }
+                    _ => None,
+                };
                 Ok(EpochMetrics {
                     epoch: f[0] as usize,
                     train_loss: f[1],
@@ -79,6 +121,7 @@ impl MetricsLog {
                     lr: f[5],
                     seconds: f[6],
                     samples_per_s: f[7],
+                    memory,
                 })
             })
             .collect::<Result<_>>()?;

@@ -1,7 +1,8 @@
-//! A per-epoch progress bar: ETA, samples/s, running loss and accuracy; plain lines on stdout
-//! instead without the `train-ui` feature, or when stdout is not a terminal (a CI log, `| tee`).
+//! A per-epoch progress bar: ETA, samples/s, running loss and accuracy, a GPU's memory; plain
+//! lines on stdout instead without the `train-ui` feature, or when stdout is not a terminal (a
+//! CI log, `| tee`).
 
-use crate::{Result, Tensor};
+use crate::{memory, Device, Result, Tensor};
 use std::time::Instant;
 
 /// Steps between host reads of the running sums that [`EpochProgress::step_tensors`] keeps on
@@ -27,6 +28,8 @@ pub struct EpochProgress {
     total: usize,
     /// Plain lines instead of the bar.
     plain: bool,
+    /// The GPU whose memory is shown.
+    device: Option<Device>,
 }
 
 impl EpochProgress {
@@ -63,7 +66,28 @@ impl EpochProgress {
             label: label.to_string(),
             total: batches,
             plain,
+            device: None,
         }
+    }
+
+    /// Shows `device`'s memory with the figures: allocated / reserved and the peak allocated
+    /// so far, as the caching allocator counts them (no device sync). Nothing on the CPU.
+    pub fn show_memory(&mut self, device: Device) {
+        self.device = (device != Device::Cpu).then_some(device);
+    }
+
+    /// The memory text of [`EpochProgress::show_memory`]'s device, empty without one.
+    fn memory_text(&self) -> String {
+        let Some(stats) = self.device.and_then(|d| memory::memory_stats(d).ok()) else {
+            return String::new();
+        };
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        format!(
+            " mem {:.2}/{:.2} GiB peak {:.2}",
+            gib(stats.allocated),
+            gib(stats.reserved),
+            gib(stats.peak_allocated)
+        )
     }
 
     /// Records one step: its batch size, mean loss and number of correct predictions.
@@ -133,10 +157,11 @@ impl EpochProgress {
     fn refresh(&self) {
         #[cfg(feature = "train-ui")]
         self.bar.set_message(format!(
-            "loss {:.4} acc {:.2}% {:.0} samples/s {}",
+            "loss {:.4} acc {:.2}% {:.0} samples/s{} {}",
             self.loss(),
             100.0 * self.accuracy(),
             self.samples_per_s(),
+            self.memory_text(),
             self.extra
         ));
     }
@@ -146,18 +171,26 @@ impl EpochProgress {
         #[cfg(feature = "train-ui")]
         self.bar.inc(1);
         if self.plain && (self.batches.is_multiple_of(100) || self.batches == self.total) {
-            let line = format!(
-                "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s {}",
-                self.label,
-                self.batches,
-                self.total,
-                self.loss(),
-                100.0 * self.accuracy(),
-                self.samples_per_s(),
-                self.extra
-            );
-            println!("{}", line.trim_end());
+            println!("{}", self.status_line());
         }
+    }
+
+    /// The figures as one line, as printed when stdout is not a terminal: label, steps,
+    /// loss, accuracy, samples/s, the device's memory (with [`EpochProgress::show_memory`])
+    /// and the extra text.
+    pub fn status_line(&self) -> String {
+        let line = format!(
+            "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s{} {}",
+            self.label,
+            self.batches,
+            self.total,
+            self.loss(),
+            100.0 * self.accuracy(),
+            self.samples_per_s(),
+            self.memory_text(),
+            self.extra
+        );
+        line.trim_end().to_string()
     }
 
     /// Extra text shown after the figures (e.g. the current loss scale).
