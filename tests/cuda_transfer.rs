@@ -6,6 +6,7 @@
 
 mod common;
 use common::parity::{emulated, gpu};
+use mantissa::backend::cpu::CpuStorage;
 use mantissa::backend::cuda::runtime::runtime;
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, HostBatch, HostBuffer};
 use mantissa::*;
@@ -123,8 +124,8 @@ fn pinned_batches_upload_on_either_stream() {
     while let Some(h) = it.next_host() {
         let h = h.unwrap();
         assert!(h.x.is_pinned());
-        let want_x = h.x.to_vec();
-        let want_y = h.y.clone();
+        let want_x: Vec<f32> = bytemuck::pod_collect_to_vec(h.x.as_bytes());
+        let want_y: Vec<i64> = bytemuck::pod_collect_to_vec(h.y.as_bytes());
         let b = h.into_batch(d).unwrap();
         assert_eq!(b.x.shape(), &[8, 3, 5]);
         assert_eq!(b.x.to_vec::<f32>().unwrap(), want_x, "batch {k}");
@@ -134,24 +135,35 @@ fn pinned_batches_upload_on_either_stream() {
     assert_eq!(k, 5);
     // A pinned batch taken to the CPU is a copy of the same values.
     let h = dl.epoch(0).next_host().unwrap().unwrap();
-    let want = h.x.to_vec();
+    let want: Vec<f32> = bytemuck::pod_collect_to_vec(h.x.as_bytes());
     let b = h.into_batch(Device::Cpu).unwrap();
     assert_eq!(b.x.to_vec::<f32>().unwrap(), want);
     // A buffer of the wrong length for its shape is refused before any copy.
     let Device::Cuda(n) = d else { unreachable!() };
     let buf = runtime(n).unwrap().pinned_buffer(16).unwrap();
+    let label = || HostBuffer::Heap(CpuStorage::I64(vec![0]));
     let bad = HostBatch {
-        x: HostBuffer::Pinned { buf, len: 4 },
-        y: vec![0],
+        x: HostBuffer::Pinned {
+            buf,
+            dtype: DType::F32,
+            len: 4,
+        },
+        y: label(),
         shape: vec![1, 5],
+        y_shape: vec![1],
     };
     assert!(bad.into_batch(d).is_err());
     // So is one whose length runs past its pinned block, without reading past it.
     let buf = runtime(n).unwrap().pinned_buffer(16).unwrap();
     let past = HostBatch {
-        x: HostBuffer::Pinned { buf, len: 9 },
-        y: vec![0],
+        x: HostBuffer::Pinned {
+            buf,
+            dtype: DType::F32,
+            len: 9,
+        },
+        y: label(),
         shape: vec![1, 9],
+        y_shape: vec![1],
     };
     assert_eq!(past.x.len(), 4);
     assert!(past.into_batch(d).is_err());

@@ -1,7 +1,10 @@
 //! IDX reader errors, DataLoader ordering/shuffling/workers, checkpoints.
 
+use mantissa::backend::cpu::CpuStorage;
 use mantissa::data::mnist::{parse_idx, read_idx, Mnist};
-use mantissa::data::{Batch, DataLoader, DataLoaderConfig, Dataset, HostBatch, HostBuffer};
+use mantissa::data::{
+    Batch, DataLoader, DataLoaderConfig, Dataset, HostBatch, HostBuffer, TensorDataset,
+};
 use mantissa::*;
 use std::io::Write;
 use std::path::Path;
@@ -307,10 +310,13 @@ fn device_batches_report_dataset_errors_and_bad_buffers() {
         assert!(e.to_string().contains("cuda:0"), "{e}");
     }
     // Buffers that do not fit their shape are refused, on every path.
+    let heap = |v: Vec<f32>| HostBuffer::Heap(CpuStorage::F32(v));
+    let labels = |v: Vec<i64>| HostBuffer::Heap(CpuStorage::I64(v));
     let bad = || HostBatch {
-        x: HostBuffer::Heap(vec![0.5; 5]),
-        y: vec![1, 2],
+        x: heap(vec![0.5; 5]),
+        y: labels(vec![1, 2]),
         shape: vec![2, 2],
+        y_shape: vec![2],
     };
     let e = bad().into_batch(Device::Cpu).err().unwrap().to_string();
     assert!(
@@ -318,10 +324,127 @@ fn device_batches_report_dataset_errors_and_bad_buffers() {
         "{e}"
     );
     let wrong_labels = HostBatch {
-        x: HostBuffer::Heap(vec![0.5; 4]),
-        y: vec![1, 2, 3],
+        x: heap(vec![0.5; 4]),
+        y: labels(vec![1, 2, 3]),
         shape: vec![2, 2],
+        y_shape: vec![3],
     };
     assert!(wrong_labels.into_batch(Device::best()).is_err());
     assert!(!bad().x.is_pinned());
+}
+
+/// Token windows and their next tokens (i64) with a per-window f32 weight pair as targets:
+/// shapes and dtypes other than the simple form's.
+fn token_tensors(n: usize) -> (Tensor, Tensor, Tensor) {
+    let tokens: Vec<i64> = (0..n as i64 * 5).map(|v| (v * 7) % 31).collect();
+    let x = Tensor::from_vec(tokens.clone(), &[n, 5], Device::Cpu).unwrap();
+    let next: Vec<i64> = tokens.iter().map(|t| (t + 1) % 31).collect();
+    let y = Tensor::from_vec(next, &[n, 5], Device::Cpu).unwrap();
+    let w: Vec<f32> = (0..n * 2).map(|i| 0.25 * i as f32 - 3.0).collect();
+    (x, y, Tensor::from_vec(w, &[n, 2], Device::Cpu).unwrap())
+}
+
+#[test]
+fn tensor_datasets_of_any_shape_and_dtype_batch_on_every_path() {
+    let n = 11;
+    let (x, y, w) = token_tensors(n);
+    let mut devices = vec![Device::Cpu];
+    if Device::best() != Device::Cpu {
+        devices.push(Device::best());
+    }
+    for device in devices {
+        for (workers, pin) in [(0, None), (2, Some(device))] {
+            for (targets, want_dtype) in [(&y, DType::I64), (&w, DType::F32)] {
+                let ds = TensorDataset::new(&x, targets).unwrap();
+                assert_eq!((ds.len(), ds.feature_dtype()), (n, DType::I64));
+                assert_eq!(ds.target_dtype(), want_dtype);
+                let cfg = DataLoaderConfig {
+                    shuffle: true,
+                    seed: 4,
+                    num_workers: workers,
+                    pin_memory: pin,
+                    ..DataLoaderConfig::new(4)
+                };
+                let mut dl = DataLoader::new(Arc::new(ds), cfg).unwrap();
+                let order: Vec<i64> = dl.order(2).iter().map(|&i| i as i64).collect();
+                let index = Tensor::from_vec(order, &[n], Device::Cpu).unwrap();
+                let (want_x, want_y) = (
+                    x.index_select(0, &index).unwrap(),
+                    targets.index_select(0, &index).unwrap(),
+                );
+                let got: Vec<Batch> = dl.epoch(2).to_device(device).map(|b| b.unwrap()).collect();
+                assert_eq!(got.len(), 3);
+                let cat = |f: &dyn Fn(&Batch) -> &Tensor| {
+                    let parts: Vec<Tensor> = got
+                        .iter()
+                        .map(|b| f(b).to_device(Device::Cpu).unwrap())
+                        .collect();
+                    Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0).unwrap()
+                };
+                assert_eq!(got[0].x.device(), device);
+                assert_eq!(got[0].y.shape(), &[4, targets.shape()[1]]);
+                let what = format!("{device} workers {workers} pin {pin:?} {want_dtype:?}");
+                assert_eq!(
+                    cat(&|b| &b.x).to_le_bytes().unwrap(),
+                    want_x.to_le_bytes().unwrap(),
+                    "{what}"
+                );
+                assert_eq!(
+                    cat(&|b| &b.y).to_le_bytes().unwrap(),
+                    want_y.to_le_bytes().unwrap(),
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn datasets_that_fill_the_wrong_form_are_errors_that_say_so() {
+    let (x, y, _) = token_tensors(3);
+    let err = TensorDataset::new(&x, &y.narrow(0, 0, 2).unwrap())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("[3, 5]") && err.to_string().contains("[2, 5]"),
+        "{err}"
+    );
+    assert!(
+        TensorDataset::new(&Tensor::scalar(1.0, DType::F32, Device::Cpu).unwrap(), &y).is_err()
+    );
+    /// The simple form's `fill`, with targets of two elements declared.
+    struct PairTargets;
+    impl Dataset for PairTargets {
+        fn len(&self) -> usize {
+            2
+        }
+        fn sample_shape(&self) -> Vec<usize> {
+            vec![1]
+        }
+        fn target_shape(&self) -> Vec<usize> {
+            vec![2]
+        }
+        fn fill(&self, _: usize, x: &mut [f32]) -> Result<i64> {
+            x[0] = 1.0;
+            Ok(0)
+        }
+    }
+    /// Neither form.
+    struct Nothing;
+    impl Dataset for Nothing {
+        fn len(&self) -> usize {
+            2
+        }
+        fn sample_shape(&self) -> Vec<usize> {
+            vec![1]
+        }
+    }
+    let first = |ds: Arc<dyn Dataset>| {
+        let mut dl = DataLoader::new(ds, DataLoaderConfig::new(2)).unwrap();
+        dl.epoch(0).next().unwrap().err().unwrap().to_string()
+    };
+    let m = first(Arc::new(PairTargets));
+    assert!(m.contains("fill_sample") && m.contains("2 elements"), "{m}");
+    let m = first(Arc::new(Nothing));
+    assert!(m.contains("neither fill nor fill_sample"), "{m}");
 }

@@ -133,7 +133,12 @@ pub fn transfers(n: usize) -> Result<String> {
     for (i, v) in buf.as_mut_slice::<f32>(len)?.iter_mut().enumerate() {
         *v = (i % 1021) as f32 - 510.0;
     }
-    let mut x = HostBuffer::Pinned { buf, len };
+    let pinned = |buf| HostBuffer::Pinned {
+        buf,
+        dtype: DType::F32,
+        len,
+    };
+    let mut x = pinned(buf);
     let mut pinned_ms = Vec::new();
     let mut queue_ms = Vec::new();
     let mut last = None;
@@ -142,8 +147,9 @@ pub fn transfers(n: usize) -> Result<String> {
         let t0 = Instant::now();
         let b = HostBatch {
             x,
-            y: vec![0],
+            y: HostBuffer::Heap(mantissa::backend::cpu::CpuStorage::I64(vec![0])),
             shape: vec![1, len],
+            y_shape: vec![1],
         }
         .into_batch(d)?;
         queue_ms.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -155,7 +161,7 @@ pub fn transfers(n: usize) -> Result<String> {
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 1021) as f32 - 510.0);
-        x = HostBuffer::Pinned { buf, len };
+        x = pinned(buf);
         last = Some(b.x);
     }
     let got = last.expect("four rounds").to_vec::<f32>()?;

@@ -193,6 +193,11 @@ impl CpuStorage {
         map_all!(self, v => bytemuck::cast_slice(v))
     }
 
+    /// The whole storage's bytes, open for writing (little-endian, as `as_bytes`).
+    pub(crate) fn as_bytes_mut(&mut self) -> &mut [u8] {
+        map_all!(self, v => bytemuck::cast_slice_mut(v))
+    }
+
     /// Storage of `dtype` from raw little-endian bytes; `None` if the length does not fit.
     pub fn from_le_bytes(bytes: &[u8], dtype: DType) -> Option<CpuStorage> {
         fn go<T: CpuElem>(b: &[u8]) -> Option<CpuStorage> {

@@ -1,89 +1,138 @@
-//! A loader's batches on the host (features in ordinary or pinned memory) and their move to a
-//! device: [`HostBatch::into_batch`] one batch at a time on the compute stream, or
-//! [`DeviceBatches`], which uploads the next batches on a copy stream while the compute
-//! stream works on the current one.
+//! A loader's batches on the host (features and targets in ordinary or pinned memory) and
+//! their move to a device: [`HostBatch::into_batch`] one batch at a time on the compute
+//! stream, or [`DeviceBatches`], which uploads the next batches on a copy stream while the
+//! compute stream works on the current one.
 
-use super::Dataset;
+use super::{Dataset, SampleMut};
+use crate::backend::cpu::CpuStorage;
 #[cfg(feature = "cuda-backend")]
 use crate::backend::cuda::{pinned::PinnedBuffer, runtime::CudaRuntime};
-use crate::{Device, Error, Result, Tensor};
+use crate::backend::Storage;
+use crate::layout::checked_numel;
+use crate::{DType, Device, Error, Result, Tensor};
 #[cfg(feature = "cuda-backend")]
 use std::sync::Arc;
 
-/// A batch's features on the host: an ordinary vector, or a block of pinned memory from a
-/// CUDA device's pool (DataLoaderConfig's `pin_memory`), which uploads without a staging
-/// copy and without making the host wait.
+/// A batch's features or targets on the host: ordinary memory, or a block of pinned memory
+/// from a CUDA device's pool (DataLoaderConfig's `pin_memory`), which uploads without a
+/// staging copy and without making the host wait.
 pub enum HostBuffer {
-    Heap(Vec<f32>),
+    /// Ordinary memory, moved into a CPU tensor without a copy.
+    Heap(CpuStorage),
     #[cfg(feature = "cuda-backend")]
     Pinned {
         buf: PinnedBuffer,
+        dtype: DType,
+        /// Elements.
         len: usize,
     },
 }
 
 impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HostBuffer::Heap(v) => write!(f, "HostBuffer::Heap({} floats)", v.len()),
-            #[cfg(feature = "cuda-backend")]
-            HostBuffer::Pinned { buf, len } => {
-                write!(f, "HostBuffer::Pinned({len} floats, {buf:?})")
-            }
-        }
-    }
-}
-
-impl std::ops::Deref for HostBuffer {
-    type Target = [f32];
-
-    fn deref(&self) -> &[f32] {
-        match self {
-            HostBuffer::Heap(v) => v,
-            // Pinned blocks are page-aligned, so the cast cannot fail on alignment. A `len`
-            // beyond the buffer (a hand-made HostBuffer) shows what is there; the batch's
-            // shape check then refuses it.
-            #[cfg(feature = "cuda-backend")]
-            HostBuffer::Pinned { buf, len } => {
-                let b = buf.as_bytes();
-                bytemuck::cast_slice(&b[..(len * 4).min(b.len() / 4 * 4)])
-            }
-        }
+        let (kind, dtype, len) = (self.kind(), self.dtype(), self.len());
+        write!(f, "HostBuffer::{kind}({len} x {dtype:?})")
     }
 }
 
 impl HostBuffer {
-    /// `len` zeros, pinned when `pin` names a CUDA device's pool.
-    fn zeros(len: usize, pin: &PinTarget) -> Result<HostBuffer> {
+    /// `len` zeros of `dtype`, pinned when `pin` names a CUDA device's pool.
+    fn zeros(dtype: DType, len: usize, pin: &PinTarget) -> Result<HostBuffer> {
         #[cfg(feature = "cuda-backend")]
         if let Some(rt) = &pin.rt {
-            let mut buf = rt.pinned_buffer(len * 4)?;
-            buf.as_mut_slice::<f32>(len)?.fill(0.0);
-            return Ok(HostBuffer::Pinned { buf, len });
+            let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
+                Error::invalid("DataLoader", format!("{len} {dtype:?} elements overflow"))
+            })?;
+            let mut buf = rt.pinned_buffer(bytes)?;
+            buf.as_bytes_mut()?.fill(0);
+            return Ok(HostBuffer::Pinned { buf, dtype, len });
         }
         let _ = pin;
-        Ok(HostBuffer::Heap(vec![0.0; len]))
+        Ok(HostBuffer::Heap(CpuStorage::full(0.0, len, dtype)?))
     }
 
-    fn as_mut_slice(&mut self) -> Result<&mut [f32]> {
-        match self {
-            HostBuffer::Heap(v) => Ok(v),
-            #[cfg(feature = "cuda-backend")]
-            HostBuffer::Pinned { buf, len } => buf.as_mut_slice(*len),
+    fn kind(&self) -> &'static str {
+        match self.is_pinned() {
+            true => "Pinned",
+            false => "Heap",
         }
     }
 
-    /// Whether the features are in pinned memory.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostBuffer::Heap(s) => s.dtype(),
+            #[cfg(feature = "cuda-backend")]
+            HostBuffer::Pinned { dtype, .. } => *dtype,
+        }
+    }
+
+    /// Elements (of a pinned buffer: at most what its block holds, whatever `len` says).
+    pub fn len(&self) -> usize {
+        self.as_bytes().len() / self.dtype().size_in_bytes()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements' bytes, in the host's order. A pinned `len` beyond its block shows what
+    /// the block holds; the batch's shape check then refuses it.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            HostBuffer::Heap(s) => s.as_bytes(),
+            #[cfg(feature = "cuda-backend")]
+            HostBuffer::Pinned { buf, dtype, len } => {
+                let b = buf.as_bytes();
+                let size = dtype.size_in_bytes();
+                &b[..len.saturating_mul(size).min(b.len() / size * size)]
+            }
+        }
+    }
+
+    fn as_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        match self {
+            HostBuffer::Heap(s) => Ok(s.as_bytes_mut()),
+            #[cfg(feature = "cuda-backend")]
+            HostBuffer::Pinned { buf, dtype, len } => {
+                let bytes = len.saturating_mul(dtype.size_in_bytes());
+                Ok(&mut buf.as_bytes_mut()?[..bytes])
+            }
+        }
+    }
+
+    /// Whether the elements are in pinned memory.
     pub fn is_pinned(&self) -> bool {
         !matches!(self, HostBuffer::Heap(_))
     }
 
-    /// The features as an ordinary vector (a copy when pinned).
-    pub fn into_vec(self) -> Vec<f32> {
+    /// The elements as ordinary host storage (a copy when pinned).
+    pub fn into_storage(self) -> Result<CpuStorage> {
         match self {
-            HostBuffer::Heap(v) => v,
+            HostBuffer::Heap(s) => Ok(s),
             #[cfg(feature = "cuda-backend")]
-            p @ HostBuffer::Pinned { .. } => p.to_vec(),
+            p @ HostBuffer::Pinned { .. } => CpuStorage::from_le_bytes(p.as_bytes(), p.dtype())
+                .ok_or_else(|| Error::invalid("HostBuffer", "a partial element")),
+        }
+    }
+
+    /// The buffer as a tensor of `shape` on `device` (a pinned block of that device uploads
+    /// from where it is, on the compute stream).
+    fn into_tensor(self, shape: &[usize], device: Device) -> Result<Tensor> {
+        match (self, device) {
+            #[cfg(feature = "cuda-backend")]
+            (
+                HostBuffer::Pinned {
+                    mut buf,
+                    dtype,
+                    len,
+                },
+                d,
+            ) if buf.device() == d => {
+                use crate::backend::cuda::storage::CudaStorage;
+                let s = CudaStorage::from_pinned(&mut buf, dtype, len)?;
+                Ok(Tensor::from_storage(Storage::Cuda(s), shape))
+            }
+            (b, d) => Tensor::from_storage(Storage::Cpu(b.into_storage()?), shape).to_device(d),
         }
     }
 }
@@ -116,37 +165,67 @@ impl PinTarget {
 /// One batch's host buffers, filled by a worker.
 #[derive(Debug)]
 pub struct HostBatch {
-    /// Features, `[n, sample_shape...]` row-major.
+    /// Features, `shape` row-major.
     pub x: HostBuffer,
-    /// Labels, `[n]`.
-    pub y: Vec<i64>,
+    /// Targets, `y_shape` row-major.
+    pub y: HostBuffer,
+    /// `[n, sample_shape...]`.
     pub shape: Vec<usize>,
+    /// `[n, target_shape...]` (`[n]` for class labels).
+    pub y_shape: Vec<usize>,
 }
 
 impl HostBatch {
     pub(crate) fn load(ds: &dyn Dataset, indices: &[usize], pin: &PinTarget) -> Result<HostBatch> {
-        let sample = ds.sample_shape();
-        let per: usize = sample.iter().product();
-        let mut x = HostBuffer::zeros(per * indices.len(), pin)?;
-        let mut y = Vec::with_capacity(indices.len());
-        for (row, &i) in x.as_mut_slice()?.chunks_mut(per.max(1)).zip(indices) {
-            y.push(ds.fill(i, row)?);
+        let n = indices.len();
+        let (sample, target) = (ds.sample_shape(), ds.target_shape());
+        let (per_x, per_y) = (
+            checked_numel("DataLoader", &sample)?,
+            checked_numel("DataLoader", &target)?,
+        );
+        let (dx, dy) = (ds.feature_dtype(), ds.target_dtype());
+        let total = |per: usize| {
+            per.checked_mul(n).ok_or_else(|| {
+                Error::invalid(
+                    "DataLoader",
+                    format!("{n} samples of {per} elements overflow"),
+                )
+            })
+        };
+        let mut x = HostBuffer::zeros(dx, total(per_x)?, pin)?;
+        let mut y = HostBuffer::zeros(dy, total(per_y)?, pin)?;
+        let (rx, ry) = (per_x * dx.size_in_bytes(), per_y * dy.size_in_bytes());
+        let (bx, by) = (x.as_bytes_mut()?, y.as_bytes_mut()?);
+        for (k, &i) in indices.iter().enumerate() {
+            let mut xs = SampleMut::new(&mut bx[k * rx..(k + 1) * rx], dx)?;
+            let mut ys = SampleMut::new(&mut by[k * ry..(k + 1) * ry], dy)?;
+            ds.fill_sample(i, &mut xs, &mut ys)?;
         }
-        let mut shape = vec![indices.len()];
-        shape.extend(sample);
-        Ok(HostBatch { x, y, shape })
+        let shape = [&[n][..], &sample].concat();
+        let y_shape = [&[n][..], &target].concat();
+        Ok(HostBatch {
+            x,
+            y,
+            shape,
+            y_shape,
+        })
     }
 
     fn check(&self, op: &'static str) -> Result<()> {
-        let want: usize = self.shape.iter().product();
-        if self.x.len() != want || self.shape.first() != Some(&self.y.len()) {
+        let fits =
+            |b: &HostBuffer, shape: &[usize]| checked_numel(op, shape).is_ok_and(|n| n == b.len());
+        if !fits(&self.x, &self.shape)
+            || !fits(&self.y, &self.y_shape)
+            || self.shape.first() != self.y_shape.first()
+        {
             return Err(Error::invalid(
                 op,
                 format!(
-                    "{} features and {} labels do not fit shape {:?}",
+                    "{} features and {} targets do not fit shapes {:?} and {:?}",
                     self.x.len(),
                     self.y.len(),
-                    self.shape
+                    self.shape,
+                    self.y_shape
                 ),
             ));
         }
@@ -155,26 +234,17 @@ impl HostBatch {
 
     /// The batch as tensors on `device`. On the CPU ordinary buffers are moved, not copied;
     /// on a CUDA device the upload is queued on the compute stream and the host does not
-    /// wait (pinned features are copied from where they are, others through a pinned
+    /// wait (pinned buffers are copied from where they are, others through a pinned
     /// staging block).
     pub fn into_batch(self, device: Device) -> Result<Batch> {
         self.check("HostBatch::into_batch")?;
-        let n = self.y.len();
-        let y = Tensor::from_vec(self.y, &[n], device)?;
-        let x = match (self.x, device) {
-            #[cfg(feature = "cuda-backend")]
-            (HostBuffer::Pinned { mut buf, len }, d) if buf.device() == d => {
-                use crate::backend::{cuda::storage::CudaStorage, Storage};
-                let s = CudaStorage::from_pinned(&mut buf, crate::DType::F32, len)?;
-                Tensor::from_storage(Storage::Cuda(s), &self.shape)
-            }
-            (x, d) => Tensor::from_vec(x.into_vec(), &self.shape, d)?,
-        };
+        let y = self.y.into_tensor(&self.y_shape, device)?;
+        let x = self.x.into_tensor(&self.shape, device)?;
         Ok(Batch { x, y })
     }
 }
 
-/// A batch of features and labels.
+/// A batch of features and targets.
 pub struct Batch {
     pub x: Tensor,
     pub y: Tensor,
@@ -261,13 +331,30 @@ impl<'a> DeviceBatches<'a> {
     }
 }
 
-/// Queues `host`'s upload to device `n` on the copy stream (features from their pinned
-/// block, or through a staging block; labels through a staging block). The pinned blocks
-/// go back to their pool once the copies from them have run.
+/// `b` in a pinned block of `device`: its own block, or a staging copy; `b` back when
+/// the pinned pool is out of memory.
+#[cfg(feature = "cuda-backend")]
+fn in_pinned_block(
+    rt: &Arc<CudaRuntime>,
+    b: HostBuffer,
+    device: Device,
+) -> Result<std::result::Result<PinnedBuffer, HostBuffer>> {
+    match b {
+        HostBuffer::Pinned { buf, .. } if buf.device() == device => Ok(Ok(buf)),
+        b => match crate::backend::cuda::pinned::staged(rt, b.as_bytes()) {
+            Ok(buf) => Ok(Ok(buf)),
+            Err(Error::OutOfMemory { .. }) => Ok(Err(b)),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// Queues `host`'s upload to device `n` on the copy stream (each buffer from its pinned
+/// block, or through a staging block). The pinned blocks go back to their pool once the
+/// copies from them have run.
 #[cfg(feature = "cuda-backend")]
 fn upload_on_copy_stream(host: HostBatch, n: usize) -> Result<Uploaded> {
-    use crate::backend::{cuda::pinned::staged, cuda::storage::CudaStorage, Storage};
-    use crate::DType;
+    use crate::backend::cuda::storage::CudaStorage;
     host.check("DeviceBatches")?;
     let device = Device::Cuda(n);
     let rt = crate::backend::cuda::runtime::runtime(n)?;
@@ -277,24 +364,39 @@ fn upload_on_copy_stream(host: HostBatch, n: usize) -> Result<Uploaded> {
         device,
         msg: e.to_string(),
     };
-    let (mut xbuf, len) = match host.x {
-        HostBuffer::Pinned { buf, len } if buf.device() == device => (buf, len),
-        x => match staged(&rt, bytemuck::cast_slice(&x)) {
-            Ok(buf) => (buf, x.len()),
-            // Out of pinned memory: the compute stream's path, which falls back to pageable.
-            Err(Error::OutOfMemory { .. }) => {
-                let host = HostBatch { x, ..host };
-                return host
-                    .into_batch(device)
-                    .map(|batch| Uploaded { batch, ready: None });
-            }
-            Err(e) => return Err(e),
-        },
+    let HostBatch {
+        x,
+        y,
+        shape,
+        y_shape,
+    } = host;
+    let ((xd, xl), (yd, yl)) = ((x.dtype(), x.len()), (y.dtype(), y.len()));
+    let (xb, yb) = (
+        in_pinned_block(&rt, x, device)?,
+        in_pinned_block(&rt, y, device)?,
+    );
+    let (mut xbuf, mut ybuf) = match (xb, yb) {
+        (Ok(a), Ok(b)) => (a, b),
+        // Out of pinned memory: the compute stream's path, which falls back to pageable.
+        (a, b) => {
+            let back = |r, dtype, len| match r {
+                Ok(buf) => HostBuffer::Pinned { buf, dtype, len },
+                Err(h) => h,
+            };
+            let (x, y) = (back(a, xd, xl), back(b, yd, yl));
+            let host = HostBatch {
+                x,
+                y,
+                shape,
+                y_shape,
+            };
+            return host
+                .into_batch(device)
+                .map(|batch| Uploaded { batch, ready: None });
+        }
     };
-    let mut ybuf = staged(&rt, bytemuck::cast_slice(&host.y))?;
-    let ny = host.y.len();
-    let xs = CudaStorage::alloc(n, DType::F32, len)?;
-    let ys = CudaStorage::alloc(n, DType::I64, ny)?;
+    let xs = CudaStorage::alloc(n, xd, xl)?;
+    let ys = CudaStorage::alloc(n, yd, yl)?;
     // Recorded after the blocks above were handed out: every kernel that used them before
     // they were freed is queued before this point.
     let queued = rt
@@ -303,14 +405,14 @@ fn upload_on_copy_stream(host: HostBatch, n: usize) -> Result<Uploaded> {
         .map_err(|e| driver("recording the compute stream's progress", e))?;
     copy.wait(&queued)
         .map_err(|e| driver("ordering the copy stream after the compute stream", e))?;
-    if len > 0 {
-        xbuf.upload(xs.ptr(), len * 4, &copy)?;
+    if xl > 0 {
+        xbuf.upload(xs.ptr(), xl * xd.size_in_bytes(), &copy)?;
     }
-    if ny > 0 {
-        ybuf.upload(ys.ptr(), ny * 8, &copy)?;
+    if yl > 0 {
+        ybuf.upload(ys.ptr(), yl * yd.size_in_bytes(), &copy)?;
     }
-    let x = Tensor::from_storage(Storage::Cuda(xs), &host.shape);
-    let y = Tensor::from_storage(Storage::Cuda(ys), &[ny]);
+    let x = Tensor::from_storage(Storage::Cuda(xs), &shape);
+    let y = Tensor::from_storage(Storage::Cuda(ys), &y_shape);
     let event = copy
         .record_event(None)
         .map_err(|e| driver("recording an upload's end", e))?;
