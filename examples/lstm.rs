@@ -1,22 +1,31 @@
 //! Trains a character-level LSTM language model (embedding, stacked `nn::Lstm`, linear to the
 //! vocabulary) on a text, reports held-out bits per character and samples from it; or, with
-//! `--synthetic`, measures training tokens/s on random tokens (W4 of BENCHMARKS.md: 2 layers, hidden
-//! 512, sequence 100, batch 64, AMP).
+//! `--synthetic`, measures training tokens/s on random tokens (W4 of BENCHMARKS.md: 2 layers,
+//! hidden 512, sequence 100, batch 64, AMP).
 //!
 //! ```text
-//! cargo run --release --example lstm -- --hidden 128 --steps 300
+//! cargo run --release --example lstm -- --hidden 128 --epochs 20
 //! cargo run --release --example lstm -- --synthetic --device cuda --precision bf16
 //! ```
 //! Without `--text` it trains on this crate's README and BENCHMARKS (bundled at build time).
-//! Adam with a one-cycle schedule, gradients clipped to norm 1 (unscaled first under fp16).
+//! The text's windows of `--seq-len` characters (every `--seq-len / 2`, each with the
+//! characters that follow it as targets) come from a `DataLoader` with workers and pinned
+//! memory like the other examples' images; each epoch ends with the held-out last tenth of
+//! the text, and `runs/lstm` gets `metrics.csv` and `curves.png` (loss, and per-character
+//! accuracy). Adam with a one-cycle schedule, gradients clipped to norm 1 (unscaled first
+//! under fp16).
 
 use clap::Parser;
 use mantissa::amp::{GradScaler, GradScalerConfig};
+use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, SampleMut};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{autocast_maybe, step_fits};
+use mantissa::train::{
+    autocast_maybe, plot_metrics, step_fits, EpochMetrics, EpochProgress, MetricsLog,
+};
 use mantissa::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
@@ -45,7 +54,10 @@ struct Args {
     /// The batch size in use (--batch-size, resolved).
     #[arg(skip)]
     batch: usize,
-    /// Training steps (with --synthetic: timed, after --warmup steps).
+    /// Passes over the text's windows.
+    #[arg(long, default_value_t = 20)]
+    epochs: usize,
+    /// With --synthetic: steps timed, after --warmup steps.
     #[arg(long, default_value_t = 200)]
     steps: usize,
     #[arg(long, default_value_t = 3)]
@@ -56,6 +68,9 @@ struct Args {
     #[command(flatten)]
     run: RunFlags,
 }
+
+/// Where metrics.csv, curves.png and a profile's trace.json go.
+const OUT: &str = "runs/lstm";
 
 const BUNDLED: &str = concat!(
     include_str!("../README.md"),
@@ -105,23 +120,110 @@ impl Module for CharModel {
     }
 }
 
-/// `count` windows of `len + 1` tokens from `data`, at random starts: inputs and next-token
-/// targets, `[count, len]` each.
-fn windows(data: &[i64], count: usize, len: usize, g: &mut Generator) -> Result<(Tensor, Tensor)> {
-    let span = data.len() - len - 1;
-    let (mut x, mut y) = (
-        Vec::with_capacity(count * len),
-        Vec::with_capacity(count * len),
-    );
-    for u in g.uniform(count) {
-        let s = ((u * span as f64) as usize).min(span - 1);
-        x.extend_from_slice(&data[s..s + len]);
-        y.extend_from_slice(&data[s + 1..s + len + 1]);
+/// Windows of `len` tokens of a text, one every `stride`, each with the `len` tokens that
+/// follow it one position on as targets (`[len]` i64 each).
+struct CharWindows {
+    tokens: Vec<i64>,
+    len: usize,
+    stride: usize,
+}
+
+impl Dataset for CharWindows {
+    fn len(&self) -> usize {
+        (self.tokens.len() - 1 - self.len) / self.stride + 1
     }
+    fn sample_shape(&self) -> Vec<usize> {
+        vec![self.len]
+    }
+    fn feature_dtype(&self) -> DType {
+        DType::I64
+    }
+    fn target_shape(&self) -> Vec<usize> {
+        vec![self.len]
+    }
+    fn fill_sample(&self, i: usize, x: &mut SampleMut, y: &mut SampleMut) -> Result<()> {
+        let s = i * self.stride;
+        x.as_mut::<i64>()?
+            .copy_from_slice(&self.tokens[s..s + self.len]);
+        y.as_mut::<i64>()?
+            .copy_from_slice(&self.tokens[s + 1..s + self.len + 1]);
+        Ok(())
+    }
+}
+
+/// `count` windows of `len` random tokens below `vocab` and their next tokens, on `device`.
+fn random_batch(
+    count: usize,
+    len: usize,
+    vocab: usize,
+    device: Device,
+    g: &mut Generator,
+) -> Result<(Tensor, Tensor)> {
+    let tok: Vec<i64> = g
+        .uniform(count * (len + 1))
+        .iter()
+        .map(|u| (u * (vocab as f64 - 0.01)) as i64)
+        .collect();
+    let rows = |off: usize| -> Vec<i64> {
+        tok.chunks(len + 1)
+            .flat_map(|w| w[off..off + len].to_vec())
+            .collect()
+    };
     Ok((
-        Tensor::from_vec(x, &[count, len], Device::Cpu)?,
-        Tensor::from_vec(y, &[count, len], Device::Cpu)?,
+        Tensor::from_vec(rows(0), &[count, len], device)?,
+        Tensor::from_vec(rows(1), &[count, len], device)?,
     ))
+}
+
+/// One training step: the loss under autocast, the scaled backward, gradients unscaled and
+/// clipped to norm 1, the optimizer step through the scaler. Returns the loss and the logits
+/// (on the device; nothing is read back).
+fn train_step(
+    net: &CharModel,
+    opt: &mut Adam,
+    scaler: &mut GradScaler,
+    low: Option<DType>,
+    (x, y): (&Tensor, &Tensor),
+) -> Result<(Tensor, Tensor)> {
+    let (loss, logits) = autocast_maybe(low, || {
+        let logits = net.forward(x)?;
+        Ok((loss_of(&logits, y)?, logits))
+    })?;
+    opt.zero_grad();
+    scaler.scale(&loss)?.backward()?;
+    scaler.unscale_(opt)?;
+    clip_grad_norm(&net.parameters(), 1.0)?;
+    scaler.step(opt)?;
+    scaler.update()?;
+    Ok((loss, logits))
+}
+
+/// Characters whose largest logit is the target's.
+fn hits(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
+    logits
+        .argmax(2, false)?
+        .eq(y)?
+        .to_dtype(DType::F32)?
+        .sum_all()
+}
+
+/// Mean loss and accuracy per character of the windows of `loader`.
+fn evaluate(
+    net: &CharModel,
+    loader: &mut DataLoader,
+    device: Device,
+    low: Option<DType>,
+) -> Result<(f64, f64)> {
+    let (mut loss, mut correct, mut n) = (0.0, 0.0, 0.0);
+    for b in loader.epoch(0).to_device(device) {
+        let b = b?;
+        let logits = no_grad(|| autocast_maybe(low, || net.forward(&b.x)))?;
+        let chars = b.y.numel() as f64;
+        loss += no_grad(|| loss_of(&logits, &b.y))?.item()? * chars;
+        correct += hits(&logits, &b.y)?.item()?;
+        n += chars;
+    }
+    Ok((loss / n.max(1.0), correct / n.max(1.0)))
 }
 
 /// Mean cross-entropy of the logits `[b, s, v]` against targets `[b, s]`.
@@ -134,12 +236,12 @@ fn loss_of(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
 
 fn run(mut args: Args) -> Result<()> {
     let (device, low, _) = args.run.open()?;
-    if args.seq_len == 0 || args.steps == 0 {
+    if args.seq_len == 0 || args.steps == 0 || args.epochs == 0 {
         return Err(Error::Invalid {
             op: "lstm",
             msg: format!(
-                "--seq-len {} and --steps {} must be at least 1",
-                args.seq_len, args.steps
+                "--seq-len {}, --steps {} and --epochs {} must be at least 1",
+                args.seq_len, args.steps, args.epochs
             ),
         });
     }
@@ -196,94 +298,164 @@ fn run(mut args: Args) -> Result<()> {
         args.run.precision,
         rayon::current_num_threads()
     );
-    let total = if args.synthetic {
-        args.warmup + args.steps
-    } else {
-        args.steps
+    let mut run = Run {
+        args: &args,
+        net: &mut net,
+        opt: &mut opt,
+        scaler: &mut scaler,
+        device,
+        low,
     };
-    let cycle = OneCycle::new(args.lr, total);
-    // Synthetic data: one fixed batch of random tokens on the device.
-    let fixed = if args.synthetic {
-        let tok: Vec<i64> = g
-            .uniform(args.batch * (args.seq_len + 1))
-            .iter()
-            .map(|u| (u * 255.99) as i64)
-            .collect();
-        let (x, y) = windows(&tok, args.batch, args.seq_len, &mut Generator::new(0))?;
-        Some((x.to_device(device)?, y.to_device(device)?))
-    } else {
-        None
-    };
-    let mut start = Instant::now();
-    let mut profile = common::StepProfile::new(&args.run, std::path::Path::new("runs/lstm"));
-    // Timed synthetic runs profile steps of their own after the timed ones (profiling adds
-    // an event pair per launch); a run on text profiles its first steps after the warm-up.
-    let extra = match args.synthetic && args.run.profile > 0 {
-        true => args.run.profile_warmup + args.run.profile,
-        false => 0,
-    };
-    let mut secs = 0.0;
-    for step in 0..total + extra {
-        opt.set_lr(cycle.lr(step.min(total - 1)));
-        let (x, y) = match &fixed {
-            Some((x, y)) => (x.clone(), y.clone()),
-            None => {
-                let (x, y) = windows(train, args.batch, args.seq_len, &mut g)?;
-                (x.to_device(device)?, y.to_device(device)?)
-            }
-        };
-        let loss = autocast_maybe(low, || loss_of(&net.forward(&x)?, &y))?;
-        opt.zero_grad();
-        scaler.scale(&loss)?.backward()?;
-        scaler.unscale_(&mut opt)?;
-        clip_grad_norm(&net.parameters(), 1.0)?;
-        scaler.step(&mut opt)?;
-        scaler.update()?;
-        if !args.synthetic || step >= total {
-            profile.step()?;
-        }
-        if args.synthetic && step + 1 == args.warmup {
-            loss.item()?;
-            start = Instant::now();
-        }
-        // Reading the loss waits for the device: the last step's read ends the timing.
-        if step + 1 == total || !args.synthetic && step % 50 == 0 {
-            let l = loss.item()?;
-            println!(
-                "step {step}: loss {l:.3} ({:.2} bits/char)",
-                l / std::f64::consts::LN_2
-            );
-        }
-        if step + 1 == total {
-            secs = start.elapsed().as_secs_f64();
-        }
-    }
-    let timed = if args.synthetic { args.steps } else { total };
-    let tokens = (timed * args.batch * args.seq_len) as f64;
-    println!(
-        "{} training tokens/s ({timed} steps in {secs:.2} s)",
-        (tokens / secs).round()
-    );
-    common::print_peak_memory("mantissa training", device)?;
-    profile.finish()?;
     if args.synthetic {
-        return Ok(());
+        return run.synthetic(&mut g);
     }
-    // Held-out bits per character, on windows of the last tenth of the text.
-    net.set_training(false);
-    let (x, y) = windows(test, args.batch, args.seq_len, &mut Generator::new(7))?;
-    let l = no_grad(|| {
-        autocast_maybe(low, || {
-            loss_of(&net.forward(&x.to_device(device)?)?, &y.to_device(device)?)
-        })
-    })?
-    .item()?;
-    println!(
-        "held-out: {:.3} bits/char (uniform over the vocabulary: {:.2})",
-        l / std::f64::consts::LN_2,
-        (vocab as f64).log2()
-    );
-    // A greedy continuation of the text's first characters, one character at a time.
+    run.train_text(train, test)?;
+    run.net.set_training(false);
+    sample(run.net, &data, &chars, device)
+}
+
+/// A run's model, optimizer, loss scaler and setting.
+struct Run<'a> {
+    args: &'a Args,
+    net: &'a mut CharModel,
+    opt: &'a mut Adam,
+    scaler: &'a mut GradScaler,
+    device: Device,
+    low: Option<DType>,
+}
+
+impl Run<'_> {
+    fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
+        train_step(self.net, self.opt, self.scaler, self.low, (x, y))
+    }
+
+    /// Tokens/s of --steps training steps on one fixed batch of random tokens on the device,
+    /// timed after --warmup steps (no loader in the measurement).
+    fn synthetic(&mut self, g: &mut Generator) -> Result<()> {
+        let args = self.args;
+        let (b, len) = (args.batch, args.seq_len);
+        let (x, y) = random_batch(b, len, 256, self.device, g)?;
+        let total = args.warmup + args.steps;
+        let cycle = OneCycle::new(args.lr, total);
+        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT));
+        // Profiled steps run after the timed ones (profiling adds an event pair per launch).
+        let extra = match args.run.profile > 0 {
+            true => args.run.profile_warmup + args.run.profile,
+            false => 0,
+        };
+        let (mut start, mut secs) = (Instant::now(), 0.0);
+        for step in 0..total + extra {
+            self.opt.set_lr(cycle.lr(step.min(total - 1)));
+            let (loss, _) = self.step(&x, &y)?;
+            if step >= total {
+                profile.step()?;
+            }
+            if step + 1 == args.warmup {
+                loss.item()?;
+                start = Instant::now();
+            }
+            // Reading the loss waits for the device: the last step's read ends the timing.
+            if step + 1 == total {
+                let l = loss.item()?;
+                secs = start.elapsed().as_secs_f64();
+                println!(
+                    "step {step}: loss {l:.3} ({:.2} bits/char)",
+                    l / std::f64::consts::LN_2
+                );
+            }
+        }
+        let tokens = (args.steps * b * len) as f64;
+        println!(
+            "{} training tokens/s ({} steps in {secs:.2} s)",
+            (tokens / secs).round(),
+            args.steps
+        );
+        common::print_peak_memory("mantissa training", self.device)?;
+        profile.finish()
+    }
+
+    /// --epochs over the windows of `train` from a loader, each followed by the held-out
+    /// windows of `test`; metrics.csv and curves.png in `runs/lstm`.
+    fn train_text(&mut self, train: &[i64], test: &[i64]) -> Result<()> {
+        let (args, device) = (self.args, self.device);
+        let windows = |tokens: &[i64], stride: usize| {
+            Arc::new(CharWindows {
+                tokens: tokens.to_vec(),
+                len: args.seq_len,
+                stride,
+            })
+        };
+        let cfg = DataLoaderConfig {
+            num_workers: args.run.workers,
+            pin_memory: Some(device),
+            ..DataLoaderConfig::new(args.batch)
+        };
+        let shuffled = DataLoaderConfig {
+            shuffle: true,
+            seed: args.run.seed,
+            ..cfg
+        };
+        let stride = (args.seq_len / 2).max(1);
+        let mut train_dl = DataLoader::new(windows(train, stride), shuffled)?;
+        let mut test_dl = DataLoader::new(windows(test, args.seq_len), cfg)?;
+        let steps = train_dl.len();
+        let cycle = OneCycle::new(args.lr, args.epochs * steps);
+        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT));
+        let mut log = MetricsLog::default();
+        let bits = |nats: f64| nats / std::f64::consts::LN_2;
+        for epoch in 0..args.epochs {
+            self.net.set_training(true);
+            let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
+            let mut bar = EpochProgress::new(&label, steps);
+            bar.show_memory(device);
+            for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
+                let b = b?;
+                self.opt.set_lr(cycle.lr(epoch * steps + k));
+                let (loss, logits) = self.step(&b.x, &b.y)?;
+                let right = no_grad(|| hits(&logits, &b.y))?;
+                bar.step_tensors(b.y.numel(), &loss, &right)?;
+                profile.step()?;
+            }
+            bar.finish()?;
+            self.net.set_training(false);
+            let (test_loss, test_acc) = evaluate(self.net, &mut test_dl, device, self.low)?;
+            println!(
+                "epoch {}: train {:.3} bits/char, acc {:.2}% | held-out {:.3} bits/char, acc {:.2}% | {:.1} s, {:.0} characters/s",
+                epoch + 1,
+                bits(bar.loss()),
+                100.0 * bar.accuracy(),
+                bits(test_loss),
+                100.0 * test_acc,
+                bar.seconds(),
+                bar.samples_per_s()
+            );
+            log.push(EpochMetrics {
+                epoch: epoch + 1,
+                train_loss: bar.loss(),
+                train_acc: bar.accuracy(),
+                test_loss,
+                test_acc,
+                lr: self.opt.lr(),
+                seconds: bar.seconds(),
+                samples_per_s: bar.samples_per_s(),
+                memory: memory::memory_stats(device).ok(),
+            });
+            log.write_csv(&Path::new(OUT).join("metrics.csv"))?;
+            plot_metrics(&log, &Path::new(OUT).join("curves.png"))?;
+        }
+        common::print_peak_memory("mantissa training", device)?;
+        profile.finish()?;
+        println!(
+            "metrics (per character: loss, accuracy, characters/s) and curves in {OUT}; \
+             uniform over the vocabulary would be {:.2} bits/char",
+            (self.net.head.weight.shape()[0] as f64).log2()
+        );
+        Ok(())
+    }
+}
+
+/// A greedy continuation of the text's first characters, one character at a time.
+fn sample(net: &CharModel, data: &[i64], chars: &[char], device: Device) -> Result<()> {
     let mut seq: Vec<i64> = data[..data.len().min(20)].to_vec();
     let prompt = Tensor::from_vec(seq.clone(), &[1, seq.len()], Device::Cpu)?.to_device(device)?;
     let (mut logits, mut state) = no_grad(|| net.step(&prompt, None))?;
@@ -294,8 +466,8 @@ fn run(mut args: Args) -> Result<()> {
         let t = Tensor::from_vec(vec![next], &[1, 1], Device::Cpu)?.to_device(device)?;
         (logits, state) = no_grad(|| net.step(&t, Some((&state.0, &state.1))))?;
     }
-    let sample: String = seq.iter().map(|&k| chars[k as usize]).collect();
-    println!("sample: {sample:?}");
+    let text: String = seq.iter().map(|&k| chars[k as usize]).collect();
+    println!("sample: {text:?}");
     Ok(())
 }
 

@@ -190,7 +190,7 @@ fn memory_statistics_name_the_device_they_cannot_count() {
             bar.show_memory(d);
             let line = bar.status_line();
             assert!(
-                line.contains(" mem ") && line.contains(" GiB peak "),
+                line.contains(" mem ") && line.contains("iB peak "),
                 "{line}"
             );
             bar.show_memory(Device::Cpu);

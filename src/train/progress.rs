@@ -81,12 +81,17 @@ impl EpochProgress {
         let Some(stats) = self.device.and_then(|d| memory::memory_stats(d).ok()) else {
             return String::new();
         };
-        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        // GiB, or MiB while the reservation is below one GiB.
+        let (unit, scale) = match stats.reserved.max(stats.peak_allocated) >= 1 << 30 {
+            true => ("GiB", (1u64 << 30) as f64),
+            false => ("MiB", (1u64 << 20) as f64),
+        };
+        let v = |b: usize| b as f64 / scale;
         format!(
-            " mem {:.2}/{:.2} GiB peak {:.2}",
-            gib(stats.allocated),
-            gib(stats.reserved),
-            gib(stats.peak_allocated)
+            " mem {:.2}/{:.2} {unit} peak {:.2}",
+            v(stats.allocated),
+            v(stats.reserved),
+            v(stats.peak_allocated)
         )
     }
 
