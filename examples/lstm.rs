@@ -20,9 +20,7 @@ use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, SampleMut};
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{
-    autocast_maybe, plot_metrics, step_fits, EpochMetrics, EpochProgress, MetricsLog,
-};
+use mantissa::train::{autocast_maybe, plot_metrics, step_fits, EpochProgress, MetricsLog};
 use mantissa::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -429,17 +427,7 @@ impl Run<'_> {
                 bar.seconds(),
                 bar.samples_per_s()
             );
-            log.push(EpochMetrics {
-                epoch: epoch + 1,
-                train_loss: bar.loss(),
-                train_acc: bar.accuracy(),
-                test_loss,
-                test_acc,
-                lr: self.opt.lr(),
-                seconds: bar.seconds(),
-                samples_per_s: bar.samples_per_s(),
-                memory: memory::memory_stats(device).ok(),
-            });
+            log.push(bar.metrics(epoch + 1, (test_loss, test_acc), self.opt.lr()));
             log.write_csv(&Path::new(OUT).join("metrics.csv"))?;
             plot_metrics(&log, &Path::new(OUT).join("curves.png"))?;
         }

@@ -12,7 +12,7 @@ use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
     classifier_fits, classify_micro_step, evaluate_classifier, plot_metrics, Accumulation,
-    EpochMetrics, EpochProgress, MetricsLog,
+    EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::PathBuf;
@@ -306,17 +306,7 @@ fn run(args: Args) -> Result<()> {
         bar.finish()?;
         net.eval();
         let (test_loss, test_acc) = evaluate_classifier(&net, &mut test_dl, device, low, format)?;
-        let m = EpochMetrics {
-            epoch: epoch + 1,
-            train_loss: bar.loss(),
-            train_acc: bar.accuracy(),
-            test_loss,
-            test_acc,
-            lr: opt.lr(),
-            seconds: bar.seconds(),
-            samples_per_s: bar.samples_per_s(),
-            memory: memory::memory_stats(device).ok(),
-        };
+        let m = bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr());
         println!(
             "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} samples/s",
             m.epoch,

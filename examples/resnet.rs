@@ -18,7 +18,7 @@ use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
     classifier_fits, classify_micro_step, classify_step, evaluate_classifier, plot_metrics,
-    Accumulation, EpochMetrics, EpochProgress, MetricsLog,
+    Accumulation, EpochProgress, MetricsLog,
 };
 use mantissa::*;
 use std::path::Path;
@@ -314,17 +314,7 @@ fn train_mnist(
             bar.seconds(),
             bar.samples_per_s()
         );
-        log.push(EpochMetrics {
-            epoch: epoch + 1,
-            train_loss: bar.loss(),
-            train_acc: bar.accuracy(),
-            test_loss,
-            test_acc,
-            lr: opt.lr(),
-            seconds: bar.seconds(),
-            samples_per_s: bar.samples_per_s(),
-            memory: memory::memory_stats(device).ok(),
-        });
+        log.push(bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr()));
         let out = Path::new(TRACE_DIR);
         log.write_csv(&out.join("metrics.csv"))?;
         plot_metrics(&log, &out.join("curves.png"))?;

@@ -41,7 +41,7 @@ impl Dataset for Blobs {
     }
 }
 
-fn train_epoch(m: &Sequential, opt: &mut Sgd, dl: &mut DataLoader, epoch: usize) {
+fn train_epoch(m: &Sequential, opt: &mut dyn Optimizer, dl: &mut DataLoader, epoch: usize) {
     for b in dl.epoch(epoch) {
         let b = b.unwrap();
         let loss = m
@@ -187,21 +187,6 @@ fn dropout_model(seed: u64) -> Sequential {
         .push(Linear::new(3 * 4 * 4, 4, true, &mut g).unwrap())
 }
 
-/// One epoch of SGLD over Blobs.
-fn sgld_epoch(m: &Sequential, opt: &mut Sgld, dl: &mut DataLoader, epoch: usize) {
-    for b in dl.epoch(epoch) {
-        let b = b.unwrap();
-        let loss = m
-            .forward(&b.x)
-            .unwrap()
-            .cross_entropy(&b.y, Default::default())
-            .unwrap();
-        opt.zero_grad();
-        loss.backward().unwrap();
-        opt.step().unwrap();
-    }
-}
-
 #[test]
 fn dropout_and_sgld_streams_resume_where_they_stood() {
     let cfg = DataLoaderConfig {
@@ -217,12 +202,12 @@ fn dropout_and_sgld_streams_resume_where_they_stood() {
     let full = dropout_model(1);
     let mut opt = Sgld::new(full.parameters(), sgd, 1e-3, 11).unwrap();
     let mut dl = DataLoader::new(Arc::new(Blobs), cfg).unwrap();
-    sgld_epoch(&full, &mut opt, &mut dl, 0);
+    train_epoch(&full, &mut opt, &mut dl, 0);
     checkpoint::save(&p, &full, Some(&opt), &[]).unwrap();
     let saved = checkpoint::read(&p).unwrap().0;
     assert!(saved.contains_key("model.2.generator"));
     assert!(saved.contains_key("optim.generator"));
-    sgld_epoch(&full, &mut opt, &mut dl, 1);
+    train_epoch(&full, &mut opt, &mut dl, 1);
 
     // Another model and optimizer seed: the checkpoint brings both streams.
     let mut resumed = dropout_model(5);
@@ -230,7 +215,7 @@ fn dropout_and_sgld_streams_resume_where_they_stood() {
     checkpoint::load(&p, &mut resumed, Some(&mut opt2)).unwrap();
     assert_eq!(opt2.generator(), opt.generator().map(|_| saved_gen(&saved)));
     let mut dl2 = DataLoader::new(Arc::new(Blobs), cfg).unwrap();
-    sgld_epoch(&resumed, &mut opt2, &mut dl2, 1);
+    train_epoch(&resumed, &mut opt2, &mut dl2, 1);
     assert_eq!(all_values(&resumed), all_values(&full));
     assert_eq!(opt2.generator(), opt.generator());
     std::fs::remove_dir_all(p.parent().unwrap()).unwrap();

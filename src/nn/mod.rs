@@ -75,15 +75,20 @@ pub trait Module: Send + Sync {
         false
     }
 
-    /// Parameters with their names.
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+    /// The tensors of one kind with their names, in a stable order.
+    fn named_tensors(&self, kind: TensorKind) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
         self.visit("", &mut |n, t, k| {
-            if k == TensorKind::Parameter {
+            if k == kind {
                 out.push((n, t.clone()))
             }
         });
         out
+    }
+
+    /// Parameters with their names.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.named_tensors(TensorKind::Parameter)
     }
 
     /// Parameters, in a stable order.
@@ -96,24 +101,12 @@ pub trait Module: Send + Sync {
 
     /// Buffers (running statistics and the like) with their names.
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        self.visit("", &mut |n, t, k| {
-            if k == TensorKind::Buffer {
-                out.push((n, t.clone()))
-            }
-        });
-        out
+        self.named_tensors(TensorKind::Buffer)
     }
 
     /// Generator states (a [`Dropout`]'s stream position) with their names.
     fn named_generators(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        self.visit("", &mut |n, t, k| {
-            if k == TensorKind::Generator {
-                out.push((n, t.clone()))
-            }
-        });
-        out
+        self.named_tensors(TensorKind::Generator)
     }
 
     /// Number of trainable scalars.

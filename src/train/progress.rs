@@ -2,6 +2,7 @@
 //! lines on stdout instead without the `train-ui` feature, or when stdout is not a terminal (a
 //! CI log, `| tee`).
 
+use super::EpochMetrics;
 use crate::{memory, Device, Result, Tensor};
 use std::time::Instant;
 
@@ -216,6 +217,29 @@ impl EpochProgress {
     }
     pub fn samples_per_s(&self) -> f64 {
         self.samples as f64 / self.seconds().max(1e-9)
+    }
+
+    /// The epoch's metrics: its number, the bar's loss, accuracy, time and throughput, the
+    /// held-out `(loss, accuracy)`, the learning rate, and the memory of the device given to
+    /// [`EpochProgress::show_memory`] (none without one). Call after
+    /// [`EpochProgress::finish`].
+    pub fn metrics(
+        &self,
+        epoch: usize,
+        (test_loss, test_acc): (f64, f64),
+        lr: f64,
+    ) -> EpochMetrics {
+        EpochMetrics {
+            epoch,
+            train_loss: self.loss(),
+            train_acc: self.accuracy(),
+            test_loss,
+            test_acc,
+            lr,
+            seconds: self.seconds(),
+            samples_per_s: self.samples_per_s(),
+            memory: self.device.and_then(|d| memory::memory_stats(d).ok()),
+        }
     }
 
     /// Reads what is pending and ends the bar (leaves it on screen).
