@@ -129,6 +129,26 @@ __device__ void binary_contiguous(int op, const T* x, const T* y, T* out, i64 n)
     }
 }
 
+// out[i] = f'(x[i]) * g[i] on contiguous operands: vector loads as in the forward, no index
+// arithmetic (the strided kernel's 64-bit divisions per dimension cost more than the bytes).
+template <typename T>
+__device__ void unary_grad_contiguous(int op, float a, const T* x, const T* g, T* out, i64 n) {
+    const int V = 16 / sizeof(T);
+    i64 nv = aligned16(x, g, out) ? n / V : 0;
+    FOR_EACH(i, nv) {
+        Vec16<T> u = reinterpret_cast<const Vec16<T>*>(x)[i];
+        Vec16<T> w = reinterpret_cast<const Vec16<T>*>(g)[i];
+        #pragma unroll
+        for (int j = 0; j < V; ++j)
+            u.v[j] = from_f32<T>(unary_df(op, a, to_f32(u.v[j])) * to_f32(w.v[j]));
+        reinterpret_cast<Vec16<T>*>(out)[i] = u;
+    }
+    FOR_EACH(i, n - nv * V) {
+        i64 k = nv * V + i;
+        out[k] = from_f32<T>(unary_df(op, a, to_f32(x[k])) * to_f32(g[k]));
+    }
+}
+
 #define ELEMENTWISE(T)                                                                         \
     /* out[i] = f(x[i]); contiguous input. */                                                   \
     extern "C" __global__ void unary_##T(int op, float a, float b, const T* x, T* out, i64 n) { \
@@ -139,6 +159,10 @@ __device__ void binary_contiguous(int op, const T* x, const T* y, T* out, i64 n)
         FOR_EACH(i, n) out[i] = from_f32<T>(unary_f(op, a, b, to_f32(x[strided_index(lx, i)]))); \
     }                                                                                          \
     /* out[i] = f'(x[i]) * g[i]: the backward of a unary op. */                                \
+    extern "C" __global__ void unary_grad_contiguous_##T(int op, float a, const T* x,           \
+                                                         const T* g, T* out, i64 n) {           \
+        unary_grad_contiguous<T>(op, a, x, g, out, n);                                         \
+    }                                                                                          \
     extern "C" __global__ void unary_grad_##T(int op, float a, const T* x, Strided lx,          \
                                               const T* g, Strided lg, T* out, i64 n) {          \
         FOR_EACH(i, n) {                                                                       \

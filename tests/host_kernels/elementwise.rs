@@ -23,6 +23,7 @@ const UNARY_OPS: [UnaryOp; UnaryOp::ALL.len()] = UnaryOp::ALL;
 
 type Unary<T> = unsafe extern "C" fn(i32, f32, f32, *const T, *mut T, i64) -> ();
 type Binary<T> = unsafe extern "C" fn(i32, *const T, *const T, *mut T, i64) -> ();
+type UnaryGradContiguous<T> = unsafe extern "C" fn(i32, f32, *const T, *const T, *mut T, i64) -> ();
 
 /// A start index into `v` whose address is 16-byte aligned, plus `skew` elements.
 fn start<T>(v: &[T], skew: usize) -> usize {
@@ -82,6 +83,28 @@ fn elementwise_in<T: crate::dtype::WithDType>(lib: &Library, t: &str, tol: f64) 
             };
             let want = to_vec(x.storage().unary(&l, op).unwrap());
             check(&out[so..so + n], want, &format!("{op:?} skew {skew}"));
+        }
+        // The backward on contiguous operands (y as the incoming gradient).
+        for op in unary {
+            let (code, a, _) = crate::backend::cuda::elementwise::unary_code(op);
+            let f: UnaryGradContiguous<T> = function(lib, &format!("unary_grad_contiguous_{t}"));
+            // SAFETY: every buffer holds n elements from its start.
+            unsafe {
+                f(
+                    code,
+                    a,
+                    xa[sx..].as_ptr(),
+                    ya[sy..].as_ptr(),
+                    out[so..].as_mut_ptr(),
+                    n as i64,
+                )
+            };
+            let want = to_vec(x.storage().unary_grad(&l, &y.storage(), &l, op).unwrap());
+            check(
+                &out[so..so + n],
+                want,
+                &format!("{op:?} backward skew {skew}"),
+            );
         }
         for op in BINARY_OPS {
             let f: Binary<T> = function(lib, &format!("binary_{t}"));

@@ -70,6 +70,24 @@ pub(crate) fn unary_grad(
     let n = lx.numel();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     let ((code, a, _), dst, n64) = (unary_code(op), out.ptr(), n as i64);
+    if lx.is_contiguous() && lg.is_contiguous() {
+        let (xp, gp) = (x.ptr_at(lx.offset()), g.ptr_at(lg.offset()));
+        launch!(
+            bytes = 3 * elems(n, x.dtype());
+            x,
+            KernelFile::Elementwise,
+            format!("unary_grad_contiguous_{t}"),
+            // At least four elements a thread, as the forward.
+            grid(n.div_ceil(4)),
+            &code,
+            &a,
+            &xp,
+            &gp,
+            &dst,
+            &n64
+        );
+        return Ok(out);
+    }
     let (xp, sx, gp, sg) = (
         x.ptr(),
         Strided::new("unary_grad", lx)?,
