@@ -54,8 +54,15 @@ fn step_on(d: Device) -> Result<(f64, Vec<f64>)> {
 /// One training step (forward, backward, Adam) on the GPU and on the CPU from the same
 /// weights and batch, in exact f32 (TF32 off by default).
 pub fn training_step(d: Device) -> Result<String> {
+    use mantissa::backend::cuda::conv::{cudnn_allow_tf32, set_cudnn_allow_tf32};
     let (cpu_loss, cpu) = step_on(Device::Cpu)?;
-    let (gpu_loss, gpu) = step_on(d)?;
+    // Exact f32 convolutions, so that the difference measures the engine, not TF32's
+    // rounding (on by default for convolutions, as in PyTorch).
+    let tf32 = cudnn_allow_tf32();
+    set_cudnn_allow_tf32(false);
+    let gpu_step = step_on(d);
+    set_cudnn_allow_tf32(tf32);
+    let (gpu_loss, gpu) = gpu_step?;
     let (num, den) = cpu.iter().zip(&gpu).fold((0.0, 0.0), |(n, s), (a, b)| {
         (n + (a - b) * (a - b), s + a * a)
     });

@@ -6,6 +6,31 @@ use super::{common_device, on_backend, on_device, Backend, BackendStorage, Stora
 use crate::layout::Layout;
 use crate::{Error, Result};
 
+thread_local! {
+    /// Whether this thread runs a cuDNN-class op (see [`as_cudnn_class`]).
+    static CUDNN_CLASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as a cuDNN-class op (an LSTM layer, as PyTorch's cuDNN RNN): its f32 products
+/// follow the cuDNN TF32 switch (on by default, `torch.backends.cudnn.allow_tf32`) instead
+/// of the matmul one (off by default). Restores the previous state even if `f` panics.
+pub(crate) fn as_cudnn_class<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CUDNN_CLASS.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CUDNN_CLASS.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether the calling thread is inside [`as_cudnn_class`].
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+pub(crate) fn in_cudnn_class() -> bool {
+    CUDNN_CLASS.with(|c| c.get())
+}
+
 /// Batched matrix products `[.., m, k] @ [.., k, n]`.
 pub(crate) trait MatmulOps: BackendStorage {
     /// `self @ rhs`, plus `bias` (as many elements as the product has columns) added in the

@@ -51,7 +51,9 @@ pub(crate) use copy::CopyOps;
 pub(crate) use elementwise::ElementwiseOps;
 pub(crate) use index::IndexOps;
 pub(crate) use loss::LossOps;
-pub(crate) use matmul::MatmulOps;
+#[cfg(feature = "cuda-backend")]
+pub(crate) use matmul::in_cudnn_class;
+pub(crate) use matmul::{as_cudnn_class, MatmulOps};
 pub(crate) use norm::NormOps;
 pub(crate) use optim::OptimOps;
 pub(crate) use pool::PoolOps;

@@ -1,6 +1,7 @@
 //! The fused LSTM cell.
 
 use super::{dispatch, expect_float, expect_same_dtype, Op};
+use crate::backend::as_cudnn_class;
 use crate::backend::CellGrads;
 use crate::{Error, Result, Tensor};
 
@@ -159,76 +160,82 @@ impl Tensor {
         let x2 = crate::no_grad(|| x.reshape(&[steps * batch, x.shape()[2]]))?;
         // Per step: the saved gate pre-activations, and the h and c it made.
         let (mut gates, mut hs, mut cs) = (vec![], vec![], vec![]);
-        let out = crate::no_grad(|| -> Result<Tensor> {
-            // The input projection of every step; each step's recurrent product is then
-            // added onto its rows in place (one product with beta = 1, no separate add), and
-            // those rows are the step's gate pre-activations.
-            let gx = x2.linear(&w_ih, Some(&b))?;
-            let whh_t = w_hh.t()?;
-            for s in 0..steps {
-                let (h, c) = (hs.last().unwrap_or(&h0), cs.last().unwrap_or(&c0));
-                let g = gx.narrow(0, s * batch, batch)?;
-                let (sh, sw) = (h.storage(), whh_t.storage());
-                gx.0.storage
-                    .write(|st| st.matmul_acc(g.layout(), &sh, h.layout(), &sw, whh_t.layout()))?;
-                let (h, c) = Tensor::lstm_cell(&g, c)?;
-                gates.push(g);
-                hs.push(h);
-                cs.push(c);
-            }
-            let mut rows: Vec<&Tensor> = hs.iter().collect();
-            rows.push(&cs[steps - 1]);
-            Tensor::stack(&rows, 0)
+        // The products follow the cuDNN TF32 switch, as PyTorch's cuDNN LSTM does.
+        let out = as_cudnn_class(|| {
+            crate::no_grad(|| -> Result<Tensor> {
+                // The input projection of every step; each step's recurrent product is then
+                // added onto its rows in place (one product with beta = 1, no separate add), and
+                // those rows are the step's gate pre-activations.
+                let gx = x2.linear(&w_ih, Some(&b))?;
+                let whh_t = w_hh.t()?;
+                for s in 0..steps {
+                    let (h, c) = (hs.last().unwrap_or(&h0), cs.last().unwrap_or(&c0));
+                    let g = gx.narrow(0, s * batch, batch)?;
+                    let (sh, sw) = (h.storage(), whh_t.storage());
+                    gx.0.storage.write(|st| {
+                        st.matmul_acc(g.layout(), &sh, h.layout(), &sw, whh_t.layout())
+                    })?;
+                    let (h, c) = Tensor::lstm_cell(&g, c)?;
+                    gates.push(g);
+                    hs.push(h);
+                    cs.push(c);
+                }
+                let mut rows: Vec<&Tensor> = hs.iter().collect();
+                rows.push(&cs[steps - 1]);
+                Tensor::stack(&rows, 0)
+            })
         })?;
         // `x2` (the input as `[T B, I]`, made without a graph) serves the weight gradient.
         let (x_shape, h0s, c0s) = (x.shape().to_vec(), h0.detach(), c0.detach());
         let (wih, whh) = (w_ih.detach(), w_hh.detach());
         let backward = move |d: &Tensor, needs: &[bool]| -> Result<Vec<Option<Tensor>>> {
-            let mut dgs = Vec::with_capacity(steps);
-            let mut dh: Option<Tensor> = None;
-            let mut dc = step(d, steps)?;
-            for s in (0..steps).rev() {
-                // The output's gradient and the next step's recurrent one both flow into h;
-                // the cell kernel adds them and reads every operand in place.
-                let dy = step(d, s)?;
-                let recurrent = dh.take();
-                let c_prev = if s == 0 { &c0s } else { &cs[s - 1] };
-                let g = &gates[s];
-                let (sdy, sdc) = (dy.storage(), dc.storage());
-                let sdh = recurrent.as_ref().map(|v| (v.storage(), v.layout()));
-                let all = g.storage().lstm_cell_backward(
-                    g.layout(),
-                    &c_prev.storage(),
-                    c_prev.layout(),
-                    CellGrads {
-                        dh: (&sdy, dy.layout()),
-                        dh2: sdh.as_ref().map(|(s, l)| (&**s, *l)),
-                        dc: (&sdc, dc.layout()),
-                    },
-                )?;
-                let all = Tensor::from_storage(all, &[batch, 5 * hid]);
-                let dg = all.narrow(1, 0, 4 * hid)?;
-                dc = all.narrow(1, 4 * hid, hid)?;
-                if s > 0 || needs[1] {
-                    dh = Some(dg.matmul(&whh)?);
+            as_cudnn_class(|| -> Result<Vec<Option<Tensor>>> {
+                let mut dgs = Vec::with_capacity(steps);
+                let mut dh: Option<Tensor> = None;
+                let mut dc = step(d, steps)?;
+                for s in (0..steps).rev() {
+                    // The output's gradient and the next step's recurrent one both flow into h;
+                    // the cell kernel adds them and reads every operand in place.
+                    let dy = step(d, s)?;
+                    let recurrent = dh.take();
+                    let c_prev = if s == 0 { &c0s } else { &cs[s - 1] };
+                    let g = &gates[s];
+                    let (sdy, sdc) = (dy.storage(), dc.storage());
+                    let sdh = recurrent.as_ref().map(|v| (v.storage(), v.layout()));
+                    let all = g.storage().lstm_cell_backward(
+                        g.layout(),
+                        &c_prev.storage(),
+                        c_prev.layout(),
+                        CellGrads {
+                            dh: (&sdy, dy.layout()),
+                            dh2: sdh.as_ref().map(|(s, l)| (&**s, *l)),
+                            dc: (&sdc, dc.layout()),
+                        },
+                    )?;
+                    let all = Tensor::from_storage(all, &[batch, 5 * hid]);
+                    let dg = all.narrow(1, 0, 4 * hid)?;
+                    dc = all.narrow(1, 4 * hid, hid)?;
+                    if s > 0 || needs[1] {
+                        dh = Some(dg.matmul(&whh)?);
+                    }
+                    dgs.push(dg);
                 }
-                dgs.push(dg);
-            }
-            dgs.reverse();
-            let dg = Tensor::cat(&dgs.iter().collect::<Vec<_>>(), 0)?;
-            let dx = needs[0]
-                .then(|| dg.matmul(&wih)?.reshape(&x_shape))
-                .transpose()?;
-            let dw_ih = needs[3].then(|| dg.t()?.matmul(&x2)).transpose()?;
-            let dw_hh = needs[4]
-                .then(|| {
-                    let mut prev: Vec<&Tensor> = vec![&h0s];
-                    prev.extend(&hs[..steps - 1]);
-                    dg.t()?.matmul(&Tensor::cat(&prev, 0)?)
-                })
-                .transpose()?;
-            let db = needs[5].then(|| dg.sum(&[0], false)).transpose()?;
-            Ok(vec![dx, dh, needs[2].then_some(dc), dw_ih, dw_hh, db])
+                dgs.reverse();
+                let dg = Tensor::cat(&dgs.iter().collect::<Vec<_>>(), 0)?;
+                let dx = needs[0]
+                    .then(|| dg.matmul(&wih)?.reshape(&x_shape))
+                    .transpose()?;
+                let dw_ih = needs[3].then(|| dg.t()?.matmul(&x2)).transpose()?;
+                let dw_hh = needs[4]
+                    .then(|| {
+                        let mut prev: Vec<&Tensor> = vec![&h0s];
+                        prev.extend(&hs[..steps - 1]);
+                        dg.t()?.matmul(&Tensor::cat(&prev, 0)?)
+                    })
+                    .transpose()?;
+                let db = needs[5].then(|| dg.sum(&[0], false)).transpose()?;
+                Ok(vec![dx, dh, needs[2].then_some(dc), dw_ih, dw_hh, db])
+            })
         };
         let inputs = [&x, &h0, &c0, &w_ih, &w_hh, &b];
         let out = out.attach_saving("lstm_layer", &inputs, &inputs[..5], backward);

@@ -7,7 +7,13 @@ use mantissa::{DType, Device, Result, Tensor};
 /// The first CUDA device; `None` (printing `skipped: no CUDA device`) without one.
 pub fn gpu() -> Option<Device> {
     match Device::cuda(0) {
-        Ok(d) => Some(d),
+        Ok(d) => {
+            // The GPU tests compare f32 results with the CPU's: exact f32 convolutions and
+            // LSTM products, not TF32 (on by default for those, as in PyTorch).
+            #[cfg(feature = "cuda-backend")]
+            mantissa::backend::cuda::conv::set_cudnn_allow_tf32(false);
+            Some(d)
+        }
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");
             None

@@ -5,7 +5,7 @@
 //! remains for everything else and whenever cuBLASLt offers no algorithm.
 
 use super::libs::{self, Lib};
-use super::matmul::{allow_tf32, Operand};
+use super::matmul::{product_tf32, Operand};
 use super::runtime::CudaRuntime;
 use super::storage::CudaStorage;
 use crate::{DType, Device, Error, Result};
@@ -88,7 +88,7 @@ pub(crate) fn gemm_bias(
 ) -> Result<bool> {
     let device = rt.device();
     let (ty, compute) = match dtype {
-        DType::F32 if allow_tf32() => (
+        DType::F32 if product_tf32() => (
             sys::cudaDataType_t::CUDA_R_32F,
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
         ),

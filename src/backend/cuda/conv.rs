@@ -4,10 +4,10 @@
 //! and [`set_cudnn_deterministic`] keeps only deterministic algorithms. Workspaces come from
 //! the caching allocator, so a step reuses the previous step's blocks.
 //!
-//! f32 convolutions are exact f32 (FMA math) unless [`super::matmul::set_allow_tf32`] allows
-//! TF32; f16 and bf16 use tensor cores with f32 accumulation.
+//! f32 convolutions may use TF32 tensor cores, as PyTorch's do by default
+//! (`torch.backends.cudnn.allow_tf32 = True`); [`set_cudnn_allow_tf32`]`(false)` makes them
+//! exact f32 (FMA math). f16 and bf16 use tensor cores with f32 accumulation.
 
-use super::matmul::allow_tf32;
 use super::storage::{float_kname, CudaStorage};
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
@@ -20,6 +20,28 @@ use std::sync::{Mutex, OnceLock};
 
 static BENCHMARK: AtomicBool = AtomicBool::new(false);
 static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
+static ALLOW_TF32: AtomicBool = AtomicBool::new(true);
+
+/// Lets f32 convolutions, and the products of the LSTM layer, use TF32 tensor cores (10-bit
+/// mantissa products, f32 accumulation), as PyTorch's `torch.backends.cudnn.allow_tf32`
+/// does. On by default, as there; `false` makes them exact f32. Plain matrix products have
+/// their own switch, off by default ([`super::matmul::set_allow_tf32`]).
+///
+/// ```
+/// use mantissa::backend::cuda::conv::{cudnn_allow_tf32, set_cudnn_allow_tf32};
+/// assert!(cudnn_allow_tf32());
+/// set_cudnn_allow_tf32(false);
+/// assert!(!cudnn_allow_tf32());
+/// set_cudnn_allow_tf32(true);
+/// ```
+pub fn set_cudnn_allow_tf32(allow: bool) {
+    ALLOW_TF32.store(allow, Ordering::Relaxed);
+}
+
+/// Whether f32 convolutions and LSTM products may use TF32 (see [`set_cudnn_allow_tf32`]).
+pub fn cudnn_allow_tf32() -> bool {
+    ALLOW_TF32.load(Ordering::Relaxed)
+}
 
 /// Times cuDNN's candidate algorithms at the first convolution of each shape and keeps the
 /// fastest (PyTorch's `torch.backends.cudnn.benchmark = True`). Off by default: cuDNN's
@@ -154,7 +176,7 @@ impl Descriptors {
             _ => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
         };
         let math = match dtype {
-            DType::F32 if allow_tf32() => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            DType::F32 if cudnn_allow_tf32() => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
             DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
             _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
         };
@@ -342,7 +364,7 @@ fn run(
             p.groups,
         ],
         channels_last: d.channels_last,
-        tf32: dtype == DType::F32 && allow_tf32(),
+        tf32: dtype == DType::F32 && cudnn_allow_tf32(),
         benchmark: cudnn_benchmark(),
         deterministic: cudnn_deterministic(),
     };

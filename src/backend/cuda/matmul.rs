@@ -1,6 +1,7 @@
 //! Matrix products through cuBLAS (strided batched GEMM) and cuBLASLt (bias and ReLU
 //! epilogues, `blaslt.rs`), and the TF32 switch for f32 products (PyTorch's
-//! `torch.backends.cuda.matmul.allow_tf32`).
+//! `torch.backends.cuda.matmul.allow_tf32`, off by default; the products of a cuDNN-class op,
+//! the LSTM layer, follow `torch.backends.cudnn.allow_tf32` instead, on by default).
 
 use super::storage::{float_kname, same_dtype, CudaStorage};
 use crate::layout::Layout;
@@ -26,6 +27,12 @@ pub fn set_allow_tf32(allow: bool) {
 /// Whether f32 products may use TF32 (see [`set_allow_tf32`]).
 pub fn allow_tf32() -> bool {
     ALLOW_TF32.load(Ordering::Relaxed)
+}
+
+/// Whether the f32 product about to run may use TF32: the matmul switch, or inside a
+/// cuDNN-class op (the LSTM layer) the cuDNN one ([`super::conv::set_cudnn_allow_tf32`]).
+pub(crate) fn product_tf32() -> bool {
+    allow_tf32() || (crate::backend::in_cudnn_class() && super::conv::cudnn_allow_tf32())
 }
 
 /// How cuBLAS reads one operand: its batch stride and, per matrix, whether it is stored
@@ -201,7 +208,7 @@ fn gemm(
     beta: f32,
 ) -> Result<()> {
     let (ty, compute) = match a.dtype() {
-        DType::F32 if allow_tf32() => (
+        DType::F32 if product_tf32() => (
             bs::cudaDataType_t::CUDA_R_32F,
             bs::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
         ),
@@ -328,4 +335,31 @@ pub(crate) fn matmul_acc(
         (dst.ptr_at(ld.offset()), ldc),
         1.0,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{product_tf32, set_allow_tf32};
+    use crate::backend::as_cudnn_class;
+    use crate::backend::cuda::conv::set_cudnn_allow_tf32;
+
+    #[test]
+    fn lstm_products_follow_the_cudnn_switch_and_plain_products_the_matmul_one() {
+        // PyTorch's defaults: plain products exact, cuDNN-class ops (the LSTM) TF32.
+        assert!(!product_tf32());
+        assert!(as_cudnn_class(product_tf32));
+        set_cudnn_allow_tf32(false);
+        assert!(!as_cudnn_class(product_tf32));
+        set_allow_tf32(true);
+        assert!(product_tf32() && as_cudnn_class(product_tf32));
+        set_allow_tf32(false);
+        set_cudnn_allow_tf32(true);
+        // The scope ends with its closure, and on another thread it was never open.
+        as_cudnn_class(|| {
+            std::thread::spawn(|| assert!(!product_tf32()))
+                .join()
+                .unwrap()
+        });
+        assert!(!product_tf32());
+    }
 }
