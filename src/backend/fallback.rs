@@ -8,6 +8,7 @@
 //! | [`scatter_add`], [`index_add`] | integer dtypes (the kernels sum floats with atomics) |
 //! | [`optim_update`] | dtype combinations the fused kernels do not cover |
 //! | [`round_from_master`] | working copies the rounding kernel does not cover |
+//! | [`normal`] | f64 (the normal kernels draw f32, f16 and bf16) |
 
 use super::ops::OptimUpdate;
 use super::rounding::Rounding;
@@ -104,4 +105,17 @@ pub(crate) fn round_from_master<B: BackendStorage>(
     let mut d = dst.host()?.into_owned();
     cpu::round_into(&mut d, &m, rounding, &st)?;
     upload(dst, d)
+}
+
+/// [`super::CopyOps::normal`] on the host, uploaded to `device`.
+pub(crate) fn normal<B: BackendStorage>(
+    device: crate::Device,
+    n: usize,
+    mean: f64,
+    std: f64,
+    stream: (u64, u64),
+    dtype: crate::DType,
+) -> Result<B> {
+    let h = cpu::normal(n, mean, std, stream, dtype)?;
+    B::from_host(&h, &Layout::contiguous(&[n]), device)
 }
