@@ -56,9 +56,57 @@ __device__ void argmax_rows(float sign, const T* __restrict__ x, i64* __restrict
     }
 }
 
+// Reductions over the leading rows of a contiguous [rows, cols] array into out[cols] (a
+// bias gradient: the column sums of [T B, 4H]), in two passes instead of a transposing copy
+// and one block per column. Pass 1: each work item is a chunk of `chunk` rows of one column,
+// neighbouring items neighbouring columns (coalesced reads), reduced into partial[k][col]
+// (f32). Pass 2: each column's chunks, in order, into out[col] (MEAN divides by rows).
+__device__ __forceinline__ float reduce_init(int bop) {
+    return bop == 0 ? 0.0f : (bop == 1 ? -INFINITY : INFINITY);
+}
+__device__ __forceinline__ float reduce_step(int bop, float acc, float v) {
+    return bop == 0 ? acc + v : (bop == 1 ? nan_max(acc, v) : nan_min(acc, v));
+}
+__device__ __forceinline__ int reduce_bop(int op) {
+    return op == REDUCE_MAX ? 1 : (op == REDUCE_MIN ? 2 : 0);
+}
+
+template <typename T>
+__device__ void reduce_cols_partial(int op, const T* __restrict__ x, float* __restrict__ partial,
+                                    i64 rows, i64 cols, i64 chunk) {
+    int bop = reduce_bop(op);
+    i64 chunks = (rows + chunk - 1) / chunk;
+    FOR_EACH(w, chunks * cols) {
+        i64 k = w / cols, col = w - k * cols;
+        i64 end = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;
+        float acc = reduce_init(bop);
+        for (i64 r = k * chunk; r < end; ++r) acc = reduce_step(bop, acc, to_f32(x[r * cols + col]));
+        partial[w] = acc;
+    }
+}
+
+template <typename T>
+__device__ void reduce_cols_final(int op, const float* __restrict__ partial, T* __restrict__ out,
+                                  i64 rows, i64 cols, i64 chunks) {
+    int bop = reduce_bop(op);
+    FOR_EACH(col, cols) {
+        float acc = reduce_init(bop);
+        for (i64 k = 0; k < chunks; ++k) acc = reduce_step(bop, acc, partial[k * cols + col]);
+        out[col] = from_f32<T>(op == REDUCE_MEAN ? acc / (float)rows : acc);
+    }
+}
+
 #define REDUCE(T)                                                                            \
     extern "C" __global__ void reduce_rows_##T(int op, const T* x, T* out, i64 rows, i64 cols) { \
         reduce_rows<T>(op, x, out, rows, cols);                                              \
+    }                                                                                        \
+    extern "C" __global__ void reduce_cols_partial_##T(int op, const T* x, float* partial,  \
+                                                       i64 rows, i64 cols, i64 chunk) {     \
+        reduce_cols_partial<T>(op, x, partial, rows, cols, chunk);                           \
+    }                                                                                        \
+    extern "C" __global__ void reduce_cols_final_##T(int op, const float* partial, T* out,  \
+                                                     i64 rows, i64 cols, i64 chunks) {      \
+        reduce_cols_final<T>(op, partial, out, rows, cols, chunks);                          \
     }                                                                                        \
     extern "C" __global__ void argmax_rows_##T(float sign, const T* x, i64* out, i64 rows,  \
                                                i64 cols) {                                   \

@@ -186,6 +186,13 @@ fn reductions_and_softmax_match() {
             x[0].mean(&[0, 2], false)
         });
         parity("sum all", d, &[x.clone()], |x| x[0].sum_all());
+        // Leading dims with at least 64 values kept: the two-pass column reduction.
+        let tall = input(&[300, 70], dt, 15);
+        parity("sum leading", d, &[tall.clone()], |x| x[0].sum(&[0], false));
+        let deep = input(&[5, 60, 66], dt, 16);
+        parity("mean leading two", d, &[deep], |x| {
+            x[0].mean(&[0, 1], false)
+        });
         parity("max", d, &[x.clone()], |x| Ok(x[0].max(1, false)?.0));
         parity("argmax", d, &[x.clone()], |x| x[0].argmax(-1, false));
         parity("min", d, &[x.clone()], |x| Ok(x[0].min(1, true)?.0));

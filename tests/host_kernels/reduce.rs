@@ -164,3 +164,60 @@ fn normal_kernels_draw_the_cpus_values() {
     check::<f16>(lib, "f16", DType::F16);
     check::<bf16>(lib, "bf16", DType::BF16);
 }
+
+#[test]
+fn column_reductions_match_the_cpu_in_two_passes() {
+    let Some(lib) = library("reduce") else { return };
+    type Partial<T> = unsafe extern "C" fn(i32, *const T, *mut f32, i64, i64, i64) -> ();
+    type Final<T> = unsafe extern "C" fn(i32, *const f32, *mut T, i64, i64, i64) -> ();
+    fn check<T: WithDType>(lib: &Library, t: &str, tol: f64) {
+        let partial: Partial<T> = function(lib, &format!("reduce_cols_partial_{t}"));
+        let fin: Final<T> = function(lib, &format!("reduce_cols_final_{t}"));
+        // 150 rows in chunks of 64 (the last one short), 7 columns; a NaN in column 2.
+        let (rows, cols, chunk) = (150usize, 7usize, 64usize);
+        let mut v = crate::Generator::new(5).normal(rows * cols);
+        v[40 * cols + 2] = f64::NAN;
+        let x = Tensor::from_vec(v, &[rows, cols], Device::Cpu)
+            .unwrap()
+            .to_dtype(T::DTYPE)
+            .unwrap();
+        let xs = x.to_vec::<T>().unwrap();
+        let chunks = rows.div_ceil(chunk);
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean] {
+            let mut part = vec![0f32; chunks * cols];
+            let mut out = vec![T::zero(); cols];
+            let (r, c) = (rows as i64, cols as i64);
+            // SAFETY: x holds rows x cols elements, part chunks x cols, out cols; one thread
+            // loops over every work item.
+            unsafe {
+                partial(
+                    op.code(),
+                    xs.as_ptr(),
+                    part.as_mut_ptr(),
+                    r,
+                    c,
+                    chunk as i64,
+                );
+                fin(
+                    op.code(),
+                    part.as_ptr(),
+                    out.as_mut_ptr(),
+                    r,
+                    c,
+                    chunks as i64,
+                );
+            }
+            let l = Layout::contiguous(&[rows, cols]);
+            let want = x.storage().reduce(&l, &[0], op).unwrap();
+            let want = Tensor::from_storage(want, &[cols]).to_vec_f64().unwrap();
+            for (j, (g, w)) in out.iter().map(|v| v.to_f64()).zip(&want).enumerate() {
+                let ok = g.is_nan() && w.is_nan() || (g - w).abs() <= tol * (1.0 + w.abs());
+                assert!(ok, "{op:?} ({t}) column {j}: {g} vs {w}");
+            }
+            assert!(out[2].to_f64().is_nan(), "{op:?}: the NaN column");
+        }
+    }
+    check::<f32>(lib, "float", 1e-5);
+    check::<f16>(lib, "f16", 2e-3);
+    check::<bf16>(lib, "bf16", 1e-2);
+}

@@ -3,7 +3,7 @@
 
 use super::kernels::KernelFile;
 use super::profile::elems;
-use super::storage::{float_kname, kname, rows_grid, CudaStorage};
+use super::storage::{float_kname, grid, kname, rows_grid, CudaStorage};
 use crate::backend::ops::ReduceOp;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -27,6 +27,14 @@ pub(crate) fn reduce(
     }
     let t = float_kname("reduce", x.dtype())?;
     let (rows, cols) = rows_cols(l, dims);
+    // Leading dims of a contiguous tensor, reduced in place (no transposing copy).
+    let leading = dims.iter().enumerate().all(|(i, &d)| d == i);
+    let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+    // Enough kept values for the columns to fill warps; a reduction to a few values (a total)
+    // stays with the row kernel's block-wide tree.
+    if l.is_contiguous() && leading && rows >= 64 && cols > 0 && !arg {
+        return reduce_leading(x, l, (cols, rows), op, t);
+    }
     let dense = with_dims_last(x, l, dims)?;
     let (src, r64, c64) = (dense.ptr(), rows as i64, cols as i64);
     let code = match op {
@@ -65,6 +73,63 @@ pub(crate) fn reduce(
         &dst,
         &r64,
         &c64
+    );
+    Ok(out)
+}
+
+/// Rows of one pass-1 work item of [`reduce_leading`], at least: enough to amortise the
+/// item's index arithmetic, few enough that a [6400, 2048] bias gradient makes 100 x 2048
+/// items. Taller inputs take taller chunks, so that pass 2 reads at most 256 per column.
+const CHUNK: usize = 64;
+
+/// `op` over the leading `reduced` rows of the contiguous `[reduced, kept]` view `l`, into
+/// `kept` values: two passes of `cuda/reduce.cu` (`reduce_cols_partial_*`, then
+/// `reduce_cols_final_*` over the f32 partials).
+fn reduce_leading(
+    x: &CudaStorage,
+    l: &Layout,
+    (reduced, kept): (usize, usize),
+    op: ReduceOp,
+    t: &str,
+) -> Result<CudaStorage> {
+    let chunk = CHUNK.max(reduced.div_ceil(256));
+    let chunks = reduced.div_ceil(chunk);
+    let items = chunks.checked_mul(kept).ok_or_else(|| {
+        Error::invalid(
+            "reduce",
+            format!("{chunks} chunks of {kept} columns overflow"),
+        )
+    })?;
+    let partial = CudaStorage::alloc_on(x.rt(), DType::F32, items)?;
+    let out = CudaStorage::alloc_on(x.rt(), x.dtype(), kept)?;
+    let (code, src) = (op.code(), x.ptr_at(l.offset()));
+    let (r64, c64, k64, n64) = (reduced as i64, kept as i64, chunk as i64, chunks as i64);
+    let (pp, dst) = (partial.ptr(), out.ptr());
+    launch!(
+        bytes = elems(reduced * kept, x.dtype()) + elems(items, DType::F32);
+        x,
+        KernelFile::Reduce,
+        format!("reduce_cols_partial_{t}"),
+        grid(items),
+        &code,
+        &src,
+        &pp,
+        &r64,
+        &c64,
+        &k64
+    );
+    launch!(
+        bytes = elems(items, DType::F32) + elems(kept, x.dtype());
+        x,
+        KernelFile::Reduce,
+        format!("reduce_cols_final_{t}"),
+        grid(kept),
+        &code,
+        &pp,
+        &dst,
+        &r64,
+        &c64,
+        &n64
     );
     Ok(out)
 }
