@@ -120,22 +120,22 @@ impl BatchSize {
         max: usize,
         trial: impl FnMut(usize) -> Result<()>,
     ) -> Result<usize> {
-        let BatchSize::Fixed(n) = self else {
-            let search = mantissa::train::BatchSizeSearch { start: 8, max };
-            let found = mantissa::train::find_batch_size(device, search, trial)?;
-            let tried: Vec<String> = found
-                .tried
-                .iter()
-                .map(|(b, fits)| format!("{b}{}", if *fits { "" } else { " (out of memory)" }))
-                .collect();
-            println!(
-                "--batch-size auto: {} fits on {device} (tried {})",
-                found.size,
-                tried.join(", ")
-            );
-            return Ok(found.size);
-        };
-        Ok(n)
+        if let BatchSize::Fixed(n) = self {
+            return Ok(n);
+        }
+        let search = mantissa::train::BatchSizeSearch { start: 8, max };
+        let found = mantissa::train::find_batch_size(device, search, trial)?;
+        let tried: Vec<String> = found
+            .tried
+            .iter()
+            .map(|(b, fits)| format!("{b}{}", if *fits { "" } else { " (out of memory)" }))
+            .collect();
+        println!(
+            "--batch-size auto: {} fits on {device} (tried {})",
+            found.size,
+            tried.join(", ")
+        );
+        Ok(found.size)
     }
 }
 

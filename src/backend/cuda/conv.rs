@@ -168,7 +168,15 @@ fn int(pass: Pass, v: usize) -> Result<i32> {
 }
 
 impl Descriptors {
-    fn new(pass: Pass, device: Device, dtype: DType, d: &ConvDims) -> Result<Descriptors> {
+    /// The descriptors of one call; `tf32` lets an f32 convolution use TF32 math (the
+    /// switch as read once for the call, the same value its algorithm-cache key holds).
+    fn new(
+        pass: Pass,
+        device: Device,
+        dtype: DType,
+        tf32: bool,
+        d: &ConvDims,
+    ) -> Result<Descriptors> {
         let err = |what: &str, e: sys::cudnnStatus_t| dnn_err(pass, device, what, e);
         let data = match dtype {
             DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
@@ -176,7 +184,7 @@ impl Descriptors {
             _ => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
         };
         let math = match dtype {
-            DType::F32 if cudnn_allow_tf32() => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            DType::F32 if tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
             DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
             _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
         };
@@ -347,7 +355,8 @@ fn run(
     // Before any cuDNN call: cudarc would otherwise open the library by name only, and panic
     // where the loader path lacks it.
     super::libs::load(super::libs::Lib::Cudnn)?;
-    let s = Descriptors::new(pass, device, dtype, d)?;
+    let tf32 = dtype == DType::F32 && cudnn_allow_tf32();
+    let s = Descriptors::new(pass, device, dtype, tf32, d)?;
     let p = &d.p;
     let key = Key {
         device,
@@ -364,7 +373,7 @@ fn run(
             p.groups,
         ],
         channels_last: d.channels_last,
-        tf32: dtype == DType::F32 && cudnn_allow_tf32(),
+        tf32,
         benchmark: cudnn_benchmark(),
         deterministic: cudnn_deterministic(),
     };
