@@ -168,15 +168,7 @@ fn int(pass: Pass, v: usize) -> Result<i32> {
 }
 
 impl Descriptors {
-    /// The descriptors of one call; `tf32` lets an f32 convolution use TF32 math (the
-    /// switch as read once for the call, the same value its algorithm-cache key holds).
-    fn new(
-        pass: Pass,
-        device: Device,
-        dtype: DType,
-        tf32: bool,
-        d: &ConvDims,
-    ) -> Result<Descriptors> {
+    fn new(pass: Pass, device: Device, dtype: DType, tf32: bool, d: &ConvDims) -> Result<Self> {
         let err = |what: &str, e: sys::cudnnStatus_t| dnn_err(pass, device, what, e);
         let data = match dtype {
             DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
@@ -355,6 +347,7 @@ fn run(
     // Before any cuDNN call: cudarc would otherwise open the library by name only, and panic
     // where the loader path lacks it.
     super::libs::load(super::libs::Lib::Cudnn)?;
+    // The TF32 switch read once: the math type and the cache key agree.
     let tf32 = dtype == DType::F32 && cudnn_allow_tf32();
     let s = Descriptors::new(pass, device, dtype, tf32, d)?;
     let p = &d.p;
