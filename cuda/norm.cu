@@ -5,8 +5,9 @@
 //
 // The reductions run in two kernels: bn_partial_T reduces one chunk of `chunk` outer rows per
 // block, for one channel (inner > 1: threads along the contiguous runs) or for 32 channels
-// (inner == 1: each warp reads 32 adjacent channels of a row), and bn_combine adds the chunks
-// up in order, one thread per channel. No atomics: the result does not depend on timing.
+// (inner == 1: each warp reads 32 adjacent channels of a row), and bn_finalize joins the
+// chunks, one block per channel, and finishes the per-channel bookkeeping in the same launch.
+// No atomics: the result does not depend on timing.
 // Blocks are a multiple of 32 threads, at most 256 (the launcher uses 256).
 
 // The sum over the block's warps of each lane's value (inner == 1: lane = channel); every
@@ -109,30 +110,115 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
     }
 }
 
-// out[c] and out[C + c] from the chunks' partials, in chunk order: mode 0 (mean, biased
-// variance) by Chan's combination of the chunks' moments, mode 1 the two sums.
-extern "C" __global__ void bn_combine(int mode, const float* __restrict__ part,
-                                      float* __restrict__ out, i64 outer, i64 C, i64 inner,
-                                      i64 chunk) {
-    FOR_EACH(c, C) {
-        i64 chunks = (outer + chunk - 1) / chunk;
-        double count = 0.0, a = 0.0, b = 0.0;
-        for (i64 k = 0; k < chunks; ++k) {
+// What bn_finalize computes from the chunks' partials (src/backend/norm.rs: BnMode).
+struct BnArgs {
+    int mode;           // 0 forward on the batch, 1 forward on the running statistics,
+                        // 2 backward (training), 3 backward (eval) with sums, 4 without
+    double momentum;    // mode 0: running = (1 - momentum) running + momentum batch
+    double eps;
+    double count;       // elements per channel
+    const float* weight; // forward: per-channel scale and shift (null: 1 and 0)
+    const float* bias;
+    float* running_mean; // mode 0: updated in place (null: not kept); mode 1: read
+    float* running_var;  // (the update takes the unbiased variance)
+    i64* tracked;        // mode 0: num_batches_tracked, counted once (null: none)
+    const float* stats;  // backward: the forward's [a | mean | b | invstd | var]
+    float* out;          // forward [a | mean | b | invstd | var], backward [alpha | mean | gamma | beta]
+    float* dweight;      // backward: sum dy xhat and sum dy per channel (null: not wanted)
+    float* dbias;
+};
+
+// (n, mean, m2) += (n2, mean2, m22): Chan's combination of two sets' moments.
+__device__ __forceinline__ void bn_chan(double& n, double& mean, double& m2, double n2,
+                                        double mean2, double m22) {
+    if (n2 == 0.0) return;
+    if (n == 0.0) {
+        n = n2;
+        mean = mean2;
+        m2 = m22;
+        return;
+    }
+    double total = n + n2, d = mean2 - mean;
+    mean += d * n2 / total;
+    m2 += m22 + d * d * n * n2 / total;
+    n = total;
+}
+
+// One block per channel (the grid strides over channels; blockDim a power of two, at most
+// 256): the block's threads take the chunks' partials k = t, t + blockDim, ... (moments by
+// Chan's combination, sums added), a tree over the threads in a fixed order joins them, and
+// thread 0 turns the channel's statistics into the coefficients the affine pass reads, with
+// the running statistics updated in the same launch. No atomics: the result does not depend
+// on timing. `part` is null in modes 1 and 4.
+extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a, i64 outer,
+                                       i64 C, i64 inner, i64 chunk) {
+    __shared__ double sn[256], sa[256], sb[256];
+    int t = threadIdx.x;
+    i64 chunks = part ? (outer + chunk - 1) / chunk : 0;
+    bool moments = a.mode == 0;
+    for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
+        double n = 0.0, x = 0.0, y = 0.0;
+        for (i64 k = t; k < chunks; k += blockDim.x) {
             double pa = part[(k * C + c) * 2], pb = part[(k * C + c) * 2 + 1];
-            if (mode == 0) {
+            if (moments) {
                 i64 rows = outer - k * chunk < chunk ? outer - k * chunk : chunk;
-                double n = (double)(rows * inner), total = count + n, d = pa - a;
-                a += d * n / total;
-                b += pb + d * d * count * n / total;
-                count = total;
+                bn_chan(n, x, y, (double)(rows * inner), pa, pb);
             } else {
-                a += pa;
-                b += pb;
+                x += pa;
+                y += pb;
             }
         }
-        out[c] = (float)a;
-        out[C + c] = (float)(mode == 0 ? b / count : b);
+        sn[t] = n;
+        sa[t] = x;
+        sb[t] = y;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (t < s) {
+                if (moments) {
+                    bn_chan(sn[t], sa[t], sb[t], sn[t + s], sa[t + s], sb[t + s]);
+                } else {
+                    sa[t] += sa[t + s];
+                    sb[t] += sb[t + s];
+                }
+            }
+            __syncthreads();
+        }
+        if (t == 0) {
+            if (a.mode <= 1) {
+                double mean = moments ? sa[0] : (double)a.running_mean[c];
+                double var = moments ? sb[0] / sn[0] : (double)a.running_var[c];
+                double invstd = 1.0 / sqrt(var + a.eps);
+                double w = a.weight ? (double)a.weight[c] : 1.0;
+                a.out[c] = (float)(invstd * w);
+                a.out[C + c] = (float)mean;
+                a.out[2 * C + c] = a.bias ? a.bias[c] : 0.0f;
+                a.out[3 * C + c] = (float)invstd;
+                a.out[4 * C + c] = (float)var;
+                if (moments && a.running_mean) {
+                    double r = a.running_mean[c];
+                    a.running_mean[c] = (float)((1.0 - a.momentum) * r + a.momentum * mean);
+                }
+                if (moments && a.running_var) {
+                    double r = a.running_var[c], unbiased = var * a.count / (a.count - 1.0);
+                    a.running_var[c] = (float)((1.0 - a.momentum) * r + a.momentum * unbiased);
+                }
+            } else {
+                // dx = alpha (x - mean) + gamma + beta dy; training folds in the statistics'
+                // own gradients (PyTorch's batch_norm_backward), eval has dx = a dy.
+                double sdy = sa[0], sdx = sb[0];
+                double k = a.stats[c], invstd = a.stats[3 * C + c];
+                bool train = a.mode == 2;
+                a.out[c] = train ? (float)(-k * invstd * invstd * sdx / a.count) : 0.0f;
+                a.out[C + c] = a.stats[C + c];
+                a.out[2 * C + c] = train ? (float)(-k * sdy / a.count) : 0.0f;
+                a.out[3 * C + c] = (float)k;
+                if (a.dweight) a.dweight[c] = (float)(sdx * invstd);
+                if (a.dbias) a.dbias[c] = (float)sdy;
+            }
+        }
+        __syncthreads(); // the next channel reuses the shared arrays
     }
+    if (moments && a.tracked && blockIdx.x == 0 && t == 0) *a.tracked += 1;
 }
 
 // out = alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy when dy is not null), with coef =

@@ -796,6 +796,14 @@ fn composite_ops_match() {
                 )
             },
         );
+        parity("batch_norm eval, no affine", d, &[img.clone()], |x| {
+            let on = |v: Vec<f32>| Tensor::from_vec(v, &[4], Device::Cpu)?.to_device(x[0].device());
+            let (rm, rv) = (
+                on(vec![0.1, -0.2, 0.3, 0.0])?,
+                on(vec![1.5, 0.5, 2.0, 1.0])?,
+            );
+            x[0].batch_norm(Some(&rm), Some(&rv), None, None, false, 0.1, 1e-5)
+        });
         let seq = input(&[3, 7, 8], dt, 76);
         let (lw, lb) = (input(&[7, 8], dt, 77), input(&[7, 8], dt, 78));
         parity("layer_norm", d, &[seq.clone(), lw, lb], |x| {
@@ -1170,8 +1178,8 @@ fn channels_last_convolutions_match() {
     }
 }
 
-/// Batch norm in training counts its batches on the device: no read back per step, and the
-/// counter reads 3 after three steps.
+/// Batch norm in training counts its batches on the device: no read back per step, the
+/// counter reads 3 after three steps, and the running statistics are the CPU's.
 #[test]
 fn batch_norm_counts_batches_on_the_device() {
     use mantissa::nn::*;
@@ -1192,4 +1200,26 @@ fn batch_norm_counts_batches_on_the_device() {
     let counter = bn.named_buffers()[2].1.clone();
     assert_eq!(counter.device(), d);
     assert_eq!(counter.to_vec::<i64>().unwrap(), vec![3]);
+    let cpu = BatchNorm2d::new(3).unwrap();
+    let xc = x.to_device(Device::Cpu).unwrap();
+    for _ in 0..3 {
+        cpu.forward(&xc).unwrap();
+    }
+    for (name, got, want) in [
+        ("running_mean", &bn.running_mean, &cpu.running_mean),
+        ("running_var", &bn.running_var, &cpu.running_var),
+    ] {
+        let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        let err = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).powi(2))
+            .sum::<f32>()
+            .sqrt();
+        let norm = w.iter().map(|b| b * b).sum::<f32>().sqrt();
+        assert!(
+            err <= 1e-5 * norm,
+            "{name} on {d}: {g:?} vs the CPU's {w:?}"
+        );
+    }
 }

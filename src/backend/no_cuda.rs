@@ -156,9 +156,10 @@ impl PoolOps for CudaStorage {
 
 impl NormOps for CudaStorage {
     uninhabited! {
-        fn channel_moments(&self, _l: &Layout) -> Result<Self>;
-        fn channel_grad_sums(&self, _ld: &Layout, _x: &Self, _lx: &Layout, _m: &Self, _lm: &Layout)
+        fn batch_norm_stats(&self, _l: &Layout, _p: crate::backend::norm::BnForward<'_, Self>)
             -> Result<Self>;
+        fn batch_norm_grad(&self, _ld: &Layout, _x: &Self, _lx: &Layout, _s: &Self, _ls: &Layout,
+            _m: crate::backend::norm::BnGrad) -> Result<(Self, Option<(Self, Self)>)>;
         fn channel_affine(&self, _lx: &Layout, _dy: Option<(&Self, &Layout)>, _c: &Self, _lc: &Layout)
             -> Result<Self>;
         fn layer_norm(&self, _lx: &Layout, _cols: usize, _w: Option<(&Self, &Layout)>,

@@ -1,5 +1,7 @@
 //! Batch and layer normalisation: the [`NormOps`] family and its dispatch. Batch norm's
-//! fused passes work on the `[outer, channels, inner]` view of `spec::ChannelSplit`.
+//! fused passes work on the `[outer, channels, inner]` view of `spec::ChannelSplit`: forward
+//! a reduction that ends in the per-channel coefficients (running statistics updated on the
+//! way) and an affine pass; backward the same with the gradient sums.
 
 use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
@@ -10,19 +12,25 @@ type Opt<'a, S> = Option<(&'a S, &'a Layout)>;
 
 /// Batch norm's per-channel passes and layer norm's fused rows.
 pub(crate) trait NormOps: BackendStorage {
-    /// Per-channel mean and biased variance `[2, c]` (means first) of a dense `[n, c, ...]`
-    /// tensor, in f32 (f64 for f64 input).
-    fn channel_moments(&self, l: &Layout) -> Result<Self>;
-    /// Per-channel `[sum dy, sum dy (x - mean)]` `[2, c]`; `self` is `dy`, `dy` and `x` dense
-    /// in one format, `mean` `[c]` in the statistics dtype.
-    fn channel_grad_sums(
+    /// Batch norm's forward statistics `[5, c]` in the statistics dtype (f32, f64 for f64):
+    /// `[a | mean | b | invstd | var]` with `invstd = 1 / sqrt(var + eps)` and `a = invstd w`,
+    /// the coefficients [`NormOps::channel_affine`] takes for the output and the backward
+    /// reads. `self` is the dense `[n, c, ...]` input; see [`BnForward`].
+    fn batch_norm_stats(&self, lx: &Layout, p: BnForward<'_, Self>) -> Result<Self>;
+    /// Batch norm's backward coefficients `[4, c]` (`[alpha | mean | gamma | beta]` for
+    /// [`NormOps::channel_affine`] of `x` and `dy`) and, with sums, the weight's and bias's
+    /// gradients `sum dy xhat`, `sum dy` (`[c]` each, in the statistics dtype). `self` is
+    /// `dy`, dense in `x`'s format; `stats` the forward's `[5, c]`.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_norm_grad(
         &self,
         ld: &Layout,
         x: &Self,
         lx: &Layout,
-        mean: &Self,
-        lm: &Layout,
-    ) -> Result<Self>;
+        stats: &Self,
+        ls: &Layout,
+        mode: BnGrad,
+    ) -> Result<(Self, Option<(Self, Self)>)>;
     /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s (`self`'s) dtype and
     /// dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the statistics
     /// dtype; `dy`, when given, shares `x`'s layout and dtype. Forward it is the output
@@ -52,28 +60,102 @@ pub(crate) trait NormOps: BackendStorage {
     ) -> Result<Self>;
 }
 
+/// Where batch norm's forward statistics come from.
+pub(crate) enum BnSource<'a, S> {
+    /// Training: the batch's mean and biased variance. The running statistics, when given
+    /// (whole `[c]` storages in the statistics dtype), become `(1 - momentum) running +
+    /// momentum batch` (unbiased variance), and `tracked` (a whole one-element i64 storage)
+    /// counts the batch, in the same pass.
+    Batch {
+        running: Option<(&'a mut S, &'a mut S)>,
+        tracked: Option<&'a mut S>,
+        momentum: f64,
+    },
+    /// Eval: the running mean and variance (whole `[c]` storages in the statistics dtype).
+    Running(&'a S, &'a S),
+}
+
+/// The operands of [`NormOps::batch_norm_stats`]: the affine parameters (`[c]` in the
+/// statistics dtype; absent, 1 and 0), where the statistics come from, and `eps`.
+pub(crate) struct BnForward<'a, S> {
+    pub weight: Opt<'a, S>,
+    pub bias: Opt<'a, S>,
+    pub source: BnSource<'a, S>,
+    pub eps: f64,
+}
+
+/// What [`NormOps::batch_norm_grad`] computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BnGrad {
+    /// Training: the input's gradient takes in the batch statistics' own gradients; the
+    /// parameters' gradients come with it.
+    Train,
+    /// Eval, with the parameters' gradients: `dx = a dy`, plus the sums.
+    EvalWithParams,
+    /// Eval, the input's gradient only: no pass over `dy` and `x`.
+    EvalInputOnly,
+}
+
 /// `v`'s storage as backend `B`'s (the device already checked).
 fn part<'a, B: Backend>(v: Opt<'a, Storage>) -> Opt<'a, B> {
     v.map(|(s, l)| (B::part(s), l))
 }
 
 impl Storage {
-    /// See [`NormOps::channel_moments`].
-    pub(crate) fn channel_moments(&self, l: &Layout) -> Result<Storage> {
-        on_backend!("batch_norm", [self], B => Ok(B::part(self).channel_moments(l)?.wrap()))
+    /// See [`NormOps::batch_norm_stats`]: the running statistics and the batch counter are
+    /// written in place, on `self`'s device.
+    pub(crate) fn batch_norm_stats(
+        &self,
+        lx: &Layout,
+        p: BnForward<'_, Storage>,
+    ) -> Result<Storage> {
+        let mut all = vec![self];
+        all.extend(p.weight.map(|v| v.0));
+        all.extend(p.bias.map(|v| v.0));
+        match &p.source {
+            BnSource::Batch {
+                running, tracked, ..
+            } => {
+                all.extend(running.iter().flat_map(|(m, v)| [&**m, &**v]));
+                all.extend(tracked.as_deref());
+            }
+            BnSource::Running(m, v) => all.extend([*m, *v]),
+        }
+        let device = super::common_device("batch_norm", &all)?;
+        super::on_device!(device, B => {
+            let source = match p.source {
+                BnSource::Batch { running, tracked, momentum } => BnSource::Batch {
+                    running: running.map(|(m, v)| (B::part_mut(m), B::part_mut(v))),
+                    tracked: tracked.map(B::part_mut),
+                    momentum,
+                },
+                BnSource::Running(m, v) => BnSource::Running(B::part(m), B::part(v)),
+            };
+            let p = BnForward {
+                weight: part(p.weight),
+                bias: part(p.bias),
+                source,
+                eps: p.eps,
+            };
+            Ok(B::part(self).batch_norm_stats(lx, p)?.wrap())
+        })
     }
 
-    /// See [`NormOps::channel_grad_sums`].
-    pub(crate) fn channel_grad_sums(
+    /// See [`NormOps::batch_norm_grad`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn batch_norm_grad(
         &self,
         ld: &Layout,
         x: &Storage,
         lx: &Layout,
-        mean: &Storage,
-        lm: &Layout,
-    ) -> Result<Storage> {
-        on_backend!("batch_norm backward", [self, x, mean], B => {
-            Ok(B::part(self).channel_grad_sums(ld, B::part(x), lx, B::part(mean), lm)?.wrap())
+        stats: &Storage,
+        ls: &Layout,
+        mode: BnGrad,
+    ) -> Result<(Storage, Option<(Storage, Storage)>)> {
+        on_backend!("batch_norm backward", [self, x, stats], B => {
+            let (coef, params) =
+                B::part(self).batch_norm_grad(ld, B::part(x), lx, B::part(stats), ls, mode)?;
+            Ok((coef.wrap(), params.map(|(w, b)| (w.wrap(), b.wrap()))))
         })
     }
 

@@ -40,20 +40,16 @@ impl Module for BatchNorm2d {
         // A checkpoint's recomputation normalises by the batch again but counts it once: the
         // forward already updated the running statistics.
         let count = self.training && !crate::autograd::checkpoint::recomputing();
-        if count {
-            // Counted on the tensor's device: no read back per step on a GPU.
-            no_grad(|| {
-                let nbt = &self.num_batches_tracked;
-                let one = Tensor::scalar(1.0, DType::I64, nbt.device())?;
-                nbt.copy_(&nbt.add(&one)?)
-            })?;
-        }
         let keep = !self.training || count;
-        x.batch_norm(
-            keep.then_some(&self.running_mean),
-            keep.then_some(&self.running_var),
-            Some(&self.weight),
-            Some(&self.bias),
+        // The batch is counted on the tensor's device (no read back per step on a GPU), in
+        // the launch that updates the running statistics where it can be.
+        x.batch_norm_counted(
+            (
+                keep.then_some(&self.running_mean),
+                keep.then_some(&self.running_var),
+            ),
+            (Some(&self.weight), Some(&self.bias)),
+            count.then_some(&self.num_batches_tracked),
             self.training,
             self.momentum,
             self.eps,

@@ -3,8 +3,9 @@
 
 use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
+use crate::backend::norm::{BnForward, BnGrad, BnSource};
 use crate::layout::Layout;
-use crate::{no_grad, Error, MemoryFormat, Result, Tensor};
+use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
 
 /// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
 fn update_running(
@@ -28,6 +29,65 @@ fn update_running(
         rv.copy_(&rv.mul(1.0 - momentum)?.add(&unbiased.mul(momentum)?)?)?;
     }
     Ok(())
+}
+
+/// The training statistics `[5, c]` of `x` (see `NormOps::batch_norm_stats`). Running
+/// statistics that are whole `[c]` tensors of the statistics dtype on `x`'s device, and a
+/// whole one-element i64 counter there, are updated in the same pass; others (another dtype
+/// or device, a view) by tensor ops after it.
+fn batch_stats(
+    x: &Tensor,
+    (running_mean, running_var): (Option<&Tensor>, Option<&Tensor>),
+    tracked: Option<&Tensor>,
+    (w, b): (Option<&Tensor>, Option<&Tensor>),
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let c = x.shape()[1];
+    let sd = stat_dtype(x.dtype());
+    let direct =
+        |t: &Tensor, dtype| t.dtype() == dtype && t.device() == x.device() && t.fills_storage();
+    let in_place = running_mean
+        .zip(running_var)
+        .filter(|(m, v)| direct(m, sd) && direct(v, sd) && !m.shares_storage(v));
+    let count_here = tracked.filter(|t| direct(t, DType::I64) && t.numel() == 1);
+    // Every operand read is taken before the written ones are locked.
+    let (xs, ws, bs) = (x.storage(), w.map(|t| t.storage()), b.map(|t| t.storage()));
+    let mut written: Vec<&Tensor> = in_place.iter().flat_map(|(m, v)| [*m, *v]).collect();
+    written.extend(count_here);
+    let stats = Tensor::write_many("batch_norm", &written, |s| {
+        let mut s = s.iter_mut();
+        let running = match in_place {
+            Some(_) => s.next().zip(s.next()).map(|(m, v)| (&mut **m, &mut **v)),
+            None => None,
+        };
+        let tracked = count_here.and(s.next()).map(|t| &mut **t);
+        let p = BnForward {
+            weight: ws.as_deref().zip(w.map(|t| t.layout())),
+            bias: bs.as_deref().zip(b.map(|t| t.layout())),
+            source: BnSource::Batch {
+                running,
+                tracked,
+                momentum,
+            },
+            eps,
+        };
+        xs.batch_norm_stats(x.layout(), p)
+    })?;
+    let stats = Tensor::from_storage(stats, &[5, c]);
+    let count = x.numel() / c;
+    no_grad(|| {
+        if in_place.is_none() && (running_mean.is_some() || running_var.is_some()) {
+            let plane = |k| stats.narrow(0, k, 1)?.reshape(&[c]);
+            let (mean, var) = (plane(1)?, plane(4)?);
+            update_running(running_mean, running_var, &mean, &var, momentum, count)?;
+        }
+        if let (None, Some(t)) = (count_here, tracked) {
+            t.copy_(&t.add(&Tensor::scalar(1.0, t.dtype(), t.device())?)?)?;
+        }
+        Ok(())
+    })?;
+    Ok(stats)
 }
 
 fn check_vec(op: &'static str, what: &str, v: Option<&Tensor>, n: usize) -> Result<()> {
@@ -68,6 +128,22 @@ impl Tensor {
         running_var: Option<&Tensor>,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
+        training: bool,
+        momentum: f64,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let (running, params) = ((running_mean, running_var), (weight, bias));
+        self.batch_norm_counted(running, params, None, training, momentum, eps)
+    }
+
+    /// [`Tensor::batch_norm`] that, in training, also counts the batch in `tracked` (a
+    /// one-element i64 tensor, `BatchNorm2d`'s `num_batches_tracked`): on a device in the
+    /// launch that updates the running statistics.
+    pub(crate) fn batch_norm_counted(
+        &self,
+        (running_mean, running_var): (Option<&Tensor>, Option<&Tensor>),
+        (weight, bias): (Option<&Tensor>, Option<&Tensor>),
+        tracked: Option<&Tensor>,
         training: bool,
         momentum: f64,
         eps: f64,
@@ -119,32 +195,32 @@ impl Tensor {
         };
         let x = x.to_memory_format(format)?;
         let sd = stat_dtype(x.dtype());
-        let (mean, var) = if training {
-            let m = x.storage().channel_moments(x.layout())?;
-            let m = Tensor::from_storage(m, &[2, c]);
-            let (mean, var) = (
-                m.narrow(0, 0, 1)?.reshape(&[c])?,
-                m.narrow(0, 1, 1)?.reshape(&[c])?,
-            );
-            no_grad(|| update_running(running_mean, running_var, &mean, &var, momentum, count))?;
-            (mean, var)
+        // The affine parameters in the statistics dtype (their gradients come from the
+        // backward's sums, not through these casts).
+        let cast = |v: Option<&Tensor>| v.map(|v| v.detach().to_dtype(sd)).transpose();
+        let (w, b) = (cast(weight)?, cast(bias)?);
+        let stats = if training {
+            let (running, params) = ((running_mean, running_var), (w.as_ref(), b.as_ref()));
+            batch_stats(&x, running, tracked, params, momentum, eps)?
         } else {
             // Checked above: both are given in eval mode.
-            let (m, v) = (running_mean.unwrap(), running_var.unwrap());
-            (m.detach().to_dtype(sd)?, v.detach().to_dtype(sd)?)
+            let whole = |v: &Tensor| v.detach().to_dtype(sd)?.filled_in(MemoryFormat::Contiguous);
+            let (m, v) = (whole(running_mean.unwrap())?, whole(running_var.unwrap())?);
+            let (ms, vs) = (m.storage(), v.storage());
+            let (ws, bs) = (
+                w.as_ref().map(|t| t.storage()),
+                b.as_ref().map(|t| t.storage()),
+            );
+            let p = BnForward {
+                weight: ws.as_deref().zip(w.as_ref().map(|t| t.layout())),
+                bias: bs.as_deref().zip(b.as_ref().map(|t| t.layout())),
+                source: BnSource::Running(&ms, &vs),
+                eps,
+            };
+            Tensor::from_storage(x.storage().batch_norm_stats(x.layout(), p)?, &[5, c])
         };
-        let invstd = var.add(eps)?.rsqrt()?;
-        // y = a (x - mean) + b with a = invstd * weight, in the statistics dtype.
-        let a = match weight {
-            Some(w) => invstd.mul(&w.detach().to_dtype(sd)?)?,
-            None => invstd.clone(),
-        };
-        let zeros = Tensor::zeros(&[c], sd, x.device())?;
-        let shift = match bias {
-            Some(b) => b.detach().to_dtype(sd)?,
-            None => zeros.clone(),
-        };
-        let coef = Tensor::cat(&[&a, &mean, &shift, &zeros], 0)?;
+        // y = a (x - mean) + b: the first three planes of the statistics.
+        let coef = stats.narrow(0, 0, 4)?;
         let y = x
             .storage()
             .channel_affine(x.layout(), None, &coef.storage(), coef.layout())?;
@@ -158,44 +234,23 @@ impl Tensor {
             y.attach_saving("batch_norm", &inputs, &[&x], move |dy, needs| {
                 let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
                 let wants_params = needs[1..].iter().any(|&n| n);
-                // Eval mode: the statistics are constants, dx = a dy (one fused pass).
-                let eval_dx = |dy: &Tensor| -> Result<Tensor> {
-                    let zeros = Tensor::zeros(&[3 * c], sd, dy.device())?;
-                    let coef = Tensor::cat(&[&a, &zeros], 0)?;
-                    let s = dy.storage();
-                    let dx = s.channel_affine(dy.layout(), None, &coef.storage(), coef.layout())?;
-                    let layout = Layout::with_format("batch_norm", dy.shape(), format)?;
-                    Ok(Tensor::from_storage_in(dx, layout))
+                let mode = match (training, wants_params) {
+                    (true, _) => BnGrad::Train,
+                    (false, true) => BnGrad::EvalWithParams,
+                    (false, false) => BnGrad::EvalInputOnly,
                 };
-                if !training && !wants_params {
-                    let mut grads = vec![Some(eval_dx(&dy)?)];
-                    grads.resize(needs.len(), None);
-                    return Ok(grads);
-                }
-                let sums = dy.storage().channel_grad_sums(
+                let (coef, params) = dy.storage().batch_norm_grad(
                     dy.layout(),
                     &xs.storage(),
                     xs.layout(),
-                    &mean.storage(),
-                    mean.layout(),
+                    &stats.storage(),
+                    stats.layout(),
+                    mode,
                 )?;
-                let sums = Tensor::from_storage(sums, &[2, c]);
-                let (sdy, sdx) = (
-                    sums.narrow(0, 0, 1)?.reshape(&[c])?,
-                    sums.narrow(0, 1, 1)?.reshape(&[c])?,
-                );
-                let dx = match (needs[0], training) {
-                    (false, _) => None,
-                    (true, false) => Some(eval_dx(&dy)?),
-                    (true, true) => {
-                        // dx = a (dy - sum(dy) / N - (x - mean) invstd^2 sum(dy (x - mean)) / N):
-                        // the statistics' own gradients folded in, as in PyTorch's
-                        // batch_norm_backward.
-                        let n = count as f64;
-                        let k = invstd.mul(&invstd)?.mul(&sdx)?.mul(1.0 / n)?;
-                        let alpha = a.mul(&k)?.neg()?;
-                        let gamma = a.mul(&sdy)?.mul(-1.0 / n)?;
-                        let coef = Tensor::cat(&[&alpha, &mean, &gamma, &a], 0)?;
+                let dx = match needs[0] {
+                    false => None,
+                    true => {
+                        let coef = Tensor::from_storage(coef, &[4, c]);
                         let dx = xs.storage().channel_affine(
                             xs.layout(),
                             Some((&dy.storage(), dy.layout())),
@@ -207,11 +262,18 @@ impl Tensor {
                     }
                 };
                 let mut grads = vec![dx];
+                let (dw, db) = match params {
+                    Some((dw, db)) => (
+                        Some(Tensor::from_storage(dw, &[c])),
+                        Some(Tensor::from_storage(db, &[c])),
+                    ),
+                    None => (None, None),
+                };
                 if let Some(wdt) = wdt {
-                    grads.push(Some(sdx.mul(&invstd)?.to_dtype(wdt)?));
+                    grads.push(dw.map(|g| g.to_dtype(wdt)).transpose()?);
                 }
                 if let Some(bdt) = bdt {
-                    grads.push(Some(sdy.to_dtype(bdt)?));
+                    grads.push(db.map(|g| g.to_dtype(bdt)).transpose()?);
                 }
                 Ok(grads)
             }),

@@ -2,7 +2,8 @@
 //! backend's fused passes, row-major and channels-last, over several chunks and channel tiles.
 
 use super::{function, library, randn, run_grid, Addr};
-use crate::backend::cuda::norm::{chunk_rows, partial_blocks};
+use crate::backend::cuda::norm::{chunk_rows, finalize_threads, partial_blocks, BnArgs};
+use crate::backend::norm::{BnForward, BnGrad, BnSource};
 use crate::backend::spec::ChannelSplit;
 use crate::backend::Storage;
 use crate::layout::Layout;
@@ -19,7 +20,7 @@ type Partial = unsafe extern "C" fn(
     i64,
     i64,
 ) -> ();
-type Combine = unsafe extern "C" fn(i32, *const f32, *mut f32, i64, i64, i64, i64) -> ();
+type Finalize = unsafe extern "C" fn(*const f32, BnArgs, i64, i64, i64, i64) -> ();
 type Affine =
     unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i64, i64, i64) -> ();
 
@@ -50,7 +51,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         return;
     };
     let partial: Partial = function(lib, "bn_partial_float");
-    let combine: Combine = function(lib, "bn_combine");
+    let finalize: Finalize = function(lib, "bn_finalize");
     let affine: Affine = function(lib, "bn_affine_float");
     // [n, c, h, w]: 40 channels make two channel tiles channels-last, one of them partial.
     // (shape, format, chunk rows, threads per block): 64 threads keep the emulation quick;
@@ -76,12 +77,11 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         assert!(partial_blocks(s).0 >= 1 && chunk_rows(s) >= 1);
         let chunks = s.outer.div_ceil(chunk);
         let tiles = if s.inner == 1 { c.div_ceil(32) } else { c };
-        let reduce = |mode: i32, mean: &[f32]| {
+        let i = |v: usize| v as i64;
+        let partials = |mode: i32, mean: &[f32]| {
             let mut part = vec![f32::NAN; chunks * c * 2];
-            let mut out = vec![f32::NAN; 2 * c];
             let (xa, da, ma) = (Addr::of(&xs), Addr::of(&ds), Addr::of(mean));
             let pa = Addr::of_mut(&mut part);
-            let i = |v: usize| v as i64;
             // Fewer blocks than work: each block strides over (chunk, tile) pairs.
             let blocks = (chunks * tiles).div_ceil(2) as u32;
             run_grid(lib, blocks, threads, || {
@@ -109,38 +109,154 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                 part.iter().all(|v| v.is_finite()),
                 "{what}: every partial written"
             );
-            // SAFETY: part holds every chunk's pairs, out two values per channel.
-            unsafe {
-                combine(
-                    mode,
-                    part.as_ptr(),
-                    out.as_mut_ptr(),
-                    i(s.outer),
-                    i(c),
-                    i(s.inner),
-                    i(chunk),
-                )
-            };
-            out
+            part
         };
+        // bn_finalize with fewer blocks than channels (the grid strides), as many threads as
+        // the launcher would give these chunks.
+        let run_finalize = |part: Option<&[f32]>, a: BnArgs| {
+            let pa = part.map(Addr::of);
+            let threads = finalize_threads(part.map_or(0, |_| chunks));
+            run_grid(lib, c.div_ceil(3) as u32, threads, || {
+                let pp = pa.map_or(std::ptr::null(), |p| p.ptr::<f32>() as *const f32);
+                // SAFETY: part holds every chunk's pairs; the arguments' vectors hold c (out:
+                // 5 c forward, 4 c backward) values; thread 0 of a channel's block writes them.
+                unsafe { finalize(pp, a, i(s.outer), i(c), i(s.inner), i(chunk)) }
+            });
+        };
+        let ptr = |v: &[f32]| v.as_ptr() as u64;
+        let count = (s.outer * s.inner) as f64;
 
-        let moments = reduce(0, &[]);
-        let want = values(x.storage().channel_moments(&l).unwrap(), 2 * c);
-        near(&moments, &want, &format!("{what}: moments"));
-
-        let mean = moments[..c].to_vec();
-        let lm = Layout::contiguous(&[c]);
-        let m = Tensor::from_vec(mean.clone(), &[c], crate::Device::Cpu).unwrap();
-        let sums = reduce(1, &mean);
-        let want = dy
-            .storage()
-            .channel_grad_sums(dy.layout(), &x.storage(), &l, &m.storage(), &lm)
-            .unwrap();
-        near(
-            &sums,
-            &values(want, 2 * c),
-            &format!("{what}: gradient sums"),
+        // Forward on the batch: the statistics, the running ones updated, the batch counted.
+        let (w, b) = (randn(&[c], 46), randn(&[c], 47));
+        let (ws, bs) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let (rm0, rv0) = (randn(&[c], 48), randn(&[c], 49).abs().unwrap());
+        let (mut rm, mut rv) = (rm0.to_vec::<f32>().unwrap(), rv0.to_vec::<f32>().unwrap());
+        let mut tracked = [5i64];
+        let mut stats = vec![f32::NAN; 5 * c];
+        let part = partials(0, &[]);
+        let a = BnArgs {
+            mode: 0,
+            momentum: 0.3,
+            eps: 1e-3,
+            count,
+            weight: ptr(&ws),
+            bias: ptr(&bs),
+            running_mean: rm.as_mut_ptr() as u64,
+            running_var: rv.as_mut_ptr() as u64,
+            tracked: tracked.as_mut_ptr() as u64,
+            out: stats.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        run_finalize(Some(&part), a);
+        let lv = Layout::contiguous(&[c]);
+        let (mut crm, mut crv) = (
+            rm0.storage().try_clone().unwrap(),
+            rv0.storage().try_clone().unwrap(),
         );
+        let mut ctracked = crate::backend::Storage::Cpu(crate::backend::CpuStorage::I64(vec![5]));
+        let (wst, bst) = (w.storage(), b.storage());
+        let want = x.storage().batch_norm_stats(
+            &l,
+            BnForward {
+                weight: Some((&wst, &lv)),
+                bias: Some((&bst, &lv)),
+                source: BnSource::Batch {
+                    running: Some((&mut crm, &mut crv)),
+                    tracked: Some(&mut ctracked),
+                    momentum: 0.3,
+                },
+                eps: 1e-3,
+            },
+        );
+        near(
+            &stats,
+            &values(want.unwrap(), 5 * c),
+            &format!("{what}: statistics"),
+        );
+        near(&rm, &values(crm, c), &format!("{what}: running mean"));
+        near(&rv, &values(crv, c), &format!("{what}: running var"));
+        assert_eq!(tracked[0], 6, "{what}: the batch counted");
+
+        // Forward on the running statistics (eval): no partials.
+        let mut eval_stats = vec![f32::NAN; 5 * c];
+        let a = BnArgs {
+            mode: 1,
+            eps: 1e-3,
+            count,
+            weight: ptr(&ws),
+            running_mean: rm.as_mut_ptr() as u64,
+            running_var: rv.as_mut_ptr() as u64,
+            out: eval_stats.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        let (rm_before, rv_before) = (rm.clone(), rv.clone());
+        run_finalize(None, a);
+        let (ms, vs) = (
+            Tensor::from_vec(rm.clone(), &[c], crate::Device::Cpu).unwrap(),
+            Tensor::from_vec(rv.clone(), &[c], crate::Device::Cpu).unwrap(),
+        );
+        let want = x.storage().batch_norm_stats(
+            &l,
+            BnForward {
+                weight: Some((&wst, &lv)),
+                bias: None,
+                source: BnSource::Running(&ms.storage(), &vs.storage()),
+                eps: 1e-3,
+            },
+        );
+        near(
+            &eval_stats,
+            &values(want.unwrap(), 5 * c),
+            &format!("{what}: eval statistics"),
+        );
+        assert!(
+            rm == rm_before && rv == rv_before,
+            "{what}: eval leaves the running statistics"
+        );
+
+        // Backward, each mode: coefficients and the parameters' gradients.
+        let st = Tensor::from_vec(stats.clone(), &[5 * c], crate::Device::Cpu).unwrap();
+        let ls = Layout::contiguous(&[5 * c]);
+        let sums = partials(1, &stats[c..2 * c]);
+        for (mode, grad) in [
+            (2, BnGrad::Train),
+            (3, BnGrad::EvalWithParams),
+            (4, BnGrad::EvalInputOnly),
+        ] {
+            let (mut coef, mut dw, mut db) =
+                (vec![f32::NAN; 4 * c], vec![f32::NAN; c], vec![f32::NAN; c]);
+            let with_sums = mode != 4;
+            let a = BnArgs {
+                mode,
+                count,
+                stats: ptr(&stats),
+                out: coef.as_mut_ptr() as u64,
+                dweight: if with_sums { dw.as_mut_ptr() as u64 } else { 0 },
+                dbias: if with_sums { db.as_mut_ptr() as u64 } else { 0 },
+                ..Default::default()
+            };
+            run_finalize(with_sums.then_some(&sums[..]), a);
+            let (want, params) = dy
+                .storage()
+                .batch_norm_grad(dy.layout(), &x.storage(), &l, &st.storage(), &ls, grad)
+                .unwrap();
+            let what = format!("{what}: backward {grad:?}");
+            near(
+                &coef,
+                &values(want, 4 * c),
+                &format!("{what}: coefficients"),
+            );
+            match params {
+                Some((w, b)) => {
+                    near(&dw, &values(w, c), &format!("{what}: weight gradient"));
+                    near(&db, &values(b, c), &format!("{what}: bias gradient"));
+                }
+                None => assert!(
+                    !with_sums && dw.iter().all(|v| v.is_nan()),
+                    "{what}: no sums"
+                ),
+            }
+        }
 
         // coef = [alpha | center | gamma | beta], distinct per channel.
         let coef: Vec<f32> = (0..4 * c).map(|k| 0.25 + 0.1 * k as f32).collect();

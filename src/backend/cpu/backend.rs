@@ -217,18 +217,23 @@ impl PoolOps for CpuStorage {
 }
 
 impl NormOps for CpuStorage {
-    fn channel_moments(&self, l: &Layout) -> Result<Self> {
-        norm::channel_moments(self, l)
+    fn batch_norm_stats(
+        &self,
+        lx: &Layout,
+        p: crate::backend::norm::BnForward<'_, Self>,
+    ) -> Result<Self> {
+        norm::batch_norm_stats(self, lx, p)
     }
-    fn channel_grad_sums(
+    fn batch_norm_grad(
         &self,
         ld: &Layout,
         x: &Self,
         lx: &Layout,
-        mean: &Self,
-        lm: &Layout,
-    ) -> Result<Self> {
-        norm::channel_grad_sums(self, ld, x, lx, mean, lm)
+        stats: &Self,
+        ls: &Layout,
+        mode: crate::backend::norm::BnGrad,
+    ) -> Result<(Self, Option<(Self, Self)>)> {
+        norm::batch_norm_grad(self, ld, x, lx, stats, ls, mode)
     }
     fn channel_affine(
         &self,

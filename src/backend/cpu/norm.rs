@@ -9,6 +9,7 @@
 //! not depend on the number of threads.
 
 use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
+use crate::backend::norm::{BnForward, BnGrad, BnSource};
 use crate::backend::spec::ChannelSplit;
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
@@ -102,7 +103,7 @@ fn map_blocks<T: Sync, R: Send>(
 /// for f64): each block's mean (from deviations to a pilot value) and sum of squared
 /// deviations from it, two passes over the block while it is in cache, combined across
 /// blocks with Chan's formula.
-pub(crate) fn channel_moments(x: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
+fn moments(x: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
     fn go<T: CpuElem>(x: &[T], s: ChannelSplit) -> Vec<f64> {
         let parts = map_blocks(s, x, |b| {
             let n = (b.len() / s.channels) as f64;
@@ -142,20 +143,18 @@ pub(crate) fn channel_moments(x: &CpuStorage, l: &Layout) -> Result<CpuStorage> 
         });
     }
     let range = dense_range(l);
-    let stats = map_float!("batch_norm", x, v => go(&v[range], s));
-    Ok(stats_storage(stats, x.dtype()))
+    Ok(map_float!("batch_norm", x, v => go(&v[range], s)))
 }
 
 /// Per-channel `[sum dy, sum dy (x - mean)]` (`[2, channels]`) for the backward pass; `dy`
-/// and `x` share one dense layout, `mean` is in the statistics dtype.
-pub(crate) fn channel_grad_sums(
+/// and `x` share one dense layout.
+fn grad_sums(
     dy: &CpuStorage,
     ld: &Layout,
     x: &CpuStorage,
     lx: &Layout,
-    mean: &CpuStorage,
-    lm: &Layout,
-) -> Result<CpuStorage> {
+    mean: &[f64],
+) -> Result<Vec<f64>> {
     fn go<T: CpuElem>(dy: &[T], x: &[T], s: ChannelSplit, mean: &[f64]) -> Vec<f64> {
         let mean: Vec<T::Acc> = mean.iter().map(|&m| T::Acc::from_f64_(m)).collect();
         let rows = (s.channels * s.inner).max(1);
@@ -187,12 +186,11 @@ pub(crate) fn channel_grad_sums(
     }
     let s = ChannelSplit::of_pair("batch_norm backward", ld, lx)?;
     let (rd, rx) = (dense_range(ld), dense_range(lx));
-    let mean = stat_values(mean, lm)?;
     let sums = match (dy, x) {
-        (CpuStorage::F32(d), CpuStorage::F32(v)) => go(&d[rd], &v[rx], s, &mean),
-        (CpuStorage::F16(d), CpuStorage::F16(v)) => go(&d[rd], &v[rx], s, &mean),
-        (CpuStorage::BF16(d), CpuStorage::BF16(v)) => go(&d[rd], &v[rx], s, &mean),
-        (CpuStorage::F64(d), CpuStorage::F64(v)) => go(&d[rd], &v[rx], s, &mean),
+        (CpuStorage::F32(d), CpuStorage::F32(v)) => go(&d[rd], &v[rx], s, mean),
+        (CpuStorage::F16(d), CpuStorage::F16(v)) => go(&d[rd], &v[rx], s, mean),
+        (CpuStorage::BF16(d), CpuStorage::BF16(v)) => go(&d[rd], &v[rx], s, mean),
+        (CpuStorage::F64(d), CpuStorage::F64(v)) => go(&d[rd], &v[rx], s, mean),
         (d, v) => {
             return Err(Error::DTypeMismatch {
                 op: "batch_norm backward",
@@ -201,7 +199,149 @@ pub(crate) fn channel_grad_sums(
             })
         }
     };
-    Ok(stats_storage(sums, x.dtype()))
+    Ok(sums)
+}
+
+/// [`crate::backend::NormOps::batch_norm_stats`]: the statistics (the batch's or the running
+/// ones) turned into `[a | mean | b | invstd | var]` in f64, and the running statistics and
+/// batch counter updated, as `bn_finalize` (cuda/norm.cu) does in modes 0 and 1.
+pub(crate) fn batch_norm_stats(
+    x: &CpuStorage,
+    lx: &Layout,
+    p: BnForward<'_, CpuStorage>,
+) -> Result<CpuStorage> {
+    let s = ChannelSplit::of("batch_norm", lx)?;
+    let c = s.channels;
+    let (mean, var) = match &p.source {
+        BnSource::Batch { .. } => {
+            let m = moments(x, lx)?;
+            (m[..c].to_vec(), m[c..].to_vec())
+        }
+        BnSource::Running(m, v) => (whole_values(m, c)?, whole_values(v, c)?),
+    };
+    let vector = |v: Option<(&CpuStorage, &Layout)>| v.map(|(v, l)| stat_values(v, l)).transpose();
+    let (w, b) = (vector(p.weight)?, vector(p.bias)?);
+    let mut out = vec![0.0f64; 5 * c];
+    for k in 0..c {
+        let invstd = 1.0 / (var[k] + p.eps).sqrt();
+        out[k] = invstd * w.as_ref().map_or(1.0, |w| w[k]);
+        out[c + k] = mean[k];
+        out[2 * c + k] = b.as_ref().map_or(0.0, |b| b[k]);
+        out[3 * c + k] = invstd;
+        out[4 * c + k] = var[k];
+    }
+    if let BnSource::Batch {
+        running,
+        tracked,
+        momentum,
+    } = p.source
+    {
+        let count = (s.outer * s.inner) as f64;
+        if let Some((rm, rv)) = running {
+            update_whole(rm, c, |k, r| (1.0 - momentum) * r + momentum * mean[k])?;
+            let unbias = count / (count - 1.0);
+            update_whole(rv, c, |k, r| {
+                (1.0 - momentum) * r + momentum * var[k] * unbias
+            })?;
+        }
+        match tracked {
+            None => {}
+            Some(CpuStorage::I64(t)) if t.len() == 1 => t[0] += 1,
+            Some(t) => {
+                return Err(Error::invalid(
+                    "batch_norm",
+                    format!(
+                        "num_batches_tracked must be one i64, got {} {:?}",
+                        t.len(),
+                        t.dtype()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(stats_storage(out, x.dtype()))
+}
+
+/// [`crate::backend::NormOps::batch_norm_grad`]: `bn_finalize`'s modes 2 to 4 in f64.
+pub(crate) fn batch_norm_grad(
+    dy: &CpuStorage,
+    ld: &Layout,
+    x: &CpuStorage,
+    lx: &Layout,
+    stats: &CpuStorage,
+    ls: &Layout,
+    mode: BnGrad,
+) -> Result<(CpuStorage, Option<(CpuStorage, CpuStorage)>)> {
+    let s = ChannelSplit::of_pair("batch_norm backward", ld, lx)?;
+    let c = s.channels;
+    let st = stat_values(stats, ls)?;
+    if st.len() != 5 * c {
+        return Err(Error::invalid(
+            "batch_norm backward",
+            format!("statistics of {} values for {c} channels", st.len()),
+        ));
+    }
+    let (a, mean, invstd) = (&st[..c], &st[c..2 * c], &st[3 * c..4 * c]);
+    let sums = match mode {
+        BnGrad::EvalInputOnly => None,
+        _ => Some(grad_sums(dy, ld, x, lx, mean)?),
+    };
+    let count = (s.outer * s.inner) as f64;
+    let train = mode == BnGrad::Train;
+    let mut coef = vec![0.0f64; 4 * c];
+    for k in 0..c {
+        let (sdy, sdx) = sums.as_ref().map_or((0.0, 0.0), |v| (v[k], v[c + k]));
+        if train {
+            coef[k] = -a[k] * invstd[k] * invstd[k] * sdx / count;
+            coef[2 * c + k] = -a[k] * sdy / count;
+        }
+        coef[c + k] = mean[k];
+        coef[3 * c + k] = a[k];
+    }
+    let params = sums.map(|v| {
+        let dw = (0..c).map(|k| v[c + k] * invstd[k]).collect();
+        let db = v[..c].to_vec();
+        (stats_storage(dw, x.dtype()), stats_storage(db, x.dtype()))
+    });
+    Ok((stats_storage(coef, x.dtype()), params))
+}
+
+/// The `c` values of a whole statistics storage, as f64.
+fn whole_values(v: &CpuStorage, c: usize) -> Result<Vec<f64>> {
+    if v.len() != c {
+        return Err(Error::invalid(
+            "batch_norm",
+            format!("running statistics of {} values for {c} channels", v.len()),
+        ));
+    }
+    stat_values(v, &Layout::contiguous(&[c]))
+}
+
+/// `v[k] = f(k, v[k])` over a whole f32 or f64 storage of `c` values.
+fn update_whole(v: &mut CpuStorage, c: usize, f: impl Fn(usize, f64) -> f64) -> Result<()> {
+    match v {
+        CpuStorage::F32(v) if v.len() == c => {
+            for (k, r) in v.iter_mut().enumerate() {
+                *r = f(k, f64::from(*r)) as f32;
+            }
+        }
+        CpuStorage::F64(v) if v.len() == c => {
+            for (k, r) in v.iter_mut().enumerate() {
+                *r = f(k, *r);
+            }
+        }
+        v => {
+            return Err(Error::invalid(
+                "batch_norm",
+                format!(
+                    "running statistics must be {c} f32 or f64 values, got {} {:?}",
+                    v.len(),
+                    v.dtype()
+                ),
+            ))
+        }
+    }
+    Ok(())
 }
 
 /// Adds `dy (x - mean[c])` of a block to `acc[c]`.

@@ -1,15 +1,17 @@
 //! Launchers for `cuda/norm.cu`: batch normalisation's per-channel moments and gradient sums
-//! (a partial per chunk of rows, then an in-order combination) and its per-channel affine
-//! pass, over dense row-major or channels-last operands (`ChannelSplit`).
+//! (a partial per chunk of rows, then `bn_finalize`, which joins the chunks and computes the
+//! coefficients, running statistics included) and its per-channel affine pass, over dense
+//! row-major or channels-last operands (`ChannelSplit`).
 
 use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
+use crate::backend::norm::{BnForward, BnGrad, BnSource};
 use crate::backend::spec::ChannelSplit;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
-use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Threads per block of `bn_partial` (at most 256: its warp sums hold 8 warps).
 const THREADS: u32 = 256;
@@ -59,8 +61,9 @@ fn f32_vector<'a>(
     Ok((Dense::Owned(copy), p))
 }
 
-/// Runs `bn_partial` (mode 0 moments of x, mode 1 gradient sums) and `bn_combine`.
-fn reduce(
+/// Runs `bn_partial` (mode 0 moments of x, mode 1 gradient sums): f32 partials `[chunks, c,
+/// 2]`.
+fn partial(
     op: &'static str,
     mode: i32,
     x: &CudaStorage,
@@ -70,20 +73,12 @@ fn reduce(
     s: ChannelSplit,
 ) -> Result<CudaStorage> {
     let t = float_kname(op, x.dtype())?;
-    if s.outer * s.inner == 0 {
-        return Err(Error::Empty {
-            op,
-            shape: lx.shape().to_vec(),
-        });
-    }
     let (chunks, blocks) = partial_blocks(s);
     let part = CudaStorage::alloc_on(x.rt(), DType::F32, chunks * s.channels * 2)?;
-    let out = CudaStorage::alloc_on(x.rt(), DType::F32, 2 * s.channels)?;
     let i = |v: usize| v as i64;
     let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk_rows(s)));
     let xp = x.ptr_at(lx.offset());
-    let (dp, mp) = (dy.unwrap_or(0), mean.unwrap_or(0));
-    let (pp, op_) = (part.ptr(), out.ptr());
+    let (dp, mp, pp) = (dy.unwrap_or(0), mean.unwrap_or(0), part.ptr());
     let cfg = LaunchConfig {
         grid_dim: (blocks.min(1 << 20) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -91,56 +86,220 @@ fn reduce(
     };
     // Mode 0 reads x; mode 1 reads dy and x (and the means); both write f32 partial sums.
     let n = s.outer * s.channels * s.inner;
-    let reads = if mode == 1 {
-        2 * elems(n, x.dtype())
-    } else {
-        elems(n, x.dtype())
-    };
-    let part_bytes = elems(chunks * s.channels * 2, DType::F32);
+    let planes = if mode == 1 { 2 } else { 1 };
+    let bytes = planes * elems(n, x.dtype()) + elems(chunks * s.channels * 2, DType::F32);
     let name = format!("bn_partial_{t}");
     launch!(
-        bytes = reads + part_bytes;
+        bytes = bytes;
         x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk
     );
-    let name = "bn_combine".to_string();
+    Ok(part)
+}
+
+/// `cuda/norm.cu`'s `BnArgs`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct BnArgs {
+    pub(super) mode: i32,
+    pub(super) momentum: f64,
+    pub(super) eps: f64,
+    pub(super) count: f64,
+    pub(super) weight: u64,
+    pub(super) bias: u64,
+    pub(super) running_mean: u64,
+    pub(super) running_var: u64,
+    pub(super) tracked: u64,
+    pub(super) stats: u64,
+    pub(super) out: u64,
+    pub(super) dweight: u64,
+    pub(super) dbias: u64,
+}
+
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for BnArgs {}
+
+/// Threads per block of `bn_finalize` for `chunks` partials: a power of two, 32 to 256.
+pub(crate) fn finalize_threads(chunks: usize) -> u32 {
+    chunks.next_power_of_two().clamp(32, THREADS as usize) as u32
+}
+
+/// Runs `bn_finalize` over the partials (none in modes 1 and 4): one block per channel.
+fn finalize(x: &CudaStorage, part: Option<&CudaStorage>, a: BnArgs, s: ChannelSplit) -> Result<()> {
+    let chunks = part.map_or(0, |_| s.outer.div_ceil(chunk_rows(s)));
+    let cfg = LaunchConfig {
+        grid_dim: (s.channels.clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (finalize_threads(chunks), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let i = |v: usize| v as i64;
+    let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk_rows(s)));
+    let pp = part.map_or(0, |p| p.ptr());
+    let bytes = elems(2 * chunks * s.channels + 9 * s.channels, DType::F32);
     launch!(
-        bytes = part_bytes + elems(2 * s.channels, DType::F32);
-        x,
-        KernelFile::Norm,
-        name,
-        grid(s.channels),
-        &mode,
-        &pp,
-        &op_,
-        &outer,
-        &c,
-        &inner,
-        &chunk
+        bytes = bytes;
+        x, KernelFile::Norm, "bn_finalize".to_string(), cfg, &pp, &a, &outer, &c, &inner, &chunk
     );
+    Ok(())
+}
+
+/// The address of a whole f32 storage of `n` values, written by the kernel.
+fn whole_f32(op: &'static str, what: &str, v: &CudaStorage, n: usize) -> Result<u64> {
+    if v.dtype() != DType::F32 || v.len() != n {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "{what} must be {n} f32 values, got {} {:?}",
+                v.len(),
+                v.dtype()
+            ),
+        ));
+    }
+    Ok(v.ptr())
+}
+
+/// See [`crate::backend::NormOps::batch_norm_stats`]: `bn_partial` and `bn_finalize` in
+/// training (running statistics and counter updated by the second), `bn_finalize` alone in
+/// eval.
+pub(crate) fn batch_norm_stats(
+    x: &CudaStorage,
+    lx: &Layout,
+    p: BnForward<'_, CudaStorage>,
+) -> Result<CudaStorage> {
+    let op = "batch_norm";
+    let s = ChannelSplit::of(op, lx)?;
+    let c = s.channels;
+    if s.outer * s.inner == 0 {
+        return Err(Error::Empty {
+            op,
+            shape: lx.shape().to_vec(),
+        });
+    }
+    let (_w, weight) = optional_f32(op, p.weight)?;
+    let (_b, bias) = optional_f32(op, p.bias)?;
+    let out = CudaStorage::alloc_on(x.rt(), DType::F32, 5 * c)?;
+    let mut a = BnArgs {
+        eps: p.eps,
+        count: (s.outer * s.inner) as f64,
+        weight,
+        bias,
+        out: out.ptr(),
+        ..Default::default()
+    };
+    match p.source {
+        BnSource::Batch {
+            running,
+            tracked,
+            momentum,
+        } => {
+            a.momentum = momentum;
+            if let Some((m, v)) = running {
+                a.running_mean = whole_f32(op, "running_mean", m, c)?;
+                a.running_var = whole_f32(op, "running_var", v, c)?;
+            }
+            if let Some(t) = tracked {
+                if t.dtype() != DType::I64 || t.len() != 1 {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "num_batches_tracked must be one i64, got {} {:?}",
+                            t.len(),
+                            t.dtype()
+                        ),
+                    ));
+                }
+                a.tracked = t.ptr();
+            }
+            let part = partial(op, 0, x, lx, None, None, s)?;
+            finalize(x, Some(&part), a, s)?;
+        }
+        BnSource::Running(m, v) => {
+            a.mode = 1;
+            a.running_mean = whole_f32(op, "running_mean", m, c)?;
+            a.running_var = whole_f32(op, "running_var", v, c)?;
+            finalize(x, None, a, s)?;
+        }
+    }
     Ok(out)
 }
 
-/// Per-channel `[mean | biased variance]` (f32) of a dense `[n, c, ...]` tensor.
-pub(crate) fn channel_moments(x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-    let s = ChannelSplit::of("batch_norm", l)?;
-    reduce("batch_norm", 0, x, l, None, None, s)
+/// An optional f32 `[c]` operand's address (a contiguous copy of a strided view), or null.
+fn optional_f32<'a>(
+    op: &'static str,
+    v: Option<(&'a CudaStorage, &Layout)>,
+) -> Result<(Option<Dense<'a>>, u64)> {
+    match v {
+        None => Ok((None, 0)),
+        Some((v, l)) => {
+            let (d, p) = f32_vector(op, v, l)?;
+            Ok((Some(d), p))
+        }
+    }
 }
 
-/// Per-channel `[sum dy | sum dy (x - mean)]` (f32); `dy` and `x` dense in one format.
-pub(crate) fn channel_grad_sums(
+/// See [`crate::backend::NormOps::batch_norm_grad`]: `bn_partial` (the gradient sums, unless
+/// only the eval input gradient is wanted) and `bn_finalize`.
+pub(crate) fn batch_norm_grad(
     dy: &CudaStorage,
     ld: &Layout,
     x: &CudaStorage,
     lx: &Layout,
-    mean: &CudaStorage,
-    lm: &Layout,
-) -> Result<CudaStorage> {
+    stats: &CudaStorage,
+    ls: &Layout,
+    mode: BnGrad,
+) -> Result<(CudaStorage, Option<(CudaStorage, CudaStorage)>)> {
     let op = "batch_norm backward";
     same_dtype(op, dy, x)?;
     let s = ChannelSplit::of_pair(op, ld, lx)?;
-    let (_mean, mp) = f32_vector(op, mean, lm)?;
-    // The kernel indexes dy from its own first element as it indexes x.
-    reduce(op, 1, x, lx, Some(dy.ptr_at(ld.offset())), Some(mp), s)
+    let c = s.channels;
+    if ls.numel() != 5 * c || s.outer * s.inner == 0 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "statistics of {} values for input {:?}",
+                ls.numel(),
+                lx.shape()
+            ),
+        ));
+    }
+    let (_stats, sp) = f32_vector(op, stats, ls)?;
+    let coef = CudaStorage::alloc_on(x.rt(), DType::F32, 4 * c)?;
+    let params = match mode {
+        BnGrad::EvalInputOnly => None,
+        _ => Some((
+            CudaStorage::alloc_on(x.rt(), DType::F32, c)?,
+            CudaStorage::alloc_on(x.rt(), DType::F32, c)?,
+        )),
+    };
+    let a = BnArgs {
+        mode: match mode {
+            BnGrad::Train => 2,
+            BnGrad::EvalWithParams => 3,
+            BnGrad::EvalInputOnly => 4,
+        },
+        count: (s.outer * s.inner) as f64,
+        stats: sp,
+        out: coef.ptr(),
+        dweight: params.as_ref().map_or(0, |p| p.0.ptr()),
+        dbias: params.as_ref().map_or(0, |p| p.1.ptr()),
+        ..Default::default()
+    };
+    // The means are the statistics' second plane (f32); the kernel indexes dy from its own
+    // first element as it indexes x.
+    let mean = sp + (c * 4) as u64;
+    let part = match mode {
+        BnGrad::EvalInputOnly => None,
+        _ => Some(partial(
+            op,
+            1,
+            x,
+            lx,
+            Some(dy.ptr_at(ld.offset())),
+            Some(mean),
+            s,
+        )?),
+    };
+    finalize(x, part.as_ref(), a, s)?;
+    Ok((coef, params))
 }
 
 /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s dtype and layout, with
