@@ -1,6 +1,7 @@
 // The fused optimizer update (src/backend/cpu/optim.rs and the rules in src/backend/ops.rs):
 // one pass reads parameter or f32 master, gradient and states, computes in f32, and writes
-// them back, plus the f16/bf16 working copy of a master (round to nearest or stochastic).
+// them back, plus the f16/bf16 working copy of a master (round to nearest or stochastic), for
+// a list of tensors per launch.
 // The step count and the overflow flag are read on the device: a set flag skips everything,
 // and `optim_count` (launched after the update) advances the count, so no host read is needed.
 
@@ -13,7 +14,6 @@ struct OptimArgs {
     float ac, bc;       // 1 - a, 1 - b
     float log_a, log_b; // ln a, ln b: Adam's bias corrections 1 - a^t = -expm1(t ln a)
     float decay;        // AdamW's 1 - lr wd
-    u64 seed;       // stochastic-rounding stream of this parameter
 };
 
 // The key of the update that follows `steps` earlier ones (rounding.rs: stochastic_key).
@@ -41,20 +41,20 @@ template <> __device__ __forceinline__ void write_working<bf16>(bf16* w, i64 i, 
 }
 template <> __device__ __forceinline__ void write_working<float>(float*, i64, float, bool, uint2) {}
 
+// Updates elements i0, i0 + stride, ... below n of one tensor, after `steps` earlier updates,
+// drawing stochastic rounding bits from `seed`'s stream.
 template <typename P, typename G, typename W>
-__device__ void optim_update(OptimArgs a, P* p, const G* g, P* s0, P* s1, W* w, const float* step,
-                             const float* found_inf, i64 n) {
-    if (found_inf != nullptr && *found_inf != 0.0f) return;
-    float steps = *step;
+__device__ void optim_span(const OptimArgs& a, P* p, const G* g, P* s0, P* s1, W* w,
+                           float steps, u64 seed, i64 i0, i64 n, i64 stride) {
     bool first = steps == 0.0f;
     float t = steps + 1.0f;
-    uint2 key = stochastic_key(a.seed, (u64)steps);
+    uint2 key = stochastic_key(seed, (u64)steps);
     // Adam's constants (ops.rs: AdamRule), computed per thread from the device step count.
     float decay = (a.flags & 2) ? a.decay : 1.0f;
     float l2 = (a.flags & 2) ? 0.0f : a.wd;
     float inv_bc2 = 1.0f / -expm1f(t * a.log_b);
     float step_size = a.lr / -expm1f(t * a.log_a);
-    FOR_EACH(i, n) {
+    for (i64 i = i0; i < n; i += stride) {
         float x = to_f32(p[i]), gi = to_f32(g[i]);
         if (a.kind == 0) {
             float d = gi + a.wd * x;
@@ -84,10 +84,45 @@ __device__ void optim_update(OptimArgs a, P* p, const G* g, P* s0, P* s1, W* w, 
     }
 }
 
+// Up to OPTIM_LIST tensors updated by one launch (PyTorch's multi_tensor_apply): tensor k
+// has n[k] elements in chunks of OPTIM_CHUNK, its chunks numbered from start[k] (start is
+// increasing; `chunks` in all). Pointers are to each tensor's element 0; s0, s1, w may be
+// null as in the update's rules. At most 4 KB of kernel parameters with OptimArgs.
+#define OPTIM_LIST 48
+#define OPTIM_CHUNK 16384
+struct OptimList {
+    i64 count;
+    i64 chunks;
+    void* p[OPTIM_LIST];
+    const void* g[OPTIM_LIST];
+    void* s0[OPTIM_LIST];
+    void* s1[OPTIM_LIST];
+    void* w[OPTIM_LIST];
+    float* step[OPTIM_LIST];
+    i64 n[OPTIM_LIST];
+    i64 start[OPTIM_LIST];
+    u64 seed[OPTIM_LIST];
+};
+
+// Every listed tensor's update, skipped whole when found_inf is set. A block takes chunks
+// b, b + gridDim, ...; the step counts are read here and advanced by optim_count after.
+template <typename P, typename G, typename W>
+__device__ void optim_list(OptimArgs a, const OptimList& L, const float* found_inf) {
+    if (found_inf != nullptr && *found_inf != 0.0f) return;
+    for (i64 b = blockIdx.x; b < L.chunks; b += gridDim.x) {
+        int k = 0;
+        while (k + 1 < L.count && L.start[k + 1] <= b) ++k;
+        i64 begin = (b - L.start[k]) * OPTIM_CHUNK;
+        i64 end = begin + OPTIM_CHUNK < L.n[k] ? begin + OPTIM_CHUNK : L.n[k];
+        optim_span<P, G, W>(a, (P*)L.p[k], (const G*)L.g[k], (P*)L.s0[k], (P*)L.s1[k],
+                            (W*)L.w[k], *L.step[k], L.seed[k], begin + threadIdx.x, end,
+                            blockDim.x);
+    }
+}
+
 #define OPTIM(name, P, G, W)                                                                 \
-    extern "C" __global__ void name(OptimArgs a, P* p, const G* g, P* s0, P* s1, W* w,       \
-                                    const float* step, const float* found_inf, i64 n) {      \
-        optim_update<P, G, W>(a, p, g, s0, s1, w, step, found_inf, n);                       \
+    extern "C" __global__ void name(OptimArgs a, OptimList list, const float* found_inf) {   \
+        optim_list<P, G, W>(a, list, found_inf);                                             \
     }
 
 OPTIM(optim_float_float, float, float, float)
@@ -99,11 +134,10 @@ OPTIM(optim_master_float_f16, float, float, f16)
 OPTIM(optim_master_bf16_bf16, float, bf16, bf16)
 OPTIM(optim_master_float_bf16, float, float, bf16)
 
-// Counts the update, unless it was skipped. One thread.
-extern "C" __global__ void optim_count(float* step, const float* found_inf) {
-    if (threadIdx.x == 0 && blockIdx.x == 0 && (found_inf == nullptr || *found_inf == 0.0f)) {
-        *step += 1.0f;
-    }
+// Counts the update of every listed tensor, unless it was skipped. One thread per tensor.
+extern "C" __global__ void optim_count(OptimList list, const float* found_inf) {
+    i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < list.count && (found_inf == nullptr || *found_inf == 0.0f)) *list.step[k] += 1.0f;
 }
 
 // Rewrites a working copy from its master with the bits of the last counted update

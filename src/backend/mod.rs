@@ -28,7 +28,7 @@ pub mod memory;
 mod no_cuda;
 pub(crate) mod norm;
 pub mod ops;
-mod optim;
+pub(crate) mod optim;
 mod pool;
 mod reduce;
 mod rnn;

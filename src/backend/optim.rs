@@ -20,39 +20,65 @@ pub(crate) trait OptimOps: BackendStorage {
         u: &OptimUpdate,
         working: Option<(&mut Self, Rounding)>,
     ) -> Result<()>;
+    /// [`OptimOps::optim_update`] of every item, with one overflow flag. Backends with
+    /// multi-tensor kernels update many parameters per launch; by default, one at a time.
+    fn optim_update_many(
+        items: &mut [OptimItem<'_, Self>],
+        found_inf: Option<&Self>,
+        u: &OptimUpdate,
+    ) -> Result<()> {
+        for it in items.iter_mut() {
+            let working = it.working.as_mut().map(|(w, r)| (&mut **w, *r));
+            it.param
+                .optim_update(it.grad, &mut it.states, it.step, found_inf, u, working)?;
+        }
+        Ok(())
+    }
     /// Writes the f32 `master` into this f16/bf16 working copy with `rounding`, drawing the
     /// stochastic bits of the last update counted in `step` (an f32 scalar).
     fn round_from_master(&mut self, master: &Self, rounding: Rounding, step: &Self) -> Result<()>;
 }
 
+/// One parameter's operands of an update: the parameter (or its f32 master), its gradient,
+/// the states the update reads and writes, its step count and, for a master, the working copy
+/// with its rounding.
+pub(crate) struct OptimItem<'a, S> {
+    pub param: &'a mut S,
+    pub grad: &'a S,
+    pub states: Vec<&'a mut S>,
+    pub step: &'a mut S,
+    pub working: Option<(&'a mut S, Rounding)>,
+}
+
 impl Storage {
-    /// See [`OptimOps::optim_update`].
-    pub(crate) fn optim_update(
-        &mut self,
-        grad: &Storage,
-        states: &mut [&mut Storage],
-        step: &mut Storage,
+    /// See [`OptimOps::optim_update_many`]: every operand on one device.
+    pub(crate) fn optim_update_many(
+        items: Vec<OptimItem<'_, Storage>>,
         found_inf: Option<&Storage>,
         u: &OptimUpdate,
-        working: Option<(&mut Storage, Rounding)>,
     ) -> Result<()> {
-        let mut all: Vec<&Storage> = vec![&*self, grad, &*step];
-        all.extend(states.iter().map(|s| &**s));
-        all.extend(found_inf);
-        if let Some((w, _)) = &working {
-            all.push(&**w);
+        let mut all: Vec<&Storage> = found_inf.into_iter().collect();
+        for it in &items {
+            all.extend([&*it.param, it.grad, &*it.step]);
+            all.extend(it.states.iter().map(|s| &**s));
+            all.extend(it.working.as_ref().map(|(w, _)| &**w));
+        }
+        if all.is_empty() {
+            return Ok(());
         }
         let device = super::common_device("optim_update", &all)?;
         on_device!(device, B => {
-            let mut st: Vec<&mut B> = states.iter_mut().map(|s| B::part_mut(s)).collect();
-            B::part_mut(self).optim_update(
-                B::part(grad),
-                &mut st,
-                B::part_mut(step),
-                found_inf.map(B::part),
-                u,
-                working.map(|(w, r)| (B::part_mut(w), r)),
-            )
+            let mut parts: Vec<OptimItem<'_, B>> = items
+                .into_iter()
+                .map(|it| OptimItem {
+                    param: B::part_mut(it.param),
+                    grad: B::part(it.grad),
+                    states: it.states.into_iter().map(B::part_mut).collect(),
+                    step: B::part_mut(it.step),
+                    working: it.working.map(|(w, r)| (B::part_mut(w), r)),
+                })
+                .collect();
+            B::optim_update_many(&mut parts, found_inf.map(B::part), u)
         })
     }
 

@@ -17,6 +17,8 @@ pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCyc
 pub use sgd::{Sgd, SgdConfig, Sgld};
 
 use crate::backend::ops::OptimUpdate;
+use crate::backend::optim::OptimItem;
+use crate::backend::Storage;
 use crate::{DType, Error, Generator, Result, Tensor};
 use std::collections::BTreeMap;
 
@@ -67,15 +69,15 @@ impl ParamGroup {
         found_inf: Option<&Tensor>,
     ) -> Result<()> {
         crate::no_grad(|| {
+            let mut items = Vec::with_capacity(self.params.len());
             for i in 0..self.params.len() {
                 let Some(g) = self.params[i].grad() else {
                     continue;
                 };
                 let (target, working) = self.target(i)?;
-                let st = &mut self.states[i];
-                fused_step(&target, &g, st, names, u, found_inf, working.as_ref())?;
+                items.push(prepare(target, &g, &mut self.states[i], names, working)?);
             }
-            Ok(())
+            apply(&items, found_inf, u)
         })
     }
 }
@@ -273,18 +275,28 @@ fn state_entry(name: &str, n: usize) -> Option<(usize, &str)> {
         .filter(|(i, _)| *i < n)
 }
 
-/// Applies the fused update `u` in place to parameter `p` (or f32 master, when `working`
+/// One parameter's operands of a fused update, checked and in the parameter's memory order.
+struct Prepared {
+    /// The parameter, or its f32 master.
+    target: Tensor,
+    grad: Tensor,
+    states: Vec<Tensor>,
+    step: Tensor,
+    /// A master's f16/bf16 working copy, written in the same pass.
+    working: Option<(Tensor, Rounding)>,
+}
+
+/// Checks the operands of the fused update of parameter `p` (or f32 master, when `working`
 /// names the f16/bf16 working copy to write in the same pass) with gradient `g`, creating
-/// the states `names` (zeros, the shape and dtype of `p`) on first use.
-pub(crate) fn fused_step(
-    p: &Tensor,
+/// the states `names` (zeros, the shape and dtype of `p`) and the step count on first use.
+fn prepare(
+    target: Tensor,
     g: &Tensor,
     st: &mut ParamState,
     names: &[&str],
-    u: OptimUpdate,
-    found_inf: Option<&Tensor>,
-    working: Option<&(Tensor, Rounding)>,
-) -> Result<()> {
+    working: Option<(Tensor, Rounding)>,
+) -> Result<Prepared> {
+    let p = &target;
     if !p.fills_storage() {
         return Err(Error::invalid(
             "optimizer step",
@@ -299,7 +311,7 @@ pub(crate) fn fused_step(
     // The update walks parameter, gradient, states and working copy as flat arrays: all in
     // the parameter's memory order.
     let format = p.memory_format();
-    if let Some((w, _)) = working {
+    if let Some((w, _)) = &working {
         if !w.fills_storage() || w.memory_format() != format {
             return Err(Error::invalid(
                 "optimizer step",
@@ -353,25 +365,56 @@ pub(crate) fn fused_step(
         None => Tensor::zeros(&[], DType::F32, p.device())?,
     };
     st.tensors.insert("step".into(), step.clone());
-    let gs = g.storage();
+    Ok(Prepared {
+        target,
+        grad: g,
+        states,
+        step,
+        working,
+    })
+}
+
+/// Applies the fused update `u` in place to every prepared parameter, skipped on the device
+/// when `found_inf` is nonzero; on CUDA, one launch per list of parameters of one dtype
+/// combination.
+fn apply(items: &[Prepared], found_inf: Option<&Tensor>, u: OptimUpdate) -> Result<()> {
     let flag = found_inf.map(|f| f.to_dtype(DType::F32)).transpose()?;
     let fs = flag.as_ref().map(|f| f.storage());
-    let mut all: Vec<&Tensor> = vec![p, &step];
-    all.extend(working.map(|w| &w.0));
-    all.extend(states.iter());
+    let grads: Vec<_> = items.iter().map(|it| it.grad.storage()).collect();
+    let mut all: Vec<&Tensor> = Vec::new();
+    for it in items {
+        all.extend([&it.target, &it.step]);
+        all.extend(it.working.as_ref().map(|w| &w.0));
+        all.extend(it.states.iter());
+    }
     Tensor::write_many("optimizer step", &all, |s| {
-        let [param, step, rest @ ..] = s else {
-            unreachable!("parameter and step come first")
-        };
-        match working {
-            Some((_, rounding)) => {
-                let [w, rest @ ..] = rest else {
-                    unreachable!("the working copy follows the step")
-                };
-                param.optim_update(&gs, rest, step, fs.as_deref(), &u, Some((w, *rounding)))
-            }
-            None => param.optim_update(&gs, rest, step, fs.as_deref(), &u, None),
+        let mut rest = s;
+        let mut ops = Vec::with_capacity(items.len());
+        for (it, g) in items.iter().zip(&grads) {
+            let k = 2 + usize::from(it.working.is_some()) + it.states.len();
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(k);
+            rest = tail;
+            let [param, step, more @ ..] = head else {
+                unreachable!("parameter and step come first")
+            };
+            let (working, states) = match &it.working {
+                Some((_, rounding)) => {
+                    let [w, states @ ..] = more else {
+                        unreachable!("the working copy follows the step")
+                    };
+                    (Some((&mut **w, *rounding)), states)
+                }
+                None => (None, more),
+            };
+            ops.push(OptimItem {
+                param: &mut **param,
+                grad: g,
+                states: states.iter_mut().map(|s| &mut **s).collect(),
+                step: &mut **step,
+                working,
+            });
         }
+        Storage::optim_update_many(ops, fs.as_deref(), &u)
     })
 }
 

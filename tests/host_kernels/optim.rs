@@ -1,26 +1,18 @@
 //! The fused optimizer kernel, every update kind and dtype combination, against the CPU's
-//! update, for two steps (the second reads the step count and states the first wrote).
+//! update, for two steps (the second reads the step count and states the first wrote), on a
+//! list of two tensors, one of several chunks.
 
-use super::{function, library, randn};
-use crate::backend::cuda::optim::{args, kernel, OptimArgs};
+use super::{function, library, randn, run_grid};
+use crate::backend::cuda::optim::{args, kernel, lists, ListEntry, OptimArgs, OptimList, CHUNK};
 use crate::backend::ops::OptimUpdate;
+use crate::backend::optim::OptimItem;
 use crate::backend::rounding::Rounding;
 use crate::backend::Storage;
 use crate::{DType, Tensor};
 use std::ffi::c_void;
 
-type Update = unsafe extern "C" fn(
-    OptimArgs,
-    *mut c_void,
-    *const c_void,
-    *mut c_void,
-    *mut c_void,
-    *mut c_void,
-    *const f32,
-    *const f32,
-    i64,
-) -> ();
-type Count = unsafe extern "C" fn(*mut f32, *const f32) -> ();
+type Update = unsafe extern "C" fn(OptimArgs, OptimList, *const f32) -> ();
+type Count = unsafe extern "C" fn(OptimList, *const f32) -> ();
 
 /// A tensor's storage, for the CPU update to write in place.
 fn storage(t: &Tensor) -> Storage {
@@ -103,57 +95,52 @@ fn optimizer_kernel_matches_the_cpu_update() {
         (F32, BF16, Some((BF16, Rounding::Stochastic { seed: 11 }))),
         (F32, F32, Some((BF16, Rounding::Nearest))),
     ];
-    let n = 45;
+    // Two tensors in one list: one short, one over two chunks.
+    let sizes = [45, CHUNK + 7];
     for u in &updates {
         for &(pd, gd, work) in &combos {
             let what = format!("{u:?} {pd:?}/{gd:?}/{work:?}");
             let name = kernel(pd, gd, work.map(|w| w.0)).expect("a kernel");
             let f: Update = function(lib, name);
             let count: Count = function(lib, "optim_count");
-            let p0 = randn(&[n], 20).to_dtype(pd).unwrap();
-            // Two copies of everything: the CPU's and the kernel's.
-            let mk = |t: &Tensor| (storage(t), storage(t));
-            let (mut pc, mut pk) = mk(&p0);
-            let zeros = Tensor::zeros(&[n], pd, crate::Device::Cpu).unwrap();
-            let mut sc: Vec<Storage> = (0..u.num_states()).map(|_| storage(&zeros)).collect();
-            let mut sk: Vec<Storage> = (0..u.num_states()).map(|_| storage(&zeros)).collect();
-            let w0 = work.map(|(d, _)| p0.to_dtype(d).unwrap());
-            let (mut wc, mut wk) = match &w0 {
-                Some(w) => (Some(storage(w)), Some(storage(w))),
-                None => (None, None),
-            };
-            let steps = Tensor::zeros(&[1], F32, crate::Device::Cpu).unwrap();
-            let (mut tc, mut tk) = mk(&steps);
+            // Per tensor, two copies of everything: the CPU's and the kernel's.
+            let mut t: Vec<Operands> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| Operands::new(n, 20 + k as u64, pd, u.num_states(), work))
+                .collect();
             for step in 0..2 {
-                let g = randn(&[n], 21 + step).to_dtype(gd).unwrap();
-                let gs = storage(&g);
-                let mut refs: Vec<&mut Storage> = sc.iter_mut().collect();
-                let working = wc.as_mut().zip(work).map(|(w, (_, r))| (w, r));
-                pc.optim_update(&gs, &mut refs, &mut tc, None, u, working)
-                    .unwrap();
+                let grads: Vec<Tensor> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &n)| randn(&[n], 30 + 2 * k as u64 + step).to_dtype(gd).unwrap())
+                    .collect();
+                let gs: Vec<Storage> = grads.iter().map(storage).collect();
+                let items: Vec<OptimItem<'_, Storage>> = t
+                    .iter_mut()
+                    .zip(&gs)
+                    .map(|(o, g)| OptimItem {
+                        param: &mut o.pc,
+                        grad: g,
+                        states: o.sc.iter_mut().collect(),
+                        step: &mut o.tc,
+                        working: o.wc.as_mut().zip(work).map(|(w, (_, r))| (w, r)),
+                    })
+                    .collect();
+                Storage::optim_update_many(items, None, u).unwrap();
+                let mut gk: Vec<Storage> = grads.iter().map(storage).collect();
+                let entries: Vec<ListEntry> = t
+                    .iter_mut()
+                    .zip(&mut gk)
+                    .map(|(o, g)| o.entry(g, work))
+                    .collect();
+                let list = lists(&entries)[0];
                 let a = args(u, work.map(|w| w.1));
-                let mut gk = storage(&g);
-                let null = std::ptr::null_mut();
-                let s0 = sk.get_mut(0).map_or(null, ptr);
-                let s1 = sk.get_mut(1).map_or(null, ptr);
-                let w = wk.as_mut().map_or(null, ptr);
-                let t = ptr(&mut tk).cast::<f32>();
-                // SAFETY: every buffer holds n elements of the kernel's types; the step count
-                // one f32; no overflow flag.
-                unsafe {
-                    f(
-                        a,
-                        ptr(&mut pk),
-                        ptr(&mut gk),
-                        s0,
-                        s1,
-                        w,
-                        t,
-                        std::ptr::null(),
-                        n as i64,
-                    );
-                    count(t, std::ptr::null());
-                }
+                // SAFETY: every listed buffer holds its tensor's n elements of the kernel's
+                // types, each step count one f32; no overflow flag. Called directly the update
+                // runs as one thread over every chunk; the count needs a thread per tensor.
+                unsafe { f(a, list, std::ptr::null()) };
+                run_grid(lib, 1, 64, || unsafe { count(list, std::ptr::null()) });
             }
             let tol = if pd == F32 { 1e-6 } else { 1e-3 };
             let close = |a: &Storage, b: &Storage, part: &str| {
@@ -162,14 +149,67 @@ fn optimizer_kernel_matches_the_cpu_update() {
                 let den: f64 = y.iter().map(|b| b * b).sum::<f64>().max(1e-30);
                 assert!((num / den).sqrt() <= tol, "{what} {part}: {x:?} vs {y:?}");
             };
-            close(&pk, &pc, "parameter");
-            for (i, (a, b)) in sk.iter().zip(&sc).enumerate() {
-                close(a, b, &format!("state {i}"));
+            for (k, o) in t.iter().enumerate() {
+                close(&o.pk, &o.pc, &format!("tensor {k} parameter"));
+                for (i, (a, b)) in o.sk.iter().zip(&o.sc).enumerate() {
+                    close(a, b, &format!("tensor {k} state {i}"));
+                }
+                if let (Some(a), Some(b)) = (&o.wk, &o.wc) {
+                    close(a, b, &format!("tensor {k} working copy"));
+                }
+                assert_eq!(values(&o.tk), values(&o.tc), "{what} tensor {k} step count");
+                assert_eq!(values(&o.tk), vec![2.0], "{what} tensor {k} counted twice");
             }
-            if let (Some(a), Some(b)) = (&wk, &wc) {
-                close(a, b, "working copy");
-            }
-            assert_eq!(values(&tk), values(&tc), "{what} step count");
+        }
+    }
+}
+
+/// One tensor's operands, the CPU's (`*c`) and the kernel's (`*k`).
+struct Operands {
+    pc: Storage,
+    pk: Storage,
+    sc: Vec<Storage>,
+    sk: Vec<Storage>,
+    wc: Option<Storage>,
+    wk: Option<Storage>,
+    tc: Storage,
+    tk: Storage,
+}
+
+impl Operands {
+    fn new(n: usize, seed: u64, pd: DType, states: usize, work: Option<(DType, Rounding)>) -> Self {
+        let p0 = randn(&[n], seed).to_dtype(pd).unwrap();
+        let zeros = Tensor::zeros(&[n], pd, crate::Device::Cpu).unwrap();
+        let w0 = work.map(|(d, _)| p0.to_dtype(d).unwrap());
+        let steps = Tensor::zeros(&[1], DType::F32, crate::Device::Cpu).unwrap();
+        Operands {
+            pc: storage(&p0),
+            pk: storage(&p0),
+            sc: (0..states).map(|_| storage(&zeros)).collect(),
+            sk: (0..states).map(|_| storage(&zeros)).collect(),
+            wc: w0.as_ref().map(storage),
+            wk: w0.as_ref().map(storage),
+            tc: storage(&steps),
+            tk: storage(&steps),
+        }
+    }
+
+    /// The kernel's copies as a list entry, with gradient `g`.
+    fn entry(&mut self, g: &mut Storage, work: Option<(DType, Rounding)>) -> ListEntry {
+        let state = |s: Option<&mut Storage>| s.map_or(0, |s| ptr(s) as u64);
+        let seed = match work {
+            Some((_, Rounding::Stochastic { seed })) => seed,
+            _ => 0,
+        };
+        ListEntry {
+            p: ptr(&mut self.pk) as u64,
+            g: ptr(g) as u64,
+            s0: state(self.sk.get_mut(0)),
+            s1: state(self.sk.get_mut(1)),
+            w: state(self.wk.as_mut()),
+            step: ptr(&mut self.tk) as u64,
+            n: self.pk.len(),
+            seed,
         }
     }
 }

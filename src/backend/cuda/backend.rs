@@ -349,6 +349,8 @@ impl RnnOps for CudaStorage {
     }
 }
 
+use crate::backend::optim::OptimItem;
+
 impl OptimOps for CudaStorage {
     /// The fused kernels where they cover the dtypes, else the host.
     fn optim_update(
@@ -358,13 +360,37 @@ impl OptimOps for CudaStorage {
         step: &mut Self,
         found_inf: Option<&Self>,
         u: &OptimUpdate,
-        mut working: Option<(&mut Self, Rounding)>,
+        working: Option<(&mut Self, Rounding)>,
     ) -> Result<()> {
-        let w = working.as_mut().map(|(w, r)| (&mut **w, *r));
-        if optim::optim_update(self, grad, states, step, found_inf, u, w)? {
-            return Ok(());
+        let item = OptimItem {
+            param: self,
+            grad,
+            states: states.iter_mut().map(|s| &mut **s).collect(),
+            step,
+            working,
+        };
+        Self::optim_update_many(&mut [item], found_inf, u)
+    }
+    /// The list kernels for every item they cover, the host for the others.
+    fn optim_update_many(
+        items: &mut [OptimItem<'_, Self>],
+        found_inf: Option<&Self>,
+        u: &OptimUpdate,
+    ) -> Result<()> {
+        for i in optim::optim_update_many(items, found_inf, u)? {
+            let it = &mut items[i];
+            let working = it.working.as_mut().map(|(w, r)| (&mut **w, *r));
+            fallback::optim_update(
+                it.param,
+                it.grad,
+                &mut it.states,
+                it.step,
+                found_inf,
+                u,
+                working,
+            )?;
         }
-        fallback::optim_update(self, grad, states, step, found_inf, u, working)
+        Ok(())
     }
     /// The rounding kernel where it covers the dtypes, else the host.
     fn round_from_master(&mut self, master: &Self, rounding: Rounding, step: &Self) -> Result<()> {

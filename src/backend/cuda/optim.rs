@@ -1,17 +1,18 @@
-//! The fused optimizer update on CUDA (`cuda/optim.cu`): one kernel per parameter reads the
-//! step count and the overflow flag on the device, updates parameter, states and working copy
-//! in one pass, and a one-thread kernel counts the step, so a step never waits for the host.
+//! The fused optimizer update on CUDA (`cuda/optim.cu`): one launch per list of up to
+//! [`LIST`] parameters of one dtype combination reads their step counts and the overflow flag
+//! on the device and updates parameters, states and working copies in one pass, and one more
+//! counts their steps, so a step never waits for the host.
 //! Constants that f32 would round (`1 - beta`, `ln beta`, AdamW's decay) are computed on the
 //! host in f64 and passed in; `tests/host_kernels/optim.rs` runs the kernel on the host against the
 //! CPU backend.
 
 use super::kernels::KernelFile;
 use super::profile::elems;
-use super::storage::{grid, one_thread, CudaStorage};
+use super::storage::{grid, CudaStorage};
 use crate::backend::ops::OptimUpdate;
 use crate::backend::rounding::Rounding;
 use crate::{DType, Error, Result};
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// `cuda/optim.cu`'s `OptimArgs`, field for field.
 #[repr(C)]
@@ -30,17 +31,13 @@ pub(super) struct OptimArgs {
     log_a: f32,
     log_b: f32,
     decay: f32,
-    seed: u64,
 }
 
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for OptimArgs {}
 
 pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
-    let (stochastic, seed) = match rounding {
-        Some(Rounding::Stochastic { seed }) => (1, seed),
-        _ => (0, 0),
-    };
+    let stochastic = matches!(rounding, Some(Rounding::Stochastic { .. })) as i32;
     let base = OptimArgs {
         kind: 0,
         flags: 0,
@@ -55,7 +52,6 @@ pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
         log_a: 0.0,
         log_b: 0.0,
         decay: 1.0,
-        seed,
     };
     // The complements, logarithms and AdamW's decay in f64, as the CPU's rules have them.
     let with = |a: f64, b: f64, args: OptimArgs| OptimArgs {
@@ -149,47 +145,113 @@ fn one_f32(what: &str, s: &CudaStorage) -> Result<()> {
     Ok(())
 }
 
-/// Applies `u` in place (see `cpu::optim_update` for the contract). Returns `Ok(false)`,
-/// touching nothing, when no kernel covers the dtypes.
-pub(crate) fn optim_update(
-    p: &mut CudaStorage,
-    g: &CudaStorage,
-    states: &mut [&mut CudaStorage],
-    step: &mut CudaStorage,
-    found_inf: Option<&CudaStorage>,
-    u: &OptimUpdate,
-    working: Option<(&mut CudaStorage, Rounding)>,
-) -> Result<bool> {
-    let rounding = working.as_ref().map(|(_, r)| *r);
+/// Tensors per launch of the list kernels (`OPTIM_LIST` in `cuda/optim.cu`).
+pub(super) const LIST: usize = 48;
+/// Elements per block-sized chunk of a listed tensor (`OPTIM_CHUNK`).
+pub(super) const CHUNK: usize = 16384;
+
+/// `cuda/optim.cu`'s `OptimList`, field for field: device addresses of each tensor's element
+/// 0 (0 for none), its length and the first of its chunks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OptimList {
+    pub(super) count: i64,
+    chunks: i64,
+    p: [u64; LIST],
+    g: [u64; LIST],
+    s0: [u64; LIST],
+    s1: [u64; LIST],
+    w: [u64; LIST],
+    step: [u64; LIST],
+    n: [i64; LIST],
+    start: [i64; LIST],
+    seed: [u64; LIST],
+}
+
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for OptimList {}
+
+/// One tensor's operands for [`OptimList`]: addresses of parameter, gradient, states, working
+/// copy and step count (0 for an absent state or working copy), its length and its stochastic
+/// rounding seed.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ListEntry {
+    pub(super) p: u64,
+    pub(super) g: u64,
+    pub(super) s0: u64,
+    pub(super) s1: u64,
+    pub(super) w: u64,
+    pub(super) step: u64,
+    pub(super) n: usize,
+    pub(super) seed: u64,
+}
+
+/// The entries in lists of at most [`LIST`] tensors, in order.
+pub(super) fn lists(entries: &[ListEntry]) -> Vec<OptimList> {
+    entries
+        .chunks(LIST)
+        .map(|part| {
+            let mut l = OptimList {
+                count: part.len() as i64,
+                chunks: 0,
+                p: [0; LIST],
+                g: [0; LIST],
+                s0: [0; LIST],
+                s1: [0; LIST],
+                w: [0; LIST],
+                step: [0; LIST],
+                n: [0; LIST],
+                start: [0; LIST],
+                seed: [0; LIST],
+            };
+            for (k, e) in part.iter().enumerate() {
+                (l.p[k], l.g[k], l.s0[k], l.s1[k], l.w[k]) = (e.p, e.g, e.s0, e.s1, e.w);
+                (l.step[k], l.n[k], l.seed[k]) = (e.step, e.n as i64, e.seed);
+                l.start[k] = l.chunks;
+                l.chunks += e.n.div_ceil(CHUNK) as i64;
+            }
+            l
+        })
+        .collect()
+}
+
+type OptimItem<'a> = crate::backend::optim::OptimItem<'a, CudaStorage>;
+
+/// Checks one item against the update and returns its kernel (`None`: no kernel covers its
+/// dtypes) and list entry.
+fn entry(it: &OptimItem<'_>, u: &OptimUpdate) -> Result<Option<(&'static str, bool, ListEntry)>> {
+    let (p, g) = (&*it.param, it.grad);
     let Some(name) = kernel(
         p.dtype(),
         g.dtype(),
-        working.as_ref().map(|(w, _)| w.dtype()),
+        it.working.as_ref().map(|(w, _)| w.dtype()),
     ) else {
-        return Ok(false);
+        return Ok(None);
     };
-    if let Some((w, Rounding::Stochastic { .. })) = &working {
-        if w.dtype() != DType::BF16 {
-            return Err(Error::invalid(
-                "optimizer step",
-                format!(
-                    "a {:?} working copy cannot be written with stochastic rounding (bf16 only)",
-                    w.dtype()
-                ),
-            ));
+    let (stochastic, seed) = match &it.working {
+        Some((w, Rounding::Stochastic { seed })) => {
+            if w.dtype() != DType::BF16 {
+                return Err(Error::invalid(
+                    "optimizer step",
+                    format!(
+                        "a {:?} working copy cannot be written with stochastic rounding (bf16 only)",
+                        w.dtype()
+                    ),
+                ));
+            }
+            (true, *seed)
         }
-    }
-    one_f32("the step count", step)?;
-    if let Some(f) = found_inf {
-        one_f32("found_inf", f)?;
-    }
+        _ => (false, 0),
+    };
+    one_f32("the step count", it.step)?;
     let n = p.len();
     let lens_ok = g.len() == n
-        && states.len() == u.num_states()
-        && states
+        && it.states.len() == u.num_states()
+        && it
+            .states
             .iter()
             .all(|s| s.len() == n && s.dtype() == p.dtype())
-        && working.as_ref().is_none_or(|(w, _)| w.len() == n);
+        && it.working.as_ref().is_none_or(|(w, _)| w.len() == n);
     if !lens_ok {
         return Err(Error::invalid(
             "optimizer step",
@@ -199,51 +261,91 @@ pub(crate) fn optim_update(
                 p.dtype(),
                 g.len(),
                 g.dtype(),
-                states
+                it.states
                     .iter()
                     .map(|s| (s.len(), s.dtype()))
                     .collect::<Vec<_>>()
             ),
         ));
     }
-    let a = args(u, rounding);
-    let null = 0u64;
-    let ptr = |i: usize| states.get(i).map_or(null, |s| s.ptr());
-    let (s0, s1) = (ptr(0), ptr(1));
-    let w = working.as_ref().map_or(null, |(w, _)| w.ptr());
-    let (pp, gp, sp) = (p.ptr(), g.ptr(), step.ptr());
-    let fp = found_inf.map_or(null, |f| f.ptr());
-    let n64 = n as i64;
-    // The parameter and each state read and written, the gradient read, the working copy
-    // written.
-    let bytes = 2 * (1 + states.len() as u64) * elems(n, p.dtype())
-        + elems(n, g.dtype())
-        + working.as_ref().map_or(0, |(w, _)| elems(n, w.dtype()));
-    launch!(
-        bytes = bytes;
-        p,
-        KernelFile::Optim,
-        name.to_string(),
-        grid(n),
-        &a,
-        &pp,
-        &gp,
-        &s0,
-        &s1,
-        &w,
-        &sp,
-        &fp,
-        &n64
-    );
-    launch!(
-        p,
-        KernelFile::Optim,
-        "optim_count".to_string(),
-        one_thread(),
-        &sp,
-        &fp
-    );
-    Ok(true)
+    let state = |i: usize| it.states.get(i).map_or(0, |s| s.ptr());
+    let e = ListEntry {
+        p: p.ptr(),
+        g: g.ptr(),
+        s0: state(0),
+        s1: state(1),
+        w: it.working.as_ref().map_or(0, |(w, _)| w.ptr()),
+        step: it.step.ptr(),
+        n,
+        seed,
+    };
+    Ok(Some((name, stochastic, e)))
+}
+
+/// Applies `u` in place to every item (see `cpu::optim_update` for the contract of one):
+/// the items the fused kernels cover in one launch per kernel and list of [`LIST`] tensors,
+/// then one launch counting their steps; every item is checked before anything runs. Returns
+/// the indices of the items no kernel covers, untouched, for the caller to update elsewhere.
+pub(crate) fn optim_update_many(
+    items: &[OptimItem<'_>],
+    found_inf: Option<&CudaStorage>,
+    u: &OptimUpdate,
+) -> Result<Vec<usize>> {
+    if let Some(f) = found_inf {
+        one_f32("found_inf", f)?;
+    }
+    let mut rest = Vec::new();
+    // (kernel, stochastic rounding) -> entries, in the order the items come.
+    let mut groups: Vec<((&'static str, bool), Vec<ListEntry>)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        match entry(it, u)? {
+            None => rest.push(i),
+            Some((name, sr, e)) => match groups.iter_mut().find(|(k, _)| *k == (name, sr)) {
+                Some((_, v)) => v.push(e),
+                None => groups.push(((name, sr), vec![e])),
+            },
+        }
+    }
+    let Some(first) = items.first() else {
+        return Ok(rest);
+    };
+    let s = &*first.param;
+    let fp = found_inf.map_or(0u64, |f| f.ptr());
+    for ((name, sr), entries) in groups {
+        let a = args(u, sr.then_some(Rounding::Stochastic { seed: 0 }));
+        for (list, part) in lists(&entries).iter().zip(entries.chunks(LIST)) {
+            // Parameter and states read and written, gradient read, working copy written
+            // (counted in the parameter's dtype: an estimate for the profile).
+            let states = u.num_states() as u64;
+            let bytes: u64 = part
+                .iter()
+                .map(|e| {
+                    let planes = 3 + 2 * states + u64::from(e.w != 0);
+                    planes * elems(e.n, s.dtype())
+                })
+                .sum();
+            let cfg = LaunchConfig {
+                grid_dim: (list.chunks.clamp(1, 65_535) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(bytes = bytes; s, KernelFile::Optim, name.to_string(), cfg, &a, list, &fp);
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (LIST as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                s,
+                KernelFile::Optim,
+                "optim_count".to_string(),
+                cfg,
+                list,
+                &fp
+            );
+        }
+    }
+    Ok(rest)
 }
 
 /// Writes the f32 `master` into the f16/bf16 working copy `w` with `rounding`, drawing the
