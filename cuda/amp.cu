@@ -1,25 +1,48 @@
 // Loss-scaler kernels (src/amp/scaler.rs, PyTorch's _amp_foreach_non_finite_check_and_unscale_
-// and _amp_update_scale_): unscale with the overflow check in one pass, and the scale update,
-// both reading and writing device scalars only.
+// and _amp_update_scale_): unscale with the overflow check in one pass over a list of
+// gradients, and the scale update, both reading and writing device scalars only.
 
-// out[i] = g[i] * inv_scale; found_inf = 1 when any g[i] is inf or NaN. `out` may alias `g`
-// (same dtype), or be an f32 buffer (master weights: f32 gradients).
+// Up to UNSCALE_LIST gradients per launch (PyTorch's multi_tensor_apply): gradient k has n[k]
+// elements in chunks of UNSCALE_CHUNK, numbered from start[k] (increasing; `chunks` in all).
+// At most 4 KB of kernel parameters.
+#define UNSCALE_LIST 96
+#define UNSCALE_CHUNK 16384
+struct UnscaleList {
+    i64 count;
+    i64 chunks;
+    const void* g[UNSCALE_LIST];
+    void* out[UNSCALE_LIST];
+    i64 n[UNSCALE_LIST];
+    i64 start[UNSCALE_LIST];
+};
+
+// out[k][i] = g[k][i] * inv_scale for every listed gradient; found_inf = 1 when any element
+// is inf or NaN. `out` may alias `g` (same dtype), or be an f32 buffer (master weights: f32
+// gradients). A block takes chunks b, b + gridDim, ...
 template <typename G, typename O>
-__device__ void unscale(const G* g, O* out, const float* inv_scale, float* found_inf, i64 n) {
+__device__ void unscale(const UnscaleList& L, const float* inv_scale, float* found_inf) {
     float inv = *inv_scale;
     bool bad = false;
-    FOR_EACH(i, n) {
-        float v = to_f32(g[i]);
-        bad |= !isfinite(v);
-        out[i] = from_f32<O>(v * inv);
+    for (i64 b = blockIdx.x; b < L.chunks; b += gridDim.x) {
+        int k = 0;
+        while (k + 1 < L.count && L.start[k + 1] <= b) ++k;
+        i64 begin = (b - L.start[k]) * UNSCALE_CHUNK;
+        i64 end = begin + UNSCALE_CHUNK < L.n[k] ? begin + UNSCALE_CHUNK : L.n[k];
+        const G* g = (const G*)L.g[k];
+        O* out = (O*)L.out[k];
+        for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            float v = to_f32(g[i]);
+            bad |= !isfinite(v);
+            out[i] = from_f32<O>(v * inv);
+        }
     }
     if (bad) *found_inf = 1.0f; // benign race: every writer stores 1
 }
 
 #define UNSCALE(G, O)                                                                         \
-    extern "C" __global__ void amp_unscale_##G##_##O(const G* g, O* out, const float* inv_scale, \
-                                                     float* found_inf, i64 n) {               \
-        unscale<G, O>(g, out, inv_scale, found_inf, n);                                       \
+    extern "C" __global__ void amp_unscale_##G##_##O(UnscaleList list, const float* inv_scale, \
+                                                     float* found_inf) {                      \
+        unscale<G, O>(list, inv_scale, found_inf);                                            \
     }
 UNSCALE(float, float)
 UNSCALE(bf16, bf16)

@@ -7,6 +7,7 @@
 //! pass per gradient and the update one step, as PyTorch's `_amp_*` kernels (`cuda/amp.cu` on
 //! the GPU). No step reads a value back to the host.
 
+use crate::backend::Storage;
 use crate::optim::Optimizer;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 use std::collections::HashMap;
@@ -174,9 +175,9 @@ impl GradScaler {
             // from f64), and works on devices without f64.
             let inv = scale.recip()?;
             let found = scalar(0.0, scale.device())?;
-            // With fp32 master weights the unscaled gradients are written in f32 (Apex O2's
-            // master gradients), so f16 gradients are fine there.
             let masters = opt.master_weights().is_some();
+            let mut params = Vec::new();
+            let mut grads = Vec::new();
             for p in opt.params() {
                 let Some(g) = p.grad() else { continue };
                 if g.dtype() == DType::F16 && !masters {
@@ -186,17 +187,48 @@ impl GradScaler {
                         expected: "f32 gradients (attempting to unscale FP16 gradients: keep f32 parameters, or turn on Optimizer::use_master_weights)",
                     });
                 }
-                let out = if masters { DType::F32 } else { g.dtype() };
-                // One fused pass over the gradient's storage (PyTorch's
-                // _amp_foreach_non_finite_check_and_unscale_), which keeps its memory format;
+                // Each gradient's storage is walked as it lies, which keeps its memory format;
                 // a gradient that does not fill its storage densely is copied first.
                 let dense = g.is_contiguous() || g.layout().dense_order().is_some();
                 let fills = g.layout().offset() == 0 && g.storage().len() == g.numel();
-                let g = if dense && fills { g } else { g.copy()? };
-                let unscaled = Tensor::write_many("GradScaler::unscale_", &[&found], |f| {
-                    g.storage().unscale_grad(&inv.storage(), f[0], out)
-                })?;
-                p.set_grad(Some(Tensor::from_storage_in(unscaled, g.layout().clone())))?;
+                grads.push(if dense && fills { g } else { g.copy()? });
+                params.push(p);
+            }
+            // One fused pass over every gradient (PyTorch's
+            // _amp_foreach_non_finite_check_and_unscale_): one launch per dtype and list of
+            // gradients on CUDA.
+            // With fp32 master weights the unscaled gradients are written in f32 (Apex O2's
+            // master gradients), so f16 gradients are fine there; else in their own dtype.
+            let out_dtype = |g: &Tensor| if masters { DType::F32 } else { g.dtype() };
+            let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
+            let inv = inv.storage();
+            let mut unscaled: Vec<Option<Storage>> = (0..grads.len()).map(|_| None).collect();
+            Tensor::write_many("GradScaler::unscale_", &[&found], |f| {
+                for out in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+                    let picked: Vec<usize> = (0..grads.len())
+                        .filter(|&i| out_dtype(&grads[i]) == out)
+                        .collect();
+                    if picked.is_empty() {
+                        continue;
+                    }
+                    let refs: Vec<&Storage> = picked.iter().map(|&i| &*storages[i]).collect();
+                    let outs = Storage::unscale_grads(&refs, &inv, &mut *f[0], out)?;
+                    for (i, o) in picked.into_iter().zip(outs) {
+                        unscaled[i] = Some(o);
+                    }
+                }
+                Ok(())
+            })?;
+            for ((p, g), u) in params.iter().zip(&grads).zip(unscaled) {
+                // Every float dtype is among the groups above.
+                let Some(u) = u else {
+                    return Err(Error::DType {
+                        op: "GradScaler::unscale_",
+                        dtype: g.dtype(),
+                        expected: "float gradients",
+                    });
+                };
+                p.set_grad(Some(Tensor::from_storage_in(u, g.layout().clone())))?;
             }
             Ok(found)
         })?;

@@ -5,11 +5,16 @@ use crate::{DType, Result};
 
 /// PyTorch's two AMP kernels, on f32 scalar storages of the backend.
 pub(crate) trait AmpOps: BackendStorage {
-    /// `_amp_foreach_non_finite_check_and_unscale_` for one gradient (`self`, walked in
-    /// storage order): every element times `inv_scale`, stored as `out` (the gradient's dtype
-    /// or f32) in the same order; `found_inf` becomes 1 when an element is inf or NaN and is
-    /// left as it is otherwise.
-    fn unscale_grad(&self, inv_scale: &Self, found_inf: &mut Self, out: DType) -> Result<Self>;
+    /// `_amp_foreach_non_finite_check_and_unscale_` (each gradient walked in storage order):
+    /// every element times `inv_scale`, stored as `out` (the gradient's dtype or f32) in the
+    /// same order, one new storage per gradient; `found_inf` becomes 1 when an element is inf
+    /// or NaN and is left as it is otherwise.
+    fn unscale_grads(
+        grads: &[&Self],
+        inv_scale: &Self,
+        found_inf: &mut Self,
+        out: DType,
+    ) -> Result<Vec<Self>>;
     /// `_amp_update_scale_` (`self` is the scale): back off after an overflow, else grow
     /// every `interval` clean steps while finite.
     fn update_scale(
@@ -23,16 +28,21 @@ pub(crate) trait AmpOps: BackendStorage {
 }
 
 impl Storage {
-    /// See [`AmpOps::unscale_grad`]: one pass, and no host read on CUDA.
-    pub(crate) fn unscale_grad(
-        &self,
+    /// See [`AmpOps::unscale_grads`]: one pass, and no host read on CUDA.
+    pub(crate) fn unscale_grads(
+        grads: &[&Storage],
         inv_scale: &Storage,
         found_inf: &mut Storage,
         out: DType,
-    ) -> Result<Storage> {
-        on_backend!("GradScaler::unscale_", [self, inv_scale, found_inf], B => {
-            let g = B::part(self);
-            Ok(g.unscale_grad(B::part(inv_scale), B::part_mut(found_inf), out)?.wrap())
+    ) -> Result<Vec<Storage>> {
+        let mut all = grads.to_vec();
+        all.extend([inv_scale, &*found_inf]);
+        let device = super::common_device("GradScaler::unscale_", &all)?;
+        super::on_device!(device, B => {
+            let parts: Vec<&B> = grads.iter().map(|g| B::part(g)).collect();
+            let f = B::part_mut(found_inf);
+            let outs = B::unscale_grads(&parts, B::part(inv_scale), f, out)?;
+            Ok(outs.into_iter().map(|s| s.wrap()).collect())
         })
     }
 

@@ -206,8 +206,10 @@ impl OptimOps for CudaStorage {
 }
 
 impl AmpOps for CudaStorage {
+    fn unscale_grads(_g: &[&Self], inv: &Self, _f: &mut Self, _out: DType) -> Result<Vec<Self>> {
+        match *inv {}
+    }
     uninhabited! {
-        fn unscale_grad(&self, _inv: &Self, _f: &mut Self, _out: DType) -> Result<Self>;
         fn update_scale(&mut self, _t: &mut Self, _f: &Self, _g: f32, _b: f32, _i: i32)
             -> Result<()>;
     }

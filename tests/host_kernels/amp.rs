@@ -2,16 +2,19 @@
 
 use super::{function, library, randn};
 use crate::backend::cpu::{amp, CpuStorage};
+use crate::backend::cuda::amp::{lists, UnscaleList, CHUNK};
 use crate::backend::Storage;
 use crate::{DType, Tensor};
 
-type Unscale = unsafe extern "C" fn(*const u8, *mut u8, *const f32, *mut f32, i64) -> ();
+type Unscale = unsafe extern "C" fn(UnscaleList, *const f32, *mut f32) -> ();
 type Update = unsafe extern "C" fn(*mut f32, *mut f32, *const f32, f32, f32, i32) -> ();
 
 #[test]
 fn unscale_kernels_match_the_cpu_bit_for_bit() {
     let Some(lib) = library("amp") else { return };
-    let n = 301;
+    // One list of three gradients: short, over two chunks, and short again; the poisoned
+    // element (when there is one) in the last.
+    let sizes = [301, CHUNK + 5, 7];
     let pairs = [
         (DType::F32, DType::F32),
         (DType::BF16, DType::BF16),
@@ -22,35 +25,59 @@ fn unscale_kernels_match_the_cpu_bit_for_bit() {
         // Scaled gradients (some past f16's range before unscaling, as f32), and an inverse
         // scale that is not a power of two, so rounding shows.
         for (inv, poison) in [(1.0 / 3000.0f32, None), (1.0 / 65536.0, Some(f64::NAN))] {
-            let mut v = randn(&[n], 8).mul(3000.0).unwrap().to_vec_f64().unwrap();
-            if let Some(p) = poison {
-                v[17] = p;
+            let mut want_bad = false;
+            let (mut inputs, mut outs, mut wants) = (Vec::new(), Vec::new(), Vec::new());
+            for (k, &n) in sizes.iter().enumerate() {
+                let mut v = randn(&[n], 8 + k as u64)
+                    .mul(3000.0)
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap();
+                if let (Some(p), 2) = (poison, k) {
+                    v[3] = p;
+                }
+                let g = Tensor::from_vec(v, &[n], crate::Device::Cpu)
+                    .unwrap()
+                    .to_dtype(from)
+                    .unwrap();
+                let gs = match &*g.storage() {
+                    Storage::Cpu(s) => s.clone(),
+                    #[allow(unreachable_patterns)]
+                    _ => unreachable!("a CPU tensor"),
+                };
+                let (want, bad) = amp::unscale(&gs, inv, to).unwrap();
+                want_bad |= bad;
+                wants.push(want);
+                inputs.push(gs.to_le_bytes(&crate::layout::Layout::contiguous(&[n])));
+                outs.push(vec![0u8; n * to.size_in_bytes()]);
             }
-            let g = Tensor::from_vec(v, &[n], crate::Device::Cpu)
-                .unwrap()
-                .to_dtype(from)
-                .unwrap();
-            let gs = match &*g.storage() {
-                Storage::Cpu(s) => s.clone(),
-                #[allow(unreachable_patterns)]
-                _ => unreachable!("a CPU tensor"),
-            };
-            let (want, want_bad) = amp::unscale(&gs, inv, to).unwrap();
-            let bytes = gs.to_le_bytes(&crate::layout::Layout::contiguous(&[n]));
-            let mut out = vec![0u8; n * to.size_in_bytes()];
+            let entries: Vec<(u64, u64, usize)> = inputs
+                .iter()
+                .zip(&mut outs)
+                .zip(sizes)
+                .map(|((g, o), n)| (g.as_ptr() as u64, o.as_mut_ptr() as u64, n))
+                .collect();
+            let list = lists(&entries)[0];
             let mut found = 0.0f32;
             let f: Unscale = function(lib, &format!("amp_unscale_{}_{}", k(from), k(to)));
-            // SAFETY: `bytes` holds n elements of `from`, `out` n of `to`.
-            unsafe { f(bytes.as_ptr(), out.as_mut_ptr(), &inv, &mut found, n as i64) };
-            let got = CpuStorage::from_le_bytes(&out, to).unwrap();
-            let flat = crate::layout::Layout::contiguous(&[n]);
-            let (got, want) = (got.to_f64_vec(&flat), want.to_f64_vec(&flat));
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan());
-            assert!(same, "unscale {from:?} -> {to:?}: {got:?} vs {want:?}");
+            // SAFETY: each listed input holds its n elements of `from`, each output n of `to`;
+            // called directly the kernel runs as one thread over every chunk.
+            unsafe { f(list, &inv, &mut found) };
+            for ((out, want), n) in outs.iter().zip(&wants).zip(sizes) {
+                let got = CpuStorage::from_le_bytes(out, to).unwrap();
+                let flat = crate::layout::Layout::contiguous(&[n]);
+                let (got, want) = (got.to_f64_vec(&flat), want.to_f64_vec(&flat));
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan());
+                assert!(
+                    same,
+                    "unscale {from:?} -> {to:?}, {n} elements: {got:?} vs {want:?}"
+                );
+            }
             assert_eq!(found, want_bad as u8 as f32, "found_inf {from:?} -> {to:?}");
+            assert_eq!(want_bad, poison.is_some(), "the poison is seen");
         }
     }
 }

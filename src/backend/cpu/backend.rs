@@ -371,15 +371,26 @@ impl OptimOps for CpuStorage {
 }
 
 impl AmpOps for CpuStorage {
-    fn unscale_grad(&self, inv_scale: &Self, found_inf: &mut Self, out: DType) -> Result<Self> {
+    fn unscale_grads(
+        grads: &[&Self],
+        inv_scale: &Self,
+        found_inf: &mut Self,
+        out: DType,
+    ) -> Result<Vec<Self>> {
         const OP: &str = "GradScaler::unscale_";
         let inv = amp::scalar_f32(inv_scale, OP)?;
         amp::scalar_f32(found_inf, OP)?;
-        let (o, bad) = amp::unscale(self, inv, out)?;
-        if bad {
+        let mut outs = Vec::with_capacity(grads.len());
+        let mut any_bad = false;
+        for g in grads {
+            let (o, bad) = amp::unscale(g, inv, out)?;
+            outs.push(o);
+            any_bad |= bad;
+        }
+        if any_bad {
             *found_inf = vec![1.0f32].into_storage();
         }
-        Ok(o)
+        Ok(outs)
     }
     fn update_scale(
         &mut self,

@@ -1,12 +1,13 @@
 //! Launchers for `cuda/amp.cu`: the loss scaler's unscale with its overflow check (one pass
-//! per gradient) and its scale update (one thread), on device scalars: no host read.
+//! over a list of gradients per launch) and its scale update (one thread), on device
+//! scalars: no host read.
 //!
 //! `tests/host_kernels/amp.rs` runs the kernels on the host against the CPU backend.
 
 use super::kernels::KernelFile;
-use super::storage::{grid, kname, one_thread, CudaStorage};
+use super::storage::{kname, one_thread, CudaStorage};
 use crate::{DType, Error, Result};
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// Checks that `s` is the one-element f32 storage the scaler keeps its values in.
 fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
@@ -23,53 +24,111 @@ fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
     Ok(())
 }
 
-/// Every element of `g` (in storage order) times `inv_scale`, as `out`; sets `found_inf` to 1
-/// when an element is inf or NaN. Kernels exist for every pair the scaler asks for: f32 and
-/// bf16 into their own dtype, and f16/bf16 into f32 (master weights).
-pub(crate) fn unscale_grad(
-    g: &CudaStorage,
+/// Gradients per launch (`UNSCALE_LIST` in `cuda/amp.cu`).
+pub(super) const LIST: usize = 96;
+/// Elements per block-sized chunk of a listed gradient (`UNSCALE_CHUNK`).
+pub(super) const CHUNK: usize = 16384;
+
+/// `cuda/amp.cu`'s `UnscaleList`, field for field: device addresses of each gradient's and
+/// output's element 0, the length and the first of its chunks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct UnscaleList {
+    count: i64,
+    chunks: i64,
+    g: [u64; LIST],
+    out: [u64; LIST],
+    n: [i64; LIST],
+    start: [i64; LIST],
+}
+
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl DeviceRepr for UnscaleList {}
+
+/// `(gradient, output, length)` triples in lists of at most [`LIST`], in order.
+pub(super) fn lists(entries: &[(u64, u64, usize)]) -> Vec<UnscaleList> {
+    entries
+        .chunks(LIST)
+        .map(|part| {
+            let mut l = UnscaleList {
+                count: part.len() as i64,
+                chunks: 0,
+                g: [0; LIST],
+                out: [0; LIST],
+                n: [0; LIST],
+                start: [0; LIST],
+            };
+            for (k, &(g, out, n)) in part.iter().enumerate() {
+                (l.g[k], l.out[k], l.n[k], l.start[k]) = (g, out, n as i64, l.chunks);
+                l.chunks += n.div_ceil(CHUNK) as i64;
+            }
+            l
+        })
+        .collect()
+}
+
+/// Every element of each gradient (in storage order) times `inv_scale`, as new storages of
+/// dtype `out`; sets `found_inf` to 1 when an element is inf or NaN. One launch per gradient
+/// dtype and list of [`LIST`]. Kernels exist for every pair the scaler asks for: f32 and bf16
+/// into their own dtype, and f16/bf16 into f32 (master weights); every pair is checked
+/// before anything runs.
+pub(crate) fn unscale_grads(
+    grads: &[&CudaStorage],
     inv_scale: &CudaStorage,
     found_inf: &CudaStorage,
     out: DType,
-) -> Result<CudaStorage> {
+) -> Result<Vec<CudaStorage>> {
     const OP: &str = "GradScaler::unscale_";
     scalar(OP, inv_scale)?;
     scalar(OP, found_inf)?;
-    let supported = matches!(
-        (g.dtype(), out),
-        (DType::F32, DType::F32)
-            | (DType::BF16, DType::BF16)
-            | (DType::F16, DType::F32)
-            | (DType::BF16, DType::F32)
-    );
-    if !supported {
-        return Err(Error::DType {
-            op: OP,
-            dtype: g.dtype(),
-            expected: "f32 or bf16 gradients unscaled into their own dtype, or f16/bf16 into f32",
-        });
+    for g in grads {
+        let supported = matches!(
+            (g.dtype(), out),
+            (DType::F32, DType::F32)
+                | (DType::BF16, DType::BF16)
+                | (DType::F16, DType::F32)
+                | (DType::BF16, DType::F32)
+        );
+        if !supported {
+            return Err(Error::DType {
+                op: OP,
+                dtype: g.dtype(),
+                expected:
+                    "f32 or bf16 gradients unscaled into their own dtype, or f16/bf16 into f32",
+            });
+        }
     }
-    let name = format!("amp_unscale_{}_{}", kname(OP, g.dtype())?, kname(OP, out)?);
-    let o = CudaStorage::alloc_on(g.rt(), out, g.len())?;
-    let (gp, op, ip, fp, n) = (
-        g.ptr(),
-        o.ptr(),
-        inv_scale.ptr(),
-        found_inf.ptr(),
-        g.len() as i64,
-    );
-    launch!(
-        g,
-        KernelFile::Amp,
-        name,
-        grid(g.len()),
-        &gp,
-        &op,
-        &ip,
-        &fp,
-        &n
-    );
-    Ok(o)
+    let outs = grads
+        .iter()
+        .map(|g| CudaStorage::alloc_on(g.rt(), out, g.len()))
+        .collect::<Result<Vec<_>>>()?;
+    let (ip, fp) = (inv_scale.ptr(), found_inf.ptr());
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let entries: Vec<(u64, u64, usize)> = grads
+            .iter()
+            .zip(&outs)
+            .filter(|(g, _)| g.dtype() == dtype)
+            .map(|(g, o)| (g.ptr(), o.ptr(), g.len()))
+            .collect();
+        let name = format!("amp_unscale_{}_{}", kname(OP, dtype)?, kname(OP, out)?);
+        for list in lists(&entries) {
+            let cfg = LaunchConfig {
+                grid_dim: (list.chunks.clamp(1, 65_535) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                inv_scale,
+                KernelFile::Amp,
+                name.clone(),
+                cfg,
+                &list,
+                &ip,
+                &fp
+            );
+        }
+    }
+    Ok(outs)
 }
 
 /// PyTorch's `_amp_update_scale_` on the device scalars `scale` and `tracker`.

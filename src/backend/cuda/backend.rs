@@ -402,8 +402,13 @@ impl OptimOps for CudaStorage {
 }
 
 impl AmpOps for CudaStorage {
-    fn unscale_grad(&self, inv_scale: &Self, found_inf: &mut Self, out: DType) -> Result<Self> {
-        amp::unscale_grad(self, inv_scale, found_inf, out)
+    fn unscale_grads(
+        grads: &[&Self],
+        inv_scale: &Self,
+        found_inf: &mut Self,
+        out: DType,
+    ) -> Result<Vec<Self>> {
+        amp::unscale_grads(grads, inv_scale, found_inf, out)
     }
     fn update_scale(
         &mut self,
