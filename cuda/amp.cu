@@ -24,8 +24,7 @@ __device__ void unscale(const UnscaleList& L, const float* inv_scale, float* fou
     float inv = *inv_scale;
     bool bad = false;
     for (i64 b = blockIdx.x; b < L.chunks; b += gridDim.x) {
-        int k = 0;
-        while (k + 1 < L.count && L.start[k + 1] <= b) ++k;
+        int k = list_entry(L.start, L.count, b);
         i64 begin = (b - L.start[k]) * UNSCALE_CHUNK;
         i64 end = begin + UNSCALE_CHUNK < L.n[k] ? begin + UNSCALE_CHUNK : L.n[k];
         const G* g = (const G*)L.g[k];

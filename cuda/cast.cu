@@ -48,3 +48,44 @@ COPY_INTO(u8)
 COPY_INTO(u16)
 COPY_INTO(u32)
 COPY_INTO(u64)
+
+// Up to COPY_LIST two-dimensional copies per launch (cat's inputs into their places in the
+// output): copy k moves rows[k] x cols[k] elements from src[k] (row stride sld[k]) to dst[k]
+// (row stride dld[k]), in chunks of COPY_CHUNK numbered from start[k]; the destinations do
+// not overlap. At most 4 KB of kernel parameters. By element width.
+#define COPY_LIST 64
+#define COPY_CHUNK 8192
+struct CopyList {
+    i64 count;
+    i64 chunks;
+    const void* src[COPY_LIST];
+    void* dst[COPY_LIST];
+    i64 rows[COPY_LIST];
+    i64 cols[COPY_LIST];
+    i64 sld[COPY_LIST];
+    i64 dld[COPY_LIST];
+    i64 start[COPY_LIST];
+};
+
+template <typename T>
+__device__ void copy_list(const CopyList& L) {
+    for (i64 b = blockIdx.x; b < L.chunks; b += gridDim.x) {
+        int k = list_entry(L.start, L.count, b);
+        i64 n = L.rows[k] * L.cols[k], cols = L.cols[k];
+        i64 begin = (b - L.start[k]) * COPY_CHUNK;
+        i64 end = begin + COPY_CHUNK < n ? begin + COPY_CHUNK : n;
+        const T* src = (const T*)L.src[k];
+        T* dst = (T*)L.dst[k];
+        for (i64 e = begin + threadIdx.x; e < end; e += blockDim.x) {
+            i64 r = e / cols, c = e - r * cols;
+            dst[r * L.dld[k] + c] = src[r * L.sld[k] + c];
+        }
+    }
+}
+
+#define COPY_LIST_OF(T) \
+    extern "C" __global__ void copy_list_##T(CopyList list) { copy_list<T>(list); }
+COPY_LIST_OF(u8)
+COPY_LIST_OF(u16)
+COPY_LIST_OF(u32)
+COPY_LIST_OF(u64)

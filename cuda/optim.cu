@@ -110,8 +110,7 @@ template <typename P, typename G, typename W>
 __device__ void optim_list(OptimArgs a, const OptimList& L, const float* found_inf) {
     if (found_inf != nullptr && *found_inf != 0.0f) return;
     for (i64 b = blockIdx.x; b < L.chunks; b += gridDim.x) {
-        int k = 0;
-        while (k + 1 < L.count && L.start[k + 1] <= b) ++k;
+        int k = list_entry(L.start, L.count, b);
         i64 begin = (b - L.start[k]) * OPTIM_CHUNK;
         i64 end = begin + OPTIM_CHUNK < L.n[k] ? begin + OPTIM_CHUNK : L.n[k];
         optim_span<P, G, W>(a, (P*)L.p[k], (const G*)L.g[k], (P*)L.s0[k], (P*)L.s1[k],

@@ -149,3 +149,11 @@ __device__ float block_reduce(int op, float v, float* scratch) {
     v = lane < warps ? scratch[lane] : id;
     return warp_reduce(op, v);
 }
+
+// The entry of a launch list (the optimizer's, the unscale's, the copies') whose chunks
+// include chunk b: entry k's chunks are numbered from start[k], increasing.
+__device__ __forceinline__ int list_entry(const i64* start, i64 count, i64 b) {
+    int k = 0;
+    while (k + 1 < count && start[k + 1] <= b) ++k;
+    return k;
+}

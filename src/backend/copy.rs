@@ -14,6 +14,15 @@ pub(crate) trait CopyOps: BackendStorage {
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self>;
     /// Copies the elements of `src` (under `sl`) into the places `dl` selects in `self`.
     fn copy_into(&mut self, dl: &Layout, src: &Self, sl: &Layout) -> Result<()>;
+    /// [`CopyOps::copy_into`] of each `(dl, src, sl)`, the views `dl` not overlapping one
+    /// another (`cat`'s inputs into the output). By default one at a time; a backend may
+    /// batch them.
+    fn copy_many_into(&mut self, parts: &[(&Layout, &Self, &Layout)]) -> Result<()> {
+        for &(dl, src, sl) in parts {
+            self.copy_into(dl, src, sl)?;
+        }
+        Ok(())
+    }
     /// Every selected element as f64, row-major.
     fn to_f64_vec(&self, l: &Layout) -> Result<Vec<f64>>;
     /// `n` copies of `value` (rounded to `dtype`) on `device`.
@@ -120,6 +129,18 @@ impl Storage {
 
     pub(crate) fn copy_into(&mut self, dl: &Layout, src: &Storage, sl: &Layout) -> Result<()> {
         on_backend!("copy", [self, src], B => CopyOps::copy_into(B::part_mut(self), dl, B::part(src), sl))
+    }
+
+    /// See [`CopyOps::copy_many_into`]: every source on this storage's device.
+    pub(crate) fn copy_many_into(&mut self, parts: &[(&Layout, &Storage, &Layout)]) -> Result<()> {
+        let mut all: Vec<&Storage> = vec![&*self];
+        all.extend(parts.iter().map(|p| p.1));
+        let device = super::common_device("copy", &all)?;
+        on_device!(device, B => {
+            let parts: Vec<(&Layout, &B, &Layout)> =
+                parts.iter().map(|&(dl, s, sl)| (dl, B::part(s), sl)).collect();
+            CopyOps::copy_many_into(B::part_mut(self), &parts)
+        })
     }
 
     /// Every selected element as f64, row-major (used for `to_vec` and printing).

@@ -62,15 +62,21 @@ impl Tensor {
         let out = Tensor::zeros(&shape, dtype, first.device())?;
         let mut start = 0;
         let mut starts = Vec::with_capacity(inputs.len());
-        out.0.storage.write(|s| -> Result<()> {
-            for t in &inputs {
-                let dst = out.layout().narrow("cat", d, start, t.shape()[d])?;
-                s.copy_into(&dst, &t.storage(), t.layout())?;
-                starts.push((start, t.shape()[d]));
-                start += t.shape()[d];
-            }
-            Ok(())
-        })?;
+        let mut places = Vec::with_capacity(inputs.len());
+        for t in &inputs {
+            places.push(out.layout().narrow("cat", d, start, t.shape()[d])?);
+            starts.push((start, t.shape()[d]));
+            start += t.shape()[d];
+        }
+        // Every input into its place at once (on CUDA, many per launch).
+        let sources: Vec<_> = inputs.iter().map(|t| t.storage()).collect();
+        let parts: Vec<_> = places
+            .iter()
+            .zip(&sources)
+            .zip(&inputs)
+            .map(|((dl, s), t)| (dl, &**s, t.layout()))
+            .collect();
+        out.0.storage.write(|s| s.copy_many_into(&parts))?;
         let refs: Vec<&Tensor> = inputs.iter().collect();
         Ok(out.attach("cat", &refs, move |g, needs| {
             starts

@@ -163,3 +163,66 @@ fn strided_copy_kernels_read_the_view() {
         }
     }
 }
+
+/// `cat`'s copy lists (`copy_list_u32`): inputs of several shapes and strides (one over two
+/// chunks) written into their columns of the output, as the CPU's `cat` writes them; views
+/// that do not walk as unit-stride rows are left to the one-at-a-time copy.
+#[test]
+fn copy_lists_place_each_input_as_cat_does() {
+    use crate::backend::cuda::copy_list::{as_rows, lists, Copy2d, CHUNK, LIST};
+    let Some(lib) = library("cast") else { return };
+    type CopyListFn = unsafe extern "C" fn(crate::backend::cuda::copy_list::CopyList) -> ();
+    let f: CopyListFn = function(lib, "copy_list_u32");
+    let t = |shape: &[usize], k: f64| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (i as f64 * k).sin() as f32).collect();
+        Tensor::from_vec(v, shape, Device::Cpu).unwrap()
+    };
+    let rows = 3;
+    // Dense; a column block of a wider tensor (row stride 9); long enough for two chunks.
+    let a = t(&[rows, 4], 0.3);
+    let b = t(&[rows, 9], 0.7).narrow(1, 2, 5).unwrap();
+    let c = t(&[rows, CHUNK / 2], 1.1);
+    let inputs = [&a, &b, &c];
+    let want = Tensor::cat(&inputs, 1).unwrap();
+    let total: usize = inputs.iter().map(|x| x.shape()[1]).sum();
+    let mut out = vec![f32::NAN; rows * total];
+    let out_layout = Layout::contiguous(&[rows, total]);
+    let data: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|x| match &*x.storage() {
+            Storage::Cpu(CpuStorage::F32(v)) => v.clone(),
+            _ => unreachable!("f32 on the host"),
+        })
+        .collect();
+    let mut start = 0;
+    let mut copies = Vec::new();
+    for (x, d) in inputs.iter().zip(&data) {
+        let dl = out_layout.narrow("cat", 1, start, x.shape()[1]).unwrap();
+        let (r, cols, sld, dld) = as_rows(x.layout(), &dl).expect("rows");
+        copies.push(Copy2d {
+            src: d[x.layout().offset()..].as_ptr() as u64,
+            dst: out[dl.offset()..].as_mut_ptr() as u64,
+            rows: r,
+            cols,
+            sld,
+            dld,
+        });
+        start += x.shape()[1];
+    }
+    let list = lists(&copies)[0];
+    assert!(copies.len() <= LIST);
+    // SAFETY: every copy's source holds its rows at its row stride, every destination is a
+    // block of `out`'s columns; called directly the kernel runs as one thread.
+    unsafe { f(list) };
+    assert_eq!(out, want.to_vec::<f32>().unwrap());
+
+    // Whole dense tensors merge into one row; a transposed source has no unit-stride rows.
+    let dense = Layout::contiguous(&[rows, 4]);
+    assert_eq!(
+        as_rows(&dense, &dense),
+        Some((1, 4 * rows, 4 * rows, 4 * rows))
+    );
+    let tr = t(&[4, rows], 0.5).t().unwrap();
+    assert_eq!(as_rows(tr.layout(), &dense), None);
+}

@@ -78,6 +78,9 @@ impl CopyOps for CudaStorage {
     fn copy_into(&mut self, dl: &Layout, src: &Self, sl: &Layout) -> Result<()> {
         CudaStorage::copy_into(self, dl, src, sl)
     }
+    fn copy_many_into(&mut self, parts: &[(&Layout, &Self, &Layout)]) -> Result<()> {
+        CudaStorage::copy_many_into(self, parts)
+    }
     fn to_f64_vec(&self, l: &Layout) -> Result<Vec<f64>> {
         Ok(self.to_cpu(l)?.to_f64_vec(&Layout::contiguous(l.shape())))
     }

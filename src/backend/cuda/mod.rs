@@ -40,6 +40,7 @@ pub(crate) mod amp;
 mod backend;
 mod blaslt;
 pub mod conv;
+pub(crate) mod copy_list;
 pub(crate) mod elementwise;
 mod faults;
 // The kernel files run on the host against the CPU backend: unit tests of the launchers'
