@@ -27,6 +27,9 @@ use std::time::Instant;
 
 mod common;
 use common::{BatchSize, RunFlags};
+#[path = "common/resnet_model.rs"]
+mod resnet_model;
+use resnet_model::ResNetSpec;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Arch {
@@ -85,59 +88,7 @@ struct Args {
     run: RunFlags,
 }
 
-fn conv(i: usize, o: usize, k: usize, stride: usize, g: &mut Generator) -> Result<Conv2d> {
-    let opts = Conv2dOptions {
-        stride: [stride, stride],
-        padding: [k / 2, k / 2],
-        ..Default::default()
-    };
-    Conv2d::new(i, o, k, opts, false, g)
-}
-
-/// One block: basic (two 3x3 convolutions) or bottleneck (1x1, 3x3, 1x1 to 4x the width),
-/// with a projection shortcut where the shape changes. Returns the block and its output
-/// channels.
-fn block(
-    c_in: usize,
-    width: usize,
-    stride: usize,
-    bottleneck: bool,
-    g: &mut Generator,
-) -> Result<(Residual, usize)> {
-    let (main, c_out) = if bottleneck {
-        let c_out = 4 * width;
-        let main = Sequential::new()
-            .push(conv(c_in, width, 1, 1, g)?)
-            .push(BatchNorm2d::new(width)?)
-            .push(Activation::Relu)
-            .push(conv(width, width, 3, stride, g)?)
-            .push(BatchNorm2d::new(width)?)
-            .push(Activation::Relu)
-            .push(conv(width, c_out, 1, 1, g)?)
-            .push(BatchNorm2d::new(c_out)?);
-        (main, c_out)
-    } else {
-        let main = Sequential::new()
-            .push(conv(c_in, width, 3, stride, g)?)
-            .push(BatchNorm2d::new(width)?)
-            .push(Activation::Relu)
-            .push(conv(width, width, 3, 1, g)?)
-            .push(BatchNorm2d::new(width)?);
-        (main, width)
-    };
-    let shortcut = match stride != 1 || c_in != c_out {
-        true => Some(
-            Sequential::new()
-                .push(conv(c_in, c_out, 1, stride, g)?)
-                .push(BatchNorm2d::new(c_out)?),
-        ),
-        false => None,
-    };
-    Ok((Residual::new(main, shortcut), c_out))
-}
-
-/// The network: a stem, four stages of blocks (widths w, 2w, 4w, 8w; strides 1, 2, 2, 2),
-/// global average pooling and a linear classifier.
+/// The network `args` ask for, on `in_channels`-channel images and `classes` classes.
 fn resnet(
     args: &Args,
     in_channels: usize,
@@ -149,37 +100,16 @@ fn resnet(
         Arch::Resnet34 => ([3, 4, 6, 3], false),
         Arch::Resnet50 => ([3, 4, 6, 3], true),
     };
-    let w = args.width;
-    let mut net = match args.data {
-        Data::Mnist => Sequential::new().push(conv(in_channels, w, 3, 1, g)?),
-        Data::Synthetic => Sequential::new().push(conv(in_channels, w, 7, 2, g)?),
-    }
-    .push(BatchNorm2d::new(w)?)
-    .push(Activation::Relu);
-    if args.data == Data::Synthetic {
-        let pool = MaxPool2dOptions {
-            stride: Some([2, 2]),
-            padding: [1, 1],
-            ..MaxPool2dOptions::new(3)
-        };
-        net = net.push(MaxPool2d(pool));
-    }
-    let mut c = w;
-    for (stage, &count) in counts.iter().enumerate() {
-        for i in 0..count {
-            let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-            let (b, c_out) = block(c, w << stage, stride, bottleneck, g)?;
-            net = match args.checkpoint {
-                true => net.push(Checkpointed::new(b)),
-                false => net.push(b),
-            };
-            c = c_out;
-        }
-    }
-    Ok(net
-        .push(AdaptiveAvgPool2d([1, 1]))
-        .push(Flatten)
-        .push(Linear::new(c, classes, true, g)?))
+    let spec = ResNetSpec {
+        counts,
+        bottleneck,
+        width: args.width,
+        in_channels,
+        classes,
+        imagenet_stem: args.data == Data::Synthetic,
+        checkpoint: args.checkpoint,
+    };
+    resnet_model::resnet(&spec, g)
 }
 
 fn optimizer(net: &Sequential, lr: f64) -> Result<Sgd> {
