@@ -28,10 +28,12 @@ __device__ float bn_lane_sum(float v, float (*red)[33]) {
 
 // mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
 // mode 1: part = (sum dy, sum dy (x - mean[c])). part[(k * C + c) * 2 + {0, 1}] for chunk k.
+// With `mask` (a fused ReLU's output, laid out as dy), dy counts only where mask > 0 (NaN
+// included, as threshold_backward).
 template <typename T>
 __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restrict__ dy,
-                           const float* __restrict__ mean, float* __restrict__ part, i64 outer,
-                           i64 C, i64 inner, i64 chunk) {
+                           const T* __restrict__ mask, const float* __restrict__ mean,
+                           float* __restrict__ part, i64 outer, i64 C, i64 inner, i64 chunk) {
     __shared__ float scratch[32];
     __shared__ float red[9][33];
     i64 chunks = (outer + chunk - 1) / chunk;
@@ -45,6 +47,7 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             i64 c = t, n = rows * inner;
             const T* xb = x + (o0 * C + c) * inner;
             const T* db = dy ? dy + (o0 * C + c) * inner : 0;
+            const T* mb = mask ? mask + (o0 * C + c) * inner : 0;
             float m = mode == 1 ? mean[c] : 0.0f;
             float s1 = 0.0f, s2 = 0.0f;
             for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
@@ -53,7 +56,7 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
                 if (mode == 0) {
                     s1 += v;
                 } else {
-                    float d = to_f32(db[off]);
+                    float d = mb && to_f32(mb[off]) <= 0.0f ? 0.0f : to_f32(db[off]);
                     s1 += d;
                     s2 += d * (v - m);
                 }
@@ -85,7 +88,7 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
                     if (mode == 0) {
                         s1 += v;
                     } else {
-                        float d = to_f32(dy[off]);
+                        float d = mask && to_f32(mask[off]) <= 0.0f ? 0.0f : to_f32(dy[off]);
                         s1 += d;
                         s2 += d * (v - m);
                     }
@@ -222,15 +225,18 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
 }
 
 // out = alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy when dy is not null), with coef =
-// [alpha | center | gamma | beta]: the output forward, the input's gradient backward.
+// [alpha | center | gamma | beta]: the output forward, the input's gradient backward. A fused
+// ReLU: forward `relu` clamps the output below at 0 (NaN stays); backward dy counts only
+// where `mask` (the forward's output) is > 0.
 template <typename T>
 __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ dy,
-                          const float* __restrict__ coef, T* __restrict__ out, i64 n, i64 C,
-                          i64 inner) {
+                          const T* __restrict__ mask, const float* __restrict__ coef,
+                          T* __restrict__ out, i64 n, i64 C, i64 inner, int relu) {
     FOR_EACH(i, n) {
         i64 c = (inner == 1 ? i : i / inner) % C;
         float v = coef[c] * (to_f32(x[i]) - coef[C + c]) + coef[2 * C + c];
-        if (dy) v += coef[3 * C + c] * to_f32(dy[i]);
+        if (dy && !(mask && to_f32(mask[i]) <= 0.0f)) v += coef[3 * C + c] * to_f32(dy[i]);
+        if (relu && v < 0.0f) v = 0.0f;
         out[i] = from_f32<T>(v);
     }
 }
@@ -293,14 +299,15 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
 }
 
 #define BN(T)                                                                                  \
-    extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy,               \
+    extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy, const T* mask, \
                                               const float* mean, float* part, i64 outer, i64 C, \
                                               i64 inner, i64 chunk) {                          \
-        bn_partial<T>(mode, x, dy, mean, part, outer, C, inner, chunk);                        \
+        bn_partial<T>(mode, x, dy, mask, mean, part, outer, C, inner, chunk);                  \
     }                                                                                          \
-    extern "C" __global__ void bn_affine_##T(const T* x, const T* dy, const float* coef,       \
-                                             T* out, i64 n, i64 C, i64 inner) {                \
-        bn_affine<T>(x, dy, coef, out, n, C, inner);                                           \
+    extern "C" __global__ void bn_affine_##T(const T* x, const T* dy, const T* mask,           \
+                                             const float* coef, T* out, i64 n, i64 C,          \
+                                             i64 inner, int relu) {                            \
+        bn_affine<T>(x, dy, mask, coef, out, n, C, inner, relu);                               \
     }                                                                                          \
     extern "C" __global__ void ln_forward_##T(const T* x, const T* w, const T* b, T* y,         \
                                               float* stats, i64 rows, i64 cols, float eps) {    \

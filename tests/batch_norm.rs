@@ -101,6 +101,39 @@ fn check(shape: &[usize], cl: bool, dtype: DType, mean: f64, tol: f64) {
         reference(x, w, b, Some((&rm64, &rv64)))
     });
     assert_outputs_close(&fused, &want, tol, &format!("{what} eval"));
+
+    // BatchNorm2d followed by ReLU in a Sequential runs as one fused op: the definition
+    // followed by relu, in training and eval. (Not for inputs far from zero mean: there an
+    // output within rounding of 0 may take the other side of the ReLU than the f64
+    // definition's, and its gradient with it.)
+    let evals = if mean.abs() < 10.0 {
+        vec![None, Some((&rm, &rv))]
+    } else {
+        vec![]
+    };
+    for eval in evals {
+        let fused = run(&x, &w, &b, &g, |x, w, b| bn_relu(x, w, b, eval));
+        let want = run(&x64, &w64, &b64, &g, |x, w, b| {
+            reference(x, w, b, eval.map(|_| (&rm64, &rv64)))?.relu()
+        });
+        let what = format!("{what} with ReLU, eval {}", eval.is_some());
+        assert_outputs_close(&fused, &want, tol, &what);
+    }
+}
+
+/// `Sequential [BatchNorm2d (weight w, bias b; running statistics `eval` in eval mode), ReLU]`.
+fn bn_relu(x: &Tensor, w: &Tensor, b: &Tensor, eval: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    use mantissa::nn::{Activation, BatchNorm2d, Module, Sequential};
+    let mut bn = BatchNorm2d::new(w.numel())?;
+    (bn.weight, bn.bias) = (w.clone(), b.clone());
+    if let Some((m, v)) = eval {
+        (bn.running_mean, bn.running_var) = (m.copy()?, v.copy()?);
+    }
+    let mut net = Sequential::new().push(bn).push(Activation::Relu);
+    net.set_training(eval.is_none());
+    let y = net.forward(x)?;
+    assert!(y.to_vec_f64()?.contains(&0.0), "the ReLU clamps some");
+    Ok(y)
 }
 
 #[test]

@@ -747,6 +747,32 @@ fn composite_ops_match() {
             &[img.clone(), gamma.clone(), beta.clone()],
             |x| x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5),
         );
+        // BatchNorm2d followed by ReLU in a Sequential: batch norm with the ReLU fused, its
+        // backward masked by the output; row-major and channels-last.
+        for cl in [false, true] {
+            parity(
+                "batch_norm + relu (Sequential)",
+                d,
+                &[img.clone(), gamma.clone(), beta.clone()],
+                |x| {
+                    use mantissa::nn::{Activation, BatchNorm2d, Sequential};
+                    let mut bn = BatchNorm2d::new(4)?;
+                    let dev = x[0].device();
+                    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
+                    bn.running_mean = bn.running_mean.to_device(dev)?;
+                    bn.running_var = bn.running_var.to_device(dev)?;
+                    bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
+                    let x0 = match cl {
+                        true => x[0].to_memory_format(MemoryFormat::ChannelsLast)?,
+                        false => x[0].clone(),
+                    };
+                    Sequential::new()
+                        .push(bn)
+                        .push(Activation::Relu)
+                        .forward(&x0)
+                },
+            );
+        }
         // The fused kernels' other paths: channels-last (two 32-channel tiles, one partial),
         // several row chunks (1,024-element runs; 300 rows of a 2-D input), eval mode.
         let wide = input(&[3, 40, 5, 5], dt, 80);

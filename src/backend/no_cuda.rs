@@ -159,9 +159,10 @@ impl NormOps for CudaStorage {
         fn batch_norm_stats(&self, _l: &Layout, _p: crate::backend::norm::BnForward<'_, Self>)
             -> Result<Self>;
         fn batch_norm_grad(&self, _ld: &Layout, _x: &Self, _lx: &Layout, _s: &Self, _ls: &Layout,
-            _m: crate::backend::norm::BnGrad) -> Result<(Self, Option<(Self, Self)>)>;
-        fn channel_affine(&self, _lx: &Layout, _dy: Option<(&Self, &Layout)>, _c: &Self, _lc: &Layout)
-            -> Result<Self>;
+            _m: crate::backend::norm::BnGrad, _r: crate::backend::norm::FusedRelu<'_, Self>)
+            -> Result<(Self, Option<(Self, Self)>)>;
+        fn channel_affine(&self, _lx: &Layout, _dy: Option<(&Self, &Layout)>, _c: &Self, _lc: &Layout,
+            _r: crate::backend::norm::FusedRelu<'_, Self>) -> Result<Self>;
         fn layer_norm(&self, _lx: &Layout, _cols: usize, _w: Option<(&Self, &Layout)>,
             _b: Option<(&Self, &Layout)>, _eps: f64) -> Result<(Self, Self)>;
         fn layer_norm_backward(&self, _ld: &Layout, _x: &Self, _lx: &Layout, _cols: usize,

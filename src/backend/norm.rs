@@ -3,7 +3,7 @@
 //! a reduction that ends in the per-channel coefficients (running statistics updated on the
 //! way) and an affine pass; backward the same with the gradient sums.
 
-use super::{on_backend, Backend, BackendStorage, Storage};
+use super::{Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
 
@@ -30,12 +30,21 @@ pub(crate) trait NormOps: BackendStorage {
         stats: &Self,
         ls: &Layout,
         mode: BnGrad,
+        relu: FusedRelu<'_, Self>,
     ) -> Result<(Self, Option<(Self, Self)>)>;
     /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s (`self`'s) dtype and
     /// dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the statistics
     /// dtype; `dy`, when given, shares `x`'s layout and dtype. Forward it is the output
     /// (`alpha = invstd w`, `center = mean`, `gamma = b`), backward the input's gradient.
-    fn channel_affine(&self, lx: &Layout, dy: Opt<Self>, coef: &Self, lc: &Layout) -> Result<Self>;
+    /// `relu` fuses a ReLU: [`FusedRelu::Output`] forward, [`FusedRelu::Grad`] backward.
+    fn channel_affine(
+        &self,
+        lx: &Layout,
+        dy: Opt<Self>,
+        coef: &Self,
+        lc: &Layout,
+        relu: FusedRelu<'_, Self>,
+    ) -> Result<Self>;
     /// Layer norm over rows of `cols` elements (the trailing dims of a contiguous `x`): the
     /// output in `x`'s dtype and the statistics `[rows, 2]` (mean, 1 / sqrt(var + eps)) in
     /// f32 (f64 for f64); `w` and `b` (`cols` elements) share `x`'s dtype.
@@ -82,6 +91,43 @@ pub(crate) struct BnForward<'a, S> {
     pub bias: Opt<'a, S>,
     pub source: BnSource<'a, S>,
     pub eps: f64,
+}
+
+/// A ReLU fused with batch norm (`BatchNorm2d` followed by ReLU in a `Sequential`).
+pub(crate) enum FusedRelu<'a, S> {
+    None,
+    /// Forward: the output clamped below at 0 (NaN stays NaN).
+    Output,
+    /// Backward: the output's gradient counts only where the forward's output `y` (dense in
+    /// the gradient's format) is above 0, or NaN, as ReLU's own backward.
+    Grad(&'a S, &'a Layout),
+}
+
+// By hand: a derive would ask `S: Copy`, and the variants only hold references.
+impl<S> Clone for FusedRelu<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for FusedRelu<'_, S> {}
+
+impl<'a> FusedRelu<'a, Storage> {
+    /// The storage it reads, if any.
+    fn operand(&self) -> Option<&'a Storage> {
+        match *self {
+            FusedRelu::Grad(y, _) => Some(y),
+            _ => None,
+        }
+    }
+
+    /// The same seen as backend `B`'s (the device already checked).
+    fn part<B: Backend>(self) -> FusedRelu<'a, B> {
+        match self {
+            FusedRelu::None => FusedRelu::None,
+            FusedRelu::Output => FusedRelu::Output,
+            FusedRelu::Grad(y, l) => FusedRelu::Grad(B::part(y), l),
+        }
+    }
 }
 
 /// What [`NormOps::batch_norm_grad`] computes.
@@ -151,10 +197,15 @@ impl Storage {
         stats: &Storage,
         ls: &Layout,
         mode: BnGrad,
+        relu: FusedRelu<'_, Storage>,
     ) -> Result<(Storage, Option<(Storage, Storage)>)> {
-        on_backend!("batch_norm backward", [self, x, stats], B => {
-            let (coef, params) =
-                B::part(self).batch_norm_grad(ld, B::part(x), lx, B::part(stats), ls, mode)?;
+        let mut all = vec![self, x, stats];
+        all.extend(relu.operand());
+        let device = super::common_device("batch_norm backward", &all)?;
+        super::on_device!(device, B => {
+            let relu = relu.part::<B>();
+            let (coef, params) = B::part(self)
+                .batch_norm_grad(ld, B::part(x), lx, B::part(stats), ls, mode, relu)?;
             Ok((coef.wrap(), params.map(|(w, b)| (w.wrap(), b.wrap()))))
         })
     }
@@ -166,14 +217,15 @@ impl Storage {
         dy: Opt<Storage>,
         coef: &Storage,
         lc: &Layout,
+        relu: FusedRelu<'_, Storage>,
     ) -> Result<Storage> {
-        let op = "batch_norm";
-        let device = match dy {
-            Some((d, _)) => super::common_device(op, &[self, d, coef])?,
-            None => super::common_device(op, &[self, coef])?,
-        };
+        let mut all = vec![self, coef];
+        all.extend(dy.map(|d| d.0));
+        all.extend(relu.operand());
+        let device = super::common_device("batch_norm", &all)?;
         super::on_device!(device, B => {
-            Ok(B::part(self).channel_affine(lx, part(dy), B::part(coef), lc)?.wrap())
+            let relu = relu.part::<B>();
+            Ok(B::part(self).channel_affine(lx, part(dy), B::part(coef), lc, relu)?.wrap())
         })
     }
 

@@ -35,14 +35,20 @@ impl BatchNorm2d {
     }
 }
 
-impl Module for BatchNorm2d {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl BatchNorm2d {
+    fn forward_fused(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         // A checkpoint's recomputation normalises by the batch again but counts it once: the
         // forward already updated the running statistics.
         let count = self.training && !crate::autograd::checkpoint::recomputing();
         let keep = !self.training || count;
         // The batch is counted on the tensor's device (no read back per step on a GPU), in
         // the launch that updates the running statistics where it can be.
+        let call = crate::ops::norm::BnCall {
+            training: self.training,
+            momentum: self.momentum,
+            eps: self.eps,
+            relu,
+        };
         x.batch_norm_counted(
             (
                 keep.then_some(&self.running_mean),
@@ -50,10 +56,21 @@ impl Module for BatchNorm2d {
             ),
             (Some(&self.weight), Some(&self.bias)),
             count.then_some(&self.num_batches_tracked),
-            self.training,
-            self.momentum,
-            self.eps,
+            call,
         )
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // A checkpoint's recomputation normalises by the batch again but counts it once: the
+        // forward already updated the running statistics.
+        self.forward_fused(x, false)
+    }
+    /// `relu(batch_norm(x))` in the same passes: one output write forward, and the ReLU's
+    /// backward folded into batch norm's.
+    fn forward_relu(&self, x: &Tensor) -> Option<Result<Tensor>> {
+        Some(self.forward_fused(x, true))
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
         f(join(p, "weight"), &self.weight, TensorKind::Parameter);

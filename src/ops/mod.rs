@@ -9,7 +9,7 @@ mod elementwise;
 mod index;
 mod loss;
 mod matmul;
-mod norm;
+pub(crate) mod norm;
 mod operators;
 mod pool;
 mod reduce;

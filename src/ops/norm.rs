@@ -3,7 +3,7 @@
 
 use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
-use crate::backend::norm::{BnForward, BnGrad, BnSource};
+use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
 use crate::layout::Layout;
 use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
 
@@ -90,6 +90,16 @@ fn batch_stats(
     Ok(stats)
 }
 
+/// How [`Tensor::batch_norm_counted`] runs: training or eval, the running statistics'
+/// momentum, eps, and whether a ReLU follows in the same passes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BnCall {
+    pub training: bool,
+    pub momentum: f64,
+    pub eps: f64,
+    pub relu: bool,
+}
+
 fn check_vec(op: &'static str, what: &str, v: Option<&Tensor>, n: usize) -> Result<()> {
     match v {
         Some(v) if v.shape() != [n] => Err(Error::invalid(
@@ -133,22 +143,38 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         let (running, params) = ((running_mean, running_var), (weight, bias));
-        self.batch_norm_counted(running, params, None, training, momentum, eps)
+        let mode = BnCall {
+            training,
+            momentum,
+            eps,
+            relu: false,
+        };
+        self.batch_norm_counted(running, params, None, mode)
     }
 
     /// [`Tensor::batch_norm`] that, in training, also counts the batch in `tracked` (a
     /// one-element i64 tensor, `BatchNorm2d`'s `num_batches_tracked`): on a device in the
-    /// launch that updates the running statistics.
+    /// launch that updates the running statistics. With `relu`, the output is
+    /// `relu(batch_norm(x))` from the same passes (the backward masks the output's gradient
+    /// with the saved output, as ReLU's own backward does).
     pub(crate) fn batch_norm_counted(
         &self,
         (running_mean, running_var): (Option<&Tensor>, Option<&Tensor>),
         (weight, bias): (Option<&Tensor>, Option<&Tensor>),
         tracked: Option<&Tensor>,
-        training: bool,
-        momentum: f64,
-        eps: f64,
+        BnCall {
+            training,
+            momentum,
+            eps,
+            relu,
+        }: BnCall,
     ) -> Result<Tensor> {
-        let _prof = crate::profiler::op(Op::BatchNorm.name());
+        let name = if relu {
+            "batch_norm_relu"
+        } else {
+            Op::BatchNorm.name()
+        };
+        let _prof = crate::profiler::op(name);
         let [x] = dispatch(Op::BatchNorm, [self])?;
         expect_float(Op::BatchNorm, &x)?;
         if x.rank() < 2 {
@@ -221,63 +247,78 @@ impl Tensor {
         };
         // y = a (x - mean) + b: the first three planes of the statistics.
         let coef = stats.narrow(0, 0, 4)?;
-        let y = x
-            .storage()
-            .channel_affine(x.layout(), None, &coef.storage(), coef.layout())?;
+        let fused = if relu {
+            FusedRelu::Output
+        } else {
+            FusedRelu::None
+        };
+        let y =
+            x.storage()
+                .channel_affine(x.layout(), None, &coef.storage(), coef.layout(), fused)?;
         let y = Tensor::from_storage_in(y, Layout::with_format("batch_norm", x.shape(), format)?);
+        // The fused ReLU's backward reads the output (what the next op keeps anyway).
+        let out = relu.then(|| y.detach());
         let mut inputs = vec![&x];
         inputs.extend(weight);
         inputs.extend(bias);
         let (wdt, bdt) = (weight.map(|w| w.dtype()), bias.map(|b| b.dtype()));
         let xs = x.detach();
-        Ok(
-            y.attach_saving("batch_norm", &inputs, &[&x], move |dy, needs| {
-                let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
-                let wants_params = needs[1..].iter().any(|&n| n);
-                let mode = match (training, wants_params) {
-                    (true, _) => BnGrad::Train,
-                    (false, true) => BnGrad::EvalWithParams,
-                    (false, false) => BnGrad::EvalInputOnly,
-                };
-                let (coef, params) = dy.storage().batch_norm_grad(
-                    dy.layout(),
-                    &xs.storage(),
-                    xs.layout(),
-                    &stats.storage(),
-                    stats.layout(),
-                    mode,
-                )?;
-                let dx = match needs[0] {
-                    false => None,
-                    true => {
-                        let coef = Tensor::from_storage(coef, &[4, c]);
-                        let dx = xs.storage().channel_affine(
-                            xs.layout(),
-                            Some((&dy.storage(), dy.layout())),
-                            &coef.storage(),
-                            coef.layout(),
-                        )?;
-                        let layout = Layout::with_format("batch_norm", xs.shape(), format)?;
-                        Some(Tensor::from_storage_in(dx, layout))
-                    }
-                };
-                let mut grads = vec![dx];
-                let (dw, db) = match params {
-                    Some((dw, db)) => (
-                        Some(Tensor::from_storage(dw, &[c])),
-                        Some(Tensor::from_storage(db, &[c])),
-                    ),
-                    None => (None, None),
-                };
-                if let Some(wdt) = wdt {
-                    grads.push(dw.map(|g| g.to_dtype(wdt)).transpose()?);
+        let read_out = out.clone();
+        let mut reads = vec![&x];
+        reads.extend(read_out.as_ref());
+        Ok(y.attach_saving(name, &inputs, &reads, move |dy, needs| {
+            let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
+            let wants_params = needs[1..].iter().any(|&n| n);
+            let mode = match (training, wants_params) {
+                (true, _) => BnGrad::Train,
+                (false, true) => BnGrad::EvalWithParams,
+                (false, false) => BnGrad::EvalInputOnly,
+            };
+            let ys = out.as_ref().map(|y| y.storage());
+            let mask = || match (&ys, &out) {
+                (Some(s), Some(y)) => FusedRelu::Grad(&**s, y.layout()),
+                _ => FusedRelu::None,
+            };
+            let (coef, params) = dy.storage().batch_norm_grad(
+                dy.layout(),
+                &xs.storage(),
+                xs.layout(),
+                &stats.storage(),
+                stats.layout(),
+                mode,
+                mask(),
+            )?;
+            let dx = match needs[0] {
+                false => None,
+                true => {
+                    let coef = Tensor::from_storage(coef, &[4, c]);
+                    let dx = xs.storage().channel_affine(
+                        xs.layout(),
+                        Some((&dy.storage(), dy.layout())),
+                        &coef.storage(),
+                        coef.layout(),
+                        mask(),
+                    )?;
+                    let layout = Layout::with_format("batch_norm", xs.shape(), format)?;
+                    Some(Tensor::from_storage_in(dx, layout))
                 }
-                if let Some(bdt) = bdt {
-                    grads.push(db.map(|g| g.to_dtype(bdt)).transpose()?);
-                }
-                Ok(grads)
-            }),
-        )
+            };
+            let mut grads = vec![dx];
+            let (dw, db) = match params {
+                Some((dw, db)) => (
+                    Some(Tensor::from_storage(dw, &[c])),
+                    Some(Tensor::from_storage(db, &[c])),
+                ),
+                None => (None, None),
+            };
+            if let Some(wdt) = wdt {
+                grads.push(dw.map(|g| g.to_dtype(wdt)).transpose()?);
+            }
+            if let Some(bdt) = bdt {
+                grads.push(db.map(|g| g.to_dtype(bdt)).transpose()?);
+            }
+            Ok(grads)
+        }))
     }
 
     /// Layer normalisation over the trailing `normalized_shape` dims (PyTorch's

@@ -3,7 +3,7 @@
 
 use super::{function, library, randn, run_grid, Addr};
 use crate::backend::cuda::norm::{chunk_rows, finalize_threads, partial_blocks, BnArgs};
-use crate::backend::norm::{BnForward, BnGrad, BnSource};
+use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::backend::Storage;
 use crate::layout::Layout;
@@ -14,6 +14,7 @@ type Partial = unsafe extern "C" fn(
     *const f32,
     *const f32,
     *const f32,
+    *const f32,
     *mut f32,
     i64,
     i64,
@@ -21,8 +22,17 @@ type Partial = unsafe extern "C" fn(
     i64,
 ) -> ();
 type Finalize = unsafe extern "C" fn(*const f32, BnArgs, i64, i64, i64, i64) -> ();
-type Affine =
-    unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i64, i64, i64) -> ();
+type Affine = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *mut f32,
+    i64,
+    i64,
+    i64,
+    i32,
+) -> ();
 
 fn values(s: Storage, n: usize) -> Vec<f32> {
     Tensor::from_storage(s, &[n]).to_vec::<f32>().unwrap()
@@ -78,7 +88,11 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         let chunks = s.outer.div_ceil(chunk);
         let tiles = if s.inner == 1 { c.div_ceil(32) } else { c };
         let i = |v: usize| v as i64;
-        let partials = |mode: i32, mean: &[f32]| {
+        // A fused ReLU's output, about half of it positive, in x's format.
+        let yt = x.sub(3.0).unwrap().to_memory_format(format).unwrap();
+        let ys = stored(&yt);
+        let partials = |mode: i32, mean: &[f32], mask: bool| {
+            let ya = Addr::of(&ys);
             let mut part = vec![f32::NAN; chunks * c * 2];
             let (xa, da, ma) = (Addr::of(&xs), Addr::of(&ds), Addr::of(mean));
             let pa = Addr::of_mut(&mut part);
@@ -96,6 +110,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                         } else {
                             std::ptr::null()
                         },
+                        if mask { ya.ptr() } else { std::ptr::null() },
                         ma.ptr(),
                         pa.ptr(),
                         i(s.outer),
@@ -133,7 +148,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         let (mut rm, mut rv) = (rm0.to_vec::<f32>().unwrap(), rv0.to_vec::<f32>().unwrap());
         let mut tracked = [5i64];
         let mut stats = vec![f32::NAN; 5 * c];
-        let part = partials(0, &[]);
+        let part = partials(0, &[], false);
         let a = BnArgs {
             mode: 0,
             momentum: 0.3,
@@ -217,12 +232,18 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         // Backward, each mode: coefficients and the parameters' gradients.
         let st = Tensor::from_vec(stats.clone(), &[5 * c], crate::Device::Cpu).unwrap();
         let ls = Layout::contiguous(&[5 * c]);
-        let sums = partials(1, &stats[c..2 * c]);
-        for (mode, grad) in [
-            (2, BnGrad::Train),
-            (3, BnGrad::EvalWithParams),
-            (4, BnGrad::EvalInputOnly),
+        for (mode, grad, masked) in [
+            (2, BnGrad::Train, false),
+            (2, BnGrad::Train, true),
+            (3, BnGrad::EvalWithParams, false),
+            (4, BnGrad::EvalInputOnly, false),
         ] {
+            let sums = partials(1, &stats[c..2 * c], masked);
+            let yst = yt.storage();
+            let relu = match masked {
+                true => FusedRelu::Grad(&*yst, yt.layout()),
+                false => FusedRelu::None,
+            };
             let (mut coef, mut dw, mut db) =
                 (vec![f32::NAN; 4 * c], vec![f32::NAN; c], vec![f32::NAN; c]);
             let with_sums = mode != 4;
@@ -238,9 +259,17 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
             run_finalize(with_sums.then_some(&sums[..]), a);
             let (want, params) = dy
                 .storage()
-                .batch_norm_grad(dy.layout(), &x.storage(), &l, &st.storage(), &ls, grad)
+                .batch_norm_grad(
+                    dy.layout(),
+                    &x.storage(),
+                    &l,
+                    &st.storage(),
+                    &ls,
+                    grad,
+                    relu,
+                )
                 .unwrap();
-            let what = format!("{what}: backward {grad:?}");
+            let what = format!("{what}: backward {grad:?}, ReLU mask {masked}");
             near(
                 &coef,
                 &values(want, 4 * c),
@@ -259,35 +288,52 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         }
 
         // coef = [alpha | center | gamma | beta], distinct per channel.
-        let coef: Vec<f32> = (0..4 * c).map(|k| 0.25 + 0.1 * k as f32).collect();
+        // Every other alpha negative: the outputs take both signs.
+        let sign = |k: usize| if k < c && k % 2 == 1 { -1.0 } else { 1.0 };
+        let coef: Vec<f32> = (0..4 * c)
+            .map(|k| sign(k) * (0.25 + 0.1 * k as f32))
+            .collect();
         let kt = Tensor::from_vec(coef.clone(), &[4 * c], crate::Device::Cpu).unwrap();
         let lk = Layout::contiguous(&[4 * c]);
-        for with_dy in [false, true] {
+        // (dy given, fused ReLU): forward plain and clamped, backward plain and masked.
+        for (with_dy, relu) in [(false, false), (false, true), (true, false), (true, true)] {
             let n = l.numel();
             let mut out = vec![f32::NAN; n];
-            let dp = if with_dy {
-                ds.as_ptr()
-            } else {
-                std::ptr::null()
-            };
-            // SAFETY: x, dy and out hold n elements, coef 4 c.
+            let pick = |on: bool, v: &[f32]| if on { v.as_ptr() } else { std::ptr::null() };
+            let (dp, mp) = (pick(with_dy, &ds), pick(with_dy && relu, &ys));
+            let clamp = i32::from(!with_dy && relu);
+            // SAFETY: x, dy, the mask and out hold n elements, coef 4 c.
             unsafe {
                 affine(
                     xs.as_ptr(),
                     dp,
+                    mp,
                     coef.as_ptr(),
                     out.as_mut_ptr(),
                     n as i64,
                     c as i64,
                     s.inner as i64,
+                    clamp,
                 )
             };
-            let (xst, dst, kst) = (x.storage(), dy.storage(), kt.storage());
+            let (xst, dst, kst, yst) = (x.storage(), dy.storage(), kt.storage(), yt.storage());
             let d = with_dy.then_some((&*dst, dy.layout()));
-            let want = xst.channel_affine(&l, d, &kst, &lk);
+            let fused = match (with_dy, relu) {
+                (_, false) => FusedRelu::None,
+                (false, true) => FusedRelu::Output,
+                (true, true) => FusedRelu::Grad(&*yst, yt.layout()),
+            };
+            let want = xst.channel_affine(&l, d, &kst, &lk, fused);
             // The CPU writes its output in x's storage order, as the kernel does.
             let want = values(want.unwrap(), n);
-            near(&out, &want, &format!("{what}: affine (dy: {with_dy})"));
+            if relu && !with_dy {
+                assert!(want.contains(&0.0), "{what}: the ReLU clamps some");
+            }
+            near(
+                &out,
+                &want,
+                &format!("{what}: affine (dy: {with_dy}, ReLU: {relu})"),
+            );
         }
     }
 }

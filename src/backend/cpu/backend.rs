@@ -232,8 +232,9 @@ impl NormOps for CpuStorage {
         stats: &Self,
         ls: &Layout,
         mode: crate::backend::norm::BnGrad,
+        relu: crate::backend::norm::FusedRelu<'_, Self>,
     ) -> Result<(Self, Option<(Self, Self)>)> {
-        norm::batch_norm_grad(self, ld, x, lx, stats, ls, mode)
+        norm::batch_norm_grad(self, ld, x, lx, stats, ls, mode, relu)
     }
     fn channel_affine(
         &self,
@@ -241,8 +242,9 @@ impl NormOps for CpuStorage {
         dy: Option<(&Self, &Layout)>,
         coef: &Self,
         lc: &Layout,
+        relu: crate::backend::norm::FusedRelu<'_, Self>,
     ) -> Result<Self> {
-        norm::channel_affine(self, lx, dy, coef, lc)
+        norm::channel_affine(self, lx, dy, coef, lc, relu)
     }
     fn layer_norm(
         &self,

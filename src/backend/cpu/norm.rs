@@ -9,7 +9,7 @@
 //! not depend on the number of threads.
 
 use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
-use crate::backend::norm::{BnForward, BnGrad, BnSource};
+use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
@@ -263,6 +263,7 @@ pub(crate) fn batch_norm_stats(
 }
 
 /// [`crate::backend::NormOps::batch_norm_grad`]: `bn_finalize`'s modes 2 to 4 in f64.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_grad(
     dy: &CpuStorage,
     ld: &Layout,
@@ -271,7 +272,10 @@ pub(crate) fn batch_norm_grad(
     stats: &CpuStorage,
     ls: &Layout,
     mode: BnGrad,
+    relu: FusedRelu<'_, CpuStorage>,
 ) -> Result<(CpuStorage, Option<(CpuStorage, CpuStorage)>)> {
+    let masked = relu_masked(dy, ld, relu)?;
+    let (dy, ld) = masked.as_ref().map_or((dy, ld), |(d, l)| (d, l));
     let s = ChannelSplit::of_pair("batch_norm backward", ld, lx)?;
     let c = s.channels;
     let st = stat_values(stats, ls)?;
@@ -304,6 +308,58 @@ pub(crate) fn batch_norm_grad(
         (stats_storage(dw, x.dtype()), stats_storage(db, x.dtype()))
     });
     Ok((stats_storage(coef, x.dtype()), params))
+}
+
+/// `dy` where a fused ReLU's output `y` is above 0 (or NaN), else 0, as a dense storage in
+/// `dy`'s format (`None` without [`FusedRelu::Grad`]): what ReLU's own backward would pass on.
+fn relu_masked(
+    dy: &CpuStorage,
+    ld: &Layout,
+    relu: FusedRelu<'_, CpuStorage>,
+) -> Result<Option<(CpuStorage, Layout)>> {
+    fn go<T: CpuElem>(d: &[T], y: &[T]) -> Vec<T> {
+        let zero = T::Acc::zero();
+        d.iter()
+            .zip(y)
+            .map(|(&d, &y)| {
+                if y.to_acc() <= zero {
+                    T::from_acc(zero)
+                } else {
+                    d
+                }
+            })
+            .collect()
+    }
+    let FusedRelu::Grad(y, ly) = relu else {
+        return Ok(None);
+    };
+    ChannelSplit::of_pair("batch_norm backward (ReLU)", ld, ly)?;
+    let (rd, ry) = (dense_range(ld), dense_range(ly));
+    let masked = match (dy, y) {
+        (CpuStorage::F32(d), CpuStorage::F32(v)) => CpuStorage::F32(go(&d[rd], &v[ry])),
+        (CpuStorage::F16(d), CpuStorage::F16(v)) => CpuStorage::F16(go(&d[rd], &v[ry])),
+        (CpuStorage::BF16(d), CpuStorage::BF16(v)) => CpuStorage::BF16(go(&d[rd], &v[ry])),
+        (CpuStorage::F64(d), CpuStorage::F64(v)) => CpuStorage::F64(go(&d[rd], &v[ry])),
+        (d, v) => {
+            return Err(Error::DTypeMismatch {
+                op: "batch_norm backward (ReLU)",
+                lhs: d.dtype(),
+                rhs: v.dtype(),
+            })
+        }
+    };
+    let at_zero = Layout::new(ld.shape().to_vec(), ld.strides().to_vec(), 0);
+    Ok(Some((masked, at_zero)))
+}
+
+/// Clamps every element below at 0 (NaN stays): a fused ReLU's forward.
+fn clamp_relu<T: CpuElem>(v: &mut [T]) {
+    let zero = T::Acc::zero();
+    for x in v {
+        if x.to_acc() < zero {
+            *x = T::from_acc(zero);
+        }
+    }
 }
 
 /// The `c` values of a whole statistics storage, as f64.
@@ -388,6 +444,27 @@ fn stat_values(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
 /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s dtype and dense layout
 /// (`dy`, when given, shares it); `coef` holds `[alpha | center | gamma | beta]`.
 pub(crate) fn channel_affine(
+    x: &CpuStorage,
+    lx: &Layout,
+    dy: Option<(&CpuStorage, &Layout)>,
+    coef: &CpuStorage,
+    lc: &Layout,
+    relu: FusedRelu<'_, CpuStorage>,
+) -> Result<CpuStorage> {
+    let masked = match dy {
+        Some((d, ld)) => relu_masked(d, ld, relu)?,
+        None => None,
+    };
+    let dy = masked.as_ref().map(|(d, l)| (d, l)).or(dy);
+    let mut out = affine(x, lx, dy, coef, lc)?;
+    if let FusedRelu::Output = relu {
+        map_float!("batch_norm", &mut out, v => clamp_relu(v));
+    }
+    Ok(out)
+}
+
+/// [`channel_affine`] without a ReLU.
+fn affine(
     x: &CpuStorage,
     lx: &Layout,
     dy: Option<(&CpuStorage, &Layout)>,

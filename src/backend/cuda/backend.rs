@@ -241,8 +241,9 @@ impl NormOps for CudaStorage {
         stats: &Self,
         ls: &Layout,
         mode: crate::backend::norm::BnGrad,
+        relu: crate::backend::norm::FusedRelu<'_, Self>,
     ) -> Result<(Self, Option<(Self, Self)>)> {
-        norm::batch_norm_grad(self, ld, x, lx, stats, ls, mode)
+        norm::batch_norm_grad(self, ld, x, lx, stats, ls, mode, relu)
     }
     fn channel_affine(
         &self,
@@ -250,8 +251,9 @@ impl NormOps for CudaStorage {
         dy: Option<(&Self, &Layout)>,
         coef: &Self,
         lc: &Layout,
+        relu: crate::backend::norm::FusedRelu<'_, Self>,
     ) -> Result<Self> {
-        norm::channel_affine(self, lx, dy, coef, lc)
+        norm::channel_affine(self, lx, dy, coef, lc, relu)
     }
     fn layer_norm(
         &self,

@@ -7,7 +7,7 @@ use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
-use crate::backend::norm::{BnForward, BnGrad, BnSource};
+use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -62,13 +62,15 @@ fn f32_vector<'a>(
 }
 
 /// Runs `bn_partial` (mode 0 moments of x, mode 1 gradient sums): f32 partials `[chunks, c,
-/// 2]`.
+/// 2]`. With `mask` (a fused ReLU's output, or 0), mode 1 counts dy only where it is > 0.
+#[allow(clippy::too_many_arguments)]
 fn partial(
     op: &'static str,
     mode: i32,
     x: &CudaStorage,
     lx: &Layout,
     dy: Option<sys::CUdeviceptr>,
+    mask: sys::CUdeviceptr,
     mean: Option<sys::CUdeviceptr>,
     s: ChannelSplit,
 ) -> Result<CudaStorage> {
@@ -86,12 +88,16 @@ fn partial(
     };
     // Mode 0 reads x; mode 1 reads dy and x (and the means); both write f32 partial sums.
     let n = s.outer * s.channels * s.inner;
-    let planes = if mode == 1 { 2 } else { 1 };
+    let planes = if mode == 1 {
+        2 + u64::from(mask != 0)
+    } else {
+        1
+    };
     let bytes = planes * elems(n, x.dtype()) + elems(chunks * s.channels * 2, DType::F32);
     let name = format!("bn_partial_{t}");
     launch!(
         bytes = bytes;
-        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mp, &pp, &outer, &c, &inner, &chunk
+        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &mp, &pp, &outer, &c, &inner, &chunk
     );
     Ok(part)
 }
@@ -209,7 +215,7 @@ pub(crate) fn batch_norm_stats(
                 }
                 a.tracked = t.ptr();
             }
-            let part = partial(op, 0, x, lx, None, None, s)?;
+            let part = partial(op, 0, x, lx, None, 0, None, s)?;
             finalize(x, Some(&part), a, s)?;
         }
         BnSource::Running(m, v) => {
@@ -238,6 +244,7 @@ fn optional_f32<'a>(
 
 /// See [`crate::backend::NormOps::batch_norm_grad`]: `bn_partial` (the gradient sums, unless
 /// only the eval input gradient is wanted) and `bn_finalize`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_grad(
     dy: &CudaStorage,
     ld: &Layout,
@@ -246,10 +253,12 @@ pub(crate) fn batch_norm_grad(
     stats: &CudaStorage,
     ls: &Layout,
     mode: BnGrad,
+    relu: FusedRelu<'_, CudaStorage>,
 ) -> Result<(CudaStorage, Option<(CudaStorage, CudaStorage)>)> {
     let op = "batch_norm backward";
     same_dtype(op, dy, x)?;
     let s = ChannelSplit::of_pair(op, ld, lx)?;
+    let mask = relu_mask(op, dy, ld, relu)?;
     let c = s.channels;
     if ls.numel() != 5 * c || s.outer * s.inner == 0 {
         return Err(Error::invalid(
@@ -294,6 +303,7 @@ pub(crate) fn batch_norm_grad(
             x,
             lx,
             Some(dy.ptr_at(ld.offset())),
+            mask,
             Some(mean),
             s,
         )?),
@@ -310,6 +320,7 @@ pub(crate) fn channel_affine(
     dy: Option<(&CudaStorage, &Layout)>,
     coef: &CudaStorage,
     lc: &Layout,
+    relu: FusedRelu<'_, CudaStorage>,
 ) -> Result<CudaStorage> {
     let op = "batch_norm";
     let t = float_kname(op, x.dtype())?;
@@ -325,11 +336,16 @@ pub(crate) fn channel_affine(
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     let xp = x.ptr_at(lx.offset());
     let dp = dy.map_or(0, |(d, ld)| d.ptr_at(ld.offset()));
+    let mask = match dy {
+        Some((d, ld)) => relu_mask(op, d, ld, relu)?,
+        None => 0,
+    };
+    let clamp = i32::from(matches!(relu, FusedRelu::Output));
     let outp = out.ptr();
     let (n64, c, inner) = (n as i64, s.channels as i64, s.inner as i64);
     let name = format!("bn_affine_{t}");
     // x in, dy in when given, the output out; the coefficients are four f32 per channel.
-    let planes = if dy.is_some() { 3 } else { 2 };
+    let planes = if dy.is_some() { 3 } else { 2 } + u64::from(mask != 0);
     let bytes = planes * elems(n, x.dtype()) + elems(4 * s.channels, DType::F32);
     launch!(
         bytes = bytes;
@@ -339,13 +355,31 @@ pub(crate) fn channel_affine(
         grid(n),
         &xp,
         &dp,
+        &mask,
         &kp,
         &outp,
         &n64,
         &c,
-        &inner
+        &inner,
+        &clamp
     );
     Ok(out)
+}
+
+/// The address of a fused ReLU's forward output, read as a mask beside `dy` (0 without one):
+/// it must be dense in `dy`'s format and dtype.
+fn relu_mask(
+    op: &'static str,
+    dy: &CudaStorage,
+    ld: &Layout,
+    relu: FusedRelu<'_, CudaStorage>,
+) -> Result<sys::CUdeviceptr> {
+    let FusedRelu::Grad(y, ly) = relu else {
+        return Ok(0);
+    };
+    same_dtype(op, dy, y)?;
+    ChannelSplit::of_pair(op, ld, ly)?;
+    Ok(y.ptr_at(ly.offset()))
 }
 
 /// A vector operand's address in `x`'s dtype (a contiguous copy when it is a strided view),
