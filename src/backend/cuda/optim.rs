@@ -1,5 +1,5 @@
 //! The fused optimizer update on CUDA (`cuda/optim.cu`): one launch per list of up to
-//! [`LIST`] parameters of one dtype combination reads their step counts and the overflow flag
+//! 48 parameters of one dtype combination reads their step counts and the overflow flag
 //! on the device and updates parameters, states and working copies in one pass, and one more
 //! counts their steps, so a step never waits for the host.
 //! Constants that f32 would round (`1 - beta`, `ln beta`, AdamW's decay) are computed on the
