@@ -1,7 +1,8 @@
 //! Prints the CUDA device report and runs quick checks of the CUDA backend: every kernel file
 //! compiled by NVRTC for this GPU and loaded, a few kernels against the CPU backend, a GEMM
 //! TFLOP/s figure (cuBLAS), a host-to-device copy bandwidth, one training step against the
-//! CPU, and a convolution timed in NCHW and channels-last.
+//! CPU, a convolution timed in NCHW and channels-last, and M2: elementwise forward and
+//! backward bandwidth beside the device-to-device copy.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
 //! machine without a GPU it says what is missing and exits cleanly. `-- --quick` uses small
@@ -18,6 +19,7 @@ use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod bandwidth;
 mod engine;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -268,6 +270,7 @@ fn main() {
         println!("{}", engine::transfers(0)?);
         println!("{}", engine::training_step(d)?);
         println!("{}", engine::conv_formats(d, quick)?);
+        println!("{}", bandwidth::elementwise(d, quick)?);
         Ok(())
     };
     if let Err(e) = run() {
