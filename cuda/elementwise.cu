@@ -112,41 +112,35 @@ __device__ void unary_contiguous(int op, float a, float b, const T* x, T* out, i
     }
 }
 
-template <typename T>
-__device__ void binary_contiguous(int op, const T* x, const T* y, T* out, i64 n) {
+// out[i] = f(x[i], y[i]) on contiguous operands: 16-byte vector loads where all three are
+// aligned, no index arithmetic (the strided kernels' 64-bit divisions per dimension cost more
+// than the bytes). `f` takes and returns f32.
+template <typename T, typename F>
+__device__ void pair_contiguous(const T* x, const T* y, T* out, i64 n, F f) {
     const int V = 16 / sizeof(T);
     i64 nv = aligned16(x, y, out) ? n / V : 0;
     FOR_EACH(i, nv) {
         Vec16<T> u = reinterpret_cast<const Vec16<T>*>(x)[i];
         Vec16<T> w = reinterpret_cast<const Vec16<T>*>(y)[i];
         #pragma unroll
-        for (int j = 0; j < V; ++j) u.v[j] = from_f32<T>(binary_f(op, to_f32(u.v[j]), to_f32(w.v[j])));
+        for (int j = 0; j < V; ++j) u.v[j] = from_f32<T>(f(to_f32(u.v[j]), to_f32(w.v[j])));
         reinterpret_cast<Vec16<T>*>(out)[i] = u;
     }
     FOR_EACH(i, n - nv * V) {
         i64 k = nv * V + i;
-        out[k] = from_f32<T>(binary_f(op, to_f32(x[k]), to_f32(y[k])));
+        out[k] = from_f32<T>(f(to_f32(x[k]), to_f32(y[k])));
     }
 }
 
-// out[i] = f'(x[i]) * g[i] on contiguous operands: vector loads as in the forward, no index
-// arithmetic (the strided kernel's 64-bit divisions per dimension cost more than the bytes).
+template <typename T>
+__device__ void binary_contiguous(int op, const T* x, const T* y, T* out, i64 n) {
+    pair_contiguous(x, y, out, n, [=](float u, float w) { return binary_f(op, u, w); });
+}
+
+// out[i] = f'(x[i]) * g[i] on contiguous operands.
 template <typename T>
 __device__ void unary_grad_contiguous(int op, float a, const T* x, const T* g, T* out, i64 n) {
-    const int V = 16 / sizeof(T);
-    i64 nv = aligned16(x, g, out) ? n / V : 0;
-    FOR_EACH(i, nv) {
-        Vec16<T> u = reinterpret_cast<const Vec16<T>*>(x)[i];
-        Vec16<T> w = reinterpret_cast<const Vec16<T>*>(g)[i];
-        #pragma unroll
-        for (int j = 0; j < V; ++j)
-            u.v[j] = from_f32<T>(unary_df(op, a, to_f32(u.v[j])) * to_f32(w.v[j]));
-        reinterpret_cast<Vec16<T>*>(out)[i] = u;
-    }
-    FOR_EACH(i, n - nv * V) {
-        i64 k = nv * V + i;
-        out[k] = from_f32<T>(unary_df(op, a, to_f32(x[k])) * to_f32(g[k]));
-    }
+    pair_contiguous(x, g, out, n, [=](float u, float w) { return unary_df(op, a, u) * w; });
 }
 
 #define ELEMENTWISE(T)                                                                         \

@@ -196,38 +196,16 @@ impl GradScaler {
             }
             // One fused pass over every gradient (PyTorch's
             // _amp_foreach_non_finite_check_and_unscale_): one launch per dtype and list of
-            // gradients on CUDA.
-            // With fp32 master weights the unscaled gradients are written in f32 (Apex O2's
-            // master gradients), so f16 gradients are fine there; else in their own dtype.
-            let out_dtype = |g: &Tensor| if masters { DType::F32 } else { g.dtype() };
+            // gradients on CUDA. With fp32 master weights the unscaled gradients are written
+            // in f32 (Apex O2's master gradients), so f16 gradients are fine there; else each
+            // in its own dtype.
+            let out = masters.then_some(DType::F32);
             let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
-            let inv = inv.storage();
-            let mut unscaled: Vec<Option<Storage>> = (0..grads.len()).map(|_| None).collect();
-            Tensor::write_many("GradScaler::unscale_", &[&found], |f| {
-                for out in [DType::F32, DType::BF16, DType::F16, DType::F64] {
-                    let picked: Vec<usize> = (0..grads.len())
-                        .filter(|&i| out_dtype(&grads[i]) == out)
-                        .collect();
-                    if picked.is_empty() {
-                        continue;
-                    }
-                    let refs: Vec<&Storage> = picked.iter().map(|&i| &*storages[i]).collect();
-                    let outs = Storage::unscale_grads(&refs, &inv, &mut *f[0], out)?;
-                    for (i, o) in picked.into_iter().zip(outs) {
-                        unscaled[i] = Some(o);
-                    }
-                }
-                Ok(())
+            let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
+            let unscaled = Tensor::write_many("GradScaler::unscale_", &[&found], |f| {
+                Storage::unscale_grads(&refs, &inv.storage(), f[0], out)
             })?;
             for ((p, g), u) in params.iter().zip(&grads).zip(unscaled) {
-                // Every float dtype is among the groups above.
-                let Some(u) = u else {
-                    return Err(Error::DType {
-                        op: "GradScaler::unscale_",
-                        dtype: g.dtype(),
-                        expected: "float gradients",
-                    });
-                };
                 p.set_grad(Some(Tensor::from_storage_in(u, g.layout().clone())))?;
             }
             Ok(found)

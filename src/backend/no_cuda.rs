@@ -207,7 +207,12 @@ impl OptimOps for CudaStorage {
 }
 
 impl AmpOps for CudaStorage {
-    fn unscale_grads(_g: &[&Self], inv: &Self, _f: &mut Self, _out: DType) -> Result<Vec<Self>> {
+    fn unscale_grads(
+        _g: &[&Self],
+        inv: &Self,
+        _f: &mut Self,
+        _out: Option<DType>,
+    ) -> Result<Vec<Self>> {
         match *inv {}
     }
     uninhabited! {

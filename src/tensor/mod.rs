@@ -382,13 +382,16 @@ impl Tensor {
         tensors: &[&Tensor],
         f: impl FnOnce(&mut [&mut Storage]) -> Result<R>,
     ) -> Result<R> {
-        for (i, a) in tensors.iter().enumerate() {
-            if tensors[..i].iter().any(|b| a.shares_storage(b)) {
-                return Err(Error::invalid(
-                    op,
-                    "the same storage appears twice among the written tensors",
-                ));
-            }
+        // One pass over the storages' addresses (an optimizer step writes hundreds).
+        let mut seen = std::collections::HashSet::with_capacity(tensors.len());
+        if !tensors
+            .iter()
+            .all(|t| seen.insert(Arc::as_ptr(&t.0.storage)))
+        {
+            return Err(Error::invalid(
+                op,
+                "the same storage appears twice among the written tensors",
+            ));
         }
         let mut guards: Vec<_> = tensors
             .iter()

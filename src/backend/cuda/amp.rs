@@ -5,9 +5,9 @@
 //! `tests/host_kernels/amp.rs` runs the kernels on the host against the CPU backend.
 
 use super::kernels::KernelFile;
-use super::storage::{kname, one_thread, CudaStorage};
+use super::storage::{kname, one_thread, rows_grid, CudaStorage};
 use crate::{DType, Error, Result};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 /// Checks that `s` is the one-element f32 storage the scaler keeps its values in.
 fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
@@ -68,28 +68,24 @@ pub(super) fn lists(entries: &[(u64, u64, usize)]) -> Vec<UnscaleList> {
 }
 
 /// Every element of each gradient (in storage order) times `inv_scale`, as new storages of
-/// dtype `out`; sets `found_inf` to 1 when an element is inf or NaN. One launch per gradient
-/// dtype and list of [`LIST`]. Kernels exist for every pair the scaler asks for: f32 and bf16
+/// dtype `out` (`None`: the gradient's own); sets `found_inf` to 1 when an element is inf or
+/// NaN. One launch per dtype pair and list of [`LIST`]. Kernels exist for every pair the scaler asks for: f32 and bf16
 /// into their own dtype, and f16/bf16 into f32 (master weights); every pair is checked
 /// before anything runs.
 pub(crate) fn unscale_grads(
     grads: &[&CudaStorage],
     inv_scale: &CudaStorage,
     found_inf: &CudaStorage,
-    out: DType,
+    out: Option<DType>,
 ) -> Result<Vec<CudaStorage>> {
     const OP: &str = "GradScaler::unscale_";
     scalar(OP, inv_scale)?;
     scalar(OP, found_inf)?;
+    use DType::{BF16, F16, F32};
+    const PAIRS: [(DType, DType); 4] = [(F32, F32), (BF16, BF16), (F16, F32), (BF16, F32)];
+    let pair = |g: &CudaStorage| (g.dtype(), out.unwrap_or(g.dtype()));
     for g in grads {
-        let supported = matches!(
-            (g.dtype(), out),
-            (DType::F32, DType::F32)
-                | (DType::BF16, DType::BF16)
-                | (DType::F16, DType::F32)
-                | (DType::BF16, DType::F32)
-        );
-        if !supported {
+        if !PAIRS.contains(&pair(g)) {
             return Err(Error::DType {
                 op: OP,
                 dtype: g.dtype(),
@@ -100,23 +96,20 @@ pub(crate) fn unscale_grads(
     }
     let outs = grads
         .iter()
-        .map(|g| CudaStorage::alloc_on(g.rt(), out, g.len()))
+        .map(|g| CudaStorage::alloc_on(g.rt(), pair(g).1, g.len()))
         .collect::<Result<Vec<_>>>()?;
     let (ip, fp) = (inv_scale.ptr(), found_inf.ptr());
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for (from, to) in PAIRS {
         let entries: Vec<(u64, u64, usize)> = grads
             .iter()
             .zip(&outs)
-            .filter(|(g, _)| g.dtype() == dtype)
+            .filter(|(g, _)| pair(g) == (from, to))
             .map(|(g, o)| (g.ptr(), o.ptr(), g.len()))
             .collect();
-        let name = format!("amp_unscale_{}_{}", kname(OP, dtype)?, kname(OP, out)?);
+        let name = format!("amp_unscale_{}_{}", kname(OP, from)?, kname(OP, to)?);
         for list in lists(&entries) {
-            let cfg = LaunchConfig {
-                grid_dim: (list.chunks.clamp(1, 65_535) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            // A block of 256 threads per chunk (the kernel strides past 65,535).
+            let cfg = rows_grid(list.chunks as usize);
             launch!(
                 inv_scale,
                 KernelFile::Amp,

@@ -5,10 +5,10 @@
 
 use super::kernels::KernelFile;
 use super::profile::elems;
-use super::storage::CudaStorage;
+use super::storage::{rows_grid, CudaStorage};
 use crate::layout::Layout;
 use crate::{Error, Result};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 /// Copies per launch (`COPY_LIST`).
 pub(crate) const LIST: usize = 64;
@@ -109,11 +109,8 @@ pub(super) fn run(s: &CudaStorage, width: usize, copies: &[Copy2d]) -> Result<()
     let name = format!("copy_list_u{bits}");
     for (list, part) in lists(copies).iter().zip(copies.chunks(LIST)) {
         let n: usize = part.iter().map(|c| c.rows * c.cols).sum();
-        let cfg = LaunchConfig {
-            grid_dim: (list.chunks.clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        // A block of 256 threads per chunk (the kernel strides past 65,535).
+        let cfg = rows_grid(list.chunks as usize);
         let bytes = 2 * elems(n, s.dtype());
         launch!(bytes = bytes; s, KernelFile::Cast, name.clone(), cfg, list);
     }

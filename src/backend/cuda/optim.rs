@@ -8,7 +8,7 @@
 
 use super::kernels::KernelFile;
 use super::profile::elems;
-use super::storage::{grid, CudaStorage};
+use super::storage::{grid, rows_grid, CudaStorage};
 use crate::backend::ops::OptimUpdate;
 use crate::backend::rounding::Rounding;
 use crate::{DType, Error, Result};
@@ -324,11 +324,8 @@ pub(crate) fn optim_update_many(
                     planes * elems(e.n, s.dtype())
                 })
                 .sum();
-            let cfg = LaunchConfig {
-                grid_dim: (list.chunks.clamp(1, 65_535) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            // A block of 256 threads per chunk (the kernel strides past 65,535).
+            let cfg = rows_grid(list.chunks as usize);
             launch!(bytes = bytes; s, KernelFile::Optim, name.to_string(), cfg, &a, list, &fp);
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
