@@ -26,6 +26,40 @@ __device__ float bn_lane_sum(float v, float (*red)[33]) {
     return red[8][lane];
 }
 
+// Calls f(x, d) for every element of one channel's chunk in a block: `rows` runs of `inner`
+// contiguous elements, C * inner apart, the block's threads striding over them (16-byte
+// vectors when the runs allow, 32-bit index arithmetic). d is dy's element, 0 where the mask
+// (a fused ReLU's output) is <= 0 or dy is null.
+template <typename T, typename F>
+__device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __restrict__ db,
+                                        const T* __restrict__ mb, i64 rows, i64 C, i64 inner,
+                                        F f) {
+    const int V = 16 / sizeof(T);
+    i64 n = rows * inner;
+    if (inner % V == 0 && aligned16(xb, db ? db : xb, mb ? mb : xb)) {
+        i64 iv = inner / V;
+        for (i64 j = threadIdx.x; j < n / V; j += blockDim.x) {
+            i64 r = idiv(j, iv);
+            i64 off = r * C * inner + (j - r * iv) * V;
+            Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(xb + off), dv, mv;
+            if (db) dv = *reinterpret_cast<const Vec16<T>*>(db + off);
+            if (mb) mv = *reinterpret_cast<const Vec16<T>*>(mb + off);
+            #pragma unroll
+            for (int q = 0; q < V; ++q) {
+                bool on = db && !(mb && to_f32(mv.v[q]) <= 0.0f);
+                f(to_f32(xv.v[q]), on ? to_f32(dv.v[q]) : 0.0f);
+            }
+        }
+        return;
+    }
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        i64 r = idiv(j, inner);
+        i64 off = r * C * inner + (j - r * inner);
+        bool on = db && !(mb && to_f32(mb[off]) <= 0.0f);
+        f(to_f32(xb[off]), on ? to_f32(db[off]) : 0.0f);
+    }
+}
+
 // mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
 // mode 1: part = (sum dy, sum dy (x - mean[c])). part[(k * C + c) * 2 + {0, 1}] for chunk k.
 // With `mask` (a fused ReLU's output, laid out as dy), dy counts only where mask > 0 (NaN
@@ -50,24 +84,18 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             const T* mb = mask ? mask + (o0 * C + c) * inner : 0;
             float m = mode == 1 ? mean[c] : 0.0f;
             float s1 = 0.0f, s2 = 0.0f;
-            for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
-                i64 off = (j / inner) * C * inner + j % inner;
-                float v = to_f32(xb[off]);
-                if (mode == 0) {
-                    s1 += v;
-                } else {
-                    float d = mb && to_f32(mb[off]) <= 0.0f ? 0.0f : to_f32(db[off]);
+            if (mode == 0) {
+                bn_runs(xb, db, mb, rows, C, inner, [&](float v, float) { s1 += v; });
+            } else {
+                bn_runs(xb, db, mb, rows, C, inner, [&](float v, float d) {
                     s1 += d;
                     s2 += d * (v - m);
-                }
+                });
             }
             s1 = block_reduce(0, s1, scratch);
             if (mode == 0) {
                 m = s1 / (float)n;
-                for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
-                    float d = to_f32(xb[(j / inner) * C * inner + j % inner]) - m;
-                    s2 += d * d;
-                }
+                bn_runs(xb, db, mb, rows, C, inner, [&](float v, float) { s2 += (v - m) * (v - m); });
             }
             s2 = block_reduce(0, s2, scratch);
             if (threadIdx.x == 0) {
@@ -224,20 +252,71 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
     if (moments && a.tracked && blockIdx.x == 0 && t == 0) *a.tracked += 1;
 }
 
-// out = alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy when dy is not null), with coef =
-// [alpha | center | gamma | beta]: the output forward, the input's gradient backward. A fused
-// ReLU: forward `relu` clamps the output below at 0 (NaN stays); backward dy counts only
-// where `mask` (the forward's output) is > 0.
+// One output of bn_affine: alpha (x - center) + gamma for channel c, plus the addend d
+// (beta[c] d, or d itself for a residual) unless the mask (a fused ReLU's output, backward)
+// is <= 0, clamped below at 0 for a fused ReLU forward (NaN stays NaN).
+struct BnAffineFlags {
+    bool relu, plain;
+};
+__device__ __forceinline__ float bn_affine_one(float x, const float* __restrict__ coef, i64 C,
+                                               i64 c, bool has_add, float d, bool masked_off,
+                                               BnAffineFlags f) {
+    float v = coef[c] * (x - coef[C + c]) + coef[2 * C + c];
+    if (has_add && !masked_off) v += (f.plain ? 1.0f : coef[3 * C + c]) * d;
+    if (f.relu && v < 0.0f) v = 0.0f;
+    return v;
+}
+
+// out = alpha[c] (x - center[c]) + gamma[c], plus `add` when it is not null: beta[c] add
+// (backward: add is dy), or add itself with flags bit 1 (forward: a residual). coef =
+// [alpha | center | gamma | beta]: the output forward, the input's gradient backward. Flags
+// bit 0, a fused ReLU forward: the output is clamped below at 0 (NaN stays). `mask`, a fused
+// ReLU backward: dy counts only where the forward's output is > 0 (or NaN).
+// Memory speed: 16-byte vectors where each lies in one channel's run (inner % V == 0) or
+// holds V adjacent channels of a row (channels-last, C % V == 0) and every operand is
+// aligned; the channel comes from 32-bit index arithmetic once per vector.
 template <typename T>
-__device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ dy,
+__device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
                           const T* __restrict__ mask, const float* __restrict__ coef,
-                          T* __restrict__ out, i64 n, i64 C, i64 inner, int relu) {
-    FOR_EACH(i, n) {
-        i64 c = (inner == 1 ? i : i / inner) % C;
-        float v = coef[c] * (to_f32(x[i]) - coef[C + c]) + coef[2 * C + c];
-        if (dy && !(mask && to_f32(mask[i]) <= 0.0f)) v += coef[3 * C + c] * to_f32(dy[i]);
-        if (relu && v < 0.0f) v = 0.0f;
-        out[i] = from_f32<T>(v);
+                          T* __restrict__ out, i64 n, i64 C, i64 inner, int flags) {
+    const int V = 16 / sizeof(T);
+    BnAffineFlags f = {(flags & 1) != 0, (flags & 2) != 0};
+    bool fits = inner == 1 ? C % V == 0 : inner % V == 0;
+    bool aligned = aligned16(x, out, add ? add : x) && aligned16(mask ? mask : x, x, x);
+    i64 nv = fits && aligned ? n / V : 0;
+    // Vectors per channels-last row, or per channel run.
+    i64 run = inner == 1 ? C / V : inner / V;
+    FOR_EACH(i, nv) {
+        Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i], av, mv;
+        if (add) av = reinterpret_cast<const Vec16<T>*>(add)[i];
+        if (mask) mv = reinterpret_cast<const Vec16<T>*>(mask)[i];
+        if (inner == 1) {
+            i64 c0 = imod(i, run) * V;
+            #pragma unroll
+            for (int j = 0; j < V; ++j) {
+                bool off = mask && to_f32(mv.v[j]) <= 0.0f;
+                float d = add ? to_f32(av.v[j]) : 0.0f;
+                xv.v[j] = from_f32<T>(bn_affine_one(to_f32(xv.v[j]), coef, C, c0 + j, add, d,
+                                                    off, f));
+            }
+        } else {
+            i64 c = imod(idiv(i, run), C);
+            #pragma unroll
+            for (int j = 0; j < V; ++j) {
+                bool off = mask && to_f32(mv.v[j]) <= 0.0f;
+                float d = add ? to_f32(av.v[j]) : 0.0f;
+                xv.v[j] = from_f32<T>(bn_affine_one(to_f32(xv.v[j]), coef, C, c, add, d, off, f));
+            }
+        }
+        reinterpret_cast<Vec16<T>*>(out)[i] = xv;
+    }
+    // Whatever the vectors did not cover, one element at a time.
+    FOR_EACH(k, n - nv * V) {
+        i64 i = nv * V + k;
+        i64 c = inner == 1 ? imod(i, C) : imod(idiv(i, inner), C);
+        bool off = mask && to_f32(mask[i]) <= 0.0f;
+        float d = add ? to_f32(add[i]) : 0.0f;
+        out[i] = from_f32<T>(bn_affine_one(to_f32(x[i]), coef, C, c, add, d, off, f));
     }
 }
 
@@ -304,10 +383,10 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
                                               i64 inner, i64 chunk) {                          \
         bn_partial<T>(mode, x, dy, mask, mean, part, outer, C, inner, chunk);                  \
     }                                                                                          \
-    extern "C" __global__ void bn_affine_##T(const T* x, const T* dy, const T* mask,           \
+    extern "C" __global__ void bn_affine_##T(const T* x, const T* add, const T* mask,          \
                                              const float* coef, T* out, i64 n, i64 C,          \
-                                             i64 inner, int relu) {                            \
-        bn_affine<T>(x, dy, mask, coef, out, n, C, inner, relu);                               \
+                                             i64 inner, int flags) {                           \
+        bn_affine<T>(x, add, mask, coef, out, n, C, inner, flags);                             \
     }                                                                                          \
     extern "C" __global__ void ln_forward_##T(const T* x, const T* w, const T* b, T* y,         \
                                               float* stats, i64 rows, i64 cols, float eps) {    \

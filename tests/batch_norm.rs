@@ -118,7 +118,39 @@ fn check(shape: &[usize], cl: bool, dtype: DType, mean: f64, tol: f64) {
         });
         let what = format!("{what} with ReLU, eval {}", eval.is_some());
         assert_outputs_close(&fused, &want, tol, &what);
+
+        // A Residual block whose main branch ends in the batch norm: relu(bn(x) + x) as one
+        // op; the input's gradient comes through both branches.
+        let fused = run(&x, &w, &b, &g, |x, w, b| bn_add_relu(x, w, b, eval));
+        let want = run(&x64, &w64, &b64, &g, |x, w, b| {
+            reference(x, w, b, eval.map(|_| (&rm64, &rv64)))?
+                .add(x)?
+                .relu()
+        });
+        assert_outputs_close(&fused, &want, tol, &format!("{what}, residual added"));
     }
+}
+
+/// `Residual { main: [BatchNorm2d (w, b; running statistics `eval` in eval mode)], identity }`:
+/// `relu(bn(x) + x)`, checked to run as the fused op.
+fn bn_add_relu(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eval: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    use mantissa::nn::{BatchNorm2d, Module, Residual, Sequential};
+    let mut bn = BatchNorm2d::new(w.numel())?;
+    (bn.weight, bn.bias) = (w.clone(), b.clone());
+    if let Some((m, v)) = eval {
+        (bn.running_mean, bn.running_var) = (m.copy()?, v.copy()?);
+    }
+    let mut block = Residual::new(Sequential::new().push(bn), None);
+    block.set_training(eval.is_none());
+    let y = block.forward(x)?;
+    assert_eq!(y.op_name(), Some("batch_norm_add_relu"), "one fused op");
+    assert!(y.to_vec_f64()?.contains(&0.0), "the ReLU clamps some");
+    Ok(y)
 }
 
 /// `Sequential [BatchNorm2d (weight w, bias b; running statistics `eval` in eval mode), ReLU]`.

@@ -773,6 +773,35 @@ fn composite_ops_match() {
                 },
             );
         }
+        // A Residual whose main branch ends in a batch norm: relu(bn(x) + x) as one op, its
+        // backward masking once for both branches; 16-byte vectors in both formats (inner 16,
+        // 8 channels).
+        let block_in = input(&[2, 8, 4, 4], dt, 85);
+        let (g8, b8) = (input(&[8], dt, 86), input(&[8], dt, 87));
+        for cl in [false, true] {
+            parity(
+                "batch_norm + add + relu (Residual)",
+                d,
+                &[block_in.clone(), g8.clone(), b8.clone()],
+                |x| {
+                    use mantissa::nn::{BatchNorm2d, Residual, Sequential};
+                    let mut bn = BatchNorm2d::new(8)?;
+                    let dev = x[0].device();
+                    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
+                    bn.running_mean = bn.running_mean.to_device(dev)?;
+                    bn.running_var = bn.running_var.to_device(dev)?;
+                    bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
+                    let x0 = match cl {
+                        true => x[0].to_memory_format(MemoryFormat::ChannelsLast)?,
+                        false => x[0].clone(),
+                    };
+                    let y = Residual::new(Sequential::new().push(bn), None).forward(&x0)?;
+                    assert_eq!(y.op_name(), Some("batch_norm_add_relu"));
+                    assert_eq!(y.is_channels_last(), cl, "the block keeps the format");
+                    Ok(y)
+                },
+            );
+        }
         // The fused kernels' other paths: channels-last (two 32-channel tiles, one partial),
         // several row chunks (1,024-element runs; 300 rows of a 2-D input), eval mode.
         let wide = input(&[3, 40, 5, 5], dt, 80);

@@ -32,15 +32,16 @@ pub(crate) trait NormOps: BackendStorage {
         mode: BnGrad,
         relu: FusedRelu<'_, Self>,
     ) -> Result<(Self, Option<(Self, Self)>)>;
-    /// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s (`self`'s) dtype and
-    /// dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the statistics
-    /// dtype; `dy`, when given, shares `x`'s layout and dtype. Forward it is the output
-    /// (`alpha = invstd w`, `center = mean`, `gamma = b`), backward the input's gradient.
-    /// `relu` fuses a ReLU: [`FusedRelu::Output`] forward, [`FusedRelu::Grad`] backward.
+    /// `alpha[c] (x - center[c]) + gamma[c]` plus the [`Addend`] in `x`'s (`self`'s) dtype
+    /// and dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the
+    /// statistics dtype; the addend shares `x`'s layout and dtype. Forward it is the output
+    /// (`alpha = invstd w`, `center = mean`, `gamma = b`, a residual added), backward the
+    /// input's gradient (`beta dy` added). `relu` fuses a ReLU: [`FusedRelu::Output`]
+    /// forward (after the residual), [`FusedRelu::Grad`] backward (masking `dy`).
     fn channel_affine(
         &self,
         lx: &Layout,
-        dy: Opt<Self>,
+        add: Addend<'_, Self>,
         coef: &Self,
         lc: &Layout,
         relu: FusedRelu<'_, Self>,
@@ -130,6 +131,45 @@ impl<'a> FusedRelu<'a, Storage> {
     }
 }
 
+/// What [`NormOps::channel_affine`] adds to `alpha (x - center) + gamma`: an operand in
+/// `x`'s dtype and dense format.
+pub(crate) enum Addend<'a, S> {
+    None,
+    /// `beta[c] dy`: the output's gradient, backward.
+    Scaled(&'a S, &'a Layout),
+    /// `r` itself: a residual added before a fused ReLU (`relu(bn(x) + r)`), forward.
+    Residual(&'a S, &'a Layout),
+}
+
+// By hand, as for FusedRelu.
+impl<S> Clone for Addend<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for Addend<'_, S> {}
+
+impl<'a, S> Addend<'a, S> {
+    /// The operand with its layout, if any.
+    pub(crate) fn operand(self) -> Option<(&'a S, &'a Layout)> {
+        match self {
+            Addend::None => None,
+            Addend::Scaled(s, l) | Addend::Residual(s, l) => Some((s, l)),
+        }
+    }
+}
+
+impl<'a> Addend<'a, Storage> {
+    /// The same seen as backend `B`'s (the device already checked).
+    fn part<B: Backend>(self) -> Addend<'a, B> {
+        match self {
+            Addend::None => Addend::None,
+            Addend::Scaled(s, l) => Addend::Scaled(B::part(s), l),
+            Addend::Residual(s, l) => Addend::Residual(B::part(s), l),
+        }
+    }
+}
+
 /// What [`NormOps::batch_norm_grad`] computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BnGrad {
@@ -214,18 +254,18 @@ impl Storage {
     pub(crate) fn channel_affine(
         &self,
         lx: &Layout,
-        dy: Opt<Storage>,
+        add: Addend<'_, Storage>,
         coef: &Storage,
         lc: &Layout,
         relu: FusedRelu<'_, Storage>,
     ) -> Result<Storage> {
         let mut all = vec![self, coef];
-        all.extend(dy.map(|d| d.0));
+        all.extend(add.operand().map(|d| d.0));
         all.extend(relu.operand());
         let device = super::common_device("batch_norm", &all)?;
         super::on_device!(device, B => {
-            let relu = relu.part::<B>();
-            Ok(B::part(self).channel_affine(lx, part(dy), B::part(coef), lc, relu)?.wrap())
+            let (relu, add) = (relu.part::<B>(), add.part::<B>());
+            Ok(B::part(self).channel_affine(lx, add, B::part(coef), lc, relu)?.wrap())
         })
     }
 

@@ -70,6 +70,13 @@ pub trait Module: Send + Sync {
         None
     }
 
+    /// `relu(self.forward(x) + residual)` in one fused op, for modules that have one
+    /// ([`BatchNorm2d`] when the residual matches its output); `None` otherwise. [`Residual`]
+    /// calls it on its main branch's last layer.
+    fn forward_add_relu(&self, _x: &Tensor, _residual: &Tensor) -> Option<Result<Tensor>> {
+        None
+    }
+
     /// Whether this module is [`Activation::Relu`] (so the module before it may fuse it).
     fn is_relu(&self) -> bool {
         false
@@ -277,9 +284,37 @@ pub struct Sequential {
     layers: Vec<Box<dyn Module>>,
 }
 
+/// `layers` applied in order; a layer followed by a ReLU runs both in one op where it has a
+/// fused form ([`Module::forward_relu`]).
+fn run_layers(layers: &[Box<dyn Module>], x: &Tensor) -> Result<Tensor> {
+    let mut h = x.clone();
+    let mut i = 0;
+    while i < layers.len() {
+        let relu_next = layers.get(i + 1).is_some_and(|l| l.is_relu());
+        if let Some(y) = relu_next.then(|| layers[i].forward_relu(&h)).flatten() {
+            h = y?;
+            i += 2;
+            continue;
+        }
+        h = layers[i].forward(&h)?;
+        i += 1;
+    }
+    Ok(h)
+}
+
 impl Sequential {
     pub fn new() -> Sequential {
         Sequential::default()
+    }
+
+    /// The layers but the last applied to `x` (fused as in `forward`), and the last layer:
+    /// `None` when it is empty or ends in a ReLU (which the layer before it fuses).
+    pub(crate) fn split_last(&self, x: &Tensor) -> Option<Result<(Tensor, &dyn Module)>> {
+        let (last, init) = self.layers.split_last()?;
+        if last.is_relu() {
+            return None;
+        }
+        Some(run_layers(init, x).map(|h| (h, &**last)))
     }
 
     /// Appends a module.
@@ -302,19 +337,7 @@ impl Module for Sequential {
     /// Applies the layers in order; a layer followed by a ReLU runs both in one op where it
     /// has a fused form (a Linear with a bias on CUDA: [`Tensor::linear_relu`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut h = x.clone();
-        let mut i = 0;
-        while i < self.layers.len() {
-            let relu_next = self.layers.get(i + 1).is_some_and(|l| l.is_relu());
-            if let Some(y) = relu_next.then(|| self.layers[i].forward_relu(&h)).flatten() {
-                h = y?;
-                i += 2;
-                continue;
-            }
-            h = self.layers[i].forward(&h)?;
-            i += 1;
-        }
-        Ok(h)
+        run_layers(&self.layers, x)
     }
     fn visit(&self, prefix: &str, f: &mut Visitor) {
         for (i, l) in self.layers.iter().enumerate() {

@@ -36,7 +36,7 @@ impl BatchNorm2d {
 }
 
 impl BatchNorm2d {
-    fn forward_fused(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+    fn forward_fused(&self, x: &Tensor, residual: Option<&Tensor>, relu: bool) -> Result<Tensor> {
         // A checkpoint's recomputation normalises by the batch again but counts it once: the
         // forward already updated the running statistics.
         let count = self.training && !crate::autograd::checkpoint::recomputing();
@@ -56,6 +56,7 @@ impl BatchNorm2d {
             ),
             (Some(&self.weight), Some(&self.bias)),
             count.then_some(&self.num_batches_tracked),
+            residual,
             call,
         )
     }
@@ -63,14 +64,20 @@ impl BatchNorm2d {
 
 impl Module for BatchNorm2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // A checkpoint's recomputation normalises by the batch again but counts it once: the
-        // forward already updated the running statistics.
-        self.forward_fused(x, false)
+        self.forward_fused(x, None, false)
     }
     /// `relu(batch_norm(x))` in the same passes: one output write forward, and the ReLU's
     /// backward folded into batch norm's.
     fn forward_relu(&self, x: &Tensor) -> Option<Result<Tensor>> {
-        Some(self.forward_fused(x, true))
+        Some(self.forward_fused(x, None, true))
+    }
+    /// `relu(batch_norm(x) + residual)` in the same passes where the residual matches the
+    /// output (shape, dtype, device); `None` otherwise, for the caller's unfused path.
+    fn forward_add_relu(&self, x: &Tensor, residual: &Tensor) -> Option<Result<Tensor>> {
+        let fits = residual.shape() == x.shape()
+            && residual.dtype() == x.dtype()
+            && residual.device() == x.device();
+        fits.then(|| self.forward_fused(x, Some(residual), true))
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
         f(join(p, "weight"), &self.weight, TensorKind::Parameter);

@@ -35,15 +35,9 @@ impl Residual {
     }
 }
 
-impl Module for Residual {
-    /// Errs, naming both shapes, when the branches' outputs differ in shape (no broadcasting:
-    /// a block whose shortcut does not match is a mistake in the network).
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.main.forward(x)?;
-        let s = match &self.shortcut {
-            Some(m) => m.forward(x)?,
-            None => x.clone(),
-        };
+impl Residual {
+    /// `relu(y + s)`, erring with both shapes when they differ.
+    fn add_relu(&self, y: Tensor, s: &Tensor) -> Result<Tensor> {
         if y.shape() != s.shape() {
             let what = if self.shortcut.is_some() {
                 "projection"
@@ -59,7 +53,32 @@ impl Module for Residual {
                 ),
             ));
         }
-        y.add(&s)?.relu()
+        y.add(s)?.relu()
+    }
+}
+
+impl Module for Residual {
+    /// Errs, naming both shapes, when the branches' outputs differ in shape (no broadcasting:
+    /// a block whose shortcut does not match is a mistake in the network). Where the main
+    /// branch ends in a [`BatchNorm2d`](super::BatchNorm2d), the add and the ReLU run in its
+    /// passes (`relu(bn(h) + s)`, rounded once).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let shortcut = || match &self.shortcut {
+            Some(m) => m.forward(x),
+            None => Ok(x.clone()),
+        };
+        // The main branch's last layer may take the add and the ReLU into its own passes (a
+        // batch norm: one output write, no sum kept); the shortcut runs just before it.
+        if let Some(split) = self.main.split_last(x) {
+            let (h, last) = split?;
+            let s = shortcut()?;
+            if let Some(y) = last.forward_add_relu(&h, &s) {
+                return y;
+            }
+            return self.add_relu(last.forward(&h)?, &s);
+        }
+        let y = self.main.forward(x)?;
+        self.add_relu(y, &shortcut()?)
     }
     fn visit(&self, prefix: &str, f: &mut Visitor) {
         self.main.visit(&join(prefix, "main"), f);

@@ -3,7 +3,8 @@
 
 use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
-use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::ops::UnaryOp;
 use crate::layout::Layout;
 use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
 
@@ -100,6 +101,42 @@ pub(crate) struct BnCall {
     pub relu: bool,
 }
 
+/// Errs unless the residual added to batch norm's output matches the input in shape, dtype
+/// and device.
+fn check_residual(x: &Tensor, r: &Tensor) -> Result<()> {
+    if r.shape() != x.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "batch_norm (residual)",
+            lhs: x.shape().to_vec(),
+            rhs: r.shape().to_vec(),
+        });
+    }
+    if r.dtype() != x.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: "batch_norm (residual)",
+            lhs: x.dtype(),
+            rhs: r.dtype(),
+        });
+    }
+    if r.device() != x.device() {
+        return Err(Error::DeviceMismatch {
+            op: "batch_norm (residual)",
+            lhs: x.device(),
+            rhs: r.device(),
+        });
+    }
+    Ok(())
+}
+
+/// ReLU's backward from its output `y`: `g` where `y > 0` (or NaN), else 0, in `y`'s format.
+fn relu_grad(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let (s, l) =
+        crate::memory_format::elementwise("relu backward", [y.layout(), g.layout()], |[ly, lg]| {
+            y.storage().unary_grad(ly, &g.storage(), lg, UnaryOp::Relu)
+        })?;
+    Ok(Tensor::from_storage_in(s, l))
+}
+
 fn check_vec(op: &'static str, what: &str, v: Option<&Tensor>, n: usize) -> Result<()> {
     match v {
         Some(v) if v.shape() != [n] => Err(Error::invalid(
@@ -149,19 +186,22 @@ impl Tensor {
             eps,
             relu: false,
         };
-        self.batch_norm_counted(running, params, None, mode)
+        self.batch_norm_counted(running, params, None, None, mode)
     }
 
     /// [`Tensor::batch_norm`] that, in training, also counts the batch in `tracked` (a
     /// one-element i64 tensor, `BatchNorm2d`'s `num_batches_tracked`): on a device in the
-    /// launch that updates the running statistics. With `relu`, the output is
-    /// `relu(batch_norm(x))` from the same passes (the backward masks the output's gradient
-    /// with the saved output, as ReLU's own backward does).
+    /// launch that updates the running statistics. With `residual` (same shape, dtype and
+    /// device as the input), the output is `batch_norm(x) + residual` from the same pass (a
+    /// ResNet block's shortcut), rounded once. With `relu`, it is then clamped at 0
+    /// (`relu(batch_norm(x) [+ residual])`), and the backward masks the output's gradient with
+    /// the saved output, as ReLU's own backward does.
     pub(crate) fn batch_norm_counted(
         &self,
         (running_mean, running_var): (Option<&Tensor>, Option<&Tensor>),
         (weight, bias): (Option<&Tensor>, Option<&Tensor>),
         tracked: Option<&Tensor>,
+        residual: Option<&Tensor>,
         BnCall {
             training,
             momentum,
@@ -169,10 +209,11 @@ impl Tensor {
             relu,
         }: BnCall,
     ) -> Result<Tensor> {
-        let name = if relu {
-            "batch_norm_relu"
-        } else {
-            Op::BatchNorm.name()
+        let name = match (residual.is_some(), relu) {
+            (true, true) => "batch_norm_add_relu",
+            (true, false) => "batch_norm_add",
+            (false, true) => "batch_norm_relu",
+            (false, false) => Op::BatchNorm.name(),
         };
         let _prof = crate::profiler::op(name);
         let [x] = dispatch(Op::BatchNorm, [self])?;
@@ -182,6 +223,9 @@ impl Tensor {
                 "batch_norm",
                 format!("input must be [n, c, ...], got {:?}", x.shape()),
             ));
+        }
+        if let Some(r) = residual {
+            check_residual(&x, r)?;
         }
         let c = x.shape()[1];
         for (what, v) in [
@@ -210,7 +254,10 @@ impl Tensor {
         }
         if x.numel() == 0 {
             // An empty batch in eval mode: nothing to normalise.
-            return x.mul(0.0);
+            return match residual {
+                Some(r) => x.mul(0.0)?.add(r),
+                None => x.mul(0.0),
+            };
         }
         // The fused passes work on a dense row-major or channels-last tensor; the output
         // keeps that format.
@@ -220,6 +267,7 @@ impl Tensor {
             MemoryFormat::Contiguous
         };
         let x = x.to_memory_format(format)?;
+        let r = residual.map(|r| r.to_memory_format(format)).transpose()?;
         let sd = stat_dtype(x.dtype());
         // The affine parameters in the statistics dtype (their gradients come from the
         // backward's sums, not through these casts).
@@ -252,23 +300,39 @@ impl Tensor {
         } else {
             FusedRelu::None
         };
-        let y =
+        let y = {
+            let rs = r.as_ref().map(|r| r.storage());
+            let add = match (&rs, &r) {
+                (Some(s), Some(r)) => Addend::Residual(&**s, r.layout()),
+                _ => Addend::None,
+            };
+            let (cs, cl) = (coef.storage(), coef.layout());
             x.storage()
-                .channel_affine(x.layout(), None, &coef.storage(), coef.layout(), fused)?;
+                .channel_affine(x.layout(), add, &cs, cl, fused)?
+        };
         let y = Tensor::from_storage_in(y, Layout::with_format("batch_norm", x.shape(), format)?);
         // The fused ReLU's backward reads the output (what the next op keeps anyway).
         let out = relu.then(|| y.detach());
         let mut inputs = vec![&x];
         inputs.extend(weight);
         inputs.extend(bias);
+        inputs.extend(r.as_ref());
         let (wdt, bdt) = (weight.map(|w| w.dtype()), bias.map(|b| b.dtype()));
+        let rdt = r.as_ref().map(|r| r.dtype());
+        let nparams = usize::from(weight.is_some()) + usize::from(bias.is_some());
         let xs = x.detach();
         let read_out = out.clone();
         let mut reads = vec![&x];
         reads.extend(read_out.as_ref());
         Ok(y.attach_saving(name, &inputs, &reads, move |dy, needs| {
             let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
-            let wants_params = needs[1..].iter().any(|&n| n);
+            // With a residual, the ReLU's mask is applied once, here: the masked gradient is
+            // both the residual's gradient and what batch norm's backward reads.
+            let (dy, out) = match (rdt, &out) {
+                (Some(_), Some(y)) => (relu_grad(y, &dy)?, None),
+                _ => (dy, out.clone()),
+            };
+            let wants_params = needs[1..1 + nparams].iter().any(|&n| n);
             let mode = match (training, wants_params) {
                 (true, _) => BnGrad::Train,
                 (false, true) => BnGrad::EvalWithParams,
@@ -294,7 +358,7 @@ impl Tensor {
                     let coef = Tensor::from_storage(coef, &[4, c]);
                     let dx = xs.storage().channel_affine(
                         xs.layout(),
-                        Some((&dy.storage(), dy.layout())),
+                        Addend::Scaled(&dy.storage(), dy.layout()),
                         &coef.storage(),
                         coef.layout(),
                         mask(),
@@ -316,6 +380,10 @@ impl Tensor {
             }
             if let Some(bdt) = bdt {
                 grads.push(db.map(|g| g.to_dtype(bdt)).transpose()?);
+            }
+            if let Some(rdt) = rdt {
+                let wanted = needs[1 + nparams];
+                grads.push(wanted.then(|| dy.to_dtype(rdt)).transpose()?);
             }
             Ok(grads)
         }))

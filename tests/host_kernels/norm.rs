@@ -3,7 +3,7 @@
 
 use super::{function, library, randn, run_grid, Addr};
 use crate::backend::cuda::norm::{chunk_rows, finalize_threads, partial_blocks, BnArgs};
-use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::backend::Storage;
 use crate::layout::Layout;
@@ -295,13 +295,23 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
             .collect();
         let kt = Tensor::from_vec(coef.clone(), &[4 * c], crate::Device::Cpu).unwrap();
         let lk = Layout::contiguous(&[4 * c]);
-        // (dy given, fused ReLU): forward plain and clamped, backward plain and masked.
-        for (with_dy, relu) in [(false, false), (false, true), (true, false), (true, true)] {
+        // (addend, fused ReLU): forward plain, clamped, with a residual (clamped or not),
+        // backward plain and masked. The residual is dy's values.
+        for (add, relu) in [
+            (Add::None, false),
+            (Add::None, true),
+            (Add::Scaled, false),
+            (Add::Scaled, true),
+            (Add::Residual, false),
+            (Add::Residual, true),
+        ] {
             let n = l.numel();
             let mut out = vec![f32::NAN; n];
             let pick = |on: bool, v: &[f32]| if on { v.as_ptr() } else { std::ptr::null() };
-            let (dp, mp) = (pick(with_dy, &ds), pick(with_dy && relu, &ys));
-            let clamp = i32::from(!with_dy && relu);
+            let with_dy = add != Add::None;
+            let (dp, mp) = (pick(with_dy, &ds), pick(add == Add::Scaled && relu, &ys));
+            let flags =
+                i32::from(add != Add::Scaled && relu) | (i32::from(add == Add::Residual) << 1);
             // SAFETY: x, dy, the mask and out hold n elements, coef 4 c.
             unsafe {
                 affine(
@@ -313,29 +323,150 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                     n as i64,
                     c as i64,
                     s.inner as i64,
-                    clamp,
+                    flags,
                 )
             };
             let (xst, dst, kst, yst) = (x.storage(), dy.storage(), kt.storage(), yt.storage());
-            let d = with_dy.then_some((&*dst, dy.layout()));
-            let fused = match (with_dy, relu) {
-                (_, false) => FusedRelu::None,
-                (false, true) => FusedRelu::Output,
-                (true, true) => FusedRelu::Grad(&*yst, yt.layout()),
+            let addend = match add {
+                Add::None => Addend::None,
+                Add::Scaled => Addend::Scaled(&*dst, dy.layout()),
+                Add::Residual => Addend::Residual(&*dst, dy.layout()),
             };
-            let want = xst.channel_affine(&l, d, &kst, &lk, fused);
+            let fused = match (add, relu) {
+                (_, false) => FusedRelu::None,
+                (Add::Scaled, true) => FusedRelu::Grad(&*yst, yt.layout()),
+                (_, true) => FusedRelu::Output,
+            };
+            let want = xst.channel_affine(&l, addend, &kst, &lk, fused);
             // The CPU writes its output in x's storage order, as the kernel does.
             let want = values(want.unwrap(), n);
-            if relu && !with_dy {
+            if relu && add != Add::Scaled {
                 assert!(want.contains(&0.0), "{what}: the ReLU clamps some");
             }
             near(
                 &out,
                 &want,
-                &format!("{what}: affine (dy: {with_dy}, ReLU: {relu})"),
+                &format!("{what}: affine ({add:?}, ReLU: {relu})"),
             );
         }
     }
+}
+
+/// The addend of an affine pass under test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Add {
+    None,
+    Scaled,
+    Residual,
+}
+
+/// bn_affine in f16 and bf16 on the shapes whose 16-byte vectors hold one channel's run
+/// (row-major, inner % 8 == 0) or 8 adjacent channels (channels-last, C % 8 == 0), and on
+/// shapes that take the element path, against the CPU's pass; misaligned pointers too.
+#[test]
+fn batch_norm_affine_half_kernels_take_vectors_and_match_the_cpu() {
+    let Some(lib) = library("norm") else {
+        return;
+    };
+    fn check<T: crate::dtype::WithDType>(lib: &libloading::Library, t: &str, tol: f32) {
+        type AffineT<T> = unsafe extern "C" fn(
+            *const T,
+            *const T,
+            *const T,
+            *const f32,
+            *mut T,
+            i64,
+            i64,
+            i64,
+            i32,
+        ) -> ();
+        let affine: AffineT<T> = function(lib, &format!("bn_affine_{t}"));
+        for (shape, format, skew) in [
+            ([2, 3, 4, 4], MemoryFormat::Contiguous, 0),
+            ([2, 16, 3, 3], MemoryFormat::ChannelsLast, 0),
+            ([2, 16, 3, 3], MemoryFormat::ChannelsLast, 1),
+            ([2, 3, 3, 3], MemoryFormat::Contiguous, 0),
+            ([2, 5, 2, 3], MemoryFormat::ChannelsLast, 0),
+        ] {
+            let what = format!("{t} {shape:?} {format:?} skew {skew}");
+            let x = randn(&shape, 50)
+                .to_dtype(T::DTYPE)
+                .unwrap()
+                .to_memory_format(format)
+                .unwrap();
+            let r = randn(&shape, 51)
+                .to_dtype(T::DTYPE)
+                .unwrap()
+                .to_memory_format(format)
+                .unwrap();
+            let l = x.layout().clone();
+            let c = shape[1];
+            let coef: Vec<f32> = (0..4 * c).map(|k| 0.5 - 0.07 * k as f32).collect();
+            let kt = Tensor::from_vec(coef.clone(), &[4 * c], crate::Device::Cpu).unwrap();
+            let lk = Layout::contiguous(&[4 * c]);
+            let n = l.numel();
+            // Storage order, shifted by `skew` elements so that no pointer is 16-byte aligned.
+            let order = |t: &Tensor| {
+                let v = match format {
+                    MemoryFormat::ChannelsLast => {
+                        t.permute(&[0, 2, 3, 1]).unwrap().contiguous().unwrap()
+                    }
+                    _ => t.contiguous().unwrap(),
+                };
+                let mut out = vec![T::from_f64(0.0); skew];
+                out.extend(v.to_vec::<T>().unwrap());
+                out
+            };
+            let (xs, rs) = (order(&x), order(&r));
+            for (residual, relu) in [(false, false), (true, true), (true, false)] {
+                let mut out = vec![T::from_f64(f64::NAN); n + skew];
+                let rp = if residual {
+                    rs[skew..].as_ptr()
+                } else {
+                    std::ptr::null()
+                };
+                let flags = i32::from(relu) | (i32::from(residual) << 1);
+                // SAFETY: x, the residual and out hold n elements past `skew`, coef 4 c.
+                unsafe {
+                    affine(
+                        xs[skew..].as_ptr(),
+                        rp,
+                        std::ptr::null(),
+                        coef.as_ptr(),
+                        out[skew..].as_mut_ptr(),
+                        n as i64,
+                        c as i64,
+                        ChannelSplit::of("test", &l).unwrap().inner as i64,
+                        flags,
+                    )
+                };
+                let (xst, rst, kst) = (x.storage(), r.storage(), kt.storage());
+                let addend = match residual {
+                    true => Addend::Residual(&*rst, r.layout()),
+                    false => Addend::None,
+                };
+                let fused = if relu {
+                    FusedRelu::Output
+                } else {
+                    FusedRelu::None
+                };
+                let want = xst.channel_affine(&l, addend, &kst, &lk, fused).unwrap();
+                let want = Tensor::from_storage(want, &[n])
+                    .to_dtype(crate::DType::F32)
+                    .unwrap();
+                let want = want.to_vec::<f32>().unwrap();
+                let got: Vec<f32> = out[skew..].iter().map(|v| v.to_f64() as f32).collect();
+                let what = format!("{what}: residual {residual}, ReLU {relu}");
+                let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= tol * scale, "{what}: [{i}] {g} vs {w}");
+                }
+            }
+        }
+    }
+    check::<crate::f16>(lib, "f16", 1e-3);
+    check::<crate::bf16>(lib, "bf16", 8e-3);
+    check::<f32>(lib, "float", 1e-6);
 }
 
 #[test]

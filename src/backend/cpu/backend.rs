@@ -239,12 +239,12 @@ impl NormOps for CpuStorage {
     fn channel_affine(
         &self,
         lx: &Layout,
-        dy: Option<(&Self, &Layout)>,
+        add: crate::backend::norm::Addend<'_, Self>,
         coef: &Self,
         lc: &Layout,
         relu: crate::backend::norm::FusedRelu<'_, Self>,
     ) -> Result<Self> {
-        norm::channel_affine(self, lx, dy, coef, lc, relu)
+        norm::channel_affine(self, lx, add, coef, lc, relu)
     }
     fn layer_norm(
         &self,

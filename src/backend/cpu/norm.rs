@@ -9,7 +9,7 @@
 //! not depend on the number of threads.
 
 use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
-use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
@@ -441,35 +441,41 @@ fn stat_values(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
     Ok(map_float!("batch_norm", s, v => super::elementwise::map1(v, l, |x| x.to_f64())))
 }
 
-/// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s dtype and dense layout
-/// (`dy`, when given, shares it); `coef` holds `[alpha | center | gamma | beta]`.
+/// `alpha[c] (x - center[c]) + gamma[c]` plus the addend (`beta[c] dy`, or a residual as it
+/// is) in `x`'s dtype and dense layout (the addend shares it); `coef` holds
+/// `[alpha | center | gamma | beta]`.
 pub(crate) fn channel_affine(
     x: &CpuStorage,
     lx: &Layout,
-    dy: Option<(&CpuStorage, &Layout)>,
+    add: Addend<'_, CpuStorage>,
     coef: &CpuStorage,
     lc: &Layout,
     relu: FusedRelu<'_, CpuStorage>,
 ) -> Result<CpuStorage> {
-    let masked = match dy {
-        Some((d, ld)) => relu_masked(d, ld, relu)?,
-        None => None,
+    let masked = match add {
+        Addend::Scaled(d, ld) => relu_masked(d, ld, relu)?,
+        _ => None,
     };
-    let dy = masked.as_ref().map(|(d, l)| (d, l)).or(dy);
-    let mut out = affine(x, lx, dy, coef, lc)?;
+    let dy = masked.as_ref().map(|(d, l)| (d, l)).or(add.operand());
+    let mut coef = stat_values(coef, lc)?;
+    if let Addend::Residual(..) = add {
+        // A residual is added as it is: beta = 1.
+        let c = coef.len() / 4;
+        coef[3 * c..].fill(1.0);
+    }
+    let mut out = affine(x, lx, dy, &coef)?;
     if let FusedRelu::Output = relu {
         map_float!("batch_norm", &mut out, v => clamp_relu(v));
     }
     Ok(out)
 }
 
-/// [`channel_affine`] without a ReLU.
+/// [`channel_affine`] without a ReLU, with the coefficients as f64 values.
 fn affine(
     x: &CpuStorage,
     lx: &Layout,
     dy: Option<(&CpuStorage, &Layout)>,
-    coef: &CpuStorage,
-    lc: &Layout,
+    coef: &[f64],
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(x: &[T], dy: Option<&[T]>, s: ChannelSplit, coef: &[f64]) -> CpuStorage {
         let c = s.channels;
@@ -519,15 +525,12 @@ fn affine(
         None => ChannelSplit::of("batch_norm", lx)?,
     };
     let rx = dense_range(lx);
-    let coef = stat_values(coef, lc)?;
     Ok(match (x, dy.map(|(d, ld)| (d, dense_range(ld)))) {
-        (x, None) => map_float!("batch_norm", x, v => go(&v[rx], None, s, &coef)),
-        (CpuStorage::F32(x), Some((CpuStorage::F32(d), rd))) => go(&x[rx], Some(&d[rd]), s, &coef),
-        (CpuStorage::F16(x), Some((CpuStorage::F16(d), rd))) => go(&x[rx], Some(&d[rd]), s, &coef),
-        (CpuStorage::BF16(x), Some((CpuStorage::BF16(d), rd))) => {
-            go(&x[rx], Some(&d[rd]), s, &coef)
-        }
-        (CpuStorage::F64(x), Some((CpuStorage::F64(d), rd))) => go(&x[rx], Some(&d[rd]), s, &coef),
+        (x, None) => map_float!("batch_norm", x, v => go(&v[rx], None, s, coef)),
+        (CpuStorage::F32(x), Some((CpuStorage::F32(d), rd))) => go(&x[rx], Some(&d[rd]), s, coef),
+        (CpuStorage::F16(x), Some((CpuStorage::F16(d), rd))) => go(&x[rx], Some(&d[rd]), s, coef),
+        (CpuStorage::BF16(x), Some((CpuStorage::BF16(d), rd))) => go(&x[rx], Some(&d[rd]), s, coef),
+        (CpuStorage::F64(x), Some((CpuStorage::F64(d), rd))) => go(&x[rx], Some(&d[rd]), s, coef),
         (x, Some((d, _))) => {
             return Err(Error::DTypeMismatch {
                 op: "batch_norm backward",

@@ -7,7 +7,7 @@ use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
-use crate::backend::norm::{BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -312,19 +312,19 @@ pub(crate) fn batch_norm_grad(
     Ok((coef, params))
 }
 
-/// `alpha[c] (x - center[c]) + gamma[c] (+ beta[c] dy)` in `x`'s dtype and layout, with
-/// `coef = [alpha | center | gamma | beta]`.
+/// `alpha[c] (x - center[c]) + gamma[c]` plus the addend (`beta[c] dy`, or a residual) in
+/// `x`'s dtype and layout, with `coef = [alpha | center | gamma | beta]`.
 pub(crate) fn channel_affine(
     x: &CudaStorage,
     lx: &Layout,
-    dy: Option<(&CudaStorage, &Layout)>,
+    add: Addend<'_, CudaStorage>,
     coef: &CudaStorage,
     lc: &Layout,
     relu: FusedRelu<'_, CudaStorage>,
 ) -> Result<CudaStorage> {
     let op = "batch_norm";
     let t = float_kname(op, x.dtype())?;
-    let s = match dy {
+    let s = match add.operand() {
         Some((d, ld)) => {
             same_dtype(op, x, d)?;
             ChannelSplit::of_pair(op, lx, ld)?
@@ -335,24 +335,34 @@ pub(crate) fn channel_affine(
     let n = lx.numel();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     let xp = x.ptr_at(lx.offset());
-    let dp = dy.map_or(0, |(d, ld)| d.ptr_at(ld.offset()));
-    let mask = match dy {
-        Some((d, ld)) => relu_mask(op, d, ld, relu)?,
-        None => 0,
+    let dp = add.operand().map_or(0, |(d, ld)| d.ptr_at(ld.offset()));
+    let mask = match add {
+        Addend::Scaled(d, ld) => relu_mask(op, d, ld, relu)?,
+        _ => 0,
     };
-    let clamp = i32::from(matches!(relu, FusedRelu::Output));
+    // Bit 0: clamp the output (a fused ReLU forward); bit 1: the addend is a residual.
+    let flags = i32::from(matches!(relu, FusedRelu::Output))
+        | (i32::from(matches!(add, Addend::Residual(..))) << 1);
     let outp = out.ptr();
     let (n64, c, inner) = (n as i64, s.channels as i64, s.inner as i64);
     let name = format!("bn_affine_{t}");
-    // x in, dy in when given, the output out; the coefficients are four f32 per channel.
-    let planes = if dy.is_some() { 3 } else { 2 } + u64::from(mask != 0);
+    // x in, the addend in when given, the output out; the coefficients are four f32 per
+    // channel.
+    let planes = if dp != 0 { 3 } else { 2 } + u64::from(mask != 0);
     let bytes = planes * elems(n, x.dtype()) + elems(4 * s.channels, DType::F32);
+    // A thread per 16-byte vector where the kernel can take them (the grid strides anyway).
+    let v = 16 / x.dtype().size_in_bytes();
+    let vectors = match s.inner {
+        1 => s.channels % v == 0,
+        inner => inner % v == 0,
+    };
+    let threads = if vectors { n.div_ceil(v) } else { n };
     launch!(
         bytes = bytes;
         x,
         KernelFile::Norm,
         name,
-        grid(n),
+        grid(threads),
         &xp,
         &dp,
         &mask,
@@ -361,7 +371,7 @@ pub(crate) fn channel_affine(
         &n64,
         &c,
         &inner,
-        &clamp
+        &flags
     );
     Ok(out)
 }
