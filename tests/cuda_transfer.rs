@@ -92,6 +92,42 @@ fn staged_uploads_arrive_intact_behind_busy_work() {
     );
 }
 
+#[test]
+fn large_uploads_go_through_a_ring_of_pinned_chunks() {
+    use mantissa::backend::cuda::pinned::{STAGE_CHUNK_BYTES, STAGE_RING};
+    use mantissa::backend::cuda::storage::STAGE_MAX_BYTES;
+    let Some(d) = gpu() else { return };
+    let _one = one_at_a_time();
+    let Device::Cuda(n) = d else { unreachable!() };
+    let rt = runtime(n).unwrap();
+    rt.empty_cache().unwrap();
+    let _work = busy(d);
+    // Above the whole-block limit and not a whole number of chunks: 5.5 chunks' worth of
+    // f32 more than the limit.
+    let len = (STAGE_MAX_BYTES + STAGE_CHUNK_BYTES * 11 / 2) / 4 + 3;
+    let want = pattern(len, 3);
+    let before = rt.pinned_stats();
+    let t = Tensor::from_vec(want.clone(), &[len], d).unwrap();
+    let grew = rt.pinned_stats().reserved - before.reserved;
+    assert!(
+        grew <= STAGE_RING * STAGE_CHUNK_BYTES,
+        "the ring's pinned memory, not the upload's size: grew {grew}"
+    );
+    assert!(grew > 0, "staged through the pinned pool: grew {grew}");
+    assert!(
+        t.to_vec::<f32>().unwrap() == want,
+        "every chunk arrived in place"
+    );
+    // A second upload reuses the ring's blocks once their copies have run.
+    rt.synchronize().unwrap();
+    let hits = rt.pinned_stats().cache_hits;
+    let again = pattern(len, 4);
+    let u = Tensor::from_vec(again.clone(), &[len], d).unwrap();
+    assert!(rt.pinned_stats().cache_hits >= hits + STAGE_RING as u64);
+    assert!(u.to_vec::<f32>().unwrap() == again);
+    rt.empty_cache().unwrap();
+}
+
 struct Rows;
 impl Dataset for Rows {
     fn len(&self) -> usize {

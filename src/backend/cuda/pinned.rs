@@ -188,8 +188,57 @@ impl PinnedBuffer {
 /// A pinned buffer from `rt`'s pool holding a copy of `bytes`.
 pub(crate) fn staged(rt: &Arc<CudaRuntime>, bytes: &[u8]) -> Result<PinnedBuffer> {
     let mut buf = rt.pinned_buffer(bytes.len())?;
-    buf.as_bytes_mut()?.copy_from_slice(bytes);
+    copy_parallel(&mut buf.as_bytes_mut()?[..bytes.len()], bytes);
     Ok(buf)
+}
+
+/// Bytes of one staging chunk of a large upload ([`upload_chunked`]).
+pub const STAGE_CHUNK_BYTES: usize = 16 << 20;
+/// Staging chunks in flight at once: the pinned memory a large upload holds is
+/// `STAGE_RING * STAGE_CHUNK_BYTES`, whatever its size.
+pub const STAGE_RING: usize = 4;
+
+/// Uploads `bytes` to device address `dst` on `stream` through a ring of [`STAGE_RING`]
+/// pinned chunks of `chunk` bytes from `rt`'s pool: the host copies chunk k + 1 while the
+/// DMA of chunk k runs, and waits only when a ring slot's previous DMA has not run yet. The
+/// driver's own path for ordinary (pageable) memory stages through a small buffer of its own
+/// and copies and transfers in turn. `Err(OutOfMemory)` before anything is queued when the
+/// pool cannot give the ring.
+pub(crate) fn upload_chunked(
+    rt: &Arc<CudaRuntime>,
+    bytes: &[u8],
+    dst: sys::CUdeviceptr,
+    chunk: usize,
+    stream: &Arc<CudaStream>,
+) -> Result<()> {
+    let chunk = chunk.clamp(1, bytes.len().max(1));
+    let slots = bytes.len().div_ceil(chunk).clamp(1, STAGE_RING);
+    let mut ring = (0..slots)
+        .map(|_| rt.pinned_buffer(chunk))
+        .collect::<Result<Vec<_>>>()?;
+    for (k, piece) in bytes.chunks(chunk).enumerate() {
+        let buf = &mut ring[k % slots];
+        // Waits for this slot's previous DMA, if it has not run yet.
+        copy_parallel(&mut buf.as_bytes_mut()?[..piece.len()], piece);
+        // `k * chunk + piece.len() <= bytes.len()`: the destination holds the whole upload.
+        buf.upload(dst + (k * chunk) as u64, piece.len(), stream)?;
+    }
+    // The buffers go back to the pool fenced by their last uploads.
+    Ok(())
+}
+
+/// `dst.copy_from_slice(src)` on the rayon pool in pieces of 1 MiB: one thread's copy does
+/// not reach the host's memory bandwidth.
+fn copy_parallel(dst: &mut [u8], src: &[u8]) {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 20;
+    if src.len() <= PIECE {
+        dst.copy_from_slice(src);
+        return;
+    }
+    dst.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 impl Drop for PinnedBuffer {

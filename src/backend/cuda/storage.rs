@@ -15,8 +15,9 @@ use cudarc::driver::{result, sys, CudaFunction, DeviceRepr, LaunchConfig, PushKe
 use half::{bf16, f16};
 use std::sync::Arc;
 
-/// Uploads up to this size are staged through the pinned pool; larger ones (rare outside a
-/// model's first upload) take the driver's pageable path.
+/// Uploads up to this size are staged whole through one block of the pinned pool (the host
+/// does not wait); larger ones through a ring of pinned chunks
+/// ([`STAGE_CHUNK_BYTES`](super::pinned::STAGE_CHUNK_BYTES)).
 pub const STAGE_MAX_BYTES: usize = 64 << 20;
 
 /// A device block, returned to the cache when the last storage using it is dropped.
@@ -236,11 +237,13 @@ impl CudaStorage {
         self.rt().function(file.name(), name)
     }
 
-    /// Copies the selected elements of a host storage to device `ordinal`, row-major. The
-    /// host does not wait: up to [`STAGE_MAX_BYTES`] are copied into a pinned block from the
-    /// runtime's pool and uploaded from there on the compute stream (the driver's own path
-    /// for pageable memory may wait for the stream first). Larger uploads, and any when
-    /// pinned memory runs out, take the driver's pageable path.
+    /// Copies the selected elements of a host storage to device `ordinal`, row-major. Up to
+    /// [`STAGE_MAX_BYTES`] are copied into a pinned block from the runtime's pool and uploaded
+    /// from there on the compute stream, and the host does not wait (the driver's own path
+    /// for pageable memory may wait for the stream first). Larger uploads go through a ring
+    /// of pinned chunks, the host copy of one overlapping the DMA of the one before
+    /// ([`super::pinned::upload_chunked`]). When pinned memory runs out, the driver's
+    /// pageable path.
     pub(crate) fn from_cpu(s: &CpuStorage, l: &Layout, ordinal: usize) -> Result<CudaStorage> {
         let rt = runtime(ordinal)?;
         let host = if l.is_contiguous() && l.offset() == 0 && l.numel() == s.len() {
@@ -254,15 +257,17 @@ impl CudaStorage {
         if bytes.is_empty() {
             return Ok(out);
         }
-        if bytes.len() <= STAGE_MAX_BYTES {
-            match super::pinned::staged(&rt, bytes) {
-                Ok(mut staging) => {
-                    staging.upload(out.ptr(), bytes.len(), rt.stream())?;
-                    return Ok(out);
-                }
-                Err(Error::OutOfMemory { .. }) => {} // the pageable path below
-                Err(e) => return Err(e),
-            }
+        let staged = if bytes.len() <= STAGE_MAX_BYTES {
+            super::pinned::staged(&rt, bytes)
+                .and_then(|mut staging| staging.upload(out.ptr(), bytes.len(), rt.stream()))
+        } else {
+            let chunk = super::pinned::STAGE_CHUNK_BYTES;
+            super::pinned::upload_chunked(&rt, bytes, out.ptr(), chunk, rt.stream())
+        };
+        match staged {
+            Ok(()) => return Ok(out),
+            Err(Error::OutOfMemory { .. }) => {} // the pageable path below
+            Err(e) => return Err(e),
         }
         rt.context()
             .bind_to_thread()
