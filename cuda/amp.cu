@@ -44,9 +44,39 @@ __device__ void unscale(const UnscaleList& L, const float* inv_scale, float* fou
         unscale<G, O>(list, inv_scale, found_inf);                                            \
     }
 UNSCALE(float, float)
+UNSCALE(f16, f16)
 UNSCALE(bf16, bf16)
 UNSCALE(f16, float)
 UNSCALE(bf16, float)
+
+// Gradient clipping's total (PyTorch's _foreach_norm): partial[b] = sum of g^2 over chunk b of
+// the listed gradients (`out` unused), accumulated in f32; a reduction over the partials
+// finishes it in a fixed order. No atomics: the result does not depend on timing.
+template <typename G>
+__device__ void sum_squares(const UnscaleList& L, float* partial) {
+    __shared__ float scratch[32];
+    for (i64 b = blockIdx.x; b < L.chunks; b += gridDim.x) {
+        int k = list_entry(L.start, L.count, b);
+        i64 begin = (b - L.start[k]) * UNSCALE_CHUNK;
+        i64 end = begin + UNSCALE_CHUNK < L.n[k] ? begin + UNSCALE_CHUNK : L.n[k];
+        const G* g = (const G*)L.g[k];
+        float s = 0.0f;
+        for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            float v = to_f32(g[i]);
+            s += v * v;
+        }
+        s = block_reduce(0, s, scratch);
+        if (threadIdx.x == 0) partial[b] = s;
+    }
+}
+
+#define SUM_SQUARES(G)                                                                         \
+    extern "C" __global__ void amp_sum_squares_##G(UnscaleList list, float* partial) {         \
+        sum_squares<G>(list, partial);                                                         \
+    }
+SUM_SQUARES(float)
+SUM_SQUARES(f16)
+SUM_SQUARES(bf16)
 
 // PyTorch's _amp_update_scale_: back off on overflow, grow after `interval` clean steps
 // unless the grown scale would not be finite. One thread.

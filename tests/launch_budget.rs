@@ -132,3 +132,42 @@ fn lstm_fp16_step_within_pytorchs_launches() {
         "LSTM step: {launches} launches and library calls, over 994\n{table}"
     );
 }
+
+/// Gradient clipping launches as many kernels for 3 gradients as for 60 (one sum-of-squares
+/// pass and one scaling pass per dtype, and the norm's few scalar ops), and matches the CPU.
+#[test]
+fn clip_grad_norm_launches_do_not_grow_with_the_gradients() {
+    let Some(d) = gpu() else { return };
+    // The dense gradients of `clip_params` (its transposed view is copied first, per tensor).
+    let dense = |sets: usize| -> Vec<Tensor> {
+        (0..sets)
+            .flat_map(|_| {
+                let mut p = common::clip_params(d);
+                p.remove(2);
+                p
+            })
+            .collect()
+    };
+    let launches = |params: Vec<Tensor>| per_step(1, || clip_grad_norm(&params, 1.0).map(|_| ())).0;
+    let (few, many) = (launches(dense(1)), launches(dense(20)));
+    assert_eq!(few, many, "launches for 3 gradients and for 60");
+    assert!(few <= 12, "{few} launches");
+
+    let (cpu, dev) = (common::clip_params(Device::Cpu), common::clip_params(d));
+    let norm_cpu = clip_grad_norm(&cpu, 1.0).unwrap().item().unwrap();
+    let norm_dev = clip_grad_norm(&dev, 1.0).unwrap().item().unwrap();
+    assert!(
+        ((norm_dev - norm_cpu) / norm_cpu).abs() < 1e-5,
+        "{norm_dev} vs {norm_cpu}"
+    );
+    for (c, g) in cpu.iter().zip(&dev) {
+        let (c, g) = (c.grad().unwrap(), g.grad().unwrap());
+        assert_eq!(g.memory_format(), c.memory_format());
+        common::assert_close(
+            &common::vals(&g),
+            &common::vals(&c),
+            1e-5,
+            "clipped gradient",
+        );
+    }
+}

@@ -215,6 +215,49 @@ fn clip_grad_norm_scales_only_above_the_limit() {
 }
 
 #[test]
+fn clip_grad_norm_matches_f64_in_every_dtype_and_layout() {
+    for max_norm in [1.0, 1e6] {
+        let params = clip_params(Device::Cpu);
+        let before: Vec<Vec<f64>> = params.iter().map(|p| vals(&p.grad().unwrap())).collect();
+        let formats: Vec<MemoryFormat> = params
+            .iter()
+            .map(|p| p.grad().unwrap().memory_format())
+            .collect();
+        let want_norm = before.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+        let norm = clip_grad_norm(&params, max_norm).unwrap();
+        assert_eq!(norm.dtype(), DType::F32);
+        let got = norm.item().unwrap();
+        assert!(
+            ((got - want_norm) / want_norm).abs() < 1e-6,
+            "norm {got} vs {want_norm}"
+        );
+        let coef = (max_norm / (want_norm + 1e-6)).min(1.0);
+        let tols = [1e-6, 1e-3, 8e-3, 1e-6];
+        for (((p, g0), tol), format) in params.iter().zip(&before).zip(tols).zip(&formats) {
+            let g = p.grad().unwrap();
+            let want: Vec<f64> = g0.iter().map(|x| x * coef).collect();
+            assert_close(&vals(&g), &want, tol, &format!("{:?} gradient", g.dtype()));
+            assert_eq!(g.dtype(), p.dtype(), "the gradient keeps its dtype");
+            assert_eq!(g.memory_format(), *format, "and its memory format");
+        }
+    }
+    // f64 gradients take the per-tensor path, with the same result.
+    let p = param(&[0.0, 0.0]);
+    set_grad(&p, &[3.0, 4.0]);
+    assert_eq!(
+        clip_grad_norm(std::slice::from_ref(&p), 1.0)
+            .unwrap()
+            .item()
+            .unwrap(),
+        5.0
+    );
+    assert_close(&vals(&p.grad().unwrap()), &[0.6, 0.8], 1e-6, "f64");
+    // No gradients: norm 0.
+    let q = param(&[1.0]);
+    assert_eq!(clip_grad_norm(&[q], 1.0).unwrap().item().unwrap(), 0.0);
+}
+
+#[test]
 fn optimizer_state_round_trips_through_named_tensors() {
     let p = param(&[1.0, 2.0]);
     let mut opt = Adam::new(vec![p.clone()], AdamConfig::adam(0.1)).unwrap();

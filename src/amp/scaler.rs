@@ -189,9 +189,7 @@ impl GradScaler {
                 }
                 // Each gradient's storage is walked as it lies, which keeps its memory format;
                 // a gradient that does not fill its storage densely is copied first.
-                let dense = g.is_contiguous() || g.layout().dense_order().is_some();
-                let fills = g.layout().offset() == 0 && g.storage().len() == g.numel();
-                grads.push(if dense && fills { g } else { g.copy()? });
+                grads.push(crate::optim::in_storage_order(g)?);
                 params.push(p);
             }
             // One fused pass over every gradient (PyTorch's

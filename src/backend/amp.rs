@@ -15,6 +15,10 @@ pub(crate) trait AmpOps: BackendStorage {
         found_inf: &mut Self,
         out: Option<DType>,
     ) -> Result<Vec<Self>>;
+    /// The sum of the squares of every element of every gradient (each walked in storage
+    /// order), accumulated in f32 or wider: a one-element f32 storage (gradient clipping's
+    /// total, PyTorch's `_foreach_norm`). Needs at least one gradient.
+    fn sum_squares(grads: &[&Self]) -> Result<Self>;
     /// `_amp_update_scale_` (`self` is the scale): back off after an overflow, else grow
     /// every `interval` clean steps while finite.
     fn update_scale(
@@ -43,6 +47,21 @@ impl Storage {
             let f = B::part_mut(found_inf);
             let outs = B::unscale_grads(&parts, B::part(inv_scale), f, out)?;
             Ok(outs.into_iter().map(|s| s.wrap()).collect())
+        })
+    }
+
+    /// See [`AmpOps::sum_squares`]: no host read on CUDA.
+    pub(crate) fn sum_squares(grads: &[&Storage]) -> Result<Storage> {
+        if grads.is_empty() {
+            return Err(crate::Error::invalid(
+                "clip_grad_norm",
+                "no gradients to sum",
+            ));
+        }
+        let device = super::common_device("clip_grad_norm", grads)?;
+        super::on_device!(device, B => {
+            let parts: Vec<&B> = grads.iter().map(|g| B::part(g)).collect();
+            Ok(B::sum_squares(&parts)?.wrap())
         })
     }
 

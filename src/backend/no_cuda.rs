@@ -215,6 +215,9 @@ impl AmpOps for CudaStorage {
     ) -> Result<Vec<Self>> {
         match *inv {}
     }
+    fn sum_squares(grads: &[&Self]) -> Result<Self> {
+        match *grads[0] {}
+    }
     uninhabited! {
         fn update_scale(&mut self, _t: &mut Self, _f: &Self, _g: f32, _b: f32, _i: i32)
             -> Result<()>;

@@ -421,6 +421,11 @@ fn apply(items: &[Prepared], found_inf: Option<&Tensor>, u: OptimUpdate) -> Resu
 /// Scales the gradients of `params` so that their global L2 norm is at most `max_norm`, and
 /// returns the norm before clipping (a 0-d f32 tensor; `.item()` reads it).
 ///
+/// PyTorch's `clip_grad_norm_` with its foreach kernels: the sum of squares of every gradient
+/// in one pass per dtype and list of gradients (accumulated in f32, f64 on the CPU, joined in
+/// a fixed order), and the scaling by `min(1, max_norm / (norm + 1e-6))` in one more; the
+/// coefficient stays on the device (no host read). f64 gradients take a per-tensor path.
+///
 /// ```
 /// use mantissa::{Tensor, Device, optim::clip_grad_norm};
 /// let p = Tensor::from_vec(vec![0.0f32, 0.0], &[2], Device::Cpu)?.requires_grad(true)?;
@@ -438,23 +443,69 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
         ));
     }
     crate::no_grad(|| {
-        let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
-        let mut total = Tensor::zeros(
-            &[],
-            DType::F32,
-            params.first().map(|p| p.device()).unwrap_or_default(),
-        )?;
-        for g in &grads {
-            total = total.add(&g.to_dtype(DType::F32)?.sqr()?.sum_all()?)?;
+        let _ac = crate::amp::autocast_disabled();
+        let device = params.first().map(|p| p.device()).unwrap_or_default();
+        let with_grad: Vec<(&Tensor, Tensor)> = params
+            .iter()
+            .filter_map(|p| p.grad().map(|g| (p, g)))
+            .collect();
+        if with_grad.is_empty() {
+            return Tensor::zeros(&[], DType::F32, device);
         }
+        let listed = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+        if !with_grad.iter().all(|(_, g)| listed(g.dtype())) {
+            return clip_per_tensor(&with_grad, max_norm, device);
+        }
+        let grads = with_grad
+            .iter()
+            .map(|(_, g)| in_storage_order(g.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
+        let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
+        let total = Tensor::from_storage(Storage::sum_squares(&refs)?, &[]);
         let norm = total.sqrt()?;
         // coef = min(1, max_norm / (norm + 1e-6)), applied without reading the norm back.
         let coef = norm.add(1e-6)?.recip()?.mul(max_norm)?.minimum(1.0)?;
-        for (p, g) in params.iter().filter(|p| p.grad().is_some()).zip(&grads) {
-            p.set_grad(Some(g.mul(&coef.to_dtype(g.dtype())?)?))?;
+        // The scaler's multi-tensor pass scales them all; its overflow flag is not wanted.
+        let flag = Tensor::zeros(&[], DType::F32, device)?;
+        let scaled = Tensor::write_many("clip_grad_norm", &[&flag], |f| {
+            Storage::unscale_grads(&refs, &coef.storage(), f[0], None)
+        })?;
+        for (((p, _), g), s) in with_grad.iter().zip(&grads).zip(scaled) {
+            p.set_grad(Some(Tensor::from_storage_in(s, g.layout().clone())))?;
         }
         Ok(norm)
     })
+}
+
+/// [`clip_grad_norm`] a gradient at a time, for dtypes the multi-tensor passes do not take.
+fn clip_per_tensor(
+    with_grad: &[(&Tensor, Tensor)],
+    max_norm: f64,
+    device: crate::Device,
+) -> Result<Tensor> {
+    let mut total = Tensor::zeros(&[], DType::F32, device)?;
+    for (_, g) in with_grad {
+        total = total.add(&g.to_dtype(DType::F32)?.sqr()?.sum_all()?)?;
+    }
+    let norm = total.sqrt()?;
+    let coef = norm.add(1e-6)?.recip()?.mul(max_norm)?.minimum(1.0)?;
+    for (p, g) in with_grad {
+        p.set_grad(Some(g.mul(&coef.to_dtype(g.dtype())?)?))?;
+    }
+    Ok(norm)
+}
+
+/// `g`, or a copy of it, whose storage holds exactly its elements in a dense order (its
+/// memory format kept): what the multi-tensor passes walk, element by element.
+pub(crate) fn in_storage_order(g: Tensor) -> Result<Tensor> {
+    let dense = g.is_contiguous() || g.layout().dense_order().is_some();
+    let fills = g.layout().offset() == 0 && g.storage().len() == g.numel();
+    if dense && fills {
+        Ok(g)
+    } else {
+        g.copy()
+    }
 }
 
 /// Checks a hyperparameter is finite and not negative.

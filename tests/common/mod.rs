@@ -200,3 +200,45 @@ pub fn temp_checkpoint(file: &str, name: &str) -> std::path::PathBuf {
         .join(format!("mantissa-{file}-{}-{name}", std::process::id()))
         .join("ck.safetensors")
 }
+
+/// Parameters on `d` with gradients of every listed kind for gradient clipping: f32, f16
+/// channels-last, bf16 as a transposed view that does not fill its storage, and an f32 one
+/// spanning several 16,384-element chunks of the multi-tensor passes. Gradients of normal
+/// values times 3 (a norm well above 1).
+pub fn clip_params(d: Device) -> Vec<Tensor> {
+    use mantissa::MemoryFormat;
+    let grad = |shape: &[usize], seed: u64, dtype: DType| {
+        f32s(shape, seed)
+            .mul(3.0)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(d)
+            .unwrap()
+    };
+    let param = |shape: &[usize], dtype: DType| {
+        Tensor::zeros(shape, dtype, d)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap()
+    };
+    let a = param(&[3, 4], DType::F32);
+    a.set_grad(Some(grad(&[3, 4], 1, DType::F32))).unwrap();
+    let b = param(&[2, 3, 4, 5], DType::F16);
+    let gb = grad(&[2, 3, 4, 5], 2, DType::F16)
+        .to_memory_format(MemoryFormat::ChannelsLast)
+        .unwrap();
+    b.set_grad(Some(gb)).unwrap();
+    let c = param(&[5, 3], DType::BF16);
+    let gc = grad(&[4, 6], 3, DType::BF16)
+        .narrow(1, 1, 5)
+        .unwrap()
+        .narrow(0, 0, 3)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    c.set_grad(Some(gc)).unwrap();
+    let e = param(&[40_000], DType::F32);
+    e.set_grad(Some(grad(&[40_000], 4, DType::F32))).unwrap();
+    vec![a, b, c, e]
+}

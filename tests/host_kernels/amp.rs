@@ -17,6 +17,7 @@ fn unscale_kernels_match_the_cpu_bit_for_bit() {
     let sizes = [301, CHUNK + 5, 7];
     let pairs = [
         (DType::F32, DType::F32),
+        (DType::F16, DType::F16),
         (DType::BF16, DType::BF16),
         (DType::F16, DType::F32),
         (DType::BF16, DType::F32),
@@ -78,6 +79,56 @@ fn unscale_kernels_match_the_cpu_bit_for_bit() {
             }
             assert_eq!(found, want_bad as u8 as f32, "found_inf {from:?} -> {to:?}");
             assert_eq!(want_bad, poison.is_some(), "the poison is seen");
+        }
+    }
+}
+
+/// Gradient clipping's sums of squares: each chunk of a list of three gradients (short, over
+/// two chunks, short) against the CPU's f64 sum of that chunk, in every dtype.
+#[test]
+fn sum_of_squares_kernels_match_the_cpu_per_chunk() {
+    let Some(lib) = library("amp") else { return };
+    type SumSquares = unsafe extern "C" fn(UnscaleList, *mut f32) -> ();
+    let sizes = [301, CHUNK + 5, 7];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let (mut bytes, mut want) = (Vec::new(), Vec::new());
+        for (k, &n) in sizes.iter().enumerate() {
+            let g = randn(&[n], 20 + k as u64)
+                .mul(3.0)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let v = g.to_vec_f64().unwrap();
+            for c in v.chunks(CHUNK) {
+                want.push(c.iter().map(|x| x * x).sum::<f64>());
+            }
+            let gs = match &*g.storage() {
+                Storage::Cpu(s) => s.to_le_bytes(&crate::layout::Layout::contiguous(&[n])),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!("a CPU tensor"),
+            };
+            bytes.push(gs);
+        }
+        let entries: Vec<(u64, u64, usize)> = bytes
+            .iter()
+            .zip(sizes)
+            .map(|(g, n)| (g.as_ptr() as u64, 0, n))
+            .collect();
+        let list = lists(&entries)[0];
+        assert_eq!(list.chunks(), want.len());
+        let mut partial = vec![f32::NAN; want.len()];
+        let f: SumSquares = function(lib, &format!("amp_sum_squares_{}", k(dtype)));
+        let pa = super::Addr::of_mut(&mut partial);
+        super::run_grid(lib, 2, 64, || {
+            // SAFETY: each listed gradient holds its n elements; partial one value per chunk,
+            // written by thread 0 of the block that takes the chunk.
+            unsafe { f(list, pa.ptr()) }
+        });
+        for (i, (g, w)) in partial.iter().zip(&want).enumerate() {
+            assert!(
+                ((*g as f64) - w).abs() <= 1e-5 * w,
+                "{dtype:?} chunk {i}: {g} vs {w}"
+            );
         }
     }
 }

@@ -8,6 +8,26 @@ use crate::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+/// The sum of the squares of `g`'s elements, in f64: per chunk in parallel, the chunks joined
+/// in order (the same bits whatever the thread count).
+pub(crate) fn sum_squares(g: &CpuStorage) -> Result<f64> {
+    fn go<S: CpuElem>(v: &[S]) -> f64 {
+        let parts: Vec<f64> = v
+            .par_chunks(CHUNK)
+            .map(|c| {
+                c.iter()
+                    .map(|x| {
+                        let x = x.to_acc().to_f64_();
+                        x * x
+                    })
+                    .sum()
+            })
+            .collect();
+        parts.iter().sum()
+    }
+    Ok(super::map_float!("clip_grad_norm", g, v => go(v)))
+}
+
 /// The elements of `g` (in storage order) times `inv_scale`, computed in the element's
 /// arithmetic type (f32 for f32/f16/bf16) and stored as `out`, which is `g`'s dtype or f32;
 /// and whether any element of `g` is inf or NaN.

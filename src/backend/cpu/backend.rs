@@ -394,6 +394,13 @@ impl AmpOps for CpuStorage {
         }
         Ok(outs)
     }
+    fn sum_squares(grads: &[&Self]) -> Result<Self> {
+        let mut total = 0f64;
+        for g in grads {
+            total += amp::sum_squares(g)?;
+        }
+        Ok(vec![total as f32].into_storage())
+    }
     fn update_scale(
         &mut self,
         tracker: &mut Self,

@@ -45,6 +45,13 @@ pub(super) struct UnscaleList {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for UnscaleList {}
 
+impl UnscaleList {
+    /// The chunks of all its gradients: the blocks' work items.
+    pub(super) fn chunks(&self) -> usize {
+        self.chunks as usize
+    }
+}
+
 /// `(gradient, output, length)` triples in lists of at most [`LIST`], in order.
 pub(super) fn lists(entries: &[(u64, u64, usize)]) -> Vec<UnscaleList> {
     entries
@@ -69,8 +76,9 @@ pub(super) fn lists(entries: &[(u64, u64, usize)]) -> Vec<UnscaleList> {
 
 /// Every element of each gradient (in storage order) times `inv_scale`, as new storages of
 /// dtype `out` (`None`: the gradient's own); sets `found_inf` to 1 when an element is inf or
-/// NaN. One launch per dtype pair and list of [`LIST`]. Kernels exist for every pair the scaler asks for: f32 and bf16
-/// into their own dtype, and f16/bf16 into f32 (master weights); every pair is checked
+/// NaN. One launch per dtype pair and list of [`LIST`]. Kernels exist for each float dtype
+/// into its own (the scaler refuses f16 without master weights before it asks; gradient
+/// clipping scales f16 too) and f16/bf16 into f32 (master weights); every pair is checked
 /// before anything runs.
 pub(crate) fn unscale_grads(
     grads: &[&CudaStorage],
@@ -82,15 +90,20 @@ pub(crate) fn unscale_grads(
     scalar(OP, inv_scale)?;
     scalar(OP, found_inf)?;
     use DType::{BF16, F16, F32};
-    const PAIRS: [(DType, DType); 4] = [(F32, F32), (BF16, BF16), (F16, F32), (BF16, F32)];
+    const PAIRS: [(DType, DType); 5] = [
+        (F32, F32),
+        (F16, F16),
+        (BF16, BF16),
+        (F16, F32),
+        (BF16, F32),
+    ];
     let pair = |g: &CudaStorage| (g.dtype(), out.unwrap_or(g.dtype()));
     for g in grads {
         if !PAIRS.contains(&pair(g)) {
             return Err(Error::DType {
                 op: OP,
                 dtype: g.dtype(),
-                expected:
-                    "f32 or bf16 gradients unscaled into their own dtype, or f16/bf16 into f32",
+                expected: "f32, f16 or bf16 gradients into their own dtype, or f16/bf16 into f32",
             });
         }
     }
@@ -109,7 +122,7 @@ pub(crate) fn unscale_grads(
         let name = format!("amp_unscale_{}_{}", kname(OP, from)?, kname(OP, to)?);
         for list in lists(&entries) {
             // A block of 256 threads per chunk (the kernel strides past 65,535).
-            let cfg = rows_grid(list.chunks as usize);
+            let cfg = rows_grid(list.chunks());
             launch!(
                 inv_scale,
                 KernelFile::Amp,
@@ -122,6 +135,49 @@ pub(crate) fn unscale_grads(
         }
     }
     Ok(outs)
+}
+
+/// The sum of the squares of every element of every gradient, an f32 scalar: one launch per
+/// dtype and list of [`LIST`] writes each chunk's sum, and one reduction joins them in a
+/// fixed order (the same bits every run).
+pub(crate) fn sum_squares(grads: &[&CudaStorage]) -> Result<CudaStorage> {
+    const OP: &str = "clip_grad_norm";
+    let Some(first) = grads.first() else {
+        return Err(Error::invalid(OP, "no gradients to sum"));
+    };
+    use DType::{BF16, F16, F32};
+    for g in grads {
+        if !matches!(g.dtype(), F32 | F16 | BF16) {
+            return Err(Error::DType {
+                op: OP,
+                dtype: g.dtype(),
+                expected: "f32, f16 or bf16 gradients (f64 takes the per-tensor path)",
+            });
+        }
+    }
+    let chunks: usize = grads.iter().map(|g| g.len().div_ceil(CHUNK)).sum();
+    if chunks == 0 {
+        return CudaStorage::full(first.ordinal(), 0.0, 1, F32);
+    }
+    let partial = CudaStorage::alloc_on(first.rt(), F32, chunks)?;
+    let mut done = 0usize;
+    for dtype in [F32, F16, BF16] {
+        let entries: Vec<(u64, u64, usize)> = grads
+            .iter()
+            .filter(|g| g.dtype() == dtype)
+            .map(|g| (g.ptr(), 0, g.len()))
+            .collect();
+        let name = format!("amp_sum_squares_{}", kname(OP, dtype)?);
+        for list in lists(&entries) {
+            // This list's chunks write their sums after the lists before it.
+            let pp = partial.ptr_at(done);
+            let cfg = rows_grid(list.chunks());
+            launch!(first, KernelFile::Amp, name.clone(), cfg, &list, &pp);
+            done += list.chunks();
+        }
+    }
+    let l = crate::layout::Layout::contiguous(&[chunks]);
+    super::reduce::reduce(&partial, &l, &[0], crate::backend::ops::ReduceOp::Sum)
 }
 
 /// PyTorch's `_amp_update_scale_` on the device scalars `scale` and `tracker`.

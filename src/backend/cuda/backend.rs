@@ -415,6 +415,9 @@ impl AmpOps for CudaStorage {
     ) -> Result<Vec<Self>> {
         amp::unscale_grads(grads, inv_scale, found_inf, out)
     }
+    fn sum_squares(grads: &[&Self]) -> Result<Self> {
+        amp::sum_squares(grads)
+    }
     fn update_scale(
         &mut self,
         tracker: &mut Self,
