@@ -1,8 +1,9 @@
 // 2-D pooling over dense NCHW inputs, or NHWC ones (`channels_last`: outputs and input
-// gradients in the same order), src/backend/cpu/nn.rs giving the same results: max pooling with the flat in-plane index of each maximum, average pooling, and
-// adaptive average pooling. The backward kernels gather: one thread per input cell sums the
-// output cells whose window holds it, in the order the CPU adds them, so they need no atomics
-// and repeat bit for bit.
+// gradients in the same order), src/backend/cpu/pool.rs giving the same results: max pooling
+// with the flat in-plane index of each maximum, average pooling, and adaptive average
+// pooling. The backward kernels gather: one thread per input cell sums the output cells
+// whose window holds it, in the order the CPU adds them, so they need no atomics and repeat
+// bit for bit.
 
 struct PoolArgs {
     i64 planes, h, w, ho, wo;
@@ -12,24 +13,37 @@ struct PoolArgs {
     int channels_last;
 };
 
-// Where pixel k of plane pl (= n * c + channel) of planes of `pixels` sits in memory: NCHW
-// planes one after another, or NHWC with each pixel's channels side by side.
-__device__ __forceinline__ i64 at(const PoolArgs& a, i64 pl, i64 k, i64 pixels) {
-    if (!a.channels_last) return pl * pixels + k;
-    return ((pl / a.c) * pixels + k) * a.c + pl % a.c;
+// Where plane pl (= n * c + channel) of planes of `pixels` starts in memory, and the
+// distance between its pixels: NCHW planes one after another (stride 1), or NHWC with each
+// pixel's channels side by side (stride c). Found once per output or input cell, so the
+// taps need no division.
+struct PlaneAt {
+    i64 base, stride;
+};
+__device__ __forceinline__ PlaneAt plane_at(const PoolArgs& a, i64 pl, i64 pixels) {
+    if (!a.channels_last) return {pl * pixels, 1};
+    return {idiv(pl, a.c) * pixels * a.c + imod(pl, a.c), a.c};
 }
 
-// The plane and pixel at memory position i (the inverse of `at`): threads walk memory in
-// order, so a warp reads and writes neighbouring elements in either format.
+// The plane and pixel at memory position i (the inverse of plane_at): threads walk memory in
+// order, so a warp reads and writes neighbouring elements in either format. 32-bit division
+// where the sizes allow (idiv).
 __device__ __forceinline__ void plane_pixel(const PoolArgs& a, i64 i, i64 pixels, i64* pl, i64* k) {
     if (!a.channels_last) {
-        *pl = i / pixels;
-        *k = i % pixels;
+        *pl = idiv(i, pixels);
+        *k = i - *pl * pixels;
         return;
     }
-    i64 ch = i % a.c, r = i / a.c;
-    *k = r % pixels;
-    *pl = (r / pixels) * a.c + ch;
+    i64 r = idiv(i, a.c), ch = i - r * a.c;
+    i64 n = idiv(r, pixels);
+    *k = r - n * pixels;
+    *pl = n * a.c + ch;
+}
+
+// Row and column of in-plane pixel k of a plane `w` wide.
+__device__ __forceinline__ void row_col(i64 k, i64 w, i64* y, i64* x) {
+    *y = idiv(k, w);
+    *x = k - *y * w;
 }
 
 // The first output index along one axis whose window (start o*s - p, taps every d) can
@@ -37,8 +51,8 @@ __device__ __forceinline__ void plane_pixel(const PoolArgs& a, i64 i, i64 pixels
 __device__ __forceinline__ void reach(i64 i, i64 k, i64 s, i64 p, i64 d, i64 out, i64* lo, i64* hi) {
     i64 top = i + p;                  // o*s + t*d == top for some tap t in [0, k)
     i64 first = top - (k - 1) * d;    // smallest o*s
-    *lo = first <= 0 ? 0 : (first + s - 1) / s;
-    *hi = top / s;
+    *lo = first <= 0 ? 0 : idiv(first + s - 1, s);
+    *hi = idiv(top, s);
     if (*hi > out - 1) *hi = out - 1;
 }
 
@@ -48,7 +62,9 @@ __device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
     FOR_EACH(o, n) {
         i64 pl, q;
         plane_pixel(a, o, a.ho * a.wo, &pl, &q);
-        i64 ox = q % a.wo, oy = q / a.wo;
+        i64 ox, oy;
+        row_col(q, a.wo, &oy, &ox);
+        PlaneAt P = plane_at(a, pl, a.h * a.w);
         float best = -INFINITY;
         i64 bi = -1;
         for (i64 ky = 0; ky < a.kh; ky++) {
@@ -58,7 +74,7 @@ __device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
                 i64 ix = ox * a.sw + kx * a.dw - a.pw;
                 if (ix < 0 || ix >= a.w) continue;
                 i64 k = iy * a.w + ix;
-                float v = to_f32(x[at(a, pl, k, a.h * a.w)]);
+                float v = to_f32(x[P.base + k * P.stride]);
                 if (bi < 0 || v > best || (isnan(v) && !isnan(best))) { best = v; bi = k; }
             }
         }
@@ -73,13 +89,15 @@ __device__ void max_pool_backward(const T* g, const i64* idx, T* gx, PoolArgs a)
     FOR_EACH(i, n) {
         i64 pl, k, y0, y1, x0, x1;
         plane_pixel(a, i, a.h * a.w, &pl, &k);
-        i64 ix = k % a.w, iy = k / a.w;
+        i64 ix, iy;
+        row_col(k, a.w, &iy, &ix);
+        PlaneAt P = plane_at(a, pl, a.ho * a.wo);
         reach(iy, a.kh, a.sh, a.ph, a.dh, a.ho, &y0, &y1);
         reach(ix, a.kw, a.sw, a.pw, a.dw, a.wo, &x0, &x1);
         float acc = 0.0f;
         for (i64 oy = y0; oy <= y1; oy++) {
             for (i64 ox = x0; ox <= x1; ox++) {
-                i64 o = at(a, pl, oy * a.wo + ox, a.ho * a.wo);
+                i64 o = P.base + (oy * a.wo + ox) * P.stride;
                 if (idx[o] == k) acc += to_f32(g[o]);
             }
         }
@@ -111,13 +129,15 @@ __device__ void avg_pool(const T* x, T* y, PoolArgs a) {
     FOR_EACH(o, n) {
         i64 pl, q;
         plane_pixel(a, o, a.ho * a.wo, &pl, &q);
-        i64 ox = q % a.wo, oy = q / a.wo;
+        i64 ox, oy;
+        row_col(q, a.wo, &oy, &ox);
+        PlaneAt P = plane_at(a, pl, a.h * a.w);
         i64 y0, y1, fy, x0, x1, fx;
         avg_window(oy, a.kh, a.sh, a.ph, a.h, &y0, &y1, &fy);
         avg_window(ox, a.kw, a.sw, a.pw, a.w, &x0, &x1, &fx);
         float sum = 0.0f;
         for (i64 iy = y0; iy < y1; iy++)
-            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(x[at(a, pl, iy * a.w + ix, a.h * a.w)]);
+            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(x[P.base + (iy * a.w + ix) * P.stride]);
         y[o] = from_f32<T>(sum / avg_divisor(a, y0, y1, fy, x0, x1, fx));
     }
 }
@@ -128,7 +148,9 @@ __device__ void avg_pool_backward(const T* g, T* gx, PoolArgs a) {
     FOR_EACH(i, n) {
         i64 pl, k;
         plane_pixel(a, i, a.h * a.w, &pl, &k);
-        i64 ix = k % a.w, iy = k / a.w;
+        i64 ix, iy;
+        row_col(k, a.w, &iy, &ix);
+        PlaneAt P = plane_at(a, pl, a.ho * a.wo);
         i64 ylo, yhi, xlo, xhi;
         reach(iy, a.kh, a.sh, a.ph, 1, a.ho, &ylo, &yhi);
         reach(ix, a.kw, a.sw, a.pw, 1, a.wo, &xlo, &xhi);
@@ -142,7 +164,7 @@ __device__ void avg_pool_backward(const T* g, T* gx, PoolArgs a) {
                 avg_window(ox, a.kw, a.sw, a.pw, a.w, &x0, &x1, &fx);
                 if (ix < x0 || ix >= x1) continue;
                 float div = avg_divisor(a, y0, y1, fy, x0, x1, fx);
-                acc += to_f32(g[at(a, pl, oy * a.wo + ox, a.ho * a.wo)]) / div;
+                acc += to_f32(g[P.base + (oy * a.wo + ox) * P.stride]) / div;
             }
         }
         gx[i] = from_f32<T>(acc);
@@ -150,9 +172,9 @@ __device__ void avg_pool_backward(const T* g, T* gx, PoolArgs a) {
 }
 
 // Adaptive window of output o: [o*len/out, ceil((o+1)*len/out)).
-__device__ __forceinline__ i64 adaptive_start(i64 o, i64 out, i64 len) { return (o * len) / out; }
+__device__ __forceinline__ i64 adaptive_start(i64 o, i64 out, i64 len) { return idiv(o * len, out); }
 __device__ __forceinline__ i64 adaptive_end(i64 o, i64 out, i64 len) {
-    return ((o + 1) * len + out - 1) / out;
+    return idiv((o + 1) * len + out - 1, out);
 }
 
 template <typename T>
@@ -161,12 +183,14 @@ __device__ void adaptive_avg_pool(const T* x, T* y, PoolArgs a) {
     FOR_EACH(o, n) {
         i64 pl, q;
         plane_pixel(a, o, a.ho * a.wo, &pl, &q);
-        i64 ox = q % a.wo, oy = q / a.wo;
+        i64 ox, oy;
+        row_col(q, a.wo, &oy, &ox);
+        PlaneAt P = plane_at(a, pl, a.h * a.w);
         i64 y0 = adaptive_start(oy, a.ho, a.h), y1 = adaptive_end(oy, a.ho, a.h);
         i64 x0 = adaptive_start(ox, a.wo, a.w), x1 = adaptive_end(ox, a.wo, a.w);
         float sum = 0.0f;
         for (i64 iy = y0; iy < y1; iy++)
-            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(x[at(a, pl, iy * a.w + ix, a.h * a.w)]);
+            for (i64 ix = x0; ix < x1; ix++) sum += to_f32(x[P.base + (iy * a.w + ix) * P.stride]);
         y[o] = from_f32<T>(sum / (float)((y1 - y0) * (x1 - x0)));
     }
 }
@@ -177,10 +201,12 @@ __device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
     FOR_EACH(i, n) {
         i64 pl, k;
         plane_pixel(a, i, a.h * a.w, &pl, &k);
-        i64 ix = k % a.w, iy = k / a.w;
+        i64 ix, iy;
+        row_col(k, a.w, &iy, &ix);
+        PlaneAt P = plane_at(a, pl, a.ho * a.wo);
         // Outputs whose window holds iy: floor(iy*ho/h) .. ceil((iy+1)*ho/h) - 1.
-        i64 ylo = (iy * a.ho) / a.h, yhi = ((iy + 1) * a.ho + a.h - 1) / a.h - 1;
-        i64 xlo = (ix * a.wo) / a.w, xhi = ((ix + 1) * a.wo + a.w - 1) / a.w - 1;
+        i64 ylo = idiv(iy * a.ho, a.h), yhi = idiv((iy + 1) * a.ho + a.h - 1, a.h) - 1;
+        i64 xlo = idiv(ix * a.wo, a.w), xhi = idiv((ix + 1) * a.wo + a.w - 1, a.w) - 1;
         float acc = 0.0f;
         for (i64 oy = ylo; oy <= yhi && oy < a.ho; oy++) {
             i64 y0 = adaptive_start(oy, a.ho, a.h), y1 = adaptive_end(oy, a.ho, a.h);
@@ -189,7 +215,7 @@ __device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
                 i64 x0 = adaptive_start(ox, a.wo, a.w), x1 = adaptive_end(ox, a.wo, a.w);
                 if (ix < x0 || ix >= x1) continue;
                 float cnt = (float)((y1 - y0) * (x1 - x0));
-                acc += to_f32(g[at(a, pl, oy * a.wo + ox, a.ho * a.wo)]) / cnt;
+                acc += to_f32(g[P.base + (oy * a.wo + ox) * P.stride]) / cnt;
             }
         }
         gx[i] = from_f32<T>(acc);

@@ -100,14 +100,14 @@ template <typename T> struct __align__(16) Vec16 { T v[16 / sizeof(T)]; };
 __device__ __forceinline__ bool aligned16(const void* a, const void* b, const void* c) {
     return ((((u64)a) | ((u64)b) | ((u64)c)) & 15) == 0;
 }
-// a / b and a % b for non-negative operands, in unsigned 32-bit arithmetic where both fit:
-// a 64-bit division is a long software sequence on the GPU, per element more than the bytes
-// of a memory-bound pass cost.
+// a / b and a % b, in unsigned 32-bit arithmetic where both are in [0, 2^32): a 64-bit
+// division is a long software sequence on the GPU, per element more than the bytes of a
+// memory-bound pass cost. Other operands (negative ones included) take the 64-bit division.
 __device__ __forceinline__ i64 idiv(i64 a, i64 b) {
-    return (a | b) < 4294967296LL ? (i64)((u32)a / (u32)b) : a / b;
+    return (u64)(a | b) < 4294967296ULL ? (i64)((u32)a / (u32)b) : a / b;
 }
 __device__ __forceinline__ i64 imod(i64 a, i64 b) {
-    return (a | b) < 4294967296LL ? (i64)((u32)a % (u32)b) : a % b;
+    return (u64)(a | b) < 4294967296ULL ? (i64)((u32)a % (u32)b) : a % b;
 }
 // A grid-stride loop over n elements.
 #define FOR_EACH(i, n) \
