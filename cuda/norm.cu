@@ -29,14 +29,15 @@ __device__ float bn_lane_sum(float v, float (*red)[33]) {
 // Calls f(x, d) for every element of one channel's chunk in a block: `rows` runs of `inner`
 // contiguous elements, C * inner apart, the block's threads striding over them (16-byte
 // vectors when the runs allow, 32-bit index arithmetic). d is dy's element, 0 where the mask
-// (a fused ReLU's output) is <= 0 or dy is null.
+// (a fused ReLU's output) is <= 0 or dy is null; with `ob`, d is also stored there (the
+// masked gradient, laid out as dy).
 template <typename T, typename F>
 __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __restrict__ db,
-                                        const T* __restrict__ mb, i64 rows, i64 C, i64 inner,
-                                        F f) {
+                                        const T* __restrict__ mb, T* __restrict__ ob, i64 rows,
+                                        i64 C, i64 inner, F f) {
     const int V = 16 / sizeof(T);
     i64 n = rows * inner;
-    if (inner % V == 0 && aligned16(xb, db ? db : xb, mb ? mb : xb)) {
+    if (inner % V == 0 && aligned16(xb, db ? db : xb, mb ? mb : xb) && aligned16(ob ? ob : xb, xb, xb)) {
         i64 iv = inner / V;
         for (i64 j = threadIdx.x; j < n / V; j += blockDim.x) {
             i64 r = idiv(j, iv);
@@ -47,8 +48,11 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
             #pragma unroll
             for (int q = 0; q < V; ++q) {
                 bool on = db && !(mb && to_f32(mv.v[q]) <= 0.0f);
-                f(to_f32(xv.v[q]), on ? to_f32(dv.v[q]) : 0.0f);
+                float d = on ? to_f32(dv.v[q]) : 0.0f;
+                if (ob) dv.v[q] = from_f32<T>(d);
+                f(to_f32(xv.v[q]), d);
             }
+            if (ob) *reinterpret_cast<Vec16<T>*>(ob + off) = dv;
         }
         return;
     }
@@ -56,18 +60,22 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
         i64 r = idiv(j, inner);
         i64 off = r * C * inner + (j - r * inner);
         bool on = db && !(mb && to_f32(mb[off]) <= 0.0f);
-        f(to_f32(xb[off]), on ? to_f32(db[off]) : 0.0f);
+        float d = on ? to_f32(db[off]) : 0.0f;
+        if (ob) ob[off] = from_f32<T>(d);
+        f(to_f32(xb[off]), d);
     }
 }
 
 // mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
 // mode 1: part = (sum dy, sum dy (x - mean[c])). part[(k * C + c) * 2 + {0, 1}] for chunk k.
 // With `mask` (a fused ReLU's output, laid out as dy), dy counts only where mask > 0 (NaN
-// included, as threshold_backward).
+// included, as threshold_backward); with `masked` too, the masked dy is stored there, laid
+// out as dy (a residual's gradient, which the affine pass then reads instead of dy).
 template <typename T>
 __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restrict__ dy,
-                           const T* __restrict__ mask, const float* __restrict__ mean,
-                           float* __restrict__ part, i64 outer, i64 C, i64 inner, i64 chunk) {
+                           const T* __restrict__ mask, T* __restrict__ masked,
+                           const float* __restrict__ mean, float* __restrict__ part, i64 outer,
+                           i64 C, i64 inner, i64 chunk) {
     __shared__ float scratch[32];
     __shared__ float red[9][33];
     i64 chunks = (outer + chunk - 1) / chunk;
@@ -82,12 +90,13 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             const T* xb = x + (o0 * C + c) * inner;
             const T* db = dy ? dy + (o0 * C + c) * inner : 0;
             const T* mb = mask ? mask + (o0 * C + c) * inner : 0;
+            T* ob = masked ? masked + (o0 * C + c) * inner : 0;
             float m = mode == 1 ? mean[c] : 0.0f;
             float s1 = 0.0f, s2 = 0.0f;
             if (mode == 0) {
-                bn_runs(xb, db, mb, rows, C, inner, [&](float v, float) { s1 += v; });
+                bn_runs(xb, db, mb, (T*)0, rows, C, inner, [&](float v, float) { s1 += v; });
             } else {
-                bn_runs(xb, db, mb, rows, C, inner, [&](float v, float d) {
+                bn_runs(xb, db, mb, ob, rows, C, inner, [&](float v, float d) {
                     s1 += d;
                     s2 += d * (v - m);
                 });
@@ -95,7 +104,8 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             s1 = block_reduce(0, s1, scratch);
             if (mode == 0) {
                 m = s1 / (float)n;
-                bn_runs(xb, db, mb, rows, C, inner, [&](float v, float) { s2 += (v - m) * (v - m); });
+                bn_runs(xb, db, mb, (T*)0, rows, C, inner,
+                        [&](float v, float) { s2 += (v - m) * (v - m); });
             }
             s2 = block_reduce(0, s2, scratch);
             if (threadIdx.x == 0) {
@@ -117,6 +127,7 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
                         s1 += v;
                     } else {
                         float d = mask && to_f32(mask[off]) <= 0.0f ? 0.0f : to_f32(dy[off]);
+                        if (masked) masked[off] = from_f32<T>(d);
                         s1 += d;
                         s2 += d * (v - m);
                     }
@@ -379,9 +390,9 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
 
 #define BN(T)                                                                                  \
     extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy, const T* mask, \
-                                              const float* mean, float* part, i64 outer, i64 C, \
-                                              i64 inner, i64 chunk) {                          \
-        bn_partial<T>(mode, x, dy, mask, mean, part, outer, C, inner, chunk);                  \
+                                              T* masked, const float* mean, float* part,       \
+                                              i64 outer, i64 C, i64 inner, i64 chunk) {        \
+        bn_partial<T>(mode, x, dy, mask, masked, mean, part, outer, C, inner, chunk);          \
     }                                                                                          \
     extern "C" __global__ void bn_affine_##T(const T* x, const T* add, const T* mask,          \
                                              const float* coef, T* out, i64 n, i64 C,          \

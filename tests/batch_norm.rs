@@ -215,3 +215,33 @@ fn fused_batch_norm_does_not_depend_on_the_thread_count() {
         .install(f);
     assert!(pool == one, "one thread gives the pool's bits");
 }
+
+#[test]
+fn residual_in_eval_without_parameter_gradients_matches_its_definition() {
+    // Eval mode with frozen affine parameters: the backward has no sums' pass, so the masked
+    // gradient comes from ReLU's own backward.
+    for cl in [false, true] {
+        let shape = [4, 3, 5, 6];
+        let x = input(&shape, DType::F32, 0.5, 2.0, 11, cl);
+        let x64 = Tensor::from_vec(vals(&x), &shape, Device::Cpu)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap();
+        let w = input(&[3], DType::F32, 1.0, 0.5, 12, false).detach();
+        let b = input(&[3], DType::F32, 0.0, 1.0, 13, false).detach();
+        let rm = Tensor::from_vec(vec![0.3f32, -0.2, 0.1], &[3], Device::Cpu).unwrap();
+        let rv = Tensor::from_vec(vec![2.0f32, 3.0, 4.0], &[3], Device::Cpu).unwrap();
+        let g = input(&shape, DType::F64, 0.0, 1.0, 14, false);
+        let y = bn_add_relu(&x, &w, &b, Some((&rm, &rv))).unwrap();
+        let got = output_and_grads(&y, &g, &[&x]);
+        let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        let want_y = reference(&x64, &f64s(&w), &f64s(&b), Some((&f64s(&rm), &f64s(&rv))))
+            .unwrap()
+            .add(&x64)
+            .unwrap()
+            .relu()
+            .unwrap();
+        let want = output_and_grads(&want_y, &g, &[&x64]);
+        assert_outputs_close(&got, &want, 1e-5, &format!("eval, frozen, cl={cl}"));
+    }
+}

@@ -160,7 +160,7 @@ impl NormOps for CudaStorage {
             -> Result<Self>;
         fn batch_norm_grad(&self, _ld: &Layout, _x: &Self, _lx: &Layout, _s: &Self, _ls: &Layout,
             _m: crate::backend::norm::BnGrad, _r: crate::backend::norm::FusedRelu<'_, Self>)
-            -> Result<(Self, Option<(Self, Self)>)>;
+            -> Result<crate::backend::norm::BnGradOut<Self>>;
         fn channel_affine(&self, _lx: &Layout, _a: crate::backend::norm::Addend<'_, Self>, _c: &Self, _lc: &Layout,
             _r: crate::backend::norm::FusedRelu<'_, Self>) -> Result<Self>;
         fn layer_norm(&self, _lx: &Layout, _cols: usize, _w: Option<(&Self, &Layout)>,

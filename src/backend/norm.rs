@@ -19,8 +19,8 @@ pub(crate) trait NormOps: BackendStorage {
     fn batch_norm_stats(&self, lx: &Layout, p: BnForward<'_, Self>) -> Result<Self>;
     /// Batch norm's backward coefficients `[4, c]` (`[alpha | mean | gamma | beta]` for
     /// [`NormOps::channel_affine`] of `x` and `dy`) and, with sums, the weight's and bias's
-    /// gradients `sum dy xhat`, `sum dy` (`[c]` each, in the statistics dtype). `self` is
-    /// `dy`, dense in `x`'s format; `stats` the forward's `[5, c]`.
+    /// gradients `sum dy xhat`, `sum dy` (`[c]` each, in the statistics dtype); see
+    /// [`BnGradOut`]. `self` is `dy`, dense in `x`'s format; `stats` the forward's `[5, c]`.
     #[allow(clippy::too_many_arguments)]
     fn batch_norm_grad(
         &self,
@@ -31,7 +31,7 @@ pub(crate) trait NormOps: BackendStorage {
         ls: &Layout,
         mode: BnGrad,
         relu: FusedRelu<'_, Self>,
-    ) -> Result<(Self, Option<(Self, Self)>)>;
+    ) -> Result<BnGradOut<Self>>;
     /// `alpha[c] (x - center[c]) + gamma[c]` plus the [`Addend`] in `x`'s (`self`'s) dtype
     /// and dense layout, with `coef = [alpha | center | gamma | beta]` `[4, c]` in the
     /// statistics dtype; the addend shares `x`'s layout and dtype. Forward it is the output
@@ -102,6 +102,10 @@ pub(crate) enum FusedRelu<'a, S> {
     /// Backward: the output's gradient counts only where the forward's output `y` (dense in
     /// the gradient's format) is above 0, or NaN, as ReLU's own backward.
     Grad(&'a S, &'a Layout),
+    /// Backward as [`FusedRelu::Grad`], and [`NormOps::batch_norm_grad`] also returns the
+    /// masked gradient (a residual's gradient, which `relu(bn(x) + r)` passes on), written in
+    /// the pass that sums it.
+    GradKept(&'a S, &'a Layout),
 }
 
 // By hand: a derive would ask `S: Copy`, and the variants only hold references.
@@ -112,13 +116,20 @@ impl<S> Clone for FusedRelu<'_, S> {
 }
 impl<S> Copy for FusedRelu<'_, S> {}
 
+impl<'a, S> FusedRelu<'a, S> {
+    /// The forward output a backward masks with, if any.
+    pub(crate) fn mask(self) -> Option<(&'a S, &'a Layout)> {
+        match self {
+            FusedRelu::Grad(y, l) | FusedRelu::GradKept(y, l) => Some((y, l)),
+            _ => None,
+        }
+    }
+}
+
 impl<'a> FusedRelu<'a, Storage> {
     /// The storage it reads, if any.
     fn operand(&self) -> Option<&'a Storage> {
-        match *self {
-            FusedRelu::Grad(y, _) => Some(y),
-            _ => None,
-        }
+        self.mask().map(|(y, _)| y)
     }
 
     /// The same seen as backend `B`'s (the device already checked).
@@ -127,8 +138,19 @@ impl<'a> FusedRelu<'a, Storage> {
             FusedRelu::None => FusedRelu::None,
             FusedRelu::Output => FusedRelu::Output,
             FusedRelu::Grad(y, l) => FusedRelu::Grad(B::part(y), l),
+            FusedRelu::GradKept(y, l) => FusedRelu::GradKept(B::part(y), l),
         }
     }
+}
+
+/// What [`NormOps::batch_norm_grad`] gives: the coefficients `[4, c]`, the weight's and
+/// bias's gradients when the mode sums them, and the masked gradient with
+/// [`FusedRelu::GradKept`] (dense in the gradient's format, from offset 0) when the mode
+/// reads the gradient (not [`BnGrad::EvalInputOnly`]).
+pub(crate) struct BnGradOut<S> {
+    pub coef: S,
+    pub params: Option<(S, S)>,
+    pub masked: Option<S>,
 }
 
 /// What [`NormOps::channel_affine`] adds to `alpha (x - center) + gamma`: an operand in
@@ -238,15 +260,19 @@ impl Storage {
         ls: &Layout,
         mode: BnGrad,
         relu: FusedRelu<'_, Storage>,
-    ) -> Result<(Storage, Option<(Storage, Storage)>)> {
+    ) -> Result<BnGradOut<Storage>> {
         let mut all = vec![self, x, stats];
         all.extend(relu.operand());
         let device = super::common_device("batch_norm backward", &all)?;
         super::on_device!(device, B => {
             let relu = relu.part::<B>();
-            let (coef, params) = B::part(self)
+            let out = B::part(self)
                 .batch_norm_grad(ld, B::part(x), lx, B::part(stats), ls, mode, relu)?;
-            Ok((coef.wrap(), params.map(|(w, b)| (w.wrap(), b.wrap()))))
+            Ok(BnGradOut {
+                coef: out.coef.wrap(),
+                params: out.params.map(|(w, b)| (w.wrap(), b.wrap())),
+                masked: out.masked.map(|m| m.wrap()),
+            })
         })
     }
 

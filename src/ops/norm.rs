@@ -326,32 +326,45 @@ impl Tensor {
         reads.extend(read_out.as_ref());
         Ok(y.attach_saving(name, &inputs, &reads, move |dy, needs| {
             let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
-            // With a residual, the ReLU's mask is applied once, here: the masked gradient is
-            // both the residual's gradient and what batch norm's backward reads.
-            let (dy, out) = match (rdt, &out) {
-                (Some(_), Some(y)) => (relu_grad(y, &dy)?, None),
-                _ => (dy, out.clone()),
-            };
             let wants_params = needs[1..1 + nparams].iter().any(|&n| n);
             let mode = match (training, wants_params) {
                 (true, _) => BnGrad::Train,
                 (false, true) => BnGrad::EvalWithParams,
                 (false, false) => BnGrad::EvalInputOnly,
             };
+            // With a residual, the ReLU's masked gradient is both the residual's gradient and
+            // what the affine pass reads: the sums' pass writes it as it reads dy, or, in the
+            // mode without that pass, ReLU's backward makes it.
+            let keep = rdt.is_some() && out.is_some();
+            let (dy, out) = match &out {
+                Some(y) if keep && mode == BnGrad::EvalInputOnly => (relu_grad(y, &dy)?, None),
+                _ => (dy, out.clone()),
+            };
             let ys = out.as_ref().map(|y| y.storage());
-            let mask = || match (&ys, &out) {
+            let relu = match (&ys, &out) {
+                (Some(s), Some(y)) if keep => FusedRelu::GradKept(&**s, y.layout()),
                 (Some(s), Some(y)) => FusedRelu::Grad(&**s, y.layout()),
                 _ => FusedRelu::None,
             };
-            let (coef, params) = dy.storage().batch_norm_grad(
+            let g = dy.storage().batch_norm_grad(
                 dy.layout(),
                 &xs.storage(),
                 xs.layout(),
                 &stats.storage(),
                 stats.layout(),
                 mode,
-                mask(),
+                relu,
             )?;
+            let (coef, params) = (g.coef, g.params);
+            // The masked gradient lies as dy does, from its storage's start.
+            let (dy, relu) = match g.masked {
+                Some(m) => {
+                    let l = Layout::new(dy.shape().to_vec(), dy.layout().strides().to_vec(), 0);
+                    (Tensor::from_storage_in(m, l), FusedRelu::None)
+                }
+                None => (dy.clone(), relu),
+            };
+            let mask = || relu;
             let dx = match needs[0] {
                 false => None,
                 true => {

@@ -14,6 +14,7 @@ type Partial = unsafe extern "C" fn(
     *const f32,
     *const f32,
     *const f32,
+    *mut f32,
     *const f32,
     *mut f32,
     i64,
@@ -91,9 +92,13 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         // A fused ReLU's output, about half of it positive, in x's format.
         let yt = x.sub(3.0).unwrap().to_memory_format(format).unwrap();
         let ys = stored(&yt);
+        // The gradient sums' partials; with `mask`, dy counts where y > 0, and the masked dy
+        // comes back too.
         let partials = |mode: i32, mean: &[f32], mask: bool| {
             let ya = Addr::of(&ys);
             let mut part = vec![f32::NAN; chunks * c * 2];
+            let mut masked = vec![f32::NAN; if mask { xs.len() } else { 0 }];
+            let oa = Addr::of_mut(&mut masked);
             let (xa, da, ma) = (Addr::of(&xs), Addr::of(&ds), Addr::of(mean));
             let pa = Addr::of_mut(&mut part);
             // Fewer blocks than work: each block strides over (chunk, tile) pairs.
@@ -111,6 +116,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                             std::ptr::null()
                         },
                         if mask { ya.ptr() } else { std::ptr::null() },
+                        if mask { oa.ptr() } else { std::ptr::null_mut() },
                         ma.ptr(),
                         pa.ptr(),
                         i(s.outer),
@@ -124,7 +130,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                 part.iter().all(|v| v.is_finite()),
                 "{what}: every partial written"
             );
-            part
+            (part, masked)
         };
         // bn_finalize with fewer blocks than channels (the grid strides), as many threads as
         // the launcher would give these chunks.
@@ -148,7 +154,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         let (mut rm, mut rv) = (rm0.to_vec::<f32>().unwrap(), rv0.to_vec::<f32>().unwrap());
         let mut tracked = [5i64];
         let mut stats = vec![f32::NAN; 5 * c];
-        let part = partials(0, &[], false);
+        let (part, _) = partials(0, &[], false);
         let a = BnArgs {
             mode: 0,
             momentum: 0.3,
@@ -238,10 +244,10 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
             (3, BnGrad::EvalWithParams, false),
             (4, BnGrad::EvalInputOnly, false),
         ] {
-            let sums = partials(1, &stats[c..2 * c], masked);
+            let (sums, masked_dy) = partials(1, &stats[c..2 * c], masked);
             let yst = yt.storage();
             let relu = match masked {
-                true => FusedRelu::Grad(&*yst, yt.layout()),
+                true => FusedRelu::GradKept(&*yst, yt.layout()),
                 false => FusedRelu::None,
             };
             let (mut coef, mut dw, mut db) =
@@ -257,7 +263,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                 ..Default::default()
             };
             run_finalize(with_sums.then_some(&sums[..]), a);
-            let (want, params) = dy
+            let out = dy
                 .storage()
                 .batch_norm_grad(
                     dy.layout(),
@@ -269,7 +275,14 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                     relu,
                 )
                 .unwrap();
+            let (want, params) = (out.coef, out.params);
             let what = format!("{what}: backward {grad:?}, ReLU mask {masked}");
+            if masked {
+                // The masked dy in dy's storage order, as the CPU's ReLU backward gives it.
+                let want = values(out.masked.expect("kept"), xs.len());
+                assert_eq!(masked_dy, want, "{what}: the masked gradient");
+                assert!(want.contains(&0.0), "{what}: some masked off");
+            }
             near(
                 &coef,
                 &values(want, 4 * c),

@@ -9,7 +9,7 @@
 //! not depend on the number of threads.
 
 use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
-use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnGradOut, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
@@ -273,7 +273,7 @@ pub(crate) fn batch_norm_grad(
     ls: &Layout,
     mode: BnGrad,
     relu: FusedRelu<'_, CpuStorage>,
-) -> Result<(CpuStorage, Option<(CpuStorage, CpuStorage)>)> {
+) -> Result<BnGradOut<CpuStorage>> {
     let masked = relu_masked(dy, ld, relu)?;
     let (dy, ld) = masked.as_ref().map_or((dy, ld), |(d, l)| (d, l));
     let s = ChannelSplit::of_pair("batch_norm backward", ld, lx)?;
@@ -307,11 +307,16 @@ pub(crate) fn batch_norm_grad(
         let db = v[..c].to_vec();
         (stats_storage(dw, x.dtype()), stats_storage(db, x.dtype()))
     });
-    Ok((stats_storage(coef, x.dtype()), params))
+    let kept = matches!(relu, FusedRelu::GradKept(..)) && mode != BnGrad::EvalInputOnly;
+    Ok(BnGradOut {
+        coef: stats_storage(coef, x.dtype()),
+        params,
+        masked: masked.filter(|_| kept).map(|(m, _)| m),
+    })
 }
 
 /// `dy` where a fused ReLU's output `y` is above 0 (or NaN), else 0, as a dense storage in
-/// `dy`'s format (`None` without [`FusedRelu::Grad`]): what ReLU's own backward would pass on.
+/// `dy`'s format, from offset 0 (`None` without a mask): what ReLU's own backward would pass on.
 fn relu_masked(
     dy: &CpuStorage,
     ld: &Layout,
@@ -330,7 +335,7 @@ fn relu_masked(
             })
             .collect()
     }
-    let FusedRelu::Grad(y, ly) = relu else {
+    let Some((y, ly)) = relu.mask() else {
         return Ok(None);
     };
     ChannelSplit::of_pair("batch_norm backward (ReLU)", ld, ly)?;

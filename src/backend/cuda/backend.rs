@@ -242,7 +242,7 @@ impl NormOps for CudaStorage {
         ls: &Layout,
         mode: crate::backend::norm::BnGrad,
         relu: crate::backend::norm::FusedRelu<'_, Self>,
-    ) -> Result<(Self, Option<(Self, Self)>)> {
+    ) -> Result<crate::backend::norm::BnGradOut<Self>> {
         norm::batch_norm_grad(self, ld, x, lx, stats, ls, mode, relu)
     }
     fn channel_affine(

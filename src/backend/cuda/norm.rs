@@ -7,7 +7,7 @@ use super::kernels::KernelFile;
 use super::profile::elems;
 use super::storage::same_dtype;
 use super::storage::{float_kname, grid, CudaStorage, Dense};
-use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnGradOut, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -61,17 +61,23 @@ fn f32_vector<'a>(
     Ok((Dense::Owned(copy), p))
 }
 
-/// Runs `bn_partial` (mode 0 moments of x, mode 1 gradient sums): f32 partials `[chunks, c,
-/// 2]`. With `mask` (a fused ReLU's output, or 0), mode 1 counts dy only where it is > 0.
-#[allow(clippy::too_many_arguments)]
+/// The backward operands of `bn_partial` (device addresses; 0 for none): dy, a fused ReLU's
+/// output as its mask, where the masked dy goes, and the per-channel means.
+struct Sums {
+    dy: sys::CUdeviceptr,
+    mask: sys::CUdeviceptr,
+    masked: sys::CUdeviceptr,
+    mean: sys::CUdeviceptr,
+}
+
+/// Runs `bn_partial`: f32 partials `[chunks, c, 2]`, the moments of x (mode 0, `sums` None)
+/// or the gradient sums (mode 1). With a mask, dy counts only where the mask is > 0; with
+/// `masked`, the masked dy is written there too.
 fn partial(
     op: &'static str,
-    mode: i32,
     x: &CudaStorage,
     lx: &Layout,
-    dy: Option<sys::CUdeviceptr>,
-    mask: sys::CUdeviceptr,
-    mean: Option<sys::CUdeviceptr>,
+    sums: Option<Sums>,
     s: ChannelSplit,
 ) -> Result<CudaStorage> {
     let t = float_kname(op, x.dtype())?;
@@ -80,7 +86,19 @@ fn partial(
     let i = |v: usize| v as i64;
     let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk_rows(s)));
     let xp = x.ptr_at(lx.offset());
-    let (dp, mp, pp) = (dy.unwrap_or(0), mean.unwrap_or(0), part.ptr());
+    let mode = i32::from(sums.is_some());
+    let Sums {
+        dy: dp,
+        mask,
+        masked,
+        mean: mp,
+    } = sums.unwrap_or(Sums {
+        dy: 0,
+        mask: 0,
+        masked: 0,
+        mean: 0,
+    });
+    let pp = part.ptr();
     let cfg = LaunchConfig {
         grid_dim: (blocks.min(1 << 20) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -89,7 +107,7 @@ fn partial(
     // Mode 0 reads x; mode 1 reads dy and x (and the means); both write f32 partial sums.
     let n = s.outer * s.channels * s.inner;
     let planes = if mode == 1 {
-        2 + u64::from(mask != 0)
+        2 + u64::from(mask != 0) + u64::from(masked != 0)
     } else {
         1
     };
@@ -97,7 +115,8 @@ fn partial(
     let name = format!("bn_partial_{t}");
     launch!(
         bytes = bytes;
-        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &mp, &pp, &outer, &c, &inner, &chunk
+        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &masked, &mp, &pp, &outer, &c,
+        &inner, &chunk
     );
     Ok(part)
 }
@@ -215,7 +234,7 @@ pub(crate) fn batch_norm_stats(
                 }
                 a.tracked = t.ptr();
             }
-            let part = partial(op, 0, x, lx, None, 0, None, s)?;
+            let part = partial(op, x, lx, None, s)?;
             finalize(x, Some(&part), a, s)?;
         }
         BnSource::Running(m, v) => {
@@ -254,7 +273,7 @@ pub(crate) fn batch_norm_grad(
     ls: &Layout,
     mode: BnGrad,
     relu: FusedRelu<'_, CudaStorage>,
-) -> Result<(CudaStorage, Option<(CudaStorage, CudaStorage)>)> {
+) -> Result<BnGradOut<CudaStorage>> {
     let op = "batch_norm backward";
     same_dtype(op, dy, x)?;
     let s = ChannelSplit::of_pair(op, ld, lx)?;
@@ -295,21 +314,34 @@ pub(crate) fn batch_norm_grad(
     // The means are the statistics' second plane (f32); the kernel indexes dy from its own
     // first element as it indexes x.
     let mean = sp + (c * 4) as u64;
+    // The masked gradient, written by the sums' pass in dy's dense order from offset 0.
+    let masked = match (relu, mode) {
+        (FusedRelu::GradKept(..), BnGrad::Train | BnGrad::EvalWithParams) => {
+            Some(CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?)
+        }
+        _ => None,
+    };
     let part = match mode {
         BnGrad::EvalInputOnly => None,
         _ => Some(partial(
             op,
-            1,
             x,
             lx,
-            Some(dy.ptr_at(ld.offset())),
-            mask,
-            Some(mean),
+            Some(Sums {
+                dy: dy.ptr_at(ld.offset()),
+                mask,
+                masked: masked.as_ref().map_or(0, |m| m.ptr()),
+                mean,
+            }),
             s,
         )?),
     };
     finalize(x, part.as_ref(), a, s)?;
-    Ok((coef, params))
+    Ok(BnGradOut {
+        coef,
+        params,
+        masked,
+    })
 }
 
 /// `alpha[c] (x - center[c]) + gamma[c]` plus the addend (`beta[c] dy`, or a residual) in
@@ -384,7 +416,7 @@ fn relu_mask(
     ld: &Layout,
     relu: FusedRelu<'_, CudaStorage>,
 ) -> Result<sys::CUdeviceptr> {
-    let FusedRelu::Grad(y, ly) = relu else {
+    let Some((y, ly)) = relu.mask() else {
         return Ok(0);
     };
     same_dtype(op, dy, y)?;
