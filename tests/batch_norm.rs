@@ -139,12 +139,8 @@ fn bn_add_relu(
     b: &Tensor,
     eval: Option<(&Tensor, &Tensor)>,
 ) -> Result<Tensor> {
-    use mantissa::nn::{BatchNorm2d, Module, Residual, Sequential};
-    let mut bn = BatchNorm2d::new(w.numel())?;
-    (bn.weight, bn.bias) = (w.clone(), b.clone());
-    if let Some((m, v)) = eval {
-        (bn.running_mean, bn.running_var) = (m.copy()?, v.copy()?);
-    }
+    use mantissa::nn::{Module, Residual, Sequential};
+    let bn = batch_norm_module(w, b, eval)?;
     let mut block = Residual::new(Sequential::new().push(bn), None);
     block.set_training(eval.is_none());
     let y = block.forward(x)?;
@@ -153,14 +149,24 @@ fn bn_add_relu(
     Ok(y)
 }
 
-/// `Sequential [BatchNorm2d (weight w, bias b; running statistics `eval` in eval mode), ReLU]`.
-fn bn_relu(x: &Tensor, w: &Tensor, b: &Tensor, eval: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
-    use mantissa::nn::{Activation, BatchNorm2d, Module, Sequential};
-    let mut bn = BatchNorm2d::new(w.numel())?;
+/// A BatchNorm2d with weight w and bias b, and running statistics `eval` for eval mode.
+fn batch_norm_module(
+    w: &Tensor,
+    b: &Tensor,
+    eval: Option<(&Tensor, &Tensor)>,
+) -> Result<mantissa::nn::BatchNorm2d> {
+    let mut bn = mantissa::nn::BatchNorm2d::new(w.numel())?;
     (bn.weight, bn.bias) = (w.clone(), b.clone());
     if let Some((m, v)) = eval {
         (bn.running_mean, bn.running_var) = (m.copy()?, v.copy()?);
     }
+    Ok(bn)
+}
+
+/// `Sequential [BatchNorm2d (weight w, bias b; running statistics `eval` in eval mode), ReLU]`.
+fn bn_relu(x: &Tensor, w: &Tensor, b: &Tensor, eval: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    use mantissa::nn::{Activation, Module, Sequential};
+    let bn = batch_norm_module(w, b, eval)?;
     let mut net = Sequential::new().push(bn).push(Activation::Relu);
     net.set_training(eval.is_none());
     let y = net.forward(x)?;

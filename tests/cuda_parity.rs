@@ -706,6 +706,22 @@ fn indexing_stays_on_the_device() {
 /// (cat, stack, split, narrow, expand, copy_ into a strided view), masked_fill, pow, var,
 /// batch and layer norm, the losses, conv_transpose2d, the fused LSTM cell and layer, and a
 /// two-layer LSTM.
+/// A BatchNorm2d with weight `x[1]` and bias `x[2]`, its buffers on `x[0]`'s device, and the
+/// input `x[0]`, channels-last with `cl`.
+fn batch_norm_on_device(x: &[Tensor], cl: bool) -> Result<(nn::BatchNorm2d, Tensor)> {
+    let mut bn = nn::BatchNorm2d::new(x[1].numel())?;
+    let dev = x[0].device();
+    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
+    bn.running_mean = bn.running_mean.to_device(dev)?;
+    bn.running_var = bn.running_var.to_device(dev)?;
+    bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
+    let x0 = match cl {
+        true => x[0].to_memory_format(MemoryFormat::ChannelsLast)?,
+        false => x[0].clone(),
+    };
+    Ok((bn, x0))
+}
+
 #[test]
 fn composite_ops_match() {
     let Some(d) = gpu() else { return };
@@ -755,17 +771,8 @@ fn composite_ops_match() {
                 d,
                 &[img.clone(), gamma.clone(), beta.clone()],
                 |x| {
-                    use mantissa::nn::{Activation, BatchNorm2d, Sequential};
-                    let mut bn = BatchNorm2d::new(4)?;
-                    let dev = x[0].device();
-                    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
-                    bn.running_mean = bn.running_mean.to_device(dev)?;
-                    bn.running_var = bn.running_var.to_device(dev)?;
-                    bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
-                    let x0 = match cl {
-                        true => x[0].to_memory_format(MemoryFormat::ChannelsLast)?,
-                        false => x[0].clone(),
-                    };
+                    use mantissa::nn::{Activation, Sequential};
+                    let (bn, x0) = batch_norm_on_device(x, cl)?;
                     Sequential::new()
                         .push(bn)
                         .push(Activation::Relu)
@@ -784,17 +791,8 @@ fn composite_ops_match() {
                 d,
                 &[block_in.clone(), g8.clone(), b8.clone()],
                 |x| {
-                    use mantissa::nn::{BatchNorm2d, Residual, Sequential};
-                    let mut bn = BatchNorm2d::new(8)?;
-                    let dev = x[0].device();
-                    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
-                    bn.running_mean = bn.running_mean.to_device(dev)?;
-                    bn.running_var = bn.running_var.to_device(dev)?;
-                    bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
-                    let x0 = match cl {
-                        true => x[0].to_memory_format(MemoryFormat::ChannelsLast)?,
-                        false => x[0].clone(),
-                    };
+                    use mantissa::nn::{Residual, Sequential};
+                    let (bn, x0) = batch_norm_on_device(x, cl)?;
                     let y = Residual::new(Sequential::new().push(bn), None).forward(&x0)?;
                     assert_eq!(y.op_name(), Some("batch_norm_add_relu"));
                     assert_eq!(y.is_channels_last(), cl, "the block keeps the format");

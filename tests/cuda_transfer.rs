@@ -35,6 +35,16 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The runtime of CUDA device `d` with its caches (device and pinned) emptied.
+fn emptied(d: Device) -> Arc<mantissa::backend::cuda::runtime::CudaRuntime> {
+    let Device::Cuda(n) = d else {
+        unreachable!("a CUDA device")
+    };
+    let rt = runtime(n).unwrap();
+    rt.empty_cache().unwrap();
+    rt
+}
+
 fn pattern(n: usize, k: usize) -> Vec<f32> {
     (0..n)
         .map(|i| ((i * 7 + k * 13) % 1009) as f32 - 500.0)
@@ -45,10 +55,8 @@ fn pattern(n: usize, k: usize) -> Vec<f32> {
 fn staged_uploads_arrive_intact_behind_busy_work() {
     let Some(d) = gpu() else { return };
     let _one = one_at_a_time();
-    let Device::Cuda(n) = d else { unreachable!() };
-    let rt = runtime(n).unwrap();
     // No cached pinned blocks to start from, so each staging block below is a new one.
-    rt.empty_cache().unwrap();
+    let rt = emptied(d);
     let _work = busy(d);
     let before = rt.pinned_stats();
     // Two uploads of one size while the device is busy: the first one's staging block is
@@ -98,9 +106,7 @@ fn large_uploads_go_through_a_ring_of_pinned_chunks() {
     use mantissa::backend::cuda::storage::STAGE_MAX_BYTES;
     let Some(d) = gpu() else { return };
     let _one = one_at_a_time();
-    let Device::Cuda(n) = d else { unreachable!() };
-    let rt = runtime(n).unwrap();
-    rt.empty_cache().unwrap();
+    let rt = emptied(d);
     let _work = busy(d);
     // Above the whole-block limit and not a whole number of chunks: 5.5 chunks' worth of
     // f32 more than the limit.
