@@ -128,7 +128,8 @@ fn check_residual(x: &Tensor, r: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// ReLU's backward from its output `y`: `g` where `y > 0` (or NaN), else 0, in `y`'s format.
+/// ReLU's own backward from its output `y` (`g` times the derivative: 1 where `y > 0` or NaN,
+/// else 0), in `y`'s format.
 fn relu_grad(y: &Tensor, g: &Tensor) -> Result<Tensor> {
     let (s, l) =
         crate::memory_format::elementwise("relu backward", [y.layout(), g.layout()], |[ly, lg]| {

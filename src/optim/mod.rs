@@ -443,7 +443,6 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
         ));
     }
     crate::no_grad(|| {
-        let _ac = crate::amp::autocast_disabled();
         let device = params.first().map(|p| p.device()).unwrap_or_default();
         let with_grad: Vec<(&Tensor, Tensor)> = params
             .iter()
