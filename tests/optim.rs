@@ -224,7 +224,13 @@ fn clip_grad_norm_matches_f64_in_every_dtype_and_layout() {
             .map(|p| p.grad().unwrap().memory_format())
             .collect();
         let want_norm = before.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+        let held: Vec<Tensor> = params.iter().map(|p| p.grad().unwrap()).collect();
         let norm = clip_grad_norm(&params, max_norm).unwrap();
+        // In place, as PyTorch's: the held gradients are the clipped ones, except the view
+        // (parameter 2), which is copied first.
+        for (k, (p, h)) in params.iter().zip(&held).enumerate() {
+            assert_eq!(p.grad().unwrap().shares_storage(h), k != 2, "gradient {k}");
+        }
         assert_eq!(norm.dtype(), DType::F32);
         let got = norm.item().unwrap();
         assert!(

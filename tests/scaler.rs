@@ -378,13 +378,10 @@ fn a_scaled_step_reads_nothing_back_to_the_host() {
 /// Unscaling walks a gradient's storage in one pass: a channels-last gradient stays
 /// channels-last, and gradients that are views (transposed, or a part of a larger buffer)
 /// come out with the right values; bf16 gradients stay bf16, or become f32 with masters.
-#[test]
-fn unscaling_keeps_layouts_and_reads_views() {
-    let shape = [2, 3, 4, 5];
-    let n: usize = shape.iter().product();
-    let g = f32s(&shape, 5);
-    let scale = 65536.0;
-    let views: [(&str, Tensor); 4] = [
+/// Scaled gradients of `g` laid out four ways: contiguous, channels-last, transposed, and as
+/// part of a larger buffer (whose rest overflows).
+fn scaled_views(g: &Tensor, scale: f64) -> [(&'static str, Tensor); 4] {
+    [
         ("contiguous", g.mul(scale).unwrap()),
         (
             "channels-last",
@@ -412,13 +409,23 @@ fn unscaling_keeps_layouts_and_reads_views() {
                 .narrow(0, 2, 2)
                 .unwrap(),
         ),
-    ];
-    for (what, scaled) in views {
+    ]
+}
+
+#[test]
+fn unscaling_keeps_layouts_and_reads_views() {
+    let shape = [2, 3, 4, 5];
+    let n: usize = shape.iter().product();
+    let g = f32s(&shape, 5);
+    let scale = 65536.0;
+    for k in 0..4 {
         for (dtype, masters) in [
             (DType::F32, false),
             (DType::BF16, false),
             (DType::BF16, true),
         ] {
+            // Fresh gradients each time: an unscale in place changes them.
+            let (what, scaled) = scaled_views(&g, scale)[k].clone();
             let w = Tensor::zeros(&shape, dtype, Device::Cpu)
                 .unwrap()
                 .requires_grad(true)
@@ -431,7 +438,7 @@ fn unscaling_keeps_layouts_and_reads_views() {
             s.scale(&w.sum_all().unwrap()).unwrap();
             let grad = scaled.to_dtype(dtype).unwrap();
             let layout = (grad.strides().to_vec(), grad.is_channels_last());
-            w.set_grad(Some(grad)).unwrap();
+            w.set_grad(Some(grad.clone())).unwrap();
             s.unscale_(&mut opt).unwrap();
             let got = w.grad().unwrap();
             let want_dtype = if masters { DType::F32 } else { dtype };
@@ -443,6 +450,16 @@ fn unscaling_keeps_layouts_and_reads_views() {
                 vals(&want),
                 "{what} {dtype:?} masters {masters}"
             );
+            // PyTorch's unscale_ works in place: a gradient that fills its storage and keeps
+            // its dtype is the same tensor after it, unscaled wherever it is held. A view
+            // into a larger buffer (the f32 one; the bf16 cast is a tensor of its own), and
+            // master weights' f32 gradients, are new tensors.
+            let view = what == "part of a larger buffer" && dtype == DType::F32;
+            let in_place = !masters && !view;
+            assert_eq!(got.shares_storage(&grad), in_place, "{what} {dtype:?}");
+            if in_place {
+                assert_eq!(vals(&grad), vals(&want), "{what}: held gradient unscaled");
+            }
             if what != "part of a larger buffer" {
                 assert_eq!(got.strides(), &layout.0[..], "{what}: strides kept");
             }

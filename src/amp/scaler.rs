@@ -7,7 +7,6 @@
 //! pass per gradient and the update one step, as PyTorch's `_amp_*` kernels (`cuda/amp.cu` on
 //! the GPU). No step reads a value back to the host.
 
-use crate::backend::Storage;
 use crate::optim::Optimizer;
 use crate::{no_grad, DType, Device, Error, Result, Tensor};
 use std::collections::HashMap;
@@ -197,15 +196,10 @@ impl GradScaler {
             // gradients on CUDA. With fp32 master weights the unscaled gradients are written
             // in f32 (Apex O2's master gradients), so f16 gradients are fine there; else each
             // in its own dtype.
+            // In place where the gradients keep their dtype, as PyTorch's.
             let out = masters.then_some(DType::F32);
-            let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
-            let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
-            let unscaled = Tensor::write_many("GradScaler::unscale_", &[&found], |f| {
-                Storage::unscale_grads(&refs, &inv.storage(), f[0], out)
-            })?;
-            for ((p, g), u) in params.iter().zip(&grads).zip(unscaled) {
-                p.set_grad(Some(Tensor::from_storage_in(u, g.layout().clone())))?;
-            }
+            let op = "GradScaler::unscale_";
+            crate::optim::scale_grads(op, &params, &grads, &inv, &found, out)?;
             Ok(found)
         })?;
         self.per_opt.insert(key(opt), (Stage::Unscaled, found));

@@ -15,6 +15,13 @@ pub(crate) trait AmpOps: BackendStorage {
         found_inf: &mut Self,
         out: Option<DType>,
     ) -> Result<Vec<Self>>;
+    /// [`AmpOps::unscale_grads`] in place: each gradient (walked in storage order) times
+    /// `inv_scale` in its own dtype, written over itself.
+    fn unscale_grads_(
+        grads: &mut [&mut Self],
+        inv_scale: &Self,
+        found_inf: &mut Self,
+    ) -> Result<()>;
     /// The sum of the squares of every element of every gradient (each walked in storage
     /// order), accumulated in f32 or wider: a one-element f32 storage (gradient clipping's
     /// total, PyTorch's `_foreach_norm`). Needs at least one gradient.
@@ -47,6 +54,21 @@ impl Storage {
             let f = B::part_mut(found_inf);
             let outs = B::unscale_grads(&parts, B::part(inv_scale), f, out)?;
             Ok(outs.into_iter().map(|s| s.wrap()).collect())
+        })
+    }
+
+    /// See [`AmpOps::unscale_grads_`]: one pass, and no host read on CUDA.
+    pub(crate) fn unscale_grads_(
+        grads: &mut [&mut Storage],
+        inv_scale: &Storage,
+        found_inf: &mut Storage,
+    ) -> Result<()> {
+        let mut all: Vec<&Storage> = grads.iter().map(|g| &**g).collect();
+        all.extend([inv_scale, &*found_inf]);
+        let device = super::common_device("GradScaler::unscale_", &all)?;
+        super::on_device!(device, B => {
+            let mut parts: Vec<&mut B> = grads.iter_mut().map(|g| B::part_mut(g)).collect();
+            B::unscale_grads_(&mut parts, B::part(inv_scale), B::part_mut(found_inf))
         })
     }
 

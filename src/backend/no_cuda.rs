@@ -215,6 +215,9 @@ impl AmpOps for CudaStorage {
     ) -> Result<Vec<Self>> {
         match *inv {}
     }
+    fn unscale_grads_(_g: &mut [&mut Self], inv: &Self, _f: &mut Self) -> Result<()> {
+        match *inv {}
+    }
     fn sum_squares(grads: &[&Self]) -> Result<Self> {
         match *grads[0] {}
     }

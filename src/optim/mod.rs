@@ -462,19 +462,67 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
         let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
         let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
         let total = Tensor::from_storage(Storage::sum_squares(&refs)?, &[]);
+        drop(storages);
         let norm = total.sqrt()?;
         // coef = min(1, max_norm / (norm + 1e-6)), applied without reading the norm back.
         let coef = norm.add(1e-6)?.recip()?.mul(max_norm)?.minimum(1.0)?;
         // The scaler's multi-tensor pass scales them all; its overflow flag is not wanted.
         let flag = Tensor::zeros(&[], DType::F32, device)?;
-        let scaled = Tensor::write_many("clip_grad_norm", &[&flag], |f| {
-            Storage::unscale_grads(&refs, &coef.storage(), f[0], None)
-        })?;
-        for (((p, _), g), s) in with_grad.iter().zip(&grads).zip(scaled) {
-            p.set_grad(Some(Tensor::from_storage_in(s, g.layout().clone())))?;
-        }
+        let params: Vec<&Tensor> = with_grad.iter().map(|(p, _)| *p).collect();
+        scale_grads("clip_grad_norm", &params, &grads, &coef, &flag, None)?;
         Ok(norm)
     })
+}
+
+/// Multiplies the gradients `grads` of `params` (walked in storage order: see
+/// [`in_storage_order`]) by the f32 scalar `factor`, a device tensor, in one multi-tensor pass
+/// per dtype, and sets `flag` (an f32 scalar) to 1 when an element is inf or NaN. In place,
+/// as PyTorch's foreach kernels (whoever holds a gradient sees it change), where the result
+/// keeps the gradient's dtype (`out` None) and the gradient is the parameter's own and fills
+/// a storage no other listed gradient shares; the others into new gradients set on their
+/// parameters (`out` f32: master weights' gradients).
+pub(crate) fn scale_grads(
+    op: &'static str,
+    params: &[&Tensor],
+    grads: &[Tensor],
+    factor: &Tensor,
+    flag: &Tensor,
+    out: Option<DType>,
+) -> Result<()> {
+    let mut uses = std::collections::HashMap::new();
+    for g in grads {
+        *uses.entry(g.storage_addr()).or_insert(0usize) += 1;
+    }
+    let in_place = |p: &Tensor, g: &Tensor| {
+        out.is_none()
+            && p.grad().is_some_and(|h| h.shares_storage(g))
+            && g.layout().offset() == 0
+            && g.storage().len() == g.numel()
+            && uses[&g.storage_addr()] == 1
+    };
+    let (here, apart): (Vec<_>, Vec<_>) =
+        params.iter().zip(grads).partition(|(p, g)| in_place(p, g));
+    if !here.is_empty() {
+        let mut written = vec![flag];
+        written.extend(here.iter().map(|(_, g)| *g));
+        Tensor::write_many(op, &written, |w| {
+            let (flag, grads) = w.split_first_mut().expect("the flag comes first");
+            Storage::unscale_grads_(grads, &factor.storage(), flag)
+        })?;
+    }
+    if apart.is_empty() {
+        return Ok(());
+    }
+    let storages: Vec<_> = apart.iter().map(|(_, g)| g.storage()).collect();
+    let srefs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
+    let scaled = Tensor::write_many(op, &[flag], |f| {
+        Storage::unscale_grads(&srefs, &factor.storage(), f[0], out)
+    })?;
+    drop(storages);
+    for ((p, g), s) in apart.iter().zip(scaled) {
+        p.set_grad(Some(Tensor::from_storage_in(s, g.layout().clone())))?;
+    }
+    Ok(())
 }
 
 /// [`clip_grad_norm`] a gradient at a time, for dtypes the multi-tensor passes do not take.

@@ -189,6 +189,11 @@ impl Tensor {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
     }
 
+    /// The address of this tensor's storage: equal for tensors that share one.
+    pub(crate) fn storage_addr(&self) -> usize {
+        Arc::as_ptr(&self.0.storage) as *const () as usize
+    }
+
     /// Whether gradients flow to or through this tensor.
     pub fn is_requires_grad(&self) -> bool {
         self.0.node.is_some() || self.0.requires_grad.load(Ordering::Relaxed)
@@ -384,10 +389,7 @@ impl Tensor {
     ) -> Result<R> {
         // One pass over the storages' addresses (an optimizer step writes hundreds).
         let mut seen = std::collections::HashSet::with_capacity(tensors.len());
-        if !tensors
-            .iter()
-            .all(|t| seen.insert(Arc::as_ptr(&t.0.storage)))
-        {
+        if !tensors.iter().all(|t| seen.insert(t.storage_addr())) {
             return Err(Error::invalid(
                 op,
                 "the same storage appears twice among the written tensors",

@@ -69,6 +69,38 @@ pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(Cpu
     })
 }
 
+/// [`unscale`] in place, in `g`'s own dtype (the same products, rounded once); whether any
+/// element was inf or NaN.
+pub(crate) fn unscale_in_place(g: &mut CpuStorage, inv_scale: f32) -> Result<bool> {
+    fn go<S: CpuElem>(v: &mut [S], inv: f32) -> bool {
+        let inv = <S::Acc as Float>::from_f64_(inv as f64);
+        v.par_chunks_mut(CHUNK)
+            .map(|c| {
+                let mut bad = false;
+                for s in c.iter_mut() {
+                    let x = s.to_acc();
+                    bad |= !num_traits::Float::is_finite(x);
+                    *s = S::from_f64((x * inv).to_f64_());
+                }
+                bad
+            })
+            .reduce(|| false, |a, b| a | b)
+    }
+    Ok(match g {
+        CpuStorage::F32(v) => go(v, inv_scale),
+        CpuStorage::F16(v) => go(v, inv_scale),
+        CpuStorage::BF16(v) => go(v, inv_scale),
+        CpuStorage::F64(v) => go(v, inv_scale),
+        g => {
+            return Err(Error::DType {
+                op: "GradScaler::unscale_",
+                dtype: g.dtype(),
+                expected: "a float gradient",
+            })
+        }
+    })
+}
+
 /// PyTorch's `_amp_update_scale_`: back off and restart the count after an overflow; else
 /// count a clean step and, every `interval` of them, grow the scale (kept only when finite).
 pub(crate) fn update_scale(

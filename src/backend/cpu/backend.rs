@@ -394,6 +394,23 @@ impl AmpOps for CpuStorage {
         }
         Ok(outs)
     }
+    fn unscale_grads_(
+        grads: &mut [&mut Self],
+        inv_scale: &Self,
+        found_inf: &mut Self,
+    ) -> Result<()> {
+        const OP: &str = "GradScaler::unscale_";
+        let inv = amp::scalar_f32(inv_scale, OP)?;
+        amp::scalar_f32(found_inf, OP)?;
+        let mut any_bad = false;
+        for g in grads.iter_mut() {
+            any_bad |= amp::unscale_in_place(g, inv)?;
+        }
+        if any_bad {
+            *found_inf = vec![1.0f32].into_storage();
+        }
+        Ok(())
+    }
     fn sum_squares(grads: &[&Self]) -> Result<Self> {
         let mut total = 0f64;
         for g in grads {

@@ -111,16 +111,67 @@ pub(crate) fn unscale_grads(
         .iter()
         .map(|g| CudaStorage::alloc_on(g.rt(), pair(g).1, g.len()))
         .collect::<Result<Vec<_>>>()?;
+    let entries: Vec<_> = grads
+        .iter()
+        .zip(&outs)
+        .map(|(g, o)| ((g.ptr(), o.ptr(), g.len()), pair(g)))
+        .collect();
+    launch_unscale(&entries, inv_scale, found_inf)?;
+    Ok(outs)
+}
+
+/// [`unscale_grads`] in place: each gradient's output is itself (the kernels allow it), in
+/// its own dtype.
+pub(crate) fn unscale_grads_(
+    grads: &[&CudaStorage],
+    inv_scale: &CudaStorage,
+    found_inf: &CudaStorage,
+) -> Result<()> {
+    const OP: &str = "GradScaler::unscale_";
+    scalar(OP, inv_scale)?;
+    scalar(OP, found_inf)?;
+    for g in grads {
+        if !matches!(g.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+            return Err(Error::DType {
+                op: OP,
+                dtype: g.dtype(),
+                expected: "f32, f16 or bf16 gradients",
+            });
+        }
+    }
+    let entries: Vec<_> = grads
+        .iter()
+        .map(|g| ((g.ptr(), g.ptr(), g.len()), (g.dtype(), g.dtype())))
+        .collect();
+    launch_unscale(&entries, inv_scale, found_inf)
+}
+
+/// One gradient of an unscale launch: `(gradient, output, length)` and `(from, to)` dtypes.
+type UnscaleEntry = ((u64, u64, usize), (DType, DType));
+
+/// The unscale launches of `entries` (their dtypes checked by the caller): one per dtype
+/// pair and list of [`LIST`], in order.
+fn launch_unscale(
+    entries: &[UnscaleEntry],
+    inv_scale: &CudaStorage,
+    found_inf: &CudaStorage,
+) -> Result<()> {
+    const OP: &str = "GradScaler::unscale_";
     let (ip, fp) = (inv_scale.ptr(), found_inf.ptr());
-    for (from, to) in PAIRS {
-        let entries: Vec<(u64, u64, usize)> = grads
+    let mut pairs: Vec<(DType, DType)> = Vec::new();
+    for (_, p) in entries {
+        if !pairs.contains(p) {
+            pairs.push(*p);
+        }
+    }
+    for (from, to) in pairs {
+        let these: Vec<(u64, u64, usize)> = entries
             .iter()
-            .zip(&outs)
-            .filter(|(g, _)| pair(g) == (from, to))
-            .map(|(g, o)| (g.ptr(), o.ptr(), g.len()))
+            .filter(|(_, p)| *p == (from, to))
+            .map(|(e, _)| *e)
             .collect();
         let name = format!("amp_unscale_{}_{}", kname(OP, from)?, kname(OP, to)?);
-        for list in lists(&entries) {
+        for list in lists(&these) {
             // A block of 256 threads per chunk (the kernel strides past 65,535).
             let cfg = rows_grid(list.chunks());
             launch!(
@@ -134,7 +185,7 @@ pub(crate) fn unscale_grads(
             );
         }
     }
-    Ok(outs)
+    Ok(())
 }
 
 /// The sum of the squares of every element of every gradient, an f32 scalar: one launch per

@@ -415,6 +415,14 @@ impl AmpOps for CudaStorage {
     ) -> Result<Vec<Self>> {
         amp::unscale_grads(grads, inv_scale, found_inf, out)
     }
+    fn unscale_grads_(
+        grads: &mut [&mut Self],
+        inv_scale: &Self,
+        found_inf: &mut Self,
+    ) -> Result<()> {
+        let grads: Vec<&Self> = grads.iter().map(|g| &**g).collect();
+        amp::unscale_grads_(&grads, inv_scale, found_inf)
+    }
     fn sum_squares(grads: &[&Self]) -> Result<Self> {
         amp::sum_squares(grads)
     }
