@@ -192,7 +192,8 @@ pub(crate) fn staged(rt: &Arc<CudaRuntime>, bytes: &[u8]) -> Result<PinnedBuffer
     Ok(buf)
 }
 
-/// Bytes of one staging chunk of a large upload ([`upload_chunked`]).
+/// Bytes of one staging chunk of an upload from ordinary memory above
+/// [`STAGE_MAX_BYTES`](super::storage::STAGE_MAX_BYTES), which goes through a ring of them.
 pub const STAGE_CHUNK_BYTES: usize = 16 << 20;
 /// Staging chunks in flight at once: the pinned memory a large upload holds is
 /// `STAGE_RING * STAGE_CHUNK_BYTES`, whatever its size.
