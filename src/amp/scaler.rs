@@ -193,10 +193,9 @@ impl GradScaler {
             }
             // One fused pass over every gradient (PyTorch's
             // _amp_foreach_non_finite_check_and_unscale_): one launch per dtype and list of
-            // gradients on CUDA. With fp32 master weights the unscaled gradients are written
-            // in f32 (Apex O2's master gradients), so f16 gradients are fine there; else each
-            // in its own dtype.
-            // In place where the gradients keep their dtype, as PyTorch's.
+            // gradients on CUDA, in place as PyTorch's. With fp32 master weights the unscaled
+            // gradients are new f32 ones (Apex O2's master gradients), so f16 gradients are
+            // fine there.
             let out = masters.then_some(DType::F32);
             let op = "GradScaler::unscale_";
             crate::optim::scale_grads(op, &params, &grads, &inv, &found, out)?;

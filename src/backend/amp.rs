@@ -6,14 +6,14 @@ use crate::{DType, Result};
 /// PyTorch's two AMP kernels, on f32 scalar storages of the backend.
 pub(crate) trait AmpOps: BackendStorage {
     /// `_amp_foreach_non_finite_check_and_unscale_` (each gradient walked in storage order):
-    /// every element times `inv_scale`, stored as `out` (f32; `None`: each gradient's own
-    /// dtype) in the same order, one new storage per gradient; `found_inf` becomes 1 when an element is inf
+    /// every element times `inv_scale`, stored as `out` (the gradient's dtype or f32) in the
+    /// same order, one new storage per gradient; `found_inf` becomes 1 when an element is inf
     /// or NaN and is left as it is otherwise.
     fn unscale_grads(
         grads: &[&Self],
         inv_scale: &Self,
         found_inf: &mut Self,
-        out: Option<DType>,
+        out: DType,
     ) -> Result<Vec<Self>>;
     /// [`AmpOps::unscale_grads`] in place: each gradient (walked in storage order) times
     /// `inv_scale` in its own dtype, written over itself.
@@ -44,7 +44,7 @@ impl Storage {
         grads: &[&Storage],
         inv_scale: &Storage,
         found_inf: &mut Storage,
-        out: Option<DType>,
+        out: DType,
     ) -> Result<Vec<Storage>> {
         let mut all = grads.to_vec();
         all.extend([inv_scale, &*found_inf]);

@@ -207,12 +207,7 @@ impl OptimOps for CudaStorage {
 }
 
 impl AmpOps for CudaStorage {
-    fn unscale_grads(
-        _g: &[&Self],
-        inv: &Self,
-        _f: &mut Self,
-        _out: Option<DType>,
-    ) -> Result<Vec<Self>> {
+    fn unscale_grads(_g: &[&Self], inv: &Self, _f: &mut Self, _out: DType) -> Result<Vec<Self>> {
         match *inv {}
     }
     fn unscale_grads_(_g: &mut [&mut Self], inv: &Self, _f: &mut Self) -> Result<()> {

@@ -474,13 +474,13 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
     })
 }
 
-/// Multiplies the gradients `grads` of `params` (walked in storage order: see
+/// Multiplies the gradients `grads` of `params` (each filling its storage: see
 /// [`in_storage_order`]) by the f32 scalar `factor`, a device tensor, in one multi-tensor pass
 /// per dtype, and sets `flag` (an f32 scalar) to 1 when an element is inf or NaN. In place,
-/// as PyTorch's foreach kernels (whoever holds a gradient sees it change), where the result
-/// keeps the gradient's dtype (`out` None) and the gradient is the parameter's own and fills
-/// a storage no other listed gradient shares; the others into new gradients set on their
-/// parameters (`out` f32: master weights' gradients).
+/// as PyTorch's foreach kernels: whoever holds a gradient sees it change. A gradient that is
+/// not its parameter's own (`in_storage_order` copied it), or whose storage another listed
+/// gradient shares, is scaled as a copy of its own that becomes the parameter's gradient.
+/// With `out` (master weights: f32), every gradient becomes a new one of that dtype.
 pub(crate) fn scale_grads(
     op: &'static str,
     params: &[&Tensor],
@@ -489,40 +489,36 @@ pub(crate) fn scale_grads(
     flag: &Tensor,
     out: Option<DType>,
 ) -> Result<()> {
-    let mut uses = std::collections::HashMap::new();
-    for g in grads {
-        *uses.entry(g.storage_addr()).or_insert(0usize) += 1;
-    }
-    let in_place = |p: &Tensor, g: &Tensor| {
-        out.is_none()
-            && p.grad().is_some_and(|h| h.shares_storage(g))
-            && g.layout().offset() == 0
-            && g.storage().len() == g.numel()
-            && uses[&g.storage_addr()] == 1
-    };
-    let (here, apart): (Vec<_>, Vec<_>) =
-        params.iter().zip(grads).partition(|(p, g)| in_place(p, g));
-    if !here.is_empty() {
-        let mut written = vec![flag];
-        written.extend(here.iter().map(|(_, g)| *g));
-        Tensor::write_many(op, &written, |w| {
-            let (flag, grads) = w.split_first_mut().expect("the flag comes first");
-            Storage::unscale_grads_(grads, &factor.storage(), flag)
+    if let Some(out) = out {
+        let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
+        let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
+        let scaled = Tensor::write_many(op, &[flag], |f| {
+            Storage::unscale_grads(&refs, &factor.storage(), f[0], out)
         })?;
-    }
-    if apart.is_empty() {
+        drop(storages);
+        for ((p, g), s) in params.iter().zip(grads).zip(scaled) {
+            p.set_grad(Some(Tensor::from_storage_in(s, g.layout().clone())))?;
+        }
         return Ok(());
     }
-    let storages: Vec<_> = apart.iter().map(|(_, g)| g.storage()).collect();
-    let srefs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
-    let scaled = Tensor::write_many(op, &[flag], |f| {
-        Storage::unscale_grads(&srefs, &factor.storage(), f[0], out)
-    })?;
-    drop(storages);
-    for ((p, g), s) in apart.iter().zip(scaled) {
-        p.set_grad(Some(Tensor::from_storage_in(s, g.layout().clone())))?;
+    let mut seen = std::collections::HashSet::with_capacity(grads.len());
+    let mut owned = Vec::with_capacity(grads.len());
+    for (p, g) in params.iter().zip(grads) {
+        let g = match seen.insert(g.storage_addr()) {
+            true => g.clone(),
+            false => Tensor::from_storage_in(g.storage().try_clone()?, g.layout().clone()),
+        };
+        if !p.grad().is_some_and(|h| h.shares_storage(&g)) {
+            p.set_grad(Some(g.clone()))?;
+        }
+        owned.push(g);
     }
-    Ok(())
+    let mut written = vec![flag];
+    written.extend(&owned);
+    Tensor::write_many(op, &written, |w| {
+        let (flag, grads) = w.split_first_mut().expect("the flag comes first");
+        Storage::unscale_grads_(grads, &factor.storage(), flag)
+    })
 }
 
 /// [`clip_grad_norm`] a gradient at a time, for dtypes the multi-tensor passes do not take.

@@ -377,7 +377,7 @@ impl AmpOps for CpuStorage {
         grads: &[&Self],
         inv_scale: &Self,
         found_inf: &mut Self,
-        out: Option<DType>,
+        out: DType,
     ) -> Result<Vec<Self>> {
         const OP: &str = "GradScaler::unscale_";
         let inv = amp::scalar_f32(inv_scale, OP)?;
@@ -385,7 +385,7 @@ impl AmpOps for CpuStorage {
         let mut outs = Vec::with_capacity(grads.len());
         let mut any_bad = false;
         for g in grads {
-            let (o, bad) = amp::unscale(g, inv, out.unwrap_or(g.dtype()))?;
+            let (o, bad) = amp::unscale(g, inv, out)?;
             outs.push(o);
             any_bad |= bad;
         }

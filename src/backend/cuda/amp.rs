@@ -75,16 +75,15 @@ pub(super) fn lists(entries: &[(u64, u64, usize)]) -> Vec<UnscaleList> {
 }
 
 /// Every element of each gradient (in storage order) times `inv_scale`, as new storages of
-/// dtype `out` (`None`: the gradient's own); sets `found_inf` to 1 when an element is inf or
-/// NaN. One launch per dtype pair and list of [`LIST`]. Kernels exist for each float dtype
-/// into its own (the scaler refuses f16 without master weights before it asks; gradient
-/// clipping scales f16 too) and f16/bf16 into f32 (master weights); every pair is checked
-/// before anything runs.
+/// dtype `out`; sets `found_inf` to 1 when an element is inf or NaN. One launch per dtype
+/// pair and list of [`LIST`]. Kernels exist for each float dtype into its own (the in-place
+/// pass, [`unscale_grads_`], uses them too) and f16/bf16 into f32 (master weights); every
+/// pair is checked before anything runs.
 pub(crate) fn unscale_grads(
     grads: &[&CudaStorage],
     inv_scale: &CudaStorage,
     found_inf: &CudaStorage,
-    out: Option<DType>,
+    out: DType,
 ) -> Result<Vec<CudaStorage>> {
     const OP: &str = "GradScaler::unscale_";
     scalar(OP, inv_scale)?;
@@ -97,7 +96,7 @@ pub(crate) fn unscale_grads(
         (F16, F32),
         (BF16, F32),
     ];
-    let pair = |g: &CudaStorage| (g.dtype(), out.unwrap_or(g.dtype()));
+    let pair = |g: &CudaStorage| (g.dtype(), out);
     for g in grads {
         if !PAIRS.contains(&pair(g)) {
             return Err(Error::DType {

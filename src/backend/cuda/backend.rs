@@ -411,7 +411,7 @@ impl AmpOps for CudaStorage {
         grads: &[&Self],
         inv_scale: &Self,
         found_inf: &mut Self,
-        out: Option<DType>,
+        out: DType,
     ) -> Result<Vec<Self>> {
         amp::unscale_grads(grads, inv_scale, found_inf, out)
     }

@@ -200,7 +200,7 @@ pub const STAGE_CHUNK_BYTES: usize = 16 << 20;
 pub const STAGE_RING: usize = 4;
 
 /// Uploads `bytes` to device address `dst` on `stream` through a ring of [`STAGE_RING`]
-/// pinned chunks of `chunk` bytes from `rt`'s pool: the host copies chunk k + 1 while the
+/// pinned chunks of [`STAGE_CHUNK_BYTES`] from `rt`'s pool: the host copies chunk k + 1 while the
 /// DMA of chunk k runs, and waits only when a ring slot's previous DMA has not run yet. The
 /// driver's own path for ordinary (pageable) memory stages through a small buffer of its own
 /// and copies and transfers in turn. `Err(OutOfMemory)` before anything is queued when the
@@ -209,10 +209,9 @@ pub(crate) fn upload_chunked(
     rt: &Arc<CudaRuntime>,
     bytes: &[u8],
     dst: sys::CUdeviceptr,
-    chunk: usize,
     stream: &Arc<CudaStream>,
 ) -> Result<()> {
-    let chunk = chunk.clamp(1, bytes.len().max(1));
+    let chunk = STAGE_CHUNK_BYTES.min(bytes.len().max(1));
     let slots = bytes.len().div_ceil(chunk).clamp(1, STAGE_RING);
     let mut ring = (0..slots)
         .map(|_| rt.pinned_buffer(chunk))

@@ -261,8 +261,7 @@ impl CudaStorage {
             super::pinned::staged(&rt, bytes)
                 .and_then(|mut staging| staging.upload(out.ptr(), bytes.len(), rt.stream()))
         } else {
-            let chunk = super::pinned::STAGE_CHUNK_BYTES;
-            super::pinned::upload_chunked(&rt, bytes, out.ptr(), chunk, rt.stream())
+            super::pinned::upload_chunked(&rt, bytes, out.ptr(), rt.stream())
         };
         match staged {
             Ok(()) => return Ok(out),
