@@ -1,5 +1,5 @@
 //! The batch-size finder: on a CUDA device (the emulated one in CI, its memory capped with
-//! `MANTISSA_EMU_MEM_BYTES`) the size it returns runs and twice it does not; on the CPU, the
+//! `MANTISSA_EMU_MEM_BYTES`) the size it returns runs and the next one does not; on the CPU, the
 //! trial step leaves the model and optimizer as it found them.
 
 mod common;
@@ -34,7 +34,7 @@ fn snapshot(m: &dyn Module) -> Vec<(String, Vec<u8>)> {
 }
 
 #[test]
-fn the_found_size_runs_and_twice_it_does_not() {
+fn the_found_size_runs_and_the_next_does_not() {
     let Some(dev) = gpu() else { return };
     if emulated(dev) && std::env::var_os("MANTISSA_EMU_MEM_BYTES").is_none() {
         eprintln!("skipped: the emulated device needs MANTISSA_EMU_MEM_BYTES (a small cap)");
@@ -65,10 +65,18 @@ fn the_found_size_runs_and_twice_it_does_not() {
     assert_eq!(smallest_bad, Some(size + 1), "bisected to the last sample");
     memory::empty_cache(dev).unwrap();
     trial(size).unwrap();
-    memory::empty_cache(dev).unwrap();
-    match trial(2 * size) {
-        Err(Error::OutOfMemory { .. }) => {}
-        other => panic!("twice the size: {other:?}"),
+    // Near the device's capacity the memory a step takes is not monotone in the batch size:
+    // the caching allocator carves requests up to 1 MiB from 2 MiB segments that long-lived
+    // blocks pin (PyTorch's allocator behaves alike), so on an 8 MiB device a larger batch,
+    // whose input has a segment of its own, may fit where the next size up did not. What the
+    // finder promises is that the found size runs and the next one, tried the same way, does
+    // not; and neither does four times the size (its input alone is near half the device).
+    for b in [size + 1, 4 * size] {
+        memory::empty_cache(dev).unwrap();
+        match trial(b) {
+            Err(Error::OutOfMemory { .. }) => {}
+            other => panic!("{b} samples: {other:?}"),
+        }
     }
     // The trials left the parameters, the dropout stream and the gradients as they were.
     assert_eq!(snapshot(&net), before);

@@ -396,10 +396,10 @@ fn device_memory_at_peak_names_the_ops_holding_it() {
     );
     assert_eq!(by.values().sum::<usize>(), m.peak_allocated);
     assert_eq!(by.get(profiler::OUTSIDE_OPS).copied().unwrap_or(0), before);
-    // The allocator's block of a request: its size class, or the exact size without caching.
+    // The allocator's block of a request: rounded to 512 bytes, or the exact size without caching.
     let caching = std::env::var_os("MANTISSA_NO_CUDA_MEMORY_CACHING").is_none_or(|v| v != "1");
-    let size_class = |b: usize| match caching {
-        true => mantissa::backend::caching::size_class(b),
+    let block = |b: usize| match caching {
+        true => mantissa::backend::caching::block_size(b).unwrap(),
         false => b,
     };
     // Blocks belong to the op the user called. relu holds its output (its backward reads it);
@@ -407,10 +407,10 @@ fn device_memory_at_peak_names_the_ops_holding_it() {
     // output instead), so conv2d holds nothing: its output before the bias and any workspace
     // are gone too. max_pool2d holds its output and indices; `zeros` (a `full`) the large
     // tensor.
-    assert_eq!(by["relu"], size_class(2 * 4 * 10 * 10 * 4));
+    assert_eq!(by["relu"], block(2 * 4 * 10 * 10 * 4));
     assert!(!by.contains_key("conv2d"), "{by:?}");
-    assert!(by["max_pool2d"] >= 2 * size_class(2 * 4 * 5 * 5 * 4));
-    assert!(by["full"] >= size_class(4 << 18));
+    assert!(by["max_pool2d"] >= 2 * block(2 * 4 * 5 * 5 * 4));
+    assert!(by["full"] >= block(4 << 18));
     drop(held);
     // A whole step (forward, backward, SGD): the profile's peak is the allocator's, and the
     // ops' shares add up to it.

@@ -111,7 +111,7 @@ pub struct StepStat {
 #[non_exhaustive]
 pub struct MemoryAtPeak {
     pub device: Device,
-    /// The allocator's allocated bytes at the peak (size classes, as it counts them).
+    /// The allocator's allocated bytes at the peak (block sizes, as it counts them).
     pub peak_allocated: usize,
     /// The step the peak fell in.
     pub step: usize,

@@ -22,24 +22,22 @@ pub struct PinnedMemory {
 }
 
 impl RawMemory for PinnedMemory {
-    type Ptr = usize;
-
-    fn alloc(&mut self, bytes: usize) -> std::result::Result<usize, String> {
+    fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {
         self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
         // Portable: usable by every context. Not write-combined: the host reads these blocks
         // too (a loader's batches), and write-combined memory is slow to read.
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: the context is current on this thread; the block is freed by `free`.
         unsafe { result::malloc_host(bytes, flags) }
-            .map(|p| p as usize)
+            .map(|p| p as usize as u64)
             .map_err(|e| e.to_string())
     }
 
-    fn free(&mut self, ptr: usize) {
+    fn free(&mut self, ptr: u64) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: `ptr` came from `alloc`, and the pool frees it once, after the fences
             // of the copies that read it.
-            let _ = unsafe { result::free_host(ptr as *mut c_void) };
+            let _ = unsafe { result::free_host(ptr as usize as *mut c_void) };
         }
     }
 }

@@ -22,15 +22,13 @@ pub struct DriverMemory {
 }
 
 impl RawMemory for DriverMemory {
-    type Ptr = sys::CUdeviceptr;
-
-    fn alloc(&mut self, bytes: usize) -> std::result::Result<Self::Ptr, String> {
+    fn alloc(&mut self, bytes: usize) -> std::result::Result<sys::CUdeviceptr, String> {
         self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
         // SAFETY: the context is current on this thread; the block is freed by `free`.
         unsafe { result::malloc_sync(bytes) }.map_err(|e| e.to_string())
     }
 
-    fn free(&mut self, ptr: Self::Ptr) {
+    fn free(&mut self, ptr: sys::CUdeviceptr) {
         // A failure here leaves the block to the driver's teardown; there is nothing better
         // to do with it, and the error is sticky, so the next checked call reports it.
         if self.ctx.bind_to_thread().is_ok() {
@@ -249,7 +247,8 @@ impl CudaRuntime {
     /// released.
     pub fn pinned_buffer(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuffer> {
         let (ptr, _) = lock(&self.pinned).alloc(bytes.max(1), 0)?;
-        Ok(PinnedBuffer::new(self.clone(), ptr, bytes))
+        // The pool's addresses are the host pointers `PinnedMemory::alloc` made into u64s.
+        Ok(PinnedBuffer::new(self.clone(), ptr as usize, bytes))
     }
 
     /// Returns a pinned block, after `fence` when a copy may still read it.
@@ -258,8 +257,8 @@ impl CudaRuntime {
         // Both fail only for a block that is not live, which a PinnedBuffer's single drop
         // rules out.
         let _ = match fence {
-            Some(f) => pool.free_after(ptr, f),
-            None => pool.free(ptr),
+            Some(f) => pool.free_after(ptr as u64, f),
+            None => pool.free(ptr as u64),
         };
     }
 
