@@ -4,8 +4,9 @@
 // inner = 1. Statistics and coefficients are f32; partial results are combined in f64.
 //
 // The reductions run in two kernels: bn_partial_T reduces one chunk of `chunk` outer rows per
-// block, for one channel (inner > 1: threads along the contiguous runs) or for 32 channels
-// (inner == 1: each warp reads 32 adjacent channels of a row), and bn_finalize joins the
+// block, for one channel (inner > 1: threads along the contiguous runs), for tg groups of 16-byte
+// vectors of channels (inner == 1 with tg > 0: bn_partial_vec) or for 32 channels (inner == 1
+// otherwise: each warp reads 32 adjacent channels of a row), and bn_finalize joins the
 // chunks, one block per channel, and finishes the per-channel bookkeeping in the same launch.
 // No atomics: the result does not depend on timing.
 // Blocks are a multiple of 32 threads, at most 256 (the launcher uses 256).
@@ -66,6 +67,97 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
     }
 }
 
+// bn_partial's channels-last path in 16-byte vectors (inner == 1, C % V == 0, every pointer
+// 16-byte aligned; tg divides blockDim <= 256 and tg V <= blockDim). A tile is tg groups of V adjacent
+// channels; thread (g = tid % tg, lane row = tid / tg) reads group g of rows lr, lr + R, ...
+// (R = blockDim / tg), so a warp reads 32 / tg whole rows of its tile, one contiguous run.
+// Mode 0 makes one pass: the sums are shifted by the chunk's first row (K), which all threads
+// of a channel share, so that the chunk's mean is K + S1 / n and its sum of squared deviations
+// S2 - S1^2 / n without the cancellation of unshifted sums. The threads' sums are joined in
+// shared memory in a fixed order.
+template <typename T>
+__device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __restrict__ dy,
+                               const T* __restrict__ mask, T* __restrict__ masked,
+                               const float* __restrict__ mean, float* __restrict__ part,
+                               i64 outer, i64 C, i64 chunk, int tg) {
+    const int V = 16 / sizeof(T);
+    __shared__ float red[2][256][9];
+    int g = threadIdx.x % tg, lr = threadIdx.x / tg, R = blockDim.x / tg;
+    i64 groups = C / V, tiles = (groups + tg - 1) / tg;
+    i64 chunks = (outer + chunk - 1) / chunk;
+    for (i64 b = blockIdx.x; b < chunks * tiles; b += gridDim.x) {
+        i64 k = b / tiles, t = b % tiles;
+        i64 o0 = k * chunk;
+        int rows = (int)(outer - o0 < chunk ? outer - o0 : chunk);
+        i64 grp = t * tg + g;
+        float s1[V], s2[V], m[V];
+        #pragma unroll
+        for (int q = 0; q < V; ++q) s1[q] = s2[q] = m[q] = 0.0f;
+        if (grp < groups) {
+            i64 c0 = grp * V;
+            // Mode 0: the shift K, the chunk's first row; mode 1: the channels' means.
+            if (mode == 0) {
+                Vec16<T> kv = *reinterpret_cast<const Vec16<T>*>(x + o0 * C + c0);
+                #pragma unroll
+                for (int q = 0; q < V; ++q) m[q] = to_f32(kv.v[q]);
+            } else {
+                #pragma unroll
+                for (int q = 0; q < V; ++q) m[q] = mean[c0 + q];
+            }
+            #pragma unroll 4
+            for (int r = lr; r < rows; r += R) {
+                i64 off = (o0 + r) * C + c0;
+                Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + off), dv, mv;
+                if (mode == 0) {
+                    #pragma unroll
+                    for (int q = 0; q < V; ++q) {
+                        float d = to_f32(xv.v[q]) - m[q];
+                        s1[q] += d;
+                        s2[q] += d * d;
+                    }
+                    continue;
+                }
+                dv = *reinterpret_cast<const Vec16<T>*>(dy + off);
+                if (mask) mv = *reinterpret_cast<const Vec16<T>*>(mask + off);
+                #pragma unroll
+                for (int q = 0; q < V; ++q) {
+                    float d = mask && to_f32(mv.v[q]) <= 0.0f ? 0.0f : to_f32(dv.v[q]);
+                    if (masked) dv.v[q] = from_f32<T>(d);
+                    s1[q] += d;
+                    s2[q] += d * (to_f32(xv.v[q]) - m[q]);
+                }
+                if (masked) *reinterpret_cast<Vec16<T>*>(masked + off) = dv;
+            }
+        }
+        __syncthreads(); // red may still be read for the previous tile
+        #pragma unroll
+        for (int q = 0; q < V; ++q) {
+            red[0][threadIdx.x][q] = s1[q];
+            red[1][threadIdx.x][q] = s2[q];
+        }
+        __syncthreads();
+        // Thread j < tg V totals channel j of the tile over the R lane rows, in order.
+        int j = threadIdx.x;
+        i64 c = t * tg * V + j;
+        if (j < tg * V && c < C) {
+            int gj = j / V, q = j % V;
+            float a1 = 0.0f, a2 = 0.0f;
+            for (int l = 0; l < R; ++l) {
+                a1 += red[0][l * tg + gj][q];
+                a2 += red[1][l * tg + gj][q];
+            }
+            if (mode == 0) {
+                float kc = to_f32(x[o0 * C + c]), n = (float)rows;
+                part[(k * C + c) * 2] = kc + a1 / n;
+                part[(k * C + c) * 2 + 1] = fmaxf(a2 - a1 * a1 / n, 0.0f);
+            } else {
+                part[(k * C + c) * 2] = a1;
+                part[(k * C + c) * 2 + 1] = a2;
+            }
+        }
+    }
+}
+
 // mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
 // mode 1: part = (sum dy, sum dy (x - mean[c])). part[(k * C + c) * 2 + {0, 1}] for chunk k.
 // With `mask` (a fused ReLU's output, laid out as dy), dy counts only where mask > 0 (NaN
@@ -75,7 +167,16 @@ template <typename T>
 __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restrict__ dy,
                            const T* __restrict__ mask, T* __restrict__ masked,
                            const float* __restrict__ mean, float* __restrict__ part, i64 outer,
-                           i64 C, i64 inner, i64 chunk) {
+                           i64 C, i64 inner, i64 chunk, int tg) {
+    const int V = 16 / sizeof(T);
+    // The vector path's conditions (else the element paths below, which any chunk suits).
+    bool tile_fits = tg > 0 && tg <= 32 && blockDim.x <= 256 && blockDim.x % tg == 0 &&
+                     tg * V <= (int)blockDim.x;
+    if (tile_fits && inner == 1 && C % V == 0 && aligned16(x, dy ? dy : x, mask ? mask : x) &&
+        aligned16(masked ? masked : x, x, x)) {
+        bn_partial_vec(mode, x, dy, mask, masked, mean, part, outer, C, chunk, tg);
+        return;
+    }
     __shared__ float scratch[32];
     __shared__ float red[9][33];
     i64 chunks = (outer + chunk - 1) / chunk;
@@ -391,8 +492,8 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
 #define BN(T)                                                                                  \
     extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy, const T* mask, \
                                               T* masked, const float* mean, float* part,       \
-                                              i64 outer, i64 C, i64 inner, i64 chunk) {        \
-        bn_partial<T>(mode, x, dy, mask, masked, mean, part, outer, C, inner, chunk);          \
+                                              i64 outer, i64 C, i64 inner, i64 chunk, int tg) {\
+        bn_partial<T>(mode, x, dy, mask, masked, mean, part, outer, C, inner, chunk, tg);      \
     }                                                                                          \
     extern "C" __global__ void bn_affine_##T(const T* x, const T* add, const T* mask,          \
                                              const float* coef, T* out, i64 n, i64 C,          \

@@ -823,6 +823,19 @@ fn composite_ops_match() {
             &[big, gamma.clone(), beta.clone()],
             |x| x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5),
         );
+        // Channels-last in 16-byte vectors over several row chunks, the last one short (2,304
+        // rows of 16 channels: chunks of 2,048 rows in f16/bf16, 1,024 in f32).
+        let tall = input(&[4, 16, 24, 24], dt, 88);
+        let (g16, b16) = (input(&[16], dt, 89), input(&[16], dt, 90));
+        parity(
+            "batch_norm channels-last (vector chunks)",
+            d,
+            &[tall, g16, b16],
+            |x| {
+                let x0 = x[0].to_memory_format(MemoryFormat::ChannelsLast)?;
+                x0.batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5)
+            },
+        );
         let rows = input(&[300, 40], dt, 84);
         parity("batch_norm 2-D", d, &[rows, g40, b40], |x| {
             x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5)

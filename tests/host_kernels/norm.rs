@@ -2,7 +2,7 @@
 //! backend's fused passes, row-major and channels-last, over several chunks and channel tiles.
 
 use super::{function, library, randn, run_grid, Addr};
-use crate::backend::cuda::norm::{chunk_rows, finalize_threads, partial_blocks, BnArgs};
+use crate::backend::cuda::norm::{finalize_threads, BnArgs, PartialPlan};
 use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::spec::ChannelSplit;
 use crate::backend::Storage;
@@ -21,6 +21,7 @@ type Partial = unsafe extern "C" fn(
     i64,
     i64,
     i64,
+    i32,
 ) -> ();
 type Finalize = unsafe extern "C" fn(*const f32, BnArgs, i64, i64, i64, i64) -> ();
 type Affine = unsafe extern "C" fn(
@@ -65,16 +66,21 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
     let finalize: Finalize = function(lib, "bn_finalize");
     let affine: Affine = function(lib, "bn_affine_float");
     // [n, c, h, w]: 40 channels make two channel tiles channels-last, one of them partial.
-    // (shape, format, chunk rows, threads per block): 64 threads keep the emulation quick;
-    // one case runs the launcher's 256.
-    for (shape, format, chunk, threads) in [
-        ([5, 6, 3, 4], MemoryFormat::Contiguous, 2, 64),
-        ([5, 6, 3, 4], MemoryFormat::ChannelsLast, 7, 64),
-        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 5, 256),
-        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 4, 64),
-        ([3, 7, 2, 3], MemoryFormat::Contiguous, 1, 256),
+    // (shape, format, chunk rows, threads per block, vector groups per tile): 64 threads keep
+    // the emulation quick; some cases run the launcher's 256. With tg > 0, channels-last
+    // takes 16-byte vectors (4 f32 channels): 40 channels are 10 groups, in one tile of 16
+    // (6 idle) or three of 4 (the last partial).
+    for (shape, format, chunk, threads, tg) in [
+        ([5, 6, 3, 4], MemoryFormat::Contiguous, 2, 64, 0),
+        ([5, 6, 3, 4], MemoryFormat::ChannelsLast, 7, 64, 0),
+        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 5, 256, 0),
+        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 4, 64, 0),
+        ([3, 7, 2, 3], MemoryFormat::Contiguous, 1, 256, 0),
+        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 5, 256, 16),
+        ([3, 40, 2, 3], MemoryFormat::ChannelsLast, 4, 64, 4),
+        ([4, 8, 3, 3], MemoryFormat::ChannelsLast, 9, 32, 2),
     ] {
-        let what = format!("{shape:?} {format:?} chunk {chunk}, {threads} threads");
+        let what = format!("{shape:?} {format:?} chunk {chunk}, {threads} threads, tg {tg}");
         let x = randn(&shape, 40).mul(2.0).unwrap().add(3.0).unwrap();
         let x = x.to_memory_format(format).unwrap();
         let dy = randn(&shape, 41).to_memory_format(format).unwrap();
@@ -85,9 +91,19 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
 
         // The chunking the launcher would use covers the same elements in fewer blocks; a
         // smaller chunk exercises the combination.
-        assert!(partial_blocks(s).0 >= 1 && chunk_rows(s) >= 1);
+        let plan = PartialPlan::new(s, crate::DType::F32, true);
+        assert!(plan.blocks(s, crate::DType::F32) >= 1 && plan.chunk >= 1);
+        assert_eq!(
+            plan.tg > 0,
+            s.inner == 1 && c.is_multiple_of(4),
+            "{what}: the launcher's path"
+        );
         let chunks = s.outer.div_ceil(chunk);
-        let tiles = if s.inner == 1 { c.div_ceil(32) } else { c };
+        let tiles = match (s.inner, tg) {
+            (1, 0) => c.div_ceil(32),
+            (1, tg) => (c / 4).div_ceil(tg),
+            _ => c,
+        };
         let i = |v: usize| v as i64;
         // A fused ReLU's output, about half of it positive, in x's format.
         let yt = x.sub(3.0).unwrap().to_memory_format(format).unwrap();
@@ -123,6 +139,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                         i(c),
                         i(s.inner),
                         i(chunk),
+                        tg as i32,
                     )
                 }
             });

@@ -18,25 +18,49 @@ const THREADS: u32 = 256;
 /// Elements a `bn_partial` block reduces, about.
 const CHUNK_ELEMS: usize = 4096;
 
-/// Outer rows per chunk: about [`CHUNK_ELEMS`] elements of one channel, or of 32 channels
-/// for channels-last (256 rows).
-pub(crate) fn chunk_rows(s: ChannelSplit) -> usize {
-    if s.inner == 1 {
-        256
-    } else {
-        (CHUNK_ELEMS / s.inner).max(1)
-    }
+/// Vectors each thread of `bn_partial`'s channels-last vector path reads per chunk, about.
+const VECTORS_PER_THREAD: usize = 16;
+
+/// How `bn_partial` divides its work: `chunk` outer rows per block; `tg` > 0 picks the
+/// channels-last path in 16-byte vectors, with tiles of `tg` groups of adjacent channels (0:
+/// the element paths, tiles of one channel, or of 32 channels-last).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PartialPlan {
+    pub(crate) chunk: usize,
+    pub(crate) tg: usize,
 }
 
-/// `(chunks, blocks)` of a `bn_partial` launch.
-pub(crate) fn partial_blocks(s: ChannelSplit) -> (usize, usize) {
-    let chunks = s.outer.div_ceil(chunk_rows(s));
-    let tiles = if s.inner == 1 {
-        s.channels.div_ceil(32)
-    } else {
-        s.channels
-    };
-    (chunks, chunks * tiles)
+impl PartialPlan {
+    /// The plan for `s` in `dtype`; `aligned`: every operand's address is a multiple of 16.
+    pub(crate) fn new(s: ChannelSplit, dtype: DType, aligned: bool) -> PartialPlan {
+        let v = 16 / dtype.size_in_bytes();
+        if s.inner == 1 && s.channels.is_multiple_of(v) && aligned {
+            // Groups per tile: a power of two up to 32, so a warp reads whole rows of a tile.
+            let tg = (s.channels / v).next_power_of_two().min(32);
+            let chunk = THREADS as usize / tg * VECTORS_PER_THREAD;
+            return PartialPlan { chunk, tg };
+        }
+        let chunk = match s.inner {
+            1 => 256,
+            inner => (CHUNK_ELEMS / inner).max(1),
+        };
+        PartialPlan { chunk, tg: 0 }
+    }
+
+    /// Chunks of rows: the partials per channel.
+    pub(crate) fn chunks(&self, s: ChannelSplit) -> usize {
+        s.outer.div_ceil(self.chunk)
+    }
+
+    /// Blocks of work (chunks times channel tiles).
+    pub(crate) fn blocks(&self, s: ChannelSplit, dtype: DType) -> usize {
+        let tiles = match (s.inner, self.tg) {
+            (1, 0) => s.channels.div_ceil(32),
+            (1, tg) => (s.channels / (16 / dtype.size_in_bytes())).div_ceil(tg),
+            _ => s.channels,
+        };
+        self.chunks(s) * tiles
+    }
 }
 
 /// An f32 statistics vector's elements in order, and their address (a copy when the view is
@@ -71,20 +95,16 @@ struct Sums {
 }
 
 /// Runs `bn_partial`: f32 partials `[chunks, c, 2]`, the moments of x (mode 0, `sums` None)
-/// or the gradient sums (mode 1). With a mask, dy counts only where the mask is > 0; with
-/// `masked`, the masked dy is written there too.
+/// or the gradient sums (mode 1), and the plan they were made with. With a mask, dy counts
+/// only where the mask is > 0; with `masked`, the masked dy is written there too.
 fn partial(
     op: &'static str,
     x: &CudaStorage,
     lx: &Layout,
     sums: Option<Sums>,
     s: ChannelSplit,
-) -> Result<CudaStorage> {
+) -> Result<(CudaStorage, PartialPlan)> {
     let t = float_kname(op, x.dtype())?;
-    let (chunks, blocks) = partial_blocks(s);
-    let part = CudaStorage::alloc_on(x.rt(), DType::F32, chunks * s.channels * 2)?;
-    let i = |v: usize| v as i64;
-    let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk_rows(s)));
     let xp = x.ptr_at(lx.offset());
     let mode = i32::from(sums.is_some());
     let Sums {
@@ -98,6 +118,13 @@ fn partial(
         masked: 0,
         mean: 0,
     });
+    let aligned = [xp, dp, mask, masked].iter().all(|p| p % 16 == 0);
+    let plan = PartialPlan::new(s, x.dtype(), aligned);
+    let (chunks, blocks) = (plan.chunks(s), plan.blocks(s, x.dtype()));
+    let part = CudaStorage::alloc_on(x.rt(), DType::F32, chunks * s.channels * 2)?;
+    let i = |v: usize| v as i64;
+    let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(plan.chunk));
+    let tg = plan.tg as i32;
     let pp = part.ptr();
     let cfg = LaunchConfig {
         grid_dim: (blocks.min(1 << 20) as u32, 1, 1),
@@ -116,9 +143,9 @@ fn partial(
     launch!(
         bytes = bytes;
         x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &masked, &mp, &pp, &outer, &c,
-        &inner, &chunk
+        &inner, &chunk, &tg
     );
-    Ok(part)
+    Ok((part, plan))
 }
 
 /// `cuda/norm.cu`'s `BnArgs`, field for field.
@@ -148,17 +175,23 @@ pub(crate) fn finalize_threads(chunks: usize) -> u32 {
     chunks.next_power_of_two().clamp(32, THREADS as usize) as u32
 }
 
-/// Runs `bn_finalize` over the partials (none in modes 1 and 4): one block per channel.
-fn finalize(x: &CudaStorage, part: Option<&CudaStorage>, a: BnArgs, s: ChannelSplit) -> Result<()> {
-    let chunks = part.map_or(0, |_| s.outer.div_ceil(chunk_rows(s)));
+/// Runs `bn_finalize` over the partials and their plan (none in modes 1 and 4): one block per
+/// channel.
+fn finalize(
+    x: &CudaStorage,
+    part: Option<&(CudaStorage, PartialPlan)>,
+    a: BnArgs,
+    s: ChannelSplit,
+) -> Result<()> {
+    let (chunks, chunk) = part.map_or((0, 1), |(_, plan)| (plan.chunks(s), plan.chunk));
     let cfg = LaunchConfig {
         grid_dim: (s.channels.clamp(1, 65_535) as u32, 1, 1),
         block_dim: (finalize_threads(chunks), 1, 1),
         shared_mem_bytes: 0,
     };
     let i = |v: usize| v as i64;
-    let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk_rows(s)));
-    let pp = part.map_or(0, |p| p.ptr());
+    let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(chunk));
+    let pp = part.map_or(0, |(p, _)| p.ptr());
     let bytes = elems(2 * chunks * s.channels + 9 * s.channels, DType::F32);
     launch!(
         bytes = bytes;
