@@ -71,6 +71,16 @@ __device__ __forceinline__ float unary_df(int op, float a, float x) {
     }
 }
 
+// g f'(x): where the derivative is a mask (ReLU, the scalar clamps) or zero by definition
+// (x^0) the gradient is selected, so an infinite or NaN g there gives 0, as PyTorch's
+// threshold_backward, clamp and pow backward do (src/backend/ops.rs: UnaryOp::grad).
+__device__ __forceinline__ float unary_grad_f(int op, float a, float x, float g) {
+    float d = unary_df(op, a, x);
+    bool selects = op == UNARY_RELU || op == UNARY_CLAMP_MIN || op == UNARY_CLAMP_MAX ||
+                   (op == UNARY_POW_SCALAR && a == 0.0f);
+    return selects && d == 0.0f ? 0.0f : d * g;
+}
+
 __device__ __forceinline__ float binary_f(int op, float a, float b) {
     switch (op) {
     case BINARY_ADD: return a + b;
@@ -140,7 +150,7 @@ __device__ void binary_contiguous(int op, const T* x, const T* y, T* out, i64 n)
 // out[i] = f'(x[i]) * g[i] on contiguous operands.
 template <typename T>
 __device__ void unary_grad_contiguous(int op, float a, const T* x, const T* g, T* out, i64 n) {
-    pair_contiguous(x, g, out, n, [=](float u, float w) { return unary_df(op, a, u) * w; });
+    pair_contiguous(x, g, out, n, [=](float u, float w) { return unary_grad_f(op, a, u, w); });
 }
 
 #define ELEMENTWISE(T)                                                                         \
@@ -161,7 +171,7 @@ __device__ void unary_grad_contiguous(int op, float a, const T* x, const T* g, T
                                               const T* g, Strided lg, T* out, i64 n) {          \
         FOR_EACH(i, n) {                                                                       \
             float xv = to_f32(x[strided_index(lx, i)]);                                        \
-            out[i] = from_f32<T>(unary_df(op, a, xv) * to_f32(g[strided_index(lg, i)]));       \
+            out[i] = from_f32<T>(unary_grad_f(op, a, xv, to_f32(g[strided_index(lg, i)])));    \
         }                                                                                      \
     }                                                                                          \
     extern "C" __global__ void binary_##T(int op, const T* x, const T* y, T* out, i64 n) {     \

@@ -527,3 +527,61 @@ fn integer_ops_empty_gathers_and_overlapping_writes_match() {
         );
     }
 }
+
+/// ReLU's and the clamps' backward select on the device as on the CPU: an infinite or NaN
+/// incoming gradient where the mask is off gives 0 (PyTorch's threshold_backward), through the
+/// contiguous and the strided kernels.
+#[test]
+fn mask_gradients_select_on_the_device() {
+    let Some(d) = gpu() else { return };
+    let mut g = input(&[6, 8], DType::F32, 34).to_vec::<f32>().unwrap();
+    for (k, v) in g.iter_mut().enumerate() {
+        match k % 4 {
+            0 => *v = f32::INFINITY,
+            1 => *v = f32::NEG_INFINITY,
+            2 => *v = f32::NAN,
+            _ => {}
+        }
+    }
+    let g = Tensor::from_vec(g, &[6, 8], Device::Cpu).unwrap();
+    for dt in FLOATS {
+        let x = input(&[6, 8], dt, 33);
+        let g = g.to_dtype(dt).unwrap();
+        // (what, a view of x, the op): a column slice takes the strided kernel.
+        type Op = fn(&Tensor) -> Result<Tensor>;
+        let cases: [(&str, bool, Op); 3] = [
+            ("relu", false, |x| x.relu()),
+            ("relu, strided", true, |x| x.relu()),
+            ("clamp_min, strided", true, |x| x.maximum(0.1)),
+        ];
+        for (what, strided, op) in cases {
+            let run = |dev: Device| {
+                let x = x
+                    .to_device(dev)
+                    .unwrap()
+                    .detach()
+                    .requires_grad(true)
+                    .unwrap();
+                let (xv, gv) = match strided {
+                    true => (x.narrow(1, 1, 5).unwrap(), g.narrow(1, 1, 5).unwrap()),
+                    false => (x.clone(), g.clone()),
+                };
+                let y = op(&xv).unwrap();
+                y.backward_with(&gv.to_device(dev).unwrap()).unwrap();
+                vals(&x.grad().unwrap())
+            };
+            let (got, want) = (run(d), run(Device::Cpu));
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a == b || a.is_nan() && b.is_nan());
+            assert!(same, "{what} {dt:?}: {got:?} vs {want:?}");
+            let zeros = want.iter().filter(|v| **v == 0.0).count();
+            assert!(zeros > 10, "{what} {dt:?}: masked off");
+            assert!(
+                want.iter().filter(|v| v.is_nan()).count() < 8,
+                "{what} {dt:?}: NaN only where the mask is on: {want:?}"
+            );
+        }
+    }
+}

@@ -733,6 +733,45 @@ fn relu_clamp_maximum_and_minimum_keep_nan() {
             [0.0, 1.0, 1.0, 0.0],
             "relu gradient",
         );
+        // An infinite or NaN incoming gradient where the mask is off gives 0, not inf * 0:
+        // PyTorch's threshold_backward, clamp and pow backward select; where the mask is on it
+        // passes as it is.
+        let inf = f64::INFINITY;
+        let g = t(vec![inf, -inf, nan, inf], &[4]).to_dtype(dt).unwrap();
+        let grad_of = |f: &dyn Fn(&Tensor) -> Result<Tensor>, at: [f64; 4]| {
+            let x = t(at.to_vec(), &[4])
+                .to_dtype(dt)
+                .unwrap()
+                .requires_grad(true)
+                .unwrap();
+            f(&x).unwrap().backward_with(&g).unwrap();
+            v(Ok(x.grad().unwrap()))
+        };
+        let at = [-2.0, 0.0, -1.0, 0.5];
+        same(
+            grad_of(&|x| x.relu(), at),
+            [0.0, 0.0, 0.0, inf],
+            "relu, non-finite gradient",
+        );
+        same(
+            grad_of(&|x| x.maximum(0.0), at),
+            [0.0, 0.0, 0.0, inf],
+            "clamp_min, non-finite gradient",
+        );
+        same(
+            grad_of(&|x| x.minimum(0.0), [2.0, 0.0, 1.0, -0.5]),
+            [0.0, 0.0, 0.0, inf],
+            "clamp_max, non-finite gradient",
+        );
+        same(
+            grad_of(&|x| x.pow(0.0), at),
+            [0.0, 0.0, 0.0, 0.0],
+            "x^0, non-finite gradient",
+        );
+        // Other derivatives multiply, as PyTorch's: tanh' = 1 - tanh^2 underflows to 0 far
+        // out, and inf * 0 is NaN there.
+        let far = grad_of(&|x| x.tanh(), [-40.0, 0.0, 0.0, 40.0]);
+        assert!(far[0].is_nan() && far[3].is_nan(), "tanh {dt:?}: {far:?}");
         same(v(x.clamp(-1.0, 1.0)), [-1.0, nan, 0.5, 1.0], "clamp");
         same(v(x.maximum(0.0)), [0.0, nan, 0.5, 3.0], "maximum scalar");
         same(v(x.minimum(0.0)), [-2.0, nan, 0.0, 0.0], "minimum scalar");

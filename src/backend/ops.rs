@@ -212,6 +212,24 @@ impl UnaryOp {
         }
     }
 
+    /// `g f'(x)`: the op's backward at `x` for the incoming gradient `g`. Where the
+    /// derivative is a mask (ReLU, the scalar clamps) or zero by definition (`x^0`), the
+    /// gradient is selected rather than multiplied, so an infinite or NaN `g` there gives 0, as
+    /// PyTorch's `threshold_backward`, clamp and pow backward do (`inf * 0` would be NaN).
+    #[inline(always)]
+    pub fn grad<A: Float>(self, x: A, g: A) -> A {
+        let d = self.df(x);
+        let selects = matches!(
+            self,
+            UnaryOp::Relu | UnaryOp::MaxScalar(_) | UnaryOp::MinScalar(_)
+        ) || matches!(self, UnaryOp::PowScalar(p) if p == 0.0);
+        if selects && d == A::zero() {
+            A::zero()
+        } else {
+            g * d
+        }
+    }
+
     /// The derivative d f / d x at `x`.
     #[inline(always)]
     pub fn df<A: Float>(self, x: A) -> A {

@@ -173,7 +173,7 @@ pub(crate) fn unary(s: &CpuStorage, l: &Layout, op: UnaryOp) -> Result<CpuStorag
     Ok(map_float!("unary", s, v => go(v, l, op)))
 }
 
-/// `g * f'(x)` elementwise: the backward of a unary op.
+/// `g * f'(x)` elementwise ([`UnaryOp::grad`]): the backward of a unary op.
 pub(crate) fn unary_grad(
     x: &CpuStorage,
     lx: &Layout,
@@ -183,7 +183,7 @@ pub(crate) fn unary_grad(
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(x: &[T], lx: &Layout, g: &[T], lg: &Layout, op: UnaryOp) -> CpuStorage {
         specialize_unary!(op, o => map2(x, lx, g, lg, move |x: T, g: T| {
-            T::from_acc(g.to_acc() * o.df(x.to_acc()))
+            T::from_acc(o.grad(x.to_acc(), g.to_acc()))
         }))
         .into_storage()
     }
