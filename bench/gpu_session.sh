@@ -9,6 +9,8 @@
 #   bash bench/gpu_session.sh w3         # ResNet-50 synthetic, fp16 and bf16 channels-last,
 #                                        # and the 2 x 512 LSTM (W4), beside their PyTorch peers
 #   bash bench/gpu_session.sh            # both, where a call may run long enough
+#   bash bench/gpu_session.sh accept     # issue 27's acceptance runs, one call (under 600 s)
+#   bash bench/gpu_session.sh verify     # MNIST CNN fp16 and the CUDA tests, one call
 #   bash bench/gpu_session.sh report DIR # one call: gpu_check, W1-W4 beside their PyTorch
 #                                        # peers with --profile on both sides, and DIR/report.md
 #                                        # (bench/report.py) to paste into BENCHMARKS.md
@@ -65,6 +67,55 @@ if [ "$mode" = report ]; then
     done
     python3 bench/report.py "$dir" >"$dir/report.md"
     cat "$dir/report.md"
+    exit 0
+fi
+if [ "$mode" = accept ] || [ "$mode" = verify ]; then
+    # Issue 27's acceptance in two device calls of under 600 s each (a session has 15 minutes
+    # of device time, the machine's start included). One log comes back ($OUT holds at most 8
+    # files) and one summary line per run goes to stdout.
+    #   accept: W3 fp16 / bf16 / fp32 and W4 fp16 / fp32 beside the PyTorch peers, each with
+    #           nvidia-smi's peak memory.used (sampled every 100 ms, the context included),
+    #           then gpu_check (M2 elementwise, the pageable upload through the ring).
+    #   verify: the MNIST CNN fp16 recipe (>= 99.0%), then the CUDA test binaries that cover
+    #           the kernels changed since the last GPU run.
+    log=$OUT/$mode.log
+    : >"$log"
+    acc() { # name, limit in seconds, command...
+        local name=$1 limit=$2; shift 2
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
+            >"/tmp/smi.$name" 2>/dev/null &
+        local smi=$!
+        ( timeout "$limit" "$@" ) >"/tmp/run.$name" 2>&1
+        local rc=$?
+        kill "$smi" 2>/dev/null
+        wait "$smi" 2>/dev/null
+        local peak
+        peak=$(sort -n "/tmp/smi.$name" | tail -n 1)
+        {
+            echo "== $name rc=$rc nvidia-smi peak ${peak:-?} MiB"
+            tr '\r' '\n' <"/tmp/run.$name" | tail -n 120
+        } >>"$log"
+        echo "$name rc=$rc smi-peak=${peak:-?}MiB $(tr '\r' '\n' <"/tmp/run.$name" \
+            | grep -E 'images/s|tokens/s|peak allocated|test result|^epoch [0-9]+:' | tail -n 4 | tr '\n' ' ')"
+    }
+    if [ "$mode" = accept ]; then
+        w3="--arch resnet50 --batch-size 256 --cudnn-benchmark --channels-last --steps 20 --warmup 5"
+        for p in fp16 bf16 fp32; do
+            acc "w3-$p" 60 .gpu/resnet --data synthetic $w3 --device cuda:0 --precision $p
+            acc "w3-$p-peer" 60 $PY bench/resnet_peer.py $w3 --device cuda --amp $p
+        done
+        for p in fp16 fp32; do
+            acc "w4-$p" 30 .gpu/lstm --synthetic --device cuda:0 --precision $p --steps 50
+            acc "w4-$p-peer" 30 $PY bench/lstm_peer.py --device cuda --amp $p --steps 50
+        done
+        acc gpu_check 50 .gpu/gpu_check
+    else
+        acc mnist-cnn-fp16 120 .gpu/mnist --model cnn --epochs 3 --device cuda:0 \
+            --precision fp16 --cudnn-benchmark --out /tmp/r
+        for t in cuda_parity cuda_semantics cuda_transfer cuda_kernels profiler; do
+            acc "test-$t" 100 ".gpu/tests/$t" --test-threads 1
+        done
+    fi
     exit 0
 fi
 if [ "$mode" = w3 ]; then
