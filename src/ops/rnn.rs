@@ -161,7 +161,7 @@ impl Tensor {
         // Per step: the saved gate pre-activations, and the h and c it made.
         let (mut gates, mut hs, mut cs) = (vec![], vec![], vec![]);
         // The products follow the cuDNN TF32 switch, as PyTorch's cuDNN LSTM does.
-        let out = as_cudnn_class(|| {
+        let all = as_cudnn_class(|| {
             crate::no_grad(|| -> Result<Tensor> {
                 // The input projection of every step; each step's recurrent product is then
                 // added onto its rows in place (one product with beta = 1, no separate add), and
@@ -180,13 +180,18 @@ impl Tensor {
                     hs.push(h);
                     cs.push(c);
                 }
-                let mut rows: Vec<&Tensor> = hs.iter().collect();
+                // [h0, h_0 .. h_{T-1}, c_{T-1}]: the op's output is rows 1.., and rows 0..T are
+                // the recurrent product's inputs, which the weight gradient reads in place.
+                let mut rows: Vec<&Tensor> = vec![&h0];
+                rows.extend(&hs);
                 rows.push(&cs[steps - 1]);
                 Tensor::stack(&rows, 0)
             })
         })?;
+        let prev = crate::no_grad(|| all.narrow(0, 0, steps)?.reshape(&[steps * batch, hid]))?;
+        let out = crate::no_grad(|| all.narrow(0, 1, steps + 1))?;
         // `x2` (the input as `[T B, I]`, made without a graph) serves the weight gradient.
-        let (x_shape, h0s, c0s) = (x.shape().to_vec(), h0.detach(), c0.detach());
+        let (x_shape, c0s) = (x.shape().to_vec(), c0.detach());
         let (wih, whh) = (w_ih.detach(), w_hh.detach());
         let backward = move |d: &Tensor, needs: &[bool]| -> Result<Vec<Option<Tensor>>> {
             as_cudnn_class(|| -> Result<Vec<Option<Tensor>>> {
@@ -226,13 +231,7 @@ impl Tensor {
                     .then(|| dg.matmul(&wih)?.reshape(&x_shape))
                     .transpose()?;
                 let dw_ih = needs[3].then(|| dg.t()?.matmul(&x2)).transpose()?;
-                let dw_hh = needs[4]
-                    .then(|| {
-                        let mut prev: Vec<&Tensor> = vec![&h0s];
-                        prev.extend(&hs[..steps - 1]);
-                        dg.t()?.matmul(&Tensor::cat(&prev, 0)?)
-                    })
-                    .transpose()?;
+                let dw_hh = needs[4].then(|| dg.t()?.matmul(&prev)).transpose()?;
                 let db = needs[5].then(|| dg.sum(&[0], false)).transpose()?;
                 Ok(vec![dx, dh, needs[2].then_some(dc), dw_ih, dw_hh, db])
             })
