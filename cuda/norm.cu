@@ -4,9 +4,9 @@
 // inner = 1. Statistics and coefficients are f32; partial results are combined in f64.
 //
 // The reductions run in two kernels: bn_partial_T reduces one chunk of `chunk` outer rows per
-// block, for one channel (inner > 1: threads along the contiguous runs), for tg groups of 16-byte
-// vectors of channels (inner == 1 with tg > 0: bn_partial_vec) or for 32 channels (inner == 1
-// otherwise: each warp reads 32 adjacent channels of a row), and bn_finalize joins the
+// block, for one channel (inner > 1: threads along the contiguous runs), for tg groups of
+// 16-byte vectors of channels (inner == 1 with tg > 0: bn_partial_vec) or for 32 channels
+// (inner == 1 otherwise: each warp reads 32 adjacent channels of a row), and bn_finalize joins the
 // chunks, one block per channel, and finishes the per-channel bookkeeping in the same launch.
 // No atomics: the result does not depend on timing.
 // Blocks are a multiple of 32 threads, at most 256 (the launcher uses 256).
@@ -68,13 +68,13 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
 }
 
 // bn_partial's channels-last path in 16-byte vectors (inner == 1, C % V == 0, every pointer
-// 16-byte aligned; tg divides blockDim <= 256 and tg V <= blockDim). A tile is tg groups of V adjacent
-// channels; thread (g = tid % tg, lane row = tid / tg) reads group g of rows lr, lr + R, ...
-// (R = blockDim / tg), so a warp reads 32 / tg whole rows of its tile, one contiguous run.
-// Mode 0 makes one pass: the sums are shifted by the chunk's first row (K), which all threads
-// of a channel share, so that the chunk's mean is K + S1 / n and its sum of squared deviations
-// S2 - S1^2 / n without the cancellation of unshifted sums. The threads' sums are joined in
-// shared memory in a fixed order.
+// 16-byte aligned; tg divides blockDim <= 256 and tg V <= blockDim). A tile is tg groups of V
+// adjacent channels; thread (g = tid % tg, lane row = tid / tg) reads group g of rows lr,
+// lr + R, ... (R = blockDim / tg), so a warp reads 32 / tg whole rows of its tile, one
+// contiguous run. Mode 0 makes one pass: the sums are shifted by the chunk's first row (K),
+// which all threads of a channel share, so that the chunk's mean is K + S1 / n and its sum of
+// squared deviations S2 - S1^2 / n without the cancellation of unshifted sums. The threads'
+// sums are joined in shared memory in a fixed order.
 template <typename T>
 __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __restrict__ dy,
                                const T* __restrict__ mask, T* __restrict__ masked,

@@ -92,7 +92,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         // The chunking the launcher would use covers the same elements in fewer blocks; a
         // smaller chunk exercises the combination.
         let plan = PartialPlan::new(s, crate::DType::F32, true);
-        assert!(plan.blocks(s, crate::DType::F32) >= 1 && plan.chunk >= 1);
+        assert!(plan.blocks(s) >= 1 && plan.chunk >= 1);
         assert_eq!(
             plan.tg > 0,
             s.inner == 1 && c.is_multiple_of(4),

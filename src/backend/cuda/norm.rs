@@ -21,12 +21,13 @@ const CHUNK_ELEMS: usize = 4096;
 /// Vectors each thread of `bn_partial`'s channels-last vector path reads per chunk, about.
 const VECTORS_PER_THREAD: usize = 16;
 
-/// How `bn_partial` divides its work: `chunk` outer rows per block; `tg` > 0 picks the
-/// channels-last path in 16-byte vectors, with tiles of `tg` groups of adjacent channels (0:
-/// the element paths, tiles of one channel, or of 32 channels-last).
+/// How `bn_partial` divides its work: `chunk` outer rows per block, `tiles` channel tiles;
+/// `tg` > 0 picks the channels-last path in 16-byte vectors, with tiles of `tg` groups of
+/// adjacent channels (0: the element paths, tiles of one channel, or of 32 channels-last).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PartialPlan {
     pub(crate) chunk: usize,
+    pub(crate) tiles: usize,
     pub(crate) tg: usize,
 }
 
@@ -36,15 +37,24 @@ impl PartialPlan {
         let v = 16 / dtype.size_in_bytes();
         if s.inner == 1 && s.channels.is_multiple_of(v) && aligned {
             // Groups per tile: a power of two up to 32, so a warp reads whole rows of a tile.
-            let tg = (s.channels / v).next_power_of_two().min(32);
+            let groups = s.channels / v;
+            let tg = groups.next_power_of_two().min(32);
             let chunk = THREADS as usize / tg * VECTORS_PER_THREAD;
-            return PartialPlan { chunk, tg };
+            return PartialPlan {
+                chunk,
+                tiles: groups.div_ceil(tg),
+                tg,
+            };
         }
-        let chunk = match s.inner {
-            1 => 256,
-            inner => (CHUNK_ELEMS / inner).max(1),
+        let (chunk, tiles) = match s.inner {
+            1 => (256, s.channels.div_ceil(32)),
+            inner => ((CHUNK_ELEMS / inner).max(1), s.channels),
         };
-        PartialPlan { chunk, tg: 0 }
+        PartialPlan {
+            chunk,
+            tiles,
+            tg: 0,
+        }
     }
 
     /// Chunks of rows: the partials per channel.
@@ -53,13 +63,8 @@ impl PartialPlan {
     }
 
     /// Blocks of work (chunks times channel tiles).
-    pub(crate) fn blocks(&self, s: ChannelSplit, dtype: DType) -> usize {
-        let tiles = match (s.inner, self.tg) {
-            (1, 0) => s.channels.div_ceil(32),
-            (1, tg) => (s.channels / (16 / dtype.size_in_bytes())).div_ceil(tg),
-            _ => s.channels,
-        };
-        self.chunks(s) * tiles
+    pub(crate) fn blocks(&self, s: ChannelSplit) -> usize {
+        self.chunks(s) * self.tiles
     }
 }
 
@@ -120,7 +125,7 @@ fn partial(
     });
     let aligned = [xp, dp, mask, masked].iter().all(|p| p % 16 == 0);
     let plan = PartialPlan::new(s, x.dtype(), aligned);
-    let (chunks, blocks) = (plan.chunks(s), plan.blocks(s, x.dtype()));
+    let (chunks, blocks) = (plan.chunks(s), plan.blocks(s));
     let part = CudaStorage::alloc_on(x.rt(), DType::F32, chunks * s.channels * 2)?;
     let i = |v: usize| v as i64;
     let (outer, c, inner, chunk) = (i(s.outer), i(s.channels), i(s.inner), i(plan.chunk));
