@@ -75,7 +75,9 @@ if [ "$mode" = accept ] || [ "$mode" = verify ]; then
     # files) and one summary line per run goes to stdout.
     #   accept: W3 fp16 / bf16 / fp32 and W4 fp16 / fp32 beside the PyTorch peers, each with
     #           nvidia-smi's peak memory.used (sampled every 100 ms, the context included),
-    #           then gpu_check (M2 elementwise, the pageable upload through the ring).
+    #           then gpu_check (M2 elementwise, the pageable upload through the ring). Our
+    #           fp16 runs also profile 2 steps after the timed ones (the kernel table, the
+    #           step's launches and memory at the peak): where the step goes if it is short.
     #   verify: the MNIST CNN fp16 recipe (>= 99.0%), then the CUDA test binaries that cover
     #           the kernels changed since the last GPU run.
     log=$OUT/$mode.log
@@ -100,12 +102,15 @@ if [ "$mode" = accept ] || [ "$mode" = verify ]; then
     }
     if [ "$mode" = accept ]; then
         w3="--arch resnet50 --batch-size 256 --cudnn-benchmark --channels-last --steps 20 --warmup 5"
+        # Profiled steps run after the timed ones and do not change the images/s.
+        prof() { [ "$1" = fp16 ] && echo "--profile 2 --profile-warmup 1"; }
         for p in fp16 bf16 fp32; do
-            acc "w3-$p" 60 .gpu/resnet --data synthetic $w3 --device cuda:0 --precision $p
+            acc "w3-$p" 60 .gpu/resnet --data synthetic $w3 --device cuda:0 --precision $p $(prof $p)
             acc "w3-$p-peer" 60 $PY bench/resnet_peer.py $w3 --device cuda --amp $p
         done
         for p in fp16 fp32; do
-            acc "w4-$p" 30 .gpu/lstm --synthetic --device cuda:0 --precision $p --steps 50
+            acc "w4-$p" 30 .gpu/lstm --synthetic --device cuda:0 --precision $p --steps 50 \
+                $(prof $p)
             acc "w4-$p-peer" 30 $PY bench/lstm_peer.py --device cuda --amp $p --steps 50
         done
         acc gpu_check 50 .gpu/gpu_check

@@ -27,15 +27,34 @@ __device__ float bn_lane_sum(float v, float (*red)[33]) {
     return red[8][lane];
 }
 
-// Calls f(x, d) for every element of one channel's chunk in a block: `rows` runs of `inner`
+// The affine output before any addend or clamp, alpha (x - center) + gamma, with coef =
+// [alpha | center | gamma | ...] per channel: bn_affine's forward value, and what a fused
+// ReLU's backward recomputes to find where the forward's output was positive.
+__device__ __forceinline__ float bn_pre(float x, const float* __restrict__ coef, i64 C, i64 c) {
+    return coef[c] * (x - coef[C + c]) + coef[2 * C + c];
+}
+
+// Whether a fused ReLU's backward drops dy at an element of channel c: where the forward's
+// output was <= 0 (NaN passes, as threshold_backward). That output is read from the saved
+// output m (mv its element), or, without m, recomputed from x with the forward's
+// coefficients fc (a ReLU right after batch norm: no output kept for it). Neither: kept.
+template <typename T>
+__device__ __forceinline__ bool relu_off(const T* __restrict__ m, T mv,
+                                         const float* __restrict__ fc, i64 C, i64 c, float x) {
+    if (m) return to_f32(mv) <= 0.0f;
+    return fc && bn_pre(x, fc, C, c) <= 0.0f;
+}
+
+// Calls f(x, d) for every element of channel c's chunk in a block: `rows` runs of `inner`
 // contiguous elements, C * inner apart, the block's threads striding over them (16-byte
-// vectors when the runs allow, 32-bit index arithmetic). d is dy's element, 0 where the mask
-// (a fused ReLU's output) is <= 0 or dy is null; with `ob`, d is also stored there (the
-// masked gradient, laid out as dy).
+// vectors when the runs allow, 32-bit index arithmetic). d is dy's element, 0 where a fused
+// ReLU drops it (relu_off: the mask mb or the coefficients fc) or dy is null; with `ob`, d is
+// also stored there (the masked gradient, laid out as dy).
 template <typename T, typename F>
 __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __restrict__ db,
-                                        const T* __restrict__ mb, T* __restrict__ ob, i64 rows,
-                                        i64 C, i64 inner, F f) {
+                                        const T* __restrict__ mb, const float* __restrict__ fc,
+                                        T* __restrict__ ob, i64 rows, i64 C, i64 c, i64 inner,
+                                        F f) {
     const int V = 16 / sizeof(T);
     i64 n = rows * inner;
     if (inner % V == 0 && aligned16(xb, db ? db : xb, mb ? mb : xb) && aligned16(ob ? ob : xb, xb, xb)) {
@@ -48,10 +67,11 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
             if (mb) mv = *reinterpret_cast<const Vec16<T>*>(mb + off);
             #pragma unroll
             for (int q = 0; q < V; ++q) {
-                bool on = db && !(mb && to_f32(mv.v[q]) <= 0.0f);
+                float v = to_f32(xv.v[q]);
+                bool on = db && !relu_off(mb, mv.v[q], fc, C, c, v);
                 float d = on ? to_f32(dv.v[q]) : 0.0f;
                 if (ob) dv.v[q] = from_f32<T>(d);
-                f(to_f32(xv.v[q]), d);
+                f(v, d);
             }
             if (ob) *reinterpret_cast<Vec16<T>*>(ob + off) = dv;
         }
@@ -60,10 +80,11 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
     for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
         i64 r = idiv(j, inner);
         i64 off = r * C * inner + (j - r * inner);
-        bool on = db && !(mb && to_f32(mb[off]) <= 0.0f);
+        float v = to_f32(xb[off]);
+        bool on = db && !relu_off(mb, mb ? mb[off] : T(), fc, C, c, v);
         float d = on ? to_f32(db[off]) : 0.0f;
         if (ob) ob[off] = from_f32<T>(d);
-        f(to_f32(xb[off]), d);
+        f(v, d);
     }
 }
 
@@ -74,11 +95,11 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
 // contiguous run. Mode 0 makes one pass: the sums are shifted by the chunk's first row (K),
 // which all threads of a channel share, so that the chunk's mean is K + S1 / n and its sum of
 // squared deviations S2 - S1^2 / n without the cancellation of unshifted sums. The threads'
-// sums are joined in shared memory in a fixed order.
+// sums are joined in shared memory in a fixed order. Modes and operands as bn_partial's.
 template <typename T>
 __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __restrict__ dy,
                                const T* __restrict__ mask, T* __restrict__ masked,
-                               const float* __restrict__ mean, float* __restrict__ part,
+                               const float* __restrict__ fc, float* __restrict__ part,
                                i64 outer, i64 C, i64 chunk, int tg) {
     const int V = 16 / sizeof(T);
     __shared__ float red[2][256][9];
@@ -95,15 +116,16 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
         for (int q = 0; q < V; ++q) s1[q] = s2[q] = m[q] = 0.0f;
         if (grp < groups) {
             i64 c0 = grp * V;
-            // Mode 0: the shift K, the chunk's first row; mode 1: the channels' means.
+            // Mode 0: the shift K, the chunk's first row; modes 1 and 2: the channels' means.
             if (mode == 0) {
                 Vec16<T> kv = *reinterpret_cast<const Vec16<T>*>(x + o0 * C + c0);
                 #pragma unroll
                 for (int q = 0; q < V; ++q) m[q] = to_f32(kv.v[q]);
             } else {
                 #pragma unroll
-                for (int q = 0; q < V; ++q) m[q] = mean[c0 + q];
+                for (int q = 0; q < V; ++q) m[q] = fc[C + c0 + q];
             }
+            const float* relu = mode == 2 ? fc : 0;
             #pragma unroll 4
             for (int r = lr; r < rows; r += R) {
                 i64 off = (o0 + r) * C + c0;
@@ -121,10 +143,12 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
                 if (mask) mv = *reinterpret_cast<const Vec16<T>*>(mask + off);
                 #pragma unroll
                 for (int q = 0; q < V; ++q) {
-                    float d = mask && to_f32(mv.v[q]) <= 0.0f ? 0.0f : to_f32(dv.v[q]);
+                    float v = to_f32(xv.v[q]);
+                    bool off = relu_off(mask, mv.v[q], relu, C, c0 + q, v);
+                    float d = off ? 0.0f : to_f32(dv.v[q]);
                     if (masked) dv.v[q] = from_f32<T>(d);
                     s1[q] += d;
-                    s2[q] += d * (to_f32(xv.v[q]) - m[q]);
+                    s2[q] += d * (v - m[q]);
                 }
                 if (masked) *reinterpret_cast<Vec16<T>*>(masked + off) = dv;
             }
@@ -160,13 +184,16 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
 
 // mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
 // mode 1: part = (sum dy, sum dy (x - mean[c])). part[(k * C + c) * 2 + {0, 1}] for chunk k.
-// With `mask` (a fused ReLU's output, laid out as dy), dy counts only where mask > 0 (NaN
-// included, as threshold_backward); with `masked` too, the masked dy is stored there, laid
-// out as dy (a residual's gradient, which the affine pass then reads instead of dy).
+// fc = the forward's statistics [alpha | center | gamma | ...] (center = mean), read in modes
+// 1 and 2. With `mask` (a fused ReLU's output, laid out as dy), dy counts only where mask > 0
+// (NaN included, as threshold_backward); with `masked` too, the masked dy is stored there,
+// laid out as dy (a residual's gradient, which the affine pass then reads instead of dy).
+// Mode 2 is mode 1 with a fused ReLU whose output was not kept: dy counts only where the
+// output recomputed from x (bn_pre with fc) is > 0 or NaN.
 template <typename T>
 __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restrict__ dy,
                            const T* __restrict__ mask, T* __restrict__ masked,
-                           const float* __restrict__ mean, float* __restrict__ part, i64 outer,
+                           const float* __restrict__ fc, float* __restrict__ part, i64 outer,
                            i64 C, i64 inner, i64 chunk, int tg) {
     const int V = 16 / sizeof(T);
     // The vector path's conditions (else the element paths below, which any chunk suits).
@@ -174,9 +201,10 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
                      tg * V <= (int)blockDim.x;
     if (tile_fits && inner == 1 && C % V == 0 && aligned16(x, dy ? dy : x, mask ? mask : x) &&
         aligned16(masked ? masked : x, x, x)) {
-        bn_partial_vec(mode, x, dy, mask, masked, mean, part, outer, C, chunk, tg);
+        bn_partial_vec(mode, x, dy, mask, masked, fc, part, outer, C, chunk, tg);
         return;
     }
+    const float* relu = mode == 2 ? fc : 0;
     __shared__ float scratch[32];
     __shared__ float red[9][33];
     i64 chunks = (outer + chunk - 1) / chunk;
@@ -192,12 +220,13 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             const T* db = dy ? dy + (o0 * C + c) * inner : 0;
             const T* mb = mask ? mask + (o0 * C + c) * inner : 0;
             T* ob = masked ? masked + (o0 * C + c) * inner : 0;
-            float m = mode == 1 ? mean[c] : 0.0f;
+            float m = mode != 0 ? fc[C + c] : 0.0f;
             float s1 = 0.0f, s2 = 0.0f;
             if (mode == 0) {
-                bn_runs(xb, db, mb, (T*)0, rows, C, inner, [&](float v, float) { s1 += v; });
+                bn_runs(xb, db, mb, relu, (T*)0, rows, C, c, inner,
+                        [&](float v, float) { s1 += v; });
             } else {
-                bn_runs(xb, db, mb, ob, rows, C, inner, [&](float v, float d) {
+                bn_runs(xb, db, mb, relu, ob, rows, C, c, inner, [&](float v, float d) {
                     s1 += d;
                     s2 += d * (v - m);
                 });
@@ -205,7 +234,7 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             s1 = block_reduce(0, s1, scratch);
             if (mode == 0) {
                 m = s1 / (float)n;
-                bn_runs(xb, db, mb, (T*)0, rows, C, inner,
+                bn_runs(xb, db, mb, relu, (T*)0, rows, C, c, inner,
                         [&](float v, float) { s2 += (v - m) * (v - m); });
             }
             s2 = block_reduce(0, s2, scratch);
@@ -218,7 +247,7 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
             int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
             i64 c = t * 32 + lane;
             bool on = c < C;
-            float m = mode == 1 && on ? mean[c] : 0.0f;
+            float m = mode != 0 && on ? fc[C + c] : 0.0f;
             float s1 = 0.0f, s2 = 0.0f;
             if (on) {
                 for (i64 r = warp; r < rows; r += warps) {
@@ -227,7 +256,8 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
                     if (mode == 0) {
                         s1 += v;
                     } else {
-                        float d = mask && to_f32(mask[off]) <= 0.0f ? 0.0f : to_f32(dy[off]);
+                        bool drop = relu_off(mask, mask ? mask[off] : T(), relu, C, c, v);
+                        float d = drop ? 0.0f : to_f32(dy[off]);
                         if (masked) masked[off] = from_f32<T>(d);
                         s1 += d;
                         s2 += d * (v - m);
@@ -365,15 +395,15 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
 }
 
 // One output of bn_affine: alpha (x - center) + gamma for channel c, plus the addend d
-// (beta[c] d, or d itself for a residual) unless the mask (a fused ReLU's output, backward)
-// is <= 0, clamped below at 0 for a fused ReLU forward (NaN stays NaN).
+// (beta[c] d, or d itself for a residual) unless a fused ReLU's backward drops it
+// (masked_off), clamped below at 0 for a fused ReLU forward (NaN stays NaN).
 struct BnAffineFlags {
     bool relu, plain;
 };
 __device__ __forceinline__ float bn_affine_one(float x, const float* __restrict__ coef, i64 C,
                                                i64 c, bool has_add, float d, bool masked_off,
                                                BnAffineFlags f) {
-    float v = coef[c] * (x - coef[C + c]) + coef[2 * C + c];
+    float v = bn_pre(x, coef, C, c);
     if (has_add && !masked_off) v += (f.plain ? 1.0f : coef[3 * C + c]) * d;
     if (f.relu && v < 0.0f) v = 0.0f;
     return v;
@@ -382,15 +412,17 @@ __device__ __forceinline__ float bn_affine_one(float x, const float* __restrict_
 // out = alpha[c] (x - center[c]) + gamma[c], plus `add` when it is not null: beta[c] add
 // (backward: add is dy), or add itself with flags bit 1 (forward: a residual). coef =
 // [alpha | center | gamma | beta]: the output forward, the input's gradient backward. Flags
-// bit 0, a fused ReLU forward: the output is clamped below at 0 (NaN stays). `mask`, a fused
-// ReLU backward: dy counts only where the forward's output is > 0 (or NaN).
+// bit 0, a fused ReLU forward: the output is clamped below at 0 (NaN stays). A fused ReLU
+// backward: dy counts only where the forward's output was > 0 (or NaN), read from `mask` or,
+// without it, recomputed from x with the forward's coefficients `fc` (relu_off); neither, all.
 // Memory speed: 16-byte vectors where each lies in one channel's run (inner % V == 0) or
 // holds V adjacent channels of a row (channels-last, C % V == 0) and every operand is
 // aligned; the channel comes from 32-bit index arithmetic once per vector.
 template <typename T>
 __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
-                          const T* __restrict__ mask, const float* __restrict__ coef,
-                          T* __restrict__ out, i64 n, i64 C, i64 inner, int flags) {
+                          const T* __restrict__ mask, const float* __restrict__ fc,
+                          const float* __restrict__ coef, T* __restrict__ out, i64 n, i64 C,
+                          i64 inner, int flags) {
     const int V = 16 / sizeof(T);
     BnAffineFlags f = {(flags & 1) != 0, (flags & 2) != 0};
     bool fits = inner == 1 ? C % V == 0 : inner % V == 0;
@@ -406,18 +438,19 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
             i64 c0 = imod(i, run) * V;
             #pragma unroll
             for (int j = 0; j < V; ++j) {
-                bool off = mask && to_f32(mv.v[j]) <= 0.0f;
+                float v = to_f32(xv.v[j]);
+                bool off = relu_off(mask, mv.v[j], fc, C, c0 + j, v);
                 float d = add ? to_f32(av.v[j]) : 0.0f;
-                xv.v[j] = from_f32<T>(bn_affine_one(to_f32(xv.v[j]), coef, C, c0 + j, add, d,
-                                                    off, f));
+                xv.v[j] = from_f32<T>(bn_affine_one(v, coef, C, c0 + j, add, d, off, f));
             }
         } else {
             i64 c = imod(idiv(i, run), C);
             #pragma unroll
             for (int j = 0; j < V; ++j) {
-                bool off = mask && to_f32(mv.v[j]) <= 0.0f;
+                float v = to_f32(xv.v[j]);
+                bool off = relu_off(mask, mv.v[j], fc, C, c, v);
                 float d = add ? to_f32(av.v[j]) : 0.0f;
-                xv.v[j] = from_f32<T>(bn_affine_one(to_f32(xv.v[j]), coef, C, c, add, d, off, f));
+                xv.v[j] = from_f32<T>(bn_affine_one(v, coef, C, c, add, d, off, f));
             }
         }
         reinterpret_cast<Vec16<T>*>(out)[i] = xv;
@@ -426,9 +459,10 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
     FOR_EACH(k, n - nv * V) {
         i64 i = nv * V + k;
         i64 c = inner == 1 ? imod(i, C) : imod(idiv(i, inner), C);
-        bool off = mask && to_f32(mask[i]) <= 0.0f;
+        float v = to_f32(x[i]);
+        bool off = relu_off(mask, mask ? mask[i] : T(), fc, C, c, v);
         float d = add ? to_f32(add[i]) : 0.0f;
-        out[i] = from_f32<T>(bn_affine_one(to_f32(x[i]), coef, C, c, add, d, off, f));
+        out[i] = from_f32<T>(bn_affine_one(v, coef, C, c, add, d, off, f));
     }
 }
 
@@ -491,14 +525,14 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
 
 #define BN(T)                                                                                  \
     extern "C" __global__ void bn_partial_##T(int mode, const T* x, const T* dy, const T* mask, \
-                                              T* masked, const float* mean, float* part,       \
+                                              T* masked, const float* fc, float* part,         \
                                               i64 outer, i64 C, i64 inner, i64 chunk, int tg) {\
-        bn_partial<T>(mode, x, dy, mask, masked, mean, part, outer, C, inner, chunk, tg);      \
+        bn_partial<T>(mode, x, dy, mask, masked, fc, part, outer, C, inner, chunk, tg);        \
     }                                                                                          \
     extern "C" __global__ void bn_affine_##T(const T* x, const T* add, const T* mask,          \
-                                             const float* coef, T* out, i64 n, i64 C,          \
-                                             i64 inner, int flags) {                           \
-        bn_affine<T>(x, add, mask, coef, out, n, C, inner, flags);                             \
+                                             const float* fc, const float* coef, T* out, i64 n, \
+                                             i64 C, i64 inner, int flags) {                    \
+        bn_affine<T>(x, add, mask, fc, coef, out, n, C, inner, flags);                         \
     }                                                                                          \
     extern "C" __global__ void ln_forward_##T(const T* x, const T* w, const T* b, T* y,         \
                                               float* stats, i64 rows, i64 cols, float eps) {    \

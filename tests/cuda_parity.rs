@@ -764,7 +764,8 @@ fn composite_ops_match() {
             |x| x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5),
         );
         // BatchNorm2d followed by ReLU in a Sequential: batch norm with the ReLU fused, its
-        // backward masked by the output; row-major and channels-last.
+        // backward masked where the output (recomputed from the input) was positive;
+        // row-major and channels-last.
         for cl in [false, true] {
             parity(
                 "batch_norm + relu (Sequential)",
@@ -830,10 +831,26 @@ fn composite_ops_match() {
         parity(
             "batch_norm channels-last (vector chunks)",
             d,
-            &[tall, g16, b16],
+            &[tall.clone(), g16.clone(), b16.clone()],
             |x| {
                 let x0 = x[0].to_memory_format(MemoryFormat::ChannelsLast)?;
                 x0.batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5)
+            },
+        );
+        // The same with the ReLU fused: the backward's vector passes recompute its mask.
+        parity(
+            "batch_norm + relu channels-last (vector chunks)",
+            d,
+            &[tall, g16, b16],
+            |x| {
+                use mantissa::nn::{Activation, Sequential};
+                let (bn, x0) = batch_norm_on_device(x, true)?;
+                let y = Sequential::new()
+                    .push(bn)
+                    .push(Activation::Relu)
+                    .forward(&x0)?;
+                assert_eq!(y.op_name(), Some("batch_norm_relu"));
+                Ok(y)
             },
         );
         let rows = input(&[300, 40], dt, 84);

@@ -99,12 +99,16 @@ pub(crate) enum FusedRelu<'a, S> {
     None,
     /// Forward: the output clamped below at 0 (NaN stays NaN).
     Output,
-    /// Backward: the output's gradient counts only where the forward's output `y` (dense in
-    /// the gradient's format) is above 0, or NaN, as ReLU's own backward.
-    Grad(&'a S, &'a Layout),
-    /// Backward as [`FusedRelu::Grad`], and [`NormOps::batch_norm_grad`] also returns the
-    /// masked gradient (a residual's gradient, which `relu(bn(x) + r)` passes on), written in
-    /// the pass that sums it.
+    /// Backward: the output's gradient counts only where the forward's output was above 0,
+    /// or NaN, as ReLU's own backward. The output is recomputed from the input `x` with the
+    /// forward's statistics (`[5, c]` as [`NormOps::batch_norm_stats`] made them: `alpha (x -
+    /// center) + gamma`, before the clamp), so nothing is kept for the mask and the passes
+    /// read one tensor fewer. In [`NormOps::batch_norm_grad`] they are its `stats` operand.
+    Recompute(&'a S, &'a Layout),
+    /// Backward with a residual (`relu(bn(x) + r)`): the output's gradient counts only where
+    /// the forward's output `y` (dense in the gradient's format) is above 0, or NaN, and
+    /// [`NormOps::batch_norm_grad`] also returns the masked gradient (the residual's
+    /// gradient), written in the pass that sums it.
     GradKept(&'a S, &'a Layout),
 }
 
@@ -120,7 +124,15 @@ impl<'a, S> FusedRelu<'a, S> {
     /// The forward output a backward masks with, if any.
     pub(crate) fn mask(self) -> Option<(&'a S, &'a Layout)> {
         match self {
-            FusedRelu::Grad(y, l) | FusedRelu::GradKept(y, l) => Some((y, l)),
+            FusedRelu::GradKept(y, l) => Some((y, l)),
+            _ => None,
+        }
+    }
+
+    /// The forward statistics a backward recomputes its mask with, if any.
+    pub(crate) fn stats(self) -> Option<(&'a S, &'a Layout)> {
+        match self {
+            FusedRelu::Recompute(s, l) => Some((s, l)),
             _ => None,
         }
     }
@@ -129,7 +141,7 @@ impl<'a, S> FusedRelu<'a, S> {
 impl<'a> FusedRelu<'a, Storage> {
     /// The storage it reads, if any.
     fn operand(&self) -> Option<&'a Storage> {
-        self.mask().map(|(y, _)| y)
+        self.mask().or(self.stats()).map(|(y, _)| y)
     }
 
     /// The same seen as backend `B`'s (the device already checked).
@@ -137,7 +149,7 @@ impl<'a> FusedRelu<'a, Storage> {
         match self {
             FusedRelu::None => FusedRelu::None,
             FusedRelu::Output => FusedRelu::Output,
-            FusedRelu::Grad(y, l) => FusedRelu::Grad(B::part(y), l),
+            FusedRelu::Recompute(s, l) => FusedRelu::Recompute(B::part(s), l),
             FusedRelu::GradKept(y, l) => FusedRelu::GradKept(B::part(y), l),
         }
     }

@@ -195,8 +195,10 @@ impl Tensor {
     /// launch that updates the running statistics. With `residual` (same shape, dtype and
     /// device as the input), the output is `batch_norm(x) + residual` from the same pass (a
     /// ResNet block's shortcut), rounded once. With `relu`, it is then clamped at 0
-    /// (`relu(batch_norm(x) [+ residual])`), and the backward masks the output's gradient with
-    /// the saved output, as ReLU's own backward does.
+    /// (`relu(batch_norm(x) [+ residual])`), and the backward keeps the output's gradient
+    /// where the output was positive, as ReLU's own backward does: with a residual from the
+    /// saved output, without one from the output recomputed from the saved input and
+    /// statistics (one tensor fewer read in each backward pass).
     pub(crate) fn batch_norm_counted(
         &self,
         (running_mean, running_var): (Option<&Tensor>, Option<&Tensor>),
@@ -312,8 +314,10 @@ impl Tensor {
                 .channel_affine(x.layout(), add, &cs, cl, fused)?
         };
         let y = Tensor::from_storage_in(y, Layout::with_format("batch_norm", x.shape(), format)?);
-        // The fused ReLU's backward reads the output (what the next op keeps anyway).
-        let out = relu.then(|| y.detach());
+        // With a residual, the fused ReLU's backward reads the output (what the next op keeps
+        // anyway): the residual's part of it cannot be recomputed from x. Without one, the
+        // backward recomputes the output's sign from x and the statistics.
+        let out = (relu && r.is_some()).then(|| y.detach());
         let mut inputs = vec![&x];
         inputs.extend(weight);
         inputs.extend(bias);
@@ -322,6 +326,7 @@ impl Tensor {
         let rdt = r.as_ref().map(|r| r.dtype());
         let nparams = usize::from(weight.is_some()) + usize::from(bias.is_some());
         let xs = x.detach();
+        let fused_relu = relu;
         let read_out = out.clone();
         let mut reads = vec![&x];
         reads.extend(read_out.as_ref());
@@ -336,22 +341,21 @@ impl Tensor {
             // With a residual, the ReLU's masked gradient is both the residual's gradient and
             // what the affine pass reads: the sums' pass writes it as it reads dy, or, in the
             // mode without that pass, ReLU's backward makes it.
-            let keep = rdt.is_some() && out.is_some();
             let (dy, out) = match &out {
-                Some(y) if keep && mode == BnGrad::EvalInputOnly => (relu_grad(y, &dy)?, None),
+                Some(y) if mode == BnGrad::EvalInputOnly => (relu_grad(y, &dy)?, None),
                 _ => (dy, out.clone()),
             };
-            let ys = out.as_ref().map(|y| y.storage());
+            let (ys, ss) = (out.as_ref().map(|y| y.storage()), stats.storage());
             let relu = match (&ys, &out) {
-                (Some(s), Some(y)) if keep => FusedRelu::GradKept(&**s, y.layout()),
-                (Some(s), Some(y)) => FusedRelu::Grad(&**s, y.layout()),
+                (Some(s), Some(y)) => FusedRelu::GradKept(&**s, y.layout()),
+                _ if fused_relu && rdt.is_none() => FusedRelu::Recompute(&*ss, stats.layout()),
                 _ => FusedRelu::None,
             };
             let g = dy.storage().batch_norm_grad(
                 dy.layout(),
                 &xs.storage(),
                 xs.layout(),
-                &stats.storage(),
+                &ss,
                 stats.layout(),
                 mode,
                 relu,

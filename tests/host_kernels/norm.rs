@@ -29,6 +29,7 @@ type Affine = unsafe extern "C" fn(
     *const f32,
     *const f32,
     *const f32,
+    *const f32,
     *mut f32,
     i64,
     i64,
@@ -108,25 +109,26 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         // A fused ReLU's output, about half of it positive, in x's format.
         let yt = x.sub(3.0).unwrap().to_memory_format(format).unwrap();
         let ys = stored(&yt);
-        // The gradient sums' partials; with `mask`, dy counts where y > 0, and the masked dy
-        // comes back too.
-        let partials = |mode: i32, mean: &[f32], mask: bool| {
+        // The partials of mode 0 (moments) or the gradient sums (modes 1 and 2, `st` the
+        // forward's statistics: their means, and mode 2's recomputed ReLU); with `mask`, dy
+        // counts where y > 0, and the masked dy comes back too.
+        let partials = |mode: i32, st: &[f32], mask: bool| {
             let ya = Addr::of(&ys);
             let mut part = vec![f32::NAN; chunks * c * 2];
             let mut masked = vec![f32::NAN; if mask { xs.len() } else { 0 }];
             let oa = Addr::of_mut(&mut masked);
-            let (xa, da, ma) = (Addr::of(&xs), Addr::of(&ds), Addr::of(mean));
+            let (xa, da, ma) = (Addr::of(&xs), Addr::of(&ds), Addr::of(st));
             let pa = Addr::of_mut(&mut part);
             // Fewer blocks than work: each block strides over (chunk, tile) pairs.
             let blocks = (chunks * tiles).div_ceil(2) as u32;
             run_grid(lib, blocks, threads, || {
-                // SAFETY: x and dy hold the tensor's elements, mean c values, part one pair
-                // per (chunk, channel); one thread of a block writes each pair.
+                // SAFETY: x and dy hold the tensor's elements, st 5 c values (modes 1 and 2),
+                // part one pair per (chunk, channel); one thread of a block writes each pair.
                 unsafe {
                     partial(
                         mode,
                         xa.ptr(),
-                        if mode == 1 {
+                        if mode != 0 {
                             da.ptr()
                         } else {
                             std::ptr::null()
@@ -255,17 +257,25 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         // Backward, each mode: coefficients and the parameters' gradients.
         let st = Tensor::from_vec(stats.clone(), &[5 * c], crate::Device::Cpu).unwrap();
         let ls = Layout::contiguous(&[5 * c]);
-        for (mode, grad, masked) in [
-            (2, BnGrad::Train, false),
-            (2, BnGrad::Train, true),
-            (3, BnGrad::EvalWithParams, false),
-            (4, BnGrad::EvalInputOnly, false),
+        // The fused ReLU: none, its kept output as the mask (the masked dy written), or its
+        // output recomputed from x and the statistics.
+        let unmasked_dw = std::cell::RefCell::new(Vec::new());
+        for (mode, grad, relu_kind) in [
+            (2, BnGrad::Train, Relu::None),
+            (2, BnGrad::Train, Relu::Kept),
+            (2, BnGrad::Train, Relu::Recompute),
+            (3, BnGrad::EvalWithParams, Relu::None),
+            (3, BnGrad::EvalWithParams, Relu::Recompute),
+            (4, BnGrad::EvalInputOnly, Relu::None),
         ] {
-            let (sums, masked_dy) = partials(1, &stats[c..2 * c], masked);
-            let yst = yt.storage();
-            let relu = match masked {
-                true => FusedRelu::GradKept(&*yst, yt.layout()),
-                false => FusedRelu::None,
+            let masked = relu_kind == Relu::Kept;
+            let sums_mode = if relu_kind == Relu::Recompute { 2 } else { 1 };
+            let (sums, masked_dy) = partials(sums_mode, &stats, masked);
+            let (yst, sst) = (yt.storage(), st.storage());
+            let relu = match relu_kind {
+                Relu::Kept => FusedRelu::GradKept(&*yst, yt.layout()),
+                Relu::Recompute => FusedRelu::Recompute(&*sst, &ls),
+                Relu::None => FusedRelu::None,
             };
             let (mut coef, mut dw, mut db) =
                 (vec![f32::NAN; 4 * c], vec![f32::NAN; c], vec![f32::NAN; c]);
@@ -293,7 +303,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                 )
                 .unwrap();
             let (want, params) = (out.coef, out.params);
-            let what = format!("{what}: backward {grad:?}, ReLU mask {masked}");
+            let what = format!("{what}: backward {grad:?}, ReLU {relu_kind:?}");
             if masked {
                 // The masked dy in dy's storage order, as the CPU's ReLU backward gives it.
                 let want = values(out.masked.expect("kept"), xs.len());
@@ -309,6 +319,14 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                 Some((w, b)) => {
                     near(&dw, &values(w, c), &format!("{what}: weight gradient"));
                     near(&db, &values(b, c), &format!("{what}: bias gradient"));
+                    // A fused ReLU drops some of dy: its sums differ from the plain ones.
+                    match (grad, relu_kind) {
+                        (BnGrad::Train, Relu::None) => *unmasked_dw.borrow_mut() = dw.clone(),
+                        (BnGrad::Train, _) => {
+                            assert_ne!(dw, *unmasked_dw.borrow(), "{what}: dy masked")
+                        }
+                        _ => {}
+                    }
                 }
                 None => assert!(
                     !with_sums && dw.iter().all(|v| v.is_nan()),
@@ -326,28 +344,36 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         let kt = Tensor::from_vec(coef.clone(), &[4 * c], crate::Device::Cpu).unwrap();
         let lk = Layout::contiguous(&[4 * c]);
         // (addend, fused ReLU): forward plain, clamped, with a residual (clamped or not),
-        // backward plain and masked. The residual is dy's values.
+        // backward plain, masked by the kept output, masked by the output recomputed from x
+        // with the forward's statistics. The residual is dy's values.
         for (add, relu) in [
-            (Add::None, false),
-            (Add::None, true),
-            (Add::Scaled, false),
-            (Add::Scaled, true),
-            (Add::Residual, false),
-            (Add::Residual, true),
+            (Add::None, Relu::None),
+            (Add::None, Relu::Kept),
+            (Add::Scaled, Relu::None),
+            (Add::Scaled, Relu::Kept),
+            (Add::Scaled, Relu::Recompute),
+            (Add::Residual, Relu::None),
+            (Add::Residual, Relu::Kept),
         ] {
             let n = l.numel();
             let mut out = vec![f32::NAN; n];
             let pick = |on: bool, v: &[f32]| if on { v.as_ptr() } else { std::ptr::null() };
             let with_dy = add != Add::None;
-            let (dp, mp) = (pick(with_dy, &ds), pick(add == Add::Scaled && relu, &ys));
-            let flags =
-                i32::from(add != Add::Scaled && relu) | (i32::from(add == Add::Residual) << 1);
-            // SAFETY: x, dy, the mask and out hold n elements, coef 4 c.
+            let backward = add == Add::Scaled;
+            let (dp, mp) = (
+                pick(with_dy, &ds),
+                pick(backward && relu == Relu::Kept, &ys),
+            );
+            let fp = pick(backward && relu == Relu::Recompute, &stats);
+            let clamp = !backward && relu != Relu::None;
+            let flags = i32::from(clamp) | (i32::from(add == Add::Residual) << 1);
+            // SAFETY: x, dy, the mask and out hold n elements, the statistics 5 c, coef 4 c.
             unsafe {
                 affine(
                     xs.as_ptr(),
                     dp,
                     mp,
+                    fp,
                     coef.as_ptr(),
                     out.as_mut_ptr(),
                     n as i64,
@@ -357,29 +383,43 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                 )
             };
             let (xst, dst, kst, yst) = (x.storage(), dy.storage(), kt.storage(), yt.storage());
+            let sst = st.storage();
             let addend = match add {
                 Add::None => Addend::None,
                 Add::Scaled => Addend::Scaled(&*dst, dy.layout()),
                 Add::Residual => Addend::Residual(&*dst, dy.layout()),
             };
             let fused = match (add, relu) {
-                (_, false) => FusedRelu::None,
-                (Add::Scaled, true) => FusedRelu::Grad(&*yst, yt.layout()),
-                (_, true) => FusedRelu::Output,
+                (_, Relu::None) => FusedRelu::None,
+                (Add::Scaled, Relu::Kept) => FusedRelu::GradKept(&*yst, yt.layout()),
+                (Add::Scaled, Relu::Recompute) => FusedRelu::Recompute(&*sst, &ls),
+                _ => FusedRelu::Output,
             };
             let want = xst.channel_affine(&l, addend, &kst, &lk, fused);
             // The CPU writes its output in x's storage order, as the kernel does.
             let want = values(want.unwrap(), n);
-            if relu && add != Add::Scaled {
+            if clamp {
                 assert!(want.contains(&0.0), "{what}: the ReLU clamps some");
             }
-            near(
-                &out,
-                &want,
-                &format!("{what}: affine ({add:?}, ReLU: {relu})"),
-            );
+            let what = format!("{what}: affine ({add:?}, ReLU: {relu:?})");
+            near(&out, &want, &what);
+            if backward && relu != Relu::None {
+                // The mask drops dy at some elements and keeps it at others.
+                let unmasked = xst.channel_affine(&l, addend, &kst, &lk, FusedRelu::None);
+                let unmasked = values(unmasked.unwrap(), n);
+                let differ = unmasked.iter().zip(&want).filter(|(u, w)| u != w).count();
+                assert!(0 < differ && differ < n, "{what}: {differ} of {n} masked");
+            }
         }
     }
+}
+
+/// A fused ReLU under test: none, its kept output, its output recomputed from x.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Relu {
+    None,
+    Kept,
+    Recompute,
 }
 
 /// The addend of an affine pass under test.
@@ -403,6 +443,7 @@ fn batch_norm_affine_half_kernels_take_vectors_and_match_the_cpu() {
             *const T,
             *const T,
             *const T,
+            *const f32,
             *const f32,
             *mut T,
             i64,
@@ -461,6 +502,7 @@ fn batch_norm_affine_half_kernels_take_vectors_and_match_the_cpu() {
                     affine(
                         xs[skew..].as_ptr(),
                         rp,
+                        std::ptr::null(),
                         std::ptr::null(),
                         coef.as_ptr(),
                         out[skew..].as_mut_ptr(),

@@ -91,17 +91,21 @@ fn f32_vector<'a>(
 }
 
 /// The backward operands of `bn_partial` (device addresses; 0 for none): dy, a fused ReLU's
-/// output as its mask, where the masked dy goes, and the per-channel means.
+/// output as its mask, where the masked dy goes, and the forward's statistics (f32 `[5, c]`,
+/// whose second plane holds the means); with `recompute`, a fused ReLU's mask is recomputed
+/// from x and those statistics.
 struct Sums {
     dy: sys::CUdeviceptr,
     mask: sys::CUdeviceptr,
     masked: sys::CUdeviceptr,
-    mean: sys::CUdeviceptr,
+    stats: sys::CUdeviceptr,
+    recompute: bool,
 }
 
 /// Runs `bn_partial`: f32 partials `[chunks, c, 2]`, the moments of x (mode 0, `sums` None)
-/// or the gradient sums (mode 1), and the plan they were made with. With a mask, dy counts
-/// only where the mask is > 0; with `masked`, the masked dy is written there too.
+/// or the gradient sums (mode 1, mode 2 with the mask recomputed), and the plan they were
+/// made with. With a mask, dy counts only where the mask is > 0; with `masked`, the masked dy
+/// is written there too.
 fn partial(
     op: &'static str,
     x: &CudaStorage,
@@ -111,17 +115,22 @@ fn partial(
 ) -> Result<(CudaStorage, PartialPlan)> {
     let t = float_kname(op, x.dtype())?;
     let xp = x.ptr_at(lx.offset());
-    let mode = i32::from(sums.is_some());
+    let mode = match &sums {
+        None => 0,
+        Some(s) => 1 + i32::from(s.recompute),
+    };
     let Sums {
         dy: dp,
         mask,
         masked,
-        mean: mp,
+        stats: sp,
+        ..
     } = sums.unwrap_or(Sums {
         dy: 0,
         mask: 0,
         masked: 0,
-        mean: 0,
+        stats: 0,
+        recompute: false,
     });
     let aligned = [xp, dp, mask, masked].iter().all(|p| p % 16 == 0);
     let plan = PartialPlan::new(s, x.dtype(), aligned);
@@ -136,9 +145,10 @@ fn partial(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // Mode 0 reads x; mode 1 reads dy and x (and the means); both write f32 partial sums.
+    // Mode 0 reads x; modes 1 and 2 read dy and x (and the statistics); all write f32
+    // partial sums.
     let n = s.outer * s.channels * s.inner;
-    let planes = if mode == 1 {
+    let planes = if mode != 0 {
         2 + u64::from(mask != 0) + u64::from(masked != 0)
     } else {
         1
@@ -147,7 +157,7 @@ fn partial(
     let name = format!("bn_partial_{t}");
     launch!(
         bytes = bytes;
-        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &masked, &mp, &pp, &outer, &c,
+        x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &masked, &sp, &pp, &outer, &c,
         &inner, &chunk, &tg
     );
     Ok((part, plan))
@@ -349,9 +359,7 @@ pub(crate) fn batch_norm_grad(
         dbias: params.as_ref().map_or(0, |p| p.1.ptr()),
         ..Default::default()
     };
-    // The means are the statistics' second plane (f32); the kernel indexes dy from its own
-    // first element as it indexes x.
-    let mean = sp + (c * 4) as u64;
+    // The kernel indexes dy from its own first element as it indexes x.
     // The masked gradient, written by the sums' pass in dy's dense order from offset 0.
     let masked = match (relu, mode) {
         (FusedRelu::GradKept(..), BnGrad::Train | BnGrad::EvalWithParams) => {
@@ -369,7 +377,9 @@ pub(crate) fn batch_norm_grad(
                 dy: dy.ptr_at(ld.offset()),
                 mask,
                 masked: masked.as_ref().map_or(0, |m| m.ptr()),
-                mean,
+                stats: sp,
+                // The op passes its own statistics for the recomputed mask.
+                recompute: matches!(relu, FusedRelu::Recompute(..)),
             }),
             s,
         )?),
@@ -410,6 +420,24 @@ pub(crate) fn channel_affine(
         Addend::Scaled(d, ld) => relu_mask(op, d, ld, relu)?,
         _ => 0,
     };
+    // A fused ReLU's mask recomputed from x: the forward's statistics (f32 `[5, c]`).
+    let fc = match (add, relu.stats()) {
+        (Addend::Scaled(..), Some((st, ls))) => {
+            if ls.numel() != 5 * s.channels {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "statistics of {} values for input {:?}",
+                        ls.numel(),
+                        lx.shape()
+                    ),
+                ));
+            }
+            Some(f32_vector(op, st, ls)?)
+        }
+        _ => None,
+    };
+    let fp = fc.as_ref().map_or(0, |f| f.1);
     // Bit 0: clamp the output (a fused ReLU forward); bit 1: the addend is a residual.
     let flags = i32::from(matches!(relu, FusedRelu::Output))
         | (i32::from(matches!(add, Addend::Residual(..))) << 1);
@@ -419,7 +447,8 @@ pub(crate) fn channel_affine(
     // x in, the addend in when given, the output out; the coefficients are four f32 per
     // channel.
     let planes = if dp != 0 { 3 } else { 2 } + u64::from(mask != 0);
-    let bytes = planes * elems(n, x.dtype()) + elems(4 * s.channels, DType::F32);
+    let vectors = if fp != 0 { 9 } else { 4 };
+    let bytes = planes * elems(n, x.dtype()) + elems(vectors * s.channels, DType::F32);
     // A thread per 16-byte vector where the kernel can take them (the grid strides anyway).
     let v = 16 / x.dtype().size_in_bytes();
     let vectors = match s.inner {
@@ -436,6 +465,7 @@ pub(crate) fn channel_affine(
         &xp,
         &dp,
         &mask,
+        &fp,
         &kp,
         &outp,
         &n64,
