@@ -2,7 +2,7 @@
 //! backend's kernels (one module per family beside this file), plus the host-memory checks
 //! that come before a kernel allocating without a `Result`.
 
-use super::{amp, host_can_hold, index, layer_norm, norm, CpuStorage, IntoStorage};
+use super::{amp, host_can_hold, index, layer_norm, norm, norm_affine, CpuStorage, IntoStorage};
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
@@ -244,7 +244,7 @@ impl NormOps for CpuStorage {
         lc: &Layout,
         relu: crate::backend::norm::FusedRelu<'_, Self>,
     ) -> Result<Self> {
-        norm::channel_affine(self, lx, add, coef, lc, relu)
+        norm_affine::channel_affine(self, lx, add, coef, lc, relu)
     }
     fn layer_norm(
         &self,

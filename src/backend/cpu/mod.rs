@@ -16,6 +16,7 @@ pub(crate) mod layer_norm;
 mod loss;
 mod matmul;
 pub(crate) mod norm;
+mod norm_affine;
 mod optim;
 mod pool;
 mod pool_nhwc;
