@@ -32,26 +32,39 @@ pub fn is_grad_enabled() -> bool {
 /// ```
 #[must_use = "gradients are off as long as the guard lives"]
 pub struct NoGradGuard {
-    entry: ScopeEntry<bool>,
+    _mode: GradMode,
 }
 
 impl NoGradGuard {
     #[allow(clippy::new_without_default)]
     pub fn new() -> NoGradGuard {
         NoGradGuard {
-            entry: ScopeEntry::push(&NO_GRAD, false, set_grad_mode),
+            _mode: GradMode::push(false),
         }
+    }
+}
+
+/// A grad mode pushed on this thread's stack until dropped: what both guards hold.
+struct GradMode {
+    entry: ScopeEntry<bool>,
+}
+
+impl GradMode {
+    fn push(enabled: bool) -> GradMode {
+        GradMode {
+            entry: ScopeEntry::push(&NO_GRAD, enabled, set_grad_mode),
+        }
+    }
+}
+
+impl Drop for GradMode {
+    fn drop(&mut self) {
+        self.entry.pop(set_grad_mode);
     }
 }
 
 fn set_grad_mode(top: Option<bool>) {
     let _ = GRAD_ENABLED.try_with(|g| g.set(top.unwrap_or(true)));
-}
-
-impl Drop for NoGradGuard {
-    fn drop(&mut self) {
-        self.entry.pop(set_grad_mode);
-    }
 }
 
 /// Runs `f` without recording the graph (like `with torch.no_grad():`).
@@ -71,19 +84,13 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
 /// `torch.enable_grad()`): a checkpoint's recomputation records its graph inside a backward.
 #[must_use = "gradients are on as long as the guard lives"]
 pub(crate) struct EnableGradGuard {
-    entry: ScopeEntry<bool>,
+    _mode: GradMode,
 }
 
 impl EnableGradGuard {
     pub(crate) fn new() -> EnableGradGuard {
         EnableGradGuard {
-            entry: ScopeEntry::push(&NO_GRAD, true, set_grad_mode),
+            _mode: GradMode::push(true),
         }
-    }
-}
-
-impl Drop for EnableGradGuard {
-    fn drop(&mut self) {
-        self.entry.pop(set_grad_mode);
     }
 }

@@ -328,14 +328,7 @@ pub(crate) fn batch_norm_grad(
     let mask = relu_mask(op, dy, ld, relu)?;
     let c = s.channels;
     if ls.numel() != 5 * c || s.outer * s.inner == 0 {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "statistics of {} values for input {:?}",
-                ls.numel(),
-                lx.shape()
-            ),
-        ));
+        return Err(bad_stats(op, ls, lx));
     }
     let (_stats, sp) = f32_vector(op, stats, ls)?;
     let coef = CudaStorage::alloc_on(x.rt(), DType::F32, 4 * c)?;
@@ -424,14 +417,7 @@ pub(crate) fn channel_affine(
     let fc = match (add, relu.stats()) {
         (Addend::Scaled(..), Some((st, ls))) => {
             if ls.numel() != 5 * s.channels {
-                return Err(Error::invalid(
-                    op,
-                    format!(
-                        "statistics of {} values for input {:?}",
-                        ls.numel(),
-                        lx.shape()
-                    ),
-                ));
+                return Err(bad_stats(op, ls, lx));
             }
             Some(f32_vector(op, st, ls)?)
         }
@@ -474,6 +460,18 @@ pub(crate) fn channel_affine(
         &flags
     );
     Ok(out)
+}
+
+/// The error for statistics (layout `ls`) that are not `[5, c]` for the input `lx`.
+fn bad_stats(op: &'static str, ls: &Layout, lx: &Layout) -> Error {
+    Error::invalid(
+        op,
+        format!(
+            "statistics of {} values for input {:?}",
+            ls.numel(),
+            lx.shape()
+        ),
+    )
 }
 
 /// The address of a fused ReLU's forward output, read as a mask beside `dy` (0 without one):
