@@ -879,6 +879,40 @@ fn composite_ops_match() {
                 )
             },
         );
+        // Eval with the ReLU fused: the backward recomputes the mask from the running
+        // statistics, with the parameters' gradients (the sums' pass) and without (the affine
+        // pass alone: the parameters are constants).
+        for with_params in [true, false] {
+            let ins = match with_params {
+                true => vec![img.clone(), gamma.clone(), beta.clone()],
+                false => vec![img.clone()],
+            };
+            let (g, b) = (gamma.clone(), beta.clone());
+            parity("batch_norm + relu eval (Sequential)", d, &ins, |x| {
+                use mantissa::nn::{Activation, Module, Sequential};
+                let dev = x[0].device();
+                let params = match with_params {
+                    true => [x[1].clone(), x[2].clone()],
+                    false => [g.to_device(dev)?, b.to_device(dev)?],
+                };
+                let (mut bn, x0) = batch_norm_on_device(
+                    &[x[0].clone(), params[0].clone(), params[1].clone()],
+                    false,
+                )?;
+                bn.running_mean =
+                    Tensor::from_vec(vec![0.1f32, -0.2, 0.3, 0.0], &[4], Device::Cpu)?
+                        .to_device(dev)?;
+                bn.running_var = Tensor::from_vec(vec![1.5f32, 0.5, 2.0, 1.0], &[4], Device::Cpu)?
+                    .to_device(dev)?;
+                bn.eval();
+                let y = Sequential::new()
+                    .push(bn)
+                    .push(Activation::Relu)
+                    .forward(&x0)?;
+                assert_eq!(y.op_name(), Some("batch_norm_relu"));
+                Ok(y)
+            });
+        }
         parity("batch_norm eval, no affine", d, &[img.clone()], |x| {
             let on = |v: Vec<f32>| Tensor::from_vec(v, &[4], Device::Cpu)?.to_device(x[0].device());
             let (rm, rv) = (
