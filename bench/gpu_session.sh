@@ -13,7 +13,9 @@
 #   bash bench/gpu_session.sh verify     # MNIST CNN fp16 and the CUDA tests, one call
 #   bash bench/gpu_session.sh report DIR # one call: gpu_check, W1-W4 beside their PyTorch
 #                                        # peers with --profile on both sides, and DIR/report.md
-#                                        # (bench/report.py) to paste into BENCHMARKS.md
+#                                        # (bench/report.py) to paste into BENCHMARKS.md; DIR
+#                                        # (default /tmp/report) comes back packed as
+#                                        # $OUT/report.tar.gz beside $OUT/report.md
 set -u
 cd "$(dirname "$0")/.."
 source bench/gpu_env.sh
@@ -34,7 +36,9 @@ run() { # name, limit in seconds, command...
 }
 mode=${1:-all}
 if [ "$mode" = report ]; then
-    dir=${2:-$OUT/report}
+    # $OUT brings back at most 8 files (16 MiB each): the report's dozen logs and traces come
+    # back packed in one.
+    dir=${2:-/tmp/report}
     mkdir -p "$dir"
     rep() { # name, limit in seconds, command...: the whole log into the report folder
         local name=$1 limit=$2; shift 2
@@ -67,6 +71,12 @@ if [ "$mode" = report ]; then
     done
     python3 bench/report.py "$dir" >"$dir/report.md"
     cat "$dir/report.md"
+    cp "$dir/report.md" "$OUT/report.md"
+    tar -czf "$OUT/report.tar.gz" -C "$dir" .
+    if [ "$(stat -c %s "$OUT/report.tar.gz")" -gt 16000000 ]; then
+        # Over the limit of a file that comes back: the logs and the report without the traces.
+        tar -czf "$OUT/report.tar.gz" -C "$dir" --exclude='*-trace.json.gz' .
+    fi
     exit 0
 fi
 if [ "$mode" = accept ] || [ "$mode" = verify ]; then
