@@ -1,7 +1,9 @@
 // 2-D pooling over dense NCHW inputs, or NHWC ones (`channels_last`: outputs and input
 // gradients in the same order), src/backend/cpu/pool.rs giving the same results: max pooling
-// with the flat in-plane index of each maximum, average pooling, and adaptive average
-// pooling. The backward kernels gather: one thread per input cell sums the output cells
+// with the position of each maximum (max_pool2d_*: the flat in-plane index, i64;
+// max_pool2d_taps_*: for windows of at most 255 taps, the tap ky kw + kx, u8, 8 times
+// smaller, since the positions live from forward to backward), average pooling, and adaptive
+// average pooling. The backward kernels gather: one thread per input cell sums the output cells
 // whose window holds it, in the order the CPU adds them, so they need no atomics and repeat
 // bit for bit.
 
@@ -56,8 +58,36 @@ __device__ __forceinline__ void reach(i64 i, i64 k, i64 s, i64 p, i64 d, i64 out
     if (*hi > out - 1) *hi = out - 1;
 }
 
-template <typename T>
-__device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
+// Where max pooling records window o's maximum: at in-plane index k, tap `tap` of the
+// window (both -1 when the window holds no input: 255 as a tap).
+__device__ __forceinline__ void put_max(i64* idx, i64 o, i64 k, i64 tap) { idx[o] = k; }
+__device__ __forceinline__ void put_max(u8* idx, i64 o, i64 k, i64 tap) {
+    idx[o] = tap < 0 ? (u8)255 : (u8)tap;
+}
+
+// The tap along one axis (0 <= t < kn) whose offset from the window's start is `off` with
+// taps `d` apart, or -1 when no tap lies there.
+__device__ __forceinline__ i64 tap_at(i64 off, i64 d, i64 kn) {
+    if (d != 1) {
+        if (off % d != 0) return -1;
+        off /= d;
+    }
+    return off >= 0 && off < kn ? off : -1;
+}
+
+// Whether window o's recorded maximum is input cell k, at offsets (ty, tx) from the window's
+// start.
+__device__ __forceinline__ bool is_max(const i64* idx, i64 o, i64 k, i64, i64, const PoolArgs&) {
+    return idx[o] == k;
+}
+__device__ __forceinline__ bool is_max(const u8* idx, i64 o, i64, i64 ty, i64 tx,
+                                       const PoolArgs& a) {
+    i64 ky = tap_at(ty, a.dh, a.kh), kx = tap_at(tx, a.dw, a.kw);
+    return ky >= 0 && kx >= 0 && (i64)idx[o] == ky * a.kw + kx;
+}
+
+template <typename T, typename I>
+__device__ void max_pool(const T* x, T* y, I* idx, PoolArgs a) {
     i64 n = a.planes * a.ho * a.wo;
     FOR_EACH(o, n) {
         i64 pl, q;
@@ -66,7 +96,7 @@ __device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
         row_col(q, a.wo, &oy, &ox);
         PlaneAt P = plane_at(a, pl, a.h * a.w);
         float best = -INFINITY;
-        i64 bi = -1;
+        i64 bi = -1, bt = -1;
         for (i64 ky = 0; ky < a.kh; ky++) {
             i64 iy = oy * a.sh + ky * a.dh - a.ph;
             if (iy < 0 || iy >= a.h) continue;
@@ -75,16 +105,20 @@ __device__ void max_pool(const T* x, T* y, i64* idx, PoolArgs a) {
                 if (ix < 0 || ix >= a.w) continue;
                 i64 k = iy * a.w + ix;
                 float v = to_f32(x[P.base + k * P.stride]);
-                if (bi < 0 || v > best || (isnan(v) && !isnan(best))) { best = v; bi = k; }
+                if (bi < 0 || v > best || (isnan(v) && !isnan(best))) {
+                    best = v;
+                    bi = k;
+                    bt = ky * a.kw + kx;
+                }
             }
         }
         y[o] = from_f32<T>(best);
-        idx[o] = bi;
+        put_max(idx, o, bi, bt);
     }
 }
 
-template <typename T>
-__device__ void max_pool_backward(const T* g, const i64* idx, T* gx, PoolArgs a) {
+template <typename T, typename I>
+__device__ void max_pool_backward(const T* g, const I* idx, T* gx, PoolArgs a) {
     i64 n = a.planes * a.h * a.w;
     FOR_EACH(i, n) {
         i64 pl, k, y0, y1, x0, x1;
@@ -96,9 +130,10 @@ __device__ void max_pool_backward(const T* g, const i64* idx, T* gx, PoolArgs a)
         reach(ix, a.kw, a.sw, a.pw, a.dw, a.wo, &x0, &x1);
         float acc = 0.0f;
         for (i64 oy = y0; oy <= y1; oy++) {
+            i64 ty = iy + a.ph - oy * a.sh;
             for (i64 ox = x0; ox <= x1; ox++) {
                 i64 o = P.base + (oy * a.wo + ox) * P.stride;
-                if (idx[o] == k) acc += to_f32(g[o]);
+                if (is_max(idx, o, k, ty, ix + a.pw - ox * a.sw, a)) acc += to_f32(g[o]);
             }
         }
         gx[i] = from_f32<T>(acc);
@@ -224,11 +259,18 @@ __device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
 
 #define POOL(T)                                                                                 \
     extern "C" __global__ void max_pool2d_##T(const T* x, T* y, i64* idx, PoolArgs a) {         \
-        max_pool<T>(x, y, idx, a);                                                              \
+        max_pool<T, i64>(x, y, idx, a);                                                         \
     }                                                                                           \
     extern "C" __global__ void max_pool2d_backward_##T(const T* g, const i64* idx, T* gx,       \
                                                        PoolArgs a) {                            \
-        max_pool_backward<T>(g, idx, gx, a);                                                    \
+        max_pool_backward<T, i64>(g, idx, gx, a);                                               \
+    }                                                                                           \
+    extern "C" __global__ void max_pool2d_taps_##T(const T* x, T* y, u8* idx, PoolArgs a) {     \
+        max_pool<T, u8>(x, y, idx, a);                                                          \
+    }                                                                                           \
+    extern "C" __global__ void max_pool2d_taps_backward_##T(const T* g, const u8* idx, T* gx,   \
+                                                            PoolArgs a) {                       \
+        max_pool_backward<T, u8>(g, idx, gx, a);                                                \
     }                                                                                           \
     extern "C" __global__ void avg_pool2d_##T(const T* x, T* y, PoolArgs a) {                   \
         avg_pool<T>(x, y, a);                                                                   \

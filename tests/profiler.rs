@@ -405,11 +405,14 @@ fn device_memory_at_peak_names_the_ops_holding_it() {
     // Blocks belong to the op the user called. relu holds its output (its backward reads it);
     // its input, conv2d's output with the bias added, is saved by nobody (relu keeps its
     // output instead), so conv2d holds nothing: its output before the bias and any workspace
-    // are gone too. max_pool2d holds its output and indices; `zeros` (a `full`) the large
-    // tensor.
+    // are gone too. max_pool2d holds its output and the position of each maximum (a byte per
+    // output: the tap within its 2 x 2 window); `zeros` (a `full`) the large tensor.
     assert_eq!(by["relu"], block(2 * 4 * 10 * 10 * 4));
     assert!(!by.contains_key("conv2d"), "{by:?}");
-    assert!(by["max_pool2d"] >= 2 * block(2 * 4 * 5 * 5 * 4));
+    assert_eq!(
+        by["max_pool2d"],
+        block(2 * 4 * 5 * 5 * 4) + block(2 * 4 * 5 * 5)
+    );
     assert!(by["full"] >= block(4 << 18));
     drop(held);
     // A whole step (forward, backward, SGD): the profile's peak is the allocator's, and the

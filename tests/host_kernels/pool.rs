@@ -14,12 +14,22 @@ enum Pooling {
 type Forward = unsafe extern "C" fn(*const f32, *mut f32, PoolArgs);
 type MaxForward = unsafe extern "C" fn(*const f32, *mut f32, *mut i64, PoolArgs);
 type MaxBackward = unsafe extern "C" fn(*const f32, *const i64, *mut f32, PoolArgs);
+type TapsForward = unsafe extern "C" fn(*const f32, *mut f32, *mut u8, PoolArgs);
+type TapsBackward = unsafe extern "C" fn(*const f32, *const u8, *mut f32, PoolArgs);
 
 #[test]
 fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
     let Some(lib) = library("pool") else { return };
     let cases = [
         Pooling::Max(MaxPool2dOptions::new(2)),
+        // ResNet's stem: 3 x 3 windows, stride 2, padding 1 (overlapping windows).
+        Pooling::Max(MaxPool2dOptions {
+            kernel: [3, 3],
+            stride: Some([2, 2]),
+            padding: [1, 1],
+            dilation: [1, 1],
+            ceil_mode: false,
+        }),
         Pooling::Max(MaxPool2dOptions {
             kernel: [3, 2],
             stride: Some([2, 1]),
@@ -80,6 +90,20 @@ fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
             // SAFETY: the buffers hold the element counts the arguments describe.
             unsafe {
                 if let Pooling::Max(_) = case {
+                    // The positions as u8 taps within the window (what the launcher uses for
+                    // these windows) ...
+                    let mut taps = vec![0u8; y.numel()];
+                    let f: TapsForward = function(lib, "max_pool2d_taps_float");
+                    f(xs.as_ptr(), out.as_mut_ptr(), taps.as_mut_ptr(), a);
+                    let b: TapsBackward = function(lib, "max_pool2d_taps_backward_float");
+                    b(gs.as_ptr(), taps.as_ptr(), back.as_mut_ptr(), a);
+                    close(&out, &in_order(&y, nhwc), &format!("{what} forward (taps)"));
+                    close(
+                        &back,
+                        &in_order(&gx, nhwc),
+                        &format!("{what} backward (taps)"),
+                    );
+                    // ... and as i64 in-plane indices (windows of more than 255 taps).
                     let mut idx = vec![0i64; y.numel()];
                     let f: MaxForward = function(lib, "max_pool2d_float");
                     f(xs.as_ptr(), out.as_mut_ptr(), idx.as_mut_ptr(), a);
