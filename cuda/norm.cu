@@ -62,7 +62,8 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
         for (i64 j = threadIdx.x; j < n / V; j += blockDim.x) {
             i64 r = idiv(j, iv);
             i64 off = r * C * inner + (j - r * iv) * V;
-            Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(xb + off), dv, mv;
+            Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(xb + off), dv;
+            Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage
             if (db) dv = *reinterpret_cast<const Vec16<T>*>(db + off);
             if (mb) mv = *reinterpret_cast<const Vec16<T>*>(mb + off);
             #pragma unroll
@@ -129,7 +130,8 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
             #pragma unroll 4
             for (int r = lr; r < rows; r += R) {
                 i64 off = (o0 + r) * C + c0;
-                Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + off), dv, mv;
+                Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + off), dv;
+                Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage
                 if (mode == 0) {
                     #pragma unroll
                     for (int q = 0; q < V; ++q) {
@@ -431,7 +433,8 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
     // Vectors per channels-last row, or per channel run.
     i64 run = inner == 1 ? C / V : inner / V;
     FOR_EACH(i, nv) {
-        Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i], av, mv;
+        Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i], av;
+        Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage
         if (add) av = reinterpret_cast<const Vec16<T>*>(add)[i];
         if (mask) mv = reinterpret_cast<const Vec16<T>*>(mask)[i];
         if (inner == 1) {
