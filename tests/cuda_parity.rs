@@ -722,6 +722,17 @@ fn batch_norm_on_device(x: &[Tensor], cl: bool) -> Result<(nn::BatchNorm2d, Tens
     Ok((bn, x0))
 }
 
+/// `bn` followed by ReLU in a `Sequential` on `x`, checked to run as the fused op.
+fn bn_relu(bn: nn::BatchNorm2d, x: &Tensor) -> Result<Tensor> {
+    use mantissa::nn::{Activation, Sequential};
+    let y = Sequential::new()
+        .push(bn)
+        .push(Activation::Relu)
+        .forward(x)?;
+    assert_eq!(y.op_name(), Some("batch_norm_relu"));
+    Ok(y)
+}
+
 #[test]
 fn composite_ops_match() {
     let Some(d) = gpu() else { return };
@@ -772,12 +783,8 @@ fn composite_ops_match() {
                 d,
                 &[img.clone(), gamma.clone(), beta.clone()],
                 |x| {
-                    use mantissa::nn::{Activation, Sequential};
                     let (bn, x0) = batch_norm_on_device(x, cl)?;
-                    Sequential::new()
-                        .push(bn)
-                        .push(Activation::Relu)
-                        .forward(&x0)
+                    bn_relu(bn, &x0)
                 },
             );
         }
@@ -843,14 +850,8 @@ fn composite_ops_match() {
             d,
             &[tall, g16, b16],
             |x| {
-                use mantissa::nn::{Activation, Sequential};
                 let (bn, x0) = batch_norm_on_device(x, true)?;
-                let y = Sequential::new()
-                    .push(bn)
-                    .push(Activation::Relu)
-                    .forward(&x0)?;
-                assert_eq!(y.op_name(), Some("batch_norm_relu"));
-                Ok(y)
+                bn_relu(bn, &x0)
             },
         );
         let rows = input(&[300, 40], dt, 84);
@@ -889,7 +890,7 @@ fn composite_ops_match() {
             };
             let (g, b) = (gamma.clone(), beta.clone());
             parity("batch_norm + relu eval (Sequential)", d, &ins, |x| {
-                use mantissa::nn::{Activation, Module, Sequential};
+                use mantissa::nn::Module;
                 let dev = x[0].device();
                 let params = match with_params {
                     true => [x[1].clone(), x[2].clone()],
@@ -905,12 +906,7 @@ fn composite_ops_match() {
                 bn.running_var = Tensor::from_vec(vec![1.5f32, 0.5, 2.0, 1.0], &[4], Device::Cpu)?
                     .to_device(dev)?;
                 bn.eval();
-                let y = Sequential::new()
-                    .push(bn)
-                    .push(Activation::Relu)
-                    .forward(&x0)?;
-                assert_eq!(y.op_name(), Some("batch_norm_relu"));
-                Ok(y)
+                bn_relu(bn, &x0)
             });
         }
         parity("batch_norm eval, no affine", d, &[img.clone()], |x| {
