@@ -431,10 +431,10 @@ pub(crate) fn channel_affine(
     let (n64, c, inner) = (n as i64, s.channels as i64, s.inner as i64);
     let name = format!("bn_affine_{t}");
     // x in, the addend in when given, the output out; the coefficients are four f32 per
-    // channel.
+    // channel, and a recomputed mask reads the forward's five more.
     let planes = if dp != 0 { 3 } else { 2 } + u64::from(mask != 0);
-    let vectors = if fp != 0 { 9 } else { 4 };
-    let bytes = planes * elems(n, x.dtype()) + elems(vectors * s.channels, DType::F32);
+    let per_channel = if fp != 0 { 9 } else { 4 };
+    let bytes = planes * elems(n, x.dtype()) + elems(per_channel * s.channels, DType::F32);
     // A thread per 16-byte vector where the kernel can take them (the grid strides anyway).
     let v = 16 / x.dtype().size_in_bytes();
     let vectors = match s.inner {
