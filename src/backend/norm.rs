@@ -156,9 +156,11 @@ impl<'a> FusedRelu<'a, Storage> {
 }
 
 /// What [`NormOps::batch_norm_grad`] gives: the coefficients `[4, c]`, the weight's and
-/// bias's gradients when the mode sums them, and the masked gradient with
-/// [`FusedRelu::GradKept`] (dense in the gradient's format, from offset 0) when the mode
-/// reads the gradient (not [`BnGrad::EvalInputOnly`]).
+/// bias's gradients when the mode sums them, and the masked gradient (dense in the
+/// gradient's format, from offset 0) when the mode reads the gradient (not
+/// [`BnGrad::EvalInputOnly`]): always with [`FusedRelu::GradKept`], and with
+/// [`FusedRelu::Recompute`] where the backend made it anyway (the CPU; CUDA recomputes the
+/// mask in registers and writes none). The caller then reads it in place of `dy`, unmasked.
 pub(crate) struct BnGradOut<S> {
     pub coef: S,
     pub params: Option<(S, S)>,

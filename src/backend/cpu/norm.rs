@@ -274,7 +274,12 @@ pub(crate) fn batch_norm_grad(
     mode: BnGrad,
     relu: FusedRelu<'_, CpuStorage>,
 ) -> Result<BnGradOut<CpuStorage>> {
-    let masked = super::norm_affine::relu_masked(dy, ld, (x, lx), relu)?;
+    // A fused ReLU's masked gradient, made once where the sums read it; it comes back, so the
+    // affine pass reads it instead of masking dy again.
+    let masked = match mode {
+        BnGrad::EvalInputOnly => None,
+        _ => super::norm_affine::relu_masked(dy, ld, (x, lx), relu)?,
+    };
     let (dy, ld) = masked.as_ref().map_or((dy, ld), |(d, l)| (d, l));
     let s = ChannelSplit::of_pair("batch_norm backward", ld, lx)?;
     let c = s.channels;
@@ -307,11 +312,10 @@ pub(crate) fn batch_norm_grad(
         let db = v[..c].to_vec();
         (stats_storage(dw, x.dtype()), stats_storage(db, x.dtype()))
     });
-    let kept = matches!(relu, FusedRelu::GradKept(..)) && mode != BnGrad::EvalInputOnly;
     Ok(BnGradOut {
         coef: stats_storage(coef, x.dtype()),
         params,
-        masked: masked.filter(|_| kept).map(|(m, _)| m),
+        masked: masked.map(|(m, _)| m),
     })
 }
 
