@@ -46,6 +46,29 @@ pub(crate) trait NormOps: BackendStorage {
         lc: &Layout,
         relu: FusedRelu<'_, Self>,
     ) -> Result<Self>;
+    /// Training batch norm in one library call, `relu(bn(x) + z)` with the ReLU and the
+    /// residual `z` optional (cuDNN's NHWC batch norm on CUDA, when switched on), running
+    /// statistics and the batch counter updated on the way; `None` where the backend has no
+    /// such call for these operands (the default), and the caller runs the passes above.
+    /// `self` is a dense channels-last `[n, c, h, w]` x.
+    fn batch_norm_fused(
+        &self,
+        _lx: &Layout,
+        _p: FusedBn<'_, Self>,
+    ) -> Result<Option<FusedBnOut<Self>>> {
+        Ok(None)
+    }
+    /// The backward of [`NormOps::batch_norm_fused`]; `self` is `dy`, dense channels-last.
+    fn batch_norm_fused_backward(
+        &self,
+        _ld: &Layout,
+        _b: FusedBnBack<'_, Self>,
+    ) -> Result<FusedBnGrads<Self>> {
+        Err(crate::Error::invalid(
+            "batch_norm backward",
+            "this device made no fused batch norm to differentiate",
+        ))
+    }
     /// Layer norm over rows of `cols` elements (the trailing dims of a contiguous `x`): the
     /// output in `x`'s dtype and the statistics `[rows, 2]` (mean, 1 / sqrt(var + eps)) in
     /// f32 (f64 for f64); `w` and `b` (`cols` elements) share `x`'s dtype.
@@ -206,6 +229,55 @@ impl<'a> Addend<'a, Storage> {
     }
 }
 
+/// The operands of [`NormOps::batch_norm_fused`].
+pub(crate) struct FusedBn<'a, S> {
+    /// The scale and shift: whole `[c]` storages in f32.
+    pub weight: &'a S,
+    pub bias: &'a S,
+    /// Whole `[c]` f32 running mean and variance, updated in place as in
+    /// [`BnSource::Batch`].
+    pub running: Option<(&'a mut S, &'a mut S)>,
+    /// A whole one-element i64 batch counter, counted once.
+    pub tracked: Option<&'a mut S>,
+    /// `z`, added before the ReLU: dense in x's format, x's dtype.
+    pub residual: Option<(&'a S, &'a Layout)>,
+    pub relu: bool,
+    pub momentum: f64,
+    pub eps: f64,
+}
+
+/// What [`NormOps::batch_norm_fused`] gives: the output (dense in x's format), what the
+/// backward reads (the batch's mean and `1 / sqrt(var + eps)`, f32 `[2, c]`), and the
+/// library's reserve space (bytes; the fused ReLU's mask), passed back unchanged.
+pub(crate) struct FusedBnOut<S> {
+    pub y: S,
+    pub saved: S,
+    pub reserve: S,
+}
+
+/// The operands of [`NormOps::batch_norm_fused_backward`]: the forward's input and, with a
+/// ReLU, its output, the parameters and what [`FusedBnOut`] saved, and the same call.
+pub(crate) struct FusedBnBack<'a, S> {
+    pub x: (&'a S, &'a Layout),
+    pub y: Option<(&'a S, &'a Layout)>,
+    pub weight: &'a S,
+    pub bias: &'a S,
+    pub saved: &'a S,
+    pub reserve: &'a S,
+    pub residual: bool,
+    pub relu: bool,
+    pub eps: f64,
+}
+
+/// The gradients of [`NormOps::batch_norm_fused`]: the input's (dense in its format), the
+/// scale's and shift's (f32 `[c]`), and the residual's with one.
+pub(crate) struct FusedBnGrads<S> {
+    pub dx: S,
+    pub dweight: S,
+    pub dbias: S,
+    pub dz: Option<S>,
+}
+
 /// What [`NormOps::batch_norm_grad`] computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BnGrad {
@@ -260,6 +332,68 @@ impl Storage {
                 eps: p.eps,
             };
             Ok(B::part(self).batch_norm_stats(lx, p)?.wrap())
+        })
+    }
+
+    /// See [`NormOps::batch_norm_fused`]: the running statistics and the batch counter are
+    /// written in place, on `self`'s device.
+    pub(crate) fn batch_norm_fused(
+        &self,
+        lx: &Layout,
+        p: FusedBn<'_, Storage>,
+    ) -> Result<Option<FusedBnOut<Storage>>> {
+        let mut all = vec![self, p.weight, p.bias];
+        all.extend(p.running.iter().flat_map(|(m, v)| [&**m, &**v]));
+        all.extend(p.tracked.as_deref());
+        all.extend(p.residual.map(|r| r.0));
+        let device = super::common_device("batch_norm", &all)?;
+        super::on_device!(device, B => {
+            let p = FusedBn {
+                weight: B::part(p.weight),
+                bias: B::part(p.bias),
+                running: p.running.map(|(m, v)| (B::part_mut(m), B::part_mut(v))),
+                tracked: p.tracked.map(B::part_mut),
+                residual: part(p.residual),
+                relu: p.relu,
+                momentum: p.momentum,
+                eps: p.eps,
+            };
+            Ok(B::part(self).batch_norm_fused(lx, p)?.map(|o| FusedBnOut {
+                y: o.y.wrap(),
+                saved: o.saved.wrap(),
+                reserve: o.reserve.wrap(),
+            }))
+        })
+    }
+
+    /// See [`NormOps::batch_norm_fused_backward`].
+    pub(crate) fn batch_norm_fused_backward(
+        &self,
+        ld: &Layout,
+        b: FusedBnBack<'_, Storage>,
+    ) -> Result<FusedBnGrads<Storage>> {
+        let mut all = vec![self, b.x.0, b.weight, b.bias, b.saved, b.reserve];
+        all.extend(b.y.map(|y| y.0));
+        let device = super::common_device("batch_norm backward", &all)?;
+        super::on_device!(device, B => {
+            let b = FusedBnBack {
+                x: (B::part(b.x.0), b.x.1),
+                y: part(b.y),
+                weight: B::part(b.weight),
+                bias: B::part(b.bias),
+                saved: B::part(b.saved),
+                reserve: B::part(b.reserve),
+                residual: b.residual,
+                relu: b.relu,
+                eps: b.eps,
+            };
+            let g = B::part(self).batch_norm_fused_backward(ld, b)?;
+            Ok(FusedBnGrads {
+                dx: g.dx.wrap(),
+                dweight: g.dweight.wrap(),
+                dbias: g.dbias.wrap(),
+                dz: g.dz.map(|z| z.wrap()),
+            })
         })
     }
 

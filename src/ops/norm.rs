@@ -276,6 +276,22 @@ impl Tensor {
         // backward's sums, not through these casts).
         let cast = |v: Option<&Tensor>| v.map(|v| v.detach().to_dtype(sd)).transpose();
         let (w, b) = (cast(weight)?, cast(bias)?);
+        if format == MemoryFormat::ChannelsLast {
+            let call = BnCall {
+                training,
+                momentum,
+                eps,
+                relu,
+            };
+            let (running, params) = ((running_mean, running_var), (weight, bias));
+            let (rr, wb) = (r.as_ref(), (w.as_ref(), b.as_ref()));
+            let fused = super::norm_fused::batch_norm_fused(
+                name, &x, rr, running, tracked, params, wb, call,
+            )?;
+            if let Some(y) = fused {
+                return Ok(y);
+            }
+        }
         let stats = if training {
             let (running, params) = ((running_mean, running_var), (w.as_ref(), b.as_ref()));
             batch_stats(&x, running, tracked, params, momentum, eps)?

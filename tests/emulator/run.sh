@@ -24,6 +24,7 @@ for lib in libcublas libcublasLt; do
     done
 done
 "$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
+    "$root/tests/emulator/dnn_norm.cpp" \
     -o "$out/libcudnn.so.9"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -255,6 +255,20 @@ impl NormOps for CudaStorage {
     ) -> Result<Self> {
         norm::channel_affine(self, lx, add, coef, lc, relu)
     }
+    fn batch_norm_fused(
+        &self,
+        lx: &Layout,
+        p: crate::backend::norm::FusedBn<'_, Self>,
+    ) -> Result<Option<crate::backend::norm::FusedBnOut<Self>>> {
+        super::dnn_norm::batch_norm_fused(self, lx, p)
+    }
+    fn batch_norm_fused_backward(
+        &self,
+        ld: &Layout,
+        b: crate::backend::norm::FusedBnBack<'_, Self>,
+    ) -> Result<crate::backend::norm::FusedBnGrads<Self>> {
+        super::dnn_norm::batch_norm_fused_backward(self, ld, b)
+    }
     fn layer_norm(
         &self,
         lx: &Layout,

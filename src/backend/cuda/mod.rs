@@ -41,6 +41,7 @@ mod backend;
 mod blaslt;
 pub mod conv;
 pub(crate) mod copy_list;
+pub mod dnn_norm;
 pub(crate) mod elementwise;
 mod faults;
 // The kernel files run on the host against the CPU backend: unit tests of the launchers'

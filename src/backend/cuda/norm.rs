@@ -230,6 +230,31 @@ fn whole_f32(op: &'static str, what: &str, v: &CudaStorage, n: usize) -> Result<
     Ok(v.ptr())
 }
 
+/// The address of a batch counter: one i64.
+fn tracked_ptr(op: &'static str, t: &CudaStorage) -> Result<u64> {
+    if t.dtype() != DType::I64 || t.len() != 1 {
+        let (n, dt) = (t.len(), t.dtype());
+        let msg = format!("num_batches_tracked must be one i64, got {n} {dt:?}");
+        return Err(Error::invalid(op, msg));
+    }
+    Ok(t.ptr())
+}
+
+/// Adds one to a batch counter (one i64) in one small launch: `bn_finalize` over no
+/// channels, for a batch norm whose statistics another call made.
+pub(super) fn count_batch(x: &CudaStorage, tracked: &mut CudaStorage) -> Result<()> {
+    let a = BnArgs {
+        tracked: tracked_ptr("batch_norm", tracked)?,
+        ..Default::default()
+    };
+    let none = ChannelSplit {
+        outer: 0,
+        channels: 0,
+        inner: 1,
+    };
+    finalize(x, None, a, none)
+}
+
 /// See [`crate::backend::NormOps::batch_norm_stats`]: `bn_partial` and `bn_finalize` in
 /// training (running statistics and counter updated by the second), `bn_finalize` alone in
 /// eval.
@@ -270,17 +295,7 @@ pub(crate) fn batch_norm_stats(
                 a.running_var = whole_f32(op, "running_var", v, c)?;
             }
             if let Some(t) = tracked {
-                if t.dtype() != DType::I64 || t.len() != 1 {
-                    return Err(Error::invalid(
-                        op,
-                        format!(
-                            "num_batches_tracked must be one i64, got {} {:?}",
-                            t.len(),
-                            t.dtype()
-                        ),
-                    ));
-                }
-                a.tracked = t.ptr();
+                a.tracked = tracked_ptr(op, t)?;
             }
             let part = partial(op, x, lx, None, s)?;
             finalize(x, Some(&part), a, s)?;

@@ -1,0 +1,235 @@
+//! Training batch norm through cuDNN's NHWC batch norm (`set_cudnn_batch_norm(true)`): the
+//! plain op, BN + ReLU and BN + residual add + ReLU against the CPU, forward, backward and the
+//! running statistics, and the cases that keep the engine's own kernels. A binary of its
+//! own, because the switch is process-wide. Without a GPU each test prints `skipped: no CUDA
+//! device` and passes; on the emulated device (tests/emulator) the fused ReLU operations are
+//! offered for f16/bf16 with a multiple of 4 channels only, so both paths run there.
+#![cfg(feature = "cuda-backend")]
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
+mod common;
+use common::parity::*;
+use common::*;
+use mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm;
+use mantissa::nn::{Activation, BatchNorm2d, Module, Residual, Sequential};
+use mantissa::profiler;
+use mantissa::*;
+
+/// Held by each test: the profiler and the switch are process-wide.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A BatchNorm2d with weight `x[1]` and bias `x[2]`, its buffers on `x[0]`'s device, and
+/// `x[0]` in channels-last.
+fn layer(x: &[Tensor]) -> Result<(BatchNorm2d, Tensor)> {
+    let mut bn = BatchNorm2d::new(x[1].numel())?;
+    let dev = x[0].device();
+    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
+    bn.running_mean = bn.running_mean.to_device(dev)?;
+    bn.running_var = bn.running_var.to_device(dev)?;
+    bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
+    Ok((bn, x[0].to_memory_format(MemoryFormat::ChannelsLast)?))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Case {
+    Plain,
+    Relu,
+    AddRelu,
+}
+
+/// The case's network on `x` (a layer as `layer` makes it), with its op name checked.
+fn run(case: Case, bn: BatchNorm2d, x: &Tensor) -> Result<Tensor> {
+    let (y, name) = match case {
+        Case::Plain => (bn.forward(x)?, "batch_norm"),
+        Case::Relu => {
+            let net = Sequential::new().push(bn).push(Activation::Relu);
+            (net.forward(x)?, "batch_norm_relu")
+        }
+        Case::AddRelu => {
+            let block = Residual::new(Sequential::new().push(bn), None);
+            (block.forward(x)?, "batch_norm_add_relu")
+        }
+    };
+    assert_eq!(y.op_name(), Some(name));
+    assert!(y.is_channels_last(), "{case:?} keeps channels-last");
+    Ok(y)
+}
+
+/// Whether the emulated cuDNN offers `case` for `dt` with `c` channels (dnn_norm.cpp).
+fn emulator_offers(case: Case, dt: DType, c: usize) -> bool {
+    case == Case::Plain || (dt != DType::F32 && c.is_multiple_of(4))
+}
+
+/// Forward and backward of `case` on the GPU under the profiler: the library calls and
+/// kernels that ran, by name, with their counts.
+fn calls(case: Case, d: Device, x: &[Tensor]) -> Vec<(String, u64)> {
+    let ins: Vec<Tensor> = x
+        .iter()
+        .map(|t| own(t, d).requires_grad(true).unwrap())
+        .collect();
+    let ((), p) = profiler::profile(|_| {
+        let (bn, x0) = layer(&ins).unwrap();
+        let y = run(case, bn, &x0).unwrap();
+        y.sum_all().unwrap().backward().unwrap();
+        vals(&ins[0].grad().unwrap());
+    })
+    .unwrap();
+    p.kernels()
+        .iter()
+        .map(|k| (k.name.clone(), k.count))
+        .collect()
+}
+
+/// How many of `calls` have a name starting with `prefix`.
+fn count(calls: &[(String, u64)], prefix: &str) -> u64 {
+    calls
+        .iter()
+        .filter(|(n, _)| n.starts_with(prefix))
+        .map(|(_, c)| c)
+        .sum()
+}
+
+#[test]
+fn cudnn_batch_norm_matches_the_cpu() {
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_cudnn_batch_norm(true);
+    for dt in FLOATS {
+        // 8 channels (offered for the fused ReLU on the emulator in f16/bf16) and 6 (not).
+        for c in [8, 6] {
+            let x = input(&[3, c, 5, 7], dt, 10 + c as u64);
+            let (w, b) = (input(&[c], dt, 20), input(&[c], dt, 21));
+            for case in [Case::Plain, Case::Relu, Case::AddRelu] {
+                let what = format!("{case:?} {dt:?} c={c}");
+                parity(&what, d, &[x.clone(), w.clone(), b.clone()], |x| {
+                    let (bn, x0) = layer(x)?;
+                    run(case, bn, &x0)
+                });
+                let names = calls(case, d, &[x.clone(), w.clone(), b.clone()]);
+                let (cudnn, own) = (count(&names, "cudnn batch_norm"), count(&names, "bn_"));
+                eprintln!("{what}: {cudnn} cuDNN batch norm calls, {own} own kernels");
+                if emulated(d) && emulator_offers(case, dt, c) {
+                    // Forward and backward; the batch counter's launch is the only own one.
+                    assert_eq!((cudnn, own), (2, 1), "{what}: {names:?}");
+                } else if emulated(d) {
+                    // The engine's passes: the statistics, their combination and the affine
+                    // pass, forward and backward.
+                    assert_eq!((cudnn, own), (0, 6), "{what}: {names:?}");
+                }
+            }
+        }
+    }
+    set_cudnn_batch_norm(false);
+}
+
+/// The running statistics and the batch counter after two training steps, as on the CPU.
+#[test]
+fn cudnn_batch_norm_updates_the_running_statistics() {
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_cudnn_batch_norm(true);
+    for dt in FLOATS {
+        let x = input(&[4, 8, 6, 6], dt, 30);
+        let (w, b) = (input(&[8], dt, 31), input(&[8], dt, 32));
+        let state = |dev: Device| {
+            let ins = [own(&x, dev), own(&w, dev), own(&b, dev)];
+            let (bn, x0) = layer(&ins).unwrap();
+            // The buffers are updated in place: these handles see the updates.
+            let (rm, rv) = (bn.running_mean.clone(), bn.running_var.clone());
+            let tracked = bn.num_batches_tracked.clone();
+            let net = Sequential::new().push(bn).push(Activation::Relu);
+            for _ in 0..2 {
+                net.forward(&x0.mul(1.5).unwrap()).unwrap();
+            }
+            (vals(&rm), vals(&rv), tracked.to_vec::<i64>().unwrap())
+        };
+        let (want_m, want_v, want_t) = state(Device::Cpu);
+        let (got_m, got_v, got_t) = state(d);
+        assert_close(&got_m, &want_m, band(dt), &format!("running_mean {dt:?}"));
+        assert_close(&got_v, &want_v, band(dt), &format!("running_var {dt:?}"));
+        assert_eq!(got_t, want_t, "num_batches_tracked {dt:?}");
+        assert_eq!(got_t, vec![2]);
+    }
+    set_cudnn_batch_norm(false);
+}
+
+/// Where cuDNN's call does not apply, the engine's kernels run, with the same results: no
+/// affine parameters, row-major input, eval mode, and running statistics in another dtype.
+/// A network on the inputs, by name.
+type Net = Box<dyn Fn(&[Tensor]) -> Result<Tensor>>;
+
+#[test]
+fn cudnn_batch_norm_falls_back_where_it_does_not_apply() {
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_cudnn_batch_norm(true);
+    let dt = DType::F16;
+    let x = input(&[2, 8, 4, 4], dt, 40);
+    let (w, b) = (input(&[8], dt, 41), input(&[8], dt, 42));
+    let cl = |t: &Tensor| t.to_memory_format(MemoryFormat::ChannelsLast);
+    let cases: Vec<(&str, Net)> = vec![
+        (
+            "no affine",
+            Box::new(move |x: &[Tensor]| {
+                cl(&x[0])?.batch_norm(None, None, None, None, true, 0.1, 1e-5)
+            }),
+        ),
+        (
+            "row-major",
+            Box::new(|x: &[Tensor]| {
+                x[0].batch_norm(None, None, Some(&x[1]), Some(&x[2]), true, 0.1, 1e-5)
+            }),
+        ),
+        (
+            "eval",
+            Box::new(move |x: &[Tensor]| {
+                let (mut bn, x0) = layer(x)?;
+                bn.eval();
+                Sequential::new()
+                    .push(bn)
+                    .push(Activation::Relu)
+                    .forward(&x0)
+            }),
+        ),
+        (
+            "f16 running statistics",
+            Box::new(move |x: &[Tensor]| {
+                let dev = x[0].device();
+                let rm = Tensor::zeros(&[8], DType::F16, dev)?;
+                let rv = Tensor::ones(&[8], DType::F16, dev)?;
+                cl(&x[0])?.batch_norm(
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&x[1]),
+                    Some(&x[2]),
+                    true,
+                    0.1,
+                    1e-5,
+                )
+            }),
+        ),
+    ];
+    for (what, f) in &cases {
+        parity(what, d, &[x.clone(), w.clone(), b.clone()], f);
+        let ins: Vec<Tensor> = [&x, &w, &b]
+            .iter()
+            .map(|t| own(t, d).requires_grad(true).unwrap())
+            .collect();
+        let ((), p) = profiler::profile(|_| {
+            f(&ins).unwrap().sum_all().unwrap().backward().unwrap();
+            vals(&ins[0].grad().unwrap());
+        })
+        .unwrap();
+        let cudnn = p
+            .kernels()
+            .iter()
+            .filter(|k| k.name.starts_with("cudnn batch_norm"))
+            .count();
+        assert_eq!(cudnn, 0, "{what}: the engine's kernels");
+    }
+    set_cudnn_batch_norm(false);
+}
