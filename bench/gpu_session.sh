@@ -88,8 +88,9 @@ if [ "$mode" = accept ] || [ "$mode" = verify ]; then
     #           then gpu_check (M2 elementwise, the pageable upload through the ring). Our
     #           fp16 runs also profile 2 steps after the timed ones (the kernel table, the
     #           step's launches and memory at the peak): where the step goes if it is short.
-    #   verify: the MNIST CNN fp16 recipe (>= 99.0%), then the CUDA test binaries that cover
-    #           the kernels changed since the last GPU run.
+    #   verify: W3 fp16 with cuDNN's batch norm (--cudnn-batch-norm, profiled as accept's
+    #           fp16 run, to set beside it), the MNIST CNN fp16 recipe (>= 99.0%), then the
+    #           CUDA test binaries that cover the kernels changed since the last GPU run.
     log=$OUT/$mode.log
     : >"$log"
     acc() { # name, limit in seconds, command...
@@ -125,11 +126,19 @@ if [ "$mode" = accept ] || [ "$mode" = verify ]; then
         done
         acc gpu_check 50 .gpu/gpu_check
     else
-        acc mnist-cnn-fp16 120 .gpu/mnist --model cnn --epochs 3 --device cuda:0 \
+        # Limits that add up to less than one device call (600 s), with the startup.
+        acc w3-fp16-cudnn-bn 60 .gpu/resnet --data synthetic --arch resnet50 --batch-size 256 \
+            --cudnn-benchmark --channels-last --steps 20 --warmup 5 --device cuda:0 \
+            --precision fp16 --cudnn-batch-norm --profile 2 --profile-warmup 1
+        acc mnist-cnn-fp16 100 .gpu/mnist --model cnn --epochs 3 --device cuda:0 \
             --precision fp16 --cudnn-benchmark --out /tmp/r
-        for t in cuda_parity cuda_semantics cuda_transfer cuda_kernels profiler; do
-            acc "test-$t" 100 ".gpu/tests/$t" --test-threads 1
+        for t in cuda_parity:100 cuda_semantics:60 cuda_transfer:40 cuda_kernels:60 \
+            profiler:40 cuda_dnn_norm:30; do
+            acc "test-${t%%:*}" "${t#*:}" ".gpu/tests/${t%%:*}" --test-threads 1
         done
+        # Which path each batch norm case took on this cuDNN (the test prints it).
+        acc test-cuda_dnn_norm-paths 30 .gpu/tests/cuda_dnn_norm --test-threads 1 --nocapture \
+            cudnn_batch_norm_matches
     fi
     exit 0
 fi

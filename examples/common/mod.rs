@@ -26,6 +26,11 @@ pub struct RunFlags {
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_benchmark: bool,
+    /// On a GPU: training batch norm on channels-last input through cuDNN's NHWC batch norm
+    /// (with its ReLU and residual-add fusions) instead of the engine's kernels.
+    #[arg(long)]
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub cudnn_batch_norm: bool,
     /// Gradient accumulation: an optimizer step every N batches, each batch's loss divided
     /// by N (the update of a batch N times as large, in the memory of one).
     #[arg(long, default_value_t = 1)]
@@ -63,6 +68,7 @@ impl RunFlags {
         if let Device::Cuda(n) = device {
             println!("{}", mantissa::backend::cuda::probe::report(n)?);
             mantissa::backend::cuda::conv::set_cudnn_benchmark(self.cudnn_benchmark);
+            mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(self.cudnn_batch_norm);
         }
         let low = parse_precision(&self.precision, device)?;
         let format = match self.channels_last {
