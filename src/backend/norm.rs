@@ -247,8 +247,9 @@ pub(crate) struct FusedBn<'a, S> {
 }
 
 /// What [`NormOps::batch_norm_fused`] gives: the output (dense in x's format), what the
-/// backward reads (the batch's mean and `1 / sqrt(var + eps)`, f32 `[2, c]`), and the
-/// library's reserve space (bytes; the fused ReLU's mask), passed back unchanged.
+/// backward reads (the batch's mean and `1 / sqrt(var + eps)`, f32, laid out as the backend
+/// chooses), and the library's reserve space (bytes; the fused ReLU's mask); the last two
+/// are passed back to the backward unchanged.
 pub(crate) struct FusedBnOut<S> {
     pub y: S,
     pub saved: S,

@@ -112,7 +112,8 @@ pub(super) fn batch_norm_fused(
     let format = MemoryFormat::ChannelsLast;
     let layout = Layout::with_format("batch_norm", x.shape(), format)?;
     let y = Tensor::from_storage_in(out.y, layout.clone());
-    let saved = Tensor::from_storage(out.saved, &[2, c]);
+    let saved_len = out.saved.len();
+    let saved = Tensor::from_storage(out.saved, &[saved_len]);
     let reserve_len = out.reserve.len();
     let reserve = Tensor::from_storage(out.reserve, &[reserve_len]);
     // The backward reads x, the parameters, and with a ReLU the output (which the next op

@@ -162,6 +162,12 @@ fn channel_vector(op: &'static str, what: &str, v: &CudaStorage, c: usize) -> Re
     Ok(v.ptr() as *mut c_void)
 }
 
+/// Where the saved inverse deviations start after the means, in f32: a multiple of 8 (32
+/// bytes), so both vectors are as aligned as a fresh allocation's start.
+fn saved_stride(c: usize) -> usize {
+    c.next_multiple_of(8)
+}
+
 /// x's shape `[n, c, h, w]` when it is a dense channels-last 4-D layout.
 fn nhwc_shape(l: &Layout) -> Option<[usize; 4]> {
     let s = l.shape();
@@ -254,7 +260,7 @@ pub(crate) fn batch_norm_fused(
             return Ok(None);
         };
         let y = CudaStorage::alloc_on(&rt, x.dtype(), n)?;
-        let saved = CudaStorage::alloc_on(&rt, DType::F32, 2 * c)?;
+        let saved = CudaStorage::alloc_on(&rt, DType::F32, 2 * saved_stride(c))?;
         let ws = CudaStorage::alloc_on(&rt, DType::U8, ws_bytes)?;
         let reserve = CudaStorage::alloc_on(&rt, DType::U8, reserve_bytes)?;
         let (one, zero) = (1.0f32, 0.0f32);
@@ -276,9 +282,9 @@ pub(crate) fn batch_norm_fused(
         // SAFETY: x, z and y address dense NHWC buffers of `n` elements in x's dtype on this
         // device (x and z: `nhwc_shape` and the residual's layout checked above; y: allocated
         // here); the per-channel vectors hold `c` f32 each (`channel_vector`); `saved` holds
-        // the mean and the inverse deviation, `c` each; the workspace and the reserve space
-        // have the sizes cuDNN asked for; the handle's stream is the runtime's, which orders
-        // these buffers' uses.
+        // the mean and the inverse deviation, `c` each, `saved_stride(c)` apart; the
+        // workspace and the reserve space have the sizes cuDNN asked for; the handle's stream
+        // is the runtime's, which orders these buffers' uses.
         let status = unsafe {
             let sp = saved.ptr() as *mut c_void;
             sys::cudnnBatchNormalizationForwardTrainingEx(
@@ -301,7 +307,7 @@ pub(crate) fn batch_norm_fused(
                 rvar,
                 p.eps,
                 sp,
-                sp.cast::<f32>().add(c).cast(),
+                sp.cast::<f32>().add(saved_stride(c)).cast(),
                 d.act,
                 ws.ptr() as *mut c_void,
                 ws_bytes,
@@ -363,7 +369,7 @@ pub(crate) fn batch_norm_fused_backward(
         channel_vector(op, "weight", b.weight, c)?,
         channel_vector(op, "bias", b.bias, c)?,
     );
-    let saved = channel_vector(op, "saved statistics", b.saved, 2 * c)?;
+    let saved = channel_vector(op, "saved statistics", b.saved, 2 * saved_stride(c))?;
     if b.reserve.dtype() != DType::U8 {
         return Err(internal("the reserve space is not bytes"));
     }
@@ -375,7 +381,23 @@ pub(crate) fn batch_norm_fused_backward(
     let dweight = CudaStorage::alloc_on(&rt, DType::F32, c)?;
     let dbias = CudaStorage::alloc_on(&rt, DType::F32, c)?;
     rt.with_cudnn(|h| -> Result<()> {
-        let mut ws_bytes = 0usize;
+        let (mut ws_bytes, mut reserve_bytes) = (0usize, 0usize);
+        // SAFETY: the handle and descriptors are alive; the out-pointer is a local.
+        let status = unsafe {
+            sys::cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+                h,
+                MODE,
+                ops,
+                d.act,
+                d.x,
+                &mut reserve_bytes,
+            )
+        };
+        if status != OK || b.reserve.len() < reserve_bytes {
+            let (have, want) = (b.reserve.len(), reserve_bytes);
+            let what = format!("reserve space of {have} bytes, {want} wanted");
+            return Err(dnn_err(op, device, &what, status));
+        }
         // SAFETY: the handle and descriptors are alive; the out-pointer is a local.
         let status = unsafe {
             sys::cudnnGetBatchNormalizationBackwardExWorkspaceSize(
@@ -422,9 +444,10 @@ pub(crate) fn batch_norm_fused_backward(
         );
         // SAFETY: x, y, dy address dense NHWC buffers of `n` elements in x's dtype on this
         // device (layouts checked above); dx and dz were allocated here with `n`; the
-        // per-channel vectors hold `c` f32 (`saved` 2c: mean, then inverse deviation); the
-        // reserve space is the forward's, of the size cuDNN asked for then (its length); the
-        // workspace has the size cuDNN asked for; the handle's stream is the runtime's.
+        // per-channel vectors hold `c` f32 (`saved`: the mean, then the inverse deviation
+        // `saved_stride(c)` further, checked by `channel_vector`); the reserve space holds
+        // at least what cuDNN asks for this call (checked above); the workspace has the size
+        // cuDNN asked for; the handle's stream is the runtime's.
         let status = unsafe {
             sys::cudnnBatchNormalizationBackwardEx(
                 h,
@@ -451,7 +474,7 @@ pub(crate) fn batch_norm_fused_backward(
                 dbias.ptr() as *mut c_void,
                 b.eps,
                 saved,
-                saved.cast::<f32>().add(c).cast(),
+                saved.cast::<f32>().add(saved_stride(c)).cast(),
                 d.act,
                 ws.ptr() as *mut c_void,
                 ws_bytes,
