@@ -126,6 +126,27 @@ fn cudnn_batch_norm_matches_the_cpu() {
     set_cudnn_batch_norm(false);
 }
 
+/// One pixel per image (ResNet's last stage on small images): a tensor that is both
+/// channels-last and row-major, whose size-1 dims' strides may differ between operands.
+#[test]
+fn cudnn_batch_norm_of_single_pixels() {
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_cudnn_batch_norm(true);
+    for dt in FLOATS {
+        let x = input(&[6, 8, 1, 1], dt, 50);
+        let (w, b) = (input(&[8], dt, 51), input(&[8], dt, 52));
+        for case in [Case::Plain, Case::Relu, Case::AddRelu] {
+            let what = format!("{case:?} {dt:?} 1 x 1");
+            parity(&what, d, &[x.clone(), w.clone(), b.clone()], |x| {
+                let (bn, x0) = layer(x)?;
+                run(case, bn, &x0)
+            });
+        }
+    }
+    set_cudnn_batch_norm(false);
+}
+
 /// The running statistics and the batch counter after two training steps, as on the CPU.
 #[test]
 fn cudnn_batch_norm_updates_the_running_statistics() {

@@ -174,6 +174,17 @@ fn nhwc_shape(l: &Layout) -> Option<[usize; 4]> {
     (s.len() == 4 && l.is_channels_last()).then(|| [s[0], s[1], s[2], s[3]])
 }
 
+/// Whether two layouts put the same element at the same place past their offsets: the same
+/// shape, and the same strides wherever a dim has more than one element (a size-1 dim's
+/// stride is never used, and two dense channels-last tensors may disagree on it).
+fn same_order(a: &Layout, b: &Layout) -> bool {
+    a.shape() == b.shape()
+        && a.shape()
+            .iter()
+            .zip(a.strides().iter().zip(b.strides()))
+            .all(|(&d, (sa, sb))| d <= 1 || sa == sb)
+}
+
 /// A size query's answer: the bytes, `None` where cuDNN declines, an error otherwise.
 fn size(
     op: &'static str,
@@ -206,7 +217,7 @@ pub(crate) fn batch_norm_fused(
         return Ok(None);
     };
     if let Some((r, lr)) = p.residual {
-        if r.dtype() != x.dtype() || lr.shape() != lx.shape() || lr.strides() != lx.strides() {
+        if r.dtype() != x.dtype() || !same_order(lr, lx) {
             return Ok(None);
         }
     }
@@ -350,10 +361,10 @@ pub(crate) fn batch_norm_fused_backward(
     let internal = |what: &str| Error::invalid(op, format!("internal: {what}"));
     let ops = ops(b.residual, b.relu).ok_or_else(|| internal("an add without a ReLU"))?;
     let shape = nhwc_shape(lx).ok_or_else(|| internal("x is not dense channels-last"))?;
-    let same = |l: &Layout| l.shape() == lx.shape() && l.strides() == lx.strides();
     if dy.dtype() != x.dtype()
-        || !same(ld)
-        || b.y.is_some_and(|(y, l)| y.dtype() != x.dtype() || !same(l))
+        || !same_order(ld, lx)
+        || b.y
+            .is_some_and(|(y, l)| y.dtype() != x.dtype() || !same_order(l, lx))
     {
         return Err(internal("dy or y differs from x in dtype or layout"));
     }
