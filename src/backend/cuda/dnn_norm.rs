@@ -152,6 +152,49 @@ impl Descriptors {
     }
 }
 
+impl Descriptors {
+    /// cuDNN's workspace size for the forward or the `backward` call of `ops` on these
+    /// descriptors (x's for every tensor), with the query's status.
+    fn workspace_size(
+        &self,
+        h: sys::cudnnHandle_t,
+        ops: sys::cudnnBatchNormOps_t,
+        backward: bool,
+    ) -> (sys::cudnnStatus_t, usize) {
+        let (x, mut bytes) = (self.x, 0usize);
+        // SAFETY: the handle (the caller's, from `with_cudnn`) and the descriptors are
+        // alive; the out-pointer is a local.
+        let status = unsafe {
+            match backward {
+                false => sys::cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+                    h, MODE, ops, x, x, x, self.bn, self.act, &mut bytes,
+                ),
+                true => sys::cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+                    h, MODE, ops, x, x, x, x, x, self.bn, self.act, &mut bytes,
+                ),
+            }
+        };
+        (status, bytes)
+    }
+
+    /// cuDNN's reserve-space size for `ops` on these descriptors, with the query's status.
+    fn reserve_size(
+        &self,
+        h: sys::cudnnHandle_t,
+        ops: sys::cudnnBatchNormOps_t,
+    ) -> (sys::cudnnStatus_t, usize) {
+        let mut bytes = 0usize;
+        // SAFETY: the handle (the caller's, from `with_cudnn`) and the descriptors are
+        // alive; the out-pointer is a local.
+        let status = unsafe {
+            sys::cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+                h, MODE, ops, self.act, self.x, &mut bytes,
+            )
+        };
+        (status, bytes)
+    }
+}
+
 /// The address of a whole f32 `[c]` storage.
 fn channel_vector(op: &'static str, what: &str, v: &CudaStorage, c: usize) -> Result<*mut c_void> {
     if v.dtype() != DType::F32 || v.len() != c {
@@ -239,31 +282,8 @@ pub(crate) fn batch_norm_fused(
     };
     let n = lx.numel();
     let out = rt.with_cudnn(|h| -> Result<Option<FusedBnOut<CudaStorage>>> {
-        let (mut ws_bytes, mut reserve_bytes) = (0usize, 0usize);
-        // SAFETY: the handle and descriptors are alive; the out-pointers are locals.
-        let (s1, s2) = unsafe {
-            (
-                sys::cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-                    h,
-                    MODE,
-                    ops,
-                    d.x,
-                    d.x,
-                    d.x,
-                    d.bn,
-                    d.act,
-                    &mut ws_bytes,
-                ),
-                sys::cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-                    h,
-                    MODE,
-                    ops,
-                    d.act,
-                    d.x,
-                    &mut reserve_bytes,
-                ),
-            )
-        };
+        let (s1, ws_bytes) = d.workspace_size(h, ops, false);
+        let (s2, reserve_bytes) = d.reserve_size(h, ops);
         let (Some(ws_bytes), Some(reserve_bytes)) = (
             size(op, device, "workspace size", s1, ws_bytes)?,
             size(op, device, "reserve size", s2, reserve_bytes)?,
@@ -392,39 +412,17 @@ pub(crate) fn batch_norm_fused_backward(
     let dweight = CudaStorage::alloc_on(&rt, DType::F32, c)?;
     let dbias = CudaStorage::alloc_on(&rt, DType::F32, c)?;
     rt.with_cudnn(|h| -> Result<()> {
-        let (mut ws_bytes, mut reserve_bytes) = (0usize, 0usize);
-        // SAFETY: the handle and descriptors are alive; the out-pointer is a local.
-        let status = unsafe {
-            sys::cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-                h,
-                MODE,
-                ops,
-                d.act,
-                d.x,
-                &mut reserve_bytes,
-            )
-        };
-        if status != OK || b.reserve.len() < reserve_bytes {
-            let (have, want) = (b.reserve.len(), reserve_bytes);
-            let what = format!("reserve space of {have} bytes, {want} wanted");
-            return Err(dnn_err(op, device, &what, status));
+        let (status, reserve_bytes) = d.reserve_size(h, ops);
+        if status != OK {
+            return Err(dnn_err(op, device, "reserve size", status));
         }
-        // SAFETY: the handle and descriptors are alive; the out-pointer is a local.
-        let status = unsafe {
-            sys::cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-                h,
-                MODE,
-                ops,
-                d.x,
-                d.x,
-                d.x,
-                d.x,
-                d.x,
-                d.bn,
-                d.act,
-                &mut ws_bytes,
-            )
-        };
+        if b.reserve.len() < reserve_bytes {
+            let (have, want) = (b.reserve.len(), reserve_bytes);
+            return Err(internal(&format!(
+                "a reserve space of {have} bytes, cuDNN wants {want}"
+            )));
+        }
+        let (status, ws_bytes) = d.workspace_size(h, ops, true);
         if status != OK {
             return Err(dnn_err(op, device, "workspace size", status));
         }
