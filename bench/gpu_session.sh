@@ -133,11 +133,11 @@ if [ "$mode" = accept ] || [ "$mode" = verify ]; then
         acc mnist-cnn-fp16 100 .gpu/mnist --model cnn --epochs 3 --device cuda:0 \
             --precision fp16 --cudnn-benchmark --out /tmp/r
         for t in cuda_parity:100 cuda_semantics:60 cuda_transfer:40 cuda_kernels:60 \
-            profiler:40 cuda_dnn_norm:30; do
+            profiler:40 cuda_fusions:30; do
             acc "test-${t%%:*}" "${t#*:}" ".gpu/tests/${t%%:*}" --test-threads 1
         done
         # Which path each batch norm case took on this cuDNN (the test prints it).
-        acc test-cuda_dnn_norm-paths 30 .gpu/tests/cuda_dnn_norm --test-threads 1 --nocapture \
+        acc test-cuda_fusions-paths 30 .gpu/tests/cuda_fusions --test-threads 1 --nocapture \
             cudnn_batch_norm_matches
     fi
     exit 0

@@ -13,7 +13,7 @@ cp target/release/examples/gpu_check target/release/examples/mnist target/releas
 # The GPU machine has no network: MNIST travels gzip-compressed (MNIST_DIR=.gpu/data there).
 mkdir -p .gpu/data
 for f in data/mnist/*-ubyte; do gzip -c "$f" > ".gpu/data/$(basename "$f").gz"; done
-for t in cuda_kernels cuda_parity cuda_semantics cuda_transfer cuda_dnn_norm data fuzz_api \
+for t in cuda_kernels cuda_parity cuda_semantics cuda_transfer cuda_fusions data fuzz_api \
     torch_reference hostile_input profiler; do
     bin=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys

@@ -8,6 +8,7 @@
 pub(crate) mod checkpoint;
 mod function;
 pub(crate) mod join;
+pub(crate) mod pending;
 
 pub use checkpoint::checkpoint;
 pub use function::custom_op;
@@ -139,9 +140,28 @@ impl Tensor {
             let _prof = crate::profiler::backward(node.name);
             node.check_saved()?;
             let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
-            let in_grads = f(&g, &needs)?;
-            for (edge, ig) in edges.iter().zip(in_grads) {
-                let Some(ig) = ig else { continue };
+            // The sums so far of the inputs that appear once, offered to the backward
+            // (`pending`); what it does not take is added below as usual.
+            let mut seen: HashMap<u64, usize> = HashMap::new();
+            for e in &edges {
+                if let Edge::Node { node: input, .. } = e {
+                    *seen.entry(input.id).or_default() += 1;
+                }
+            }
+            let offered = edges
+                .iter()
+                .map(|e| match e {
+                    Edge::Node { node: input, .. } if seen[&input.id] == 1 => {
+                        grads.remove(&input.id)
+                    }
+                    _ => None,
+                })
+                .collect();
+            let (in_grads, mut left) = pending::offer(offered, || f(&g, &needs));
+            let mut in_grads = in_grads?.into_iter();
+            for (i, edge) in edges.iter().enumerate() {
+                let ig = in_grads.next().flatten();
+                let prev = left.get_mut(i).and_then(Option::take);
                 match edge {
                     Edge::None => {}
                     Edge::Node {
@@ -149,10 +169,14 @@ impl Tensor {
                         shape,
                         dtype,
                     } => {
-                        let ig = conform(node.name, shape, *dtype, ig)?;
-                        let sum = match grads.remove(&input.id) {
-                            Some(prev) => prev.add(&ig)?,
-                            None => ig,
+                        let prev = prev.or_else(|| grads.remove(&input.id));
+                        let sum = match (prev, ig) {
+                            (Some(prev), Some(ig)) => {
+                                prev.add(&conform(node.name, shape, *dtype, ig)?)?
+                            }
+                            (None, Some(ig)) => conform(node.name, shape, *dtype, ig)?,
+                            (Some(prev), None) => prev,
+                            (None, None) => continue,
                         };
                         grads.insert(input.id, sum);
                     }
@@ -162,6 +186,7 @@ impl Tensor {
                         dtype,
                         format,
                     } => {
+                        let Some(ig) = ig else { continue };
                         let ig = conform(node.name, shape, *dtype, ig)?;
                         // A channels-last parameter gets a channels-last gradient and an
                         // NCHW one an NCHW gradient, whichever format the op produced.

@@ -16,6 +16,18 @@ pub(crate) trait ConvOps: BackendStorage {
         lw: &Layout,
         d: &ConvDims,
     ) -> Result<Self>;
+    /// Adds the input's gradient from the output's gradient `gy` and the weight `w` onto
+    /// `self` (dense in the input's format, `d.channels_last`, `gy`'s dtype) in the
+    /// convolution itself, where the backend can (cuDNN's `beta = 1`); `false` (the
+    /// default) where it cannot, and nothing is written.
+    fn conv2d_backward_input_acc(
+        &mut self,
+        _gy: (&Self, &Layout),
+        _w: (&Self, &Layout),
+        _d: &ConvDims,
+    ) -> Result<bool> {
+        Ok(false)
+    }
     /// The weight's gradient from the input `self` and the output's gradient `gy`.
     fn conv2d_backward_weight(
         &self,
@@ -48,6 +60,20 @@ impl Storage {
     ) -> Result<Storage> {
         on_backend!("conv2d_backward_input", [self, w], B => {
             Ok(B::part(self).conv2d_backward_input(l, B::part(w), lw, d)?.wrap())
+        })
+    }
+
+    /// See [`ConvOps::conv2d_backward_input_acc`].
+    pub(crate) fn conv2d_backward_input_acc(
+        &mut self,
+        (gy, lg): (&Storage, &Layout),
+        (w, lw): (&Storage, &Layout),
+        d: &ConvDims,
+    ) -> Result<bool> {
+        let op = "conv2d_backward_input";
+        let device = super::common_device(op, &[&*self, gy, w])?;
+        super::on_device!(device, B => {
+            B::part_mut(self).conv2d_backward_input_acc((B::part(gy), lg), (B::part(w), lw), d)
         })
     }
 

@@ -142,14 +142,16 @@ fn add_bias(op: &'static str, y: Tensor, bias: Option<&Tensor>) -> Result<Tensor
 
 /// An activation, or a weight gradient, the backend wrote in the convolution's memory format.
 fn activation(s: Storage, shape: [usize; 4], d: &ConvDims) -> Result<Tensor> {
+    Ok(Tensor::from_storage_in(s, activation_layout(shape, d)?))
+}
+
+/// The layout of an activation of `shape` (or its gradient) in `d`'s format, dense.
+fn activation_layout(shape: [usize; 4], d: &ConvDims) -> Result<Layout> {
     let format = match d.channels_last {
         true => MemoryFormat::ChannelsLast,
         false => MemoryFormat::Contiguous,
     };
-    Ok(Tensor::from_storage_in(
-        s,
-        Layout::with_format("conv2d", &shape, format)?,
-    ))
+    Layout::with_format("conv2d", &shape, format)
 }
 
 /// Channels-last when the input or the weight is (PyTorch's rule; a tensor whose strides fit
@@ -195,11 +197,43 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
         &[x, w],
         &[x, w],
         move |g, needs| {
-            let gx = needs[0].then(|| conv_bwd_input(g, &ws, d)).transpose()?;
+            let gx = needs[0]
+                .then(|| conv_bwd_input_onto(g, &ws, d))
+                .transpose()?;
             let gw = needs[1].then(|| conv_bwd_weight(&xs, g, d)).transpose()?;
             Ok(vec![gx, gw])
         },
     ))
+}
+
+/// The input's gradient in conv2d's backward. Where the input's gradient from the other ops
+/// that read it is waiting (`autograd::pending`: a residual block's input, whose shortcut's
+/// gradient came first), lies exactly as this gradient would, and is no other tensor's
+/// storage, the convolution adds onto it in its own pass (cuDNN's `beta = 1`) and that is
+/// the gradient returned, sum included: no separate add. Otherwise [`conv_bwd_input`].
+fn conv_bwd_input_onto(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
+    if gy.device() == crate::Device::Cpu || d.n == 0 {
+        return conv_bwd_input(gy, w, d);
+    }
+    let layout = activation_layout([d.n, d.c, d.h, d.w], &d)?;
+    let fits = |p: &Tensor| {
+        p.dtype() == gy.dtype()
+            && p.layout() == &layout
+            && p.storage().len() == p.numel()
+            && p.is_sole_owner()
+    };
+    let Some(prev) = crate::autograd::pending::take(0, fits) else {
+        return conv_bwd_input(gy, w, d);
+    };
+    let (gs, ws) = (gy.storage(), w.storage());
+    let done = prev
+        .0
+        .storage
+        .write(|st| st.conv2d_backward_input_acc((&gs, gy.layout()), (&ws, w.layout()), &d))?;
+    match done {
+        true => Ok(prev),
+        false => prev.add(&conv_bwd_input(gy, w, d)?),
+    }
 }
 
 /// The adjoint of [`conv_fwd`] in `x`: the forward of conv_transpose2d.

@@ -353,6 +353,12 @@ impl Tensor {
             && self.storage().len() == self.numel()
     }
 
+    /// True when nothing else can see this tensor's storage: no other handle to this tensor
+    /// and no other tensor on its storage, so an in-place write changes this tensor only.
+    pub(crate) fn is_sole_owner(&self) -> bool {
+        Arc::strong_count(&self.0) == 1 && Arc::strong_count(&self.0.storage) == 1
+    }
+
     /// This tensor's values as a tensor that fills its own storage in `format`'s order (this
     /// tensor itself when it already does).
     pub(crate) fn filled_in(&self, format: crate::MemoryFormat) -> Result<Tensor> {

@@ -187,6 +187,15 @@ impl ConvOps for CudaStorage {
     ) -> Result<Self> {
         conv::conv2d_backward_input(self, l, w, lw, d)
     }
+    fn conv2d_backward_input_acc(
+        &mut self,
+        (gy, lg): (&Self, &Layout),
+        (w, lw): (&Self, &Layout),
+        d: &ConvDims,
+    ) -> Result<bool> {
+        conv::conv2d_backward_input_acc(gy, lg, w, lw, d, self)?;
+        Ok(true)
+    }
     fn conv2d_backward_weight(
         &self,
         l: &Layout,

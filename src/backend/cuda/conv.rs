@@ -8,7 +8,8 @@
 //! (`torch.backends.cudnn.allow_tf32 = True`); [`set_cudnn_allow_tf32`]`(false)` makes them
 //! exact f32 (FMA math). f16 and bf16 use tensor cores with f32 accumulation.
 
-use super::storage::{float_kname, CudaStorage};
+use super::conv_desc::{dnn_err, Descriptors};
+use super::storage::{float_kname, CudaStorage, Dense};
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -74,14 +75,14 @@ pub fn cudnn_deterministic() -> bool {
 
 /// Which of the three convolution passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Pass {
+pub(super) enum Pass {
     Forward,
     Data,
     Filter,
 }
 
 impl Pass {
-    fn op(self) -> &'static str {
+    pub(super) fn op(self) -> &'static str {
         match self {
             Pass::Forward => "conv2d",
             Pass::Data => "conv2d_backward_input",
@@ -125,109 +126,6 @@ struct Key {
 fn chosen() -> &'static Mutex<HashMap<Key, Candidate>> {
     static CHOSEN: OnceLock<Mutex<HashMap<Key, Candidate>>> = OnceLock::new();
     CHOSEN.get_or_init(Default::default)
-}
-
-/// The tensor, filter and convolution descriptors of one problem, destroyed on drop.
-struct Descriptors {
-    x: sys::cudnnTensorDescriptor_t,
-    w: sys::cudnnFilterDescriptor_t,
-    y: sys::cudnnTensorDescriptor_t,
-    conv: sys::cudnnConvolutionDescriptor_t,
-}
-
-impl Drop for Descriptors {
-    fn drop(&mut self) {
-        // SAFETY: each descriptor was created by `Descriptors::new` and is destroyed once;
-        // a null one (creation failed part-way) is skipped.
-        unsafe {
-            if !self.x.is_null() {
-                let _ = dnn::destroy_tensor_descriptor(self.x);
-            }
-            if !self.y.is_null() {
-                let _ = dnn::destroy_tensor_descriptor(self.y);
-            }
-            if !self.w.is_null() {
-                let _ = dnn::destroy_filter_descriptor(self.w);
-            }
-            if !self.conv.is_null() {
-                let _ = dnn::destroy_convolution_descriptor(self.conv);
-            }
-        }
-    }
-}
-
-fn dnn_err(pass: Pass, device: Device, what: &str, e: impl std::fmt::Debug) -> Error {
-    Error::CudaLibrary {
-        lib: "cuDNN",
-        msg: format!("{} on {device}: {what}: {e:?}", pass.op()),
-    }
-}
-
-fn int(pass: Pass, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::invalid(pass.op(), format!("size {v} exceeds i32")))
-}
-
-impl Descriptors {
-    fn new(pass: Pass, device: Device, dtype: DType, tf32: bool, d: &ConvDims) -> Result<Self> {
-        let err = |what: &str, e: sys::cudnnStatus_t| dnn_err(pass, device, what, e);
-        let data = match dtype {
-            DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
-            _ => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
-        };
-        let math = match dtype {
-            DType::F32 if tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-            DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
-            _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
-        };
-        let i = |v: usize| int(pass, v);
-        let p = &d.p;
-        let mut s = Descriptors {
-            x: std::ptr::null_mut(),
-            w: std::ptr::null_mut(),
-            y: std::ptr::null_mut(),
-            conv: std::ptr::null_mut(),
-        };
-        // Dims are given in NCHW / KCRS order either way; the format says how they sit in
-        // memory (NHWC / KRSC for channels-last).
-        let format = match d.channels_last {
-            true => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
-            false => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-        };
-        s.x = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
-        s.y = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
-        s.w = dnn::create_filter_descriptor().map_err(|e| err("filter descriptor", e.0))?;
-        s.conv =
-            dnn::create_convolution_descriptor().map_err(|e| err("convolution descriptor", e.0))?;
-        // SAFETY: the descriptors were created above and are alive.
-        unsafe {
-            dnn::set_tensor4d_descriptor(s.x, format, data, [i(d.n)?, i(d.c)?, i(d.h)?, i(d.w)?])
-                .map_err(|e| err("input descriptor", e.0))?;
-            let y = [i(d.n)?, i(d.o)?, i(d.ho)?, i(d.wo)?];
-            dnn::set_tensor4d_descriptor(s.y, format, data, y)
-                .map_err(|e| err("output descriptor", e.0))?;
-            let cg = d.c / p.groups;
-            let k = [i(d.o)?, i(cg)?, i(d.kh)?, i(d.kw)?];
-            dnn::set_filter4d_descriptor(s.w, data, format, k)
-                .map_err(|e| err("filter descriptor", e.0))?;
-            dnn::set_convolution2d_descriptor(
-                s.conv,
-                i(p.padding[0])?,
-                i(p.padding[1])?,
-                i(p.stride[0])?,
-                i(p.stride[1])?,
-                i(p.dilation[0])?,
-                i(p.dilation[1])?,
-                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-                sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            )
-            .map_err(|e| err("convolution descriptor", e.0))?;
-            dnn::set_convolution_math_type(s.conv, math).map_err(|e| err("math type", e.0))?;
-            dnn::set_convolution_group_count(s.conv, i(p.groups)?)
-                .map_err(|e| err("group count", e.0))?;
-        }
-        Ok(s)
-    }
 }
 
 /// Up to this many candidates are asked for (cuDNN has at most 8 per pass).
@@ -334,14 +232,15 @@ fn list(
 }
 
 /// Runs one pass: `a` and `b` are the two inputs (forward: x, w; data: dy, w; filter: x, dy),
-/// `out` the result, all dense on one device: NCHW / KCRS, or NHWC / KRSC when
-/// `d.channels_last`.
+/// `out` the result (`beta` times its previous values added: 0 or 1), all dense on one
+/// device: NCHW / KCRS, or NHWC / KRSC when `d.channels_last`.
 fn run(
     pass: Pass,
     d: &ConvDims,
     a: &CudaStorage,
     b: &CudaStorage,
     out: &CudaStorage,
+    beta: f32,
 ) -> Result<()> {
     let (device, dtype, rt) = (a.device(), a.dtype(), a.rt().clone());
     // Before any cuDNN call: cudarc would otherwise open the library by name only, and panic
@@ -407,10 +306,10 @@ fn run(
                     continue;
                 }
             };
-            let (one, zero) = (1.0f32, 0.0f32);
+            let one = 1.0f32;
             let (alpha, beta) = (
                 &one as *const f32 as *const c_void,
-                &zero as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
             );
             let (pa, pb, po) = (
                 a.ptr() as *const c_void,
@@ -552,6 +451,27 @@ pub(crate) fn conv2d_backward_input(
     pass(Pass::Data, (gy, lgy), (w, lw), d.n * d.c * d.h * d.w, d)
 }
 
+/// Adds the gradient with respect to the input onto `out` (`[n, c, h, w]`, dense NCHW, or
+/// NHWC when `d.channels_last`, in `gy`'s dtype) in the convolution itself (`beta = 1`).
+pub(crate) fn conv2d_backward_input_acc(
+    gy: &CudaStorage,
+    lgy: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    d: &ConvDims,
+    out: &mut CudaStorage,
+) -> Result<()> {
+    let op = Pass::Data.op();
+    let n = d.n * d.c * d.h * d.w;
+    if out.dtype() != gy.dtype() || out.len() != n {
+        let (len, dt) = (out.len(), out.dtype());
+        let msg = format!("internal: accumulating into {len} {dt:?} values, need {n}");
+        return Err(Error::invalid(op, msg));
+    }
+    let (a, b) = operands(Pass::Data, (gy, lgy), (w, lw), d)?;
+    run(Pass::Data, d, &a, &b, out, 1.0)
+}
+
 /// Gradient with respect to the weight, `[o, c / groups, kh, kw]`, KRSC when
 /// `d.channels_last`.
 pub(crate) fn conv2d_backward_weight(
@@ -567,11 +487,27 @@ pub(crate) fn conv2d_backward_weight(
 
 fn pass(
     pass: Pass,
-    (a, la): (&CudaStorage, &Layout),
-    (b, lb): (&CudaStorage, &Layout),
+    a: (&CudaStorage, &Layout),
+    b: (&CudaStorage, &Layout),
     out_len: usize,
     d: &ConvDims,
 ) -> Result<CudaStorage> {
+    let (a, b) = operands(pass, a, b, d)?;
+    let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
+    run(pass, d, &a, &b, &out, 0.0)?;
+    // The weight's gradient comes out KRSC, which is the channels-last weight's own order.
+    Ok(out)
+}
+
+/// A pass's two operands, of one float dtype, dense in its order: NCHW / KCRS, or NHWC /
+/// KRSC when `d.channels_last` (a borrow when an operand already is, as the activations of a
+/// channels-last network are; the weights are reordered per call).
+fn operands<'a>(
+    pass: Pass,
+    (a, la): (&'a CudaStorage, &Layout),
+    (b, lb): (&'a CudaStorage, &Layout),
+    d: &ConvDims,
+) -> Result<(Dense<'a>, Dense<'a>)> {
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch {
             op: pass.op(),
@@ -581,19 +517,10 @@ fn pass(
     }
     float_kname(pass.op(), a.dtype())?;
     if !d.channels_last {
-        let (a, b) = (a.contiguous(la)?, b.contiguous(lb)?);
-        let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
-        run(pass, d, &a, &b, &out)?;
-        return Ok(out);
+        return Ok((a.contiguous(la)?, b.contiguous(lb)?));
     }
-    // Channels-last: every operand in NHWC / KRSC order (a borrow when it already is, as
-    // the activations of a channels-last network are; the weights are reordered per call).
     let nhwc = |l: &Layout| l.permute(pass.op(), &NHWC);
-    let (a, b) = (a.contiguous(&nhwc(la)?)?, b.contiguous(&nhwc(lb)?)?);
-    let out = CudaStorage::alloc_on(a.rt(), a.dtype(), out_len)?;
-    run(pass, d, &a, &b, &out)?;
-    // The weight's gradient comes out KRSC, which is the channels-last weight's own order.
-    Ok(out)
+    Ok((a.contiguous(&nhwc(la)?)?, b.contiguous(&nhwc(lb)?)?))
 }
 
 /// The dims of an NCHW / KCRS tensor in NHWC / KRSC memory order, outermost first.

@@ -40,6 +40,7 @@ pub(crate) mod amp;
 mod backend;
 mod blaslt;
 pub mod conv;
+mod conv_desc;
 pub(crate) mod copy_list;
 pub mod dnn_norm;
 pub(crate) mod elementwise;

@@ -1,9 +1,12 @@
-//! Training batch norm through cuDNN's NHWC batch norm (`set_cudnn_batch_norm(true)`): the
-//! plain op, BN + ReLU and BN + residual add + ReLU against the CPU, forward, backward and the
-//! running statistics, and the cases that keep the engine's own kernels. A binary of its
-//! own, because the switch is process-wide. Without a GPU each test prints `skipped: no CUDA
-//! device` and passes; on the emulated device (tests/emulator) the fused ReLU operations are
-//! offered for f16/bf16 with a multiple of 4 channels only, so both paths run there.
+//! Fused paths on the GPU whose use the profiler confirms, against the CPU: training batch
+//! norm through cuDNN's NHWC batch norm (`set_cudnn_batch_norm(true)`: the plain op, BN + ReLU
+//! and BN + residual add + ReLU, forward, backward and the running statistics, and the cases
+//! that keep the engine's own kernels), and a residual block's input gradient added in the
+//! convolution's backward. A binary of its own, its tests one at a time, because the
+//! profiler and the switch are process-wide. Without a GPU each test prints `skipped: no CUDA
+//! device` and passes; on the emulated device (tests/emulator) cuDNN's fused ReLU operations
+//! are offered for f16/bf16 with a multiple of 4 channels only, so both batch norm paths run
+//! there.
 #![cfg(feature = "cuda-backend")]
 #![allow(clippy::cloned_ref_to_slice_refs)]
 
@@ -22,15 +25,20 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A BatchNorm2d with weight `x[1]` and bias `x[2]`, its buffers on `x[0]`'s device, and
-/// `x[0]` in channels-last.
-fn layer(x: &[Tensor]) -> Result<(BatchNorm2d, Tensor)> {
-    let mut bn = BatchNorm2d::new(x[1].numel())?;
-    let dev = x[0].device();
-    (bn.weight, bn.bias) = (x[1].clone(), x[2].clone());
+/// A BatchNorm2d with weight `w` and bias `b`, its buffers on their device.
+fn batch_norm(w: &Tensor, b: &Tensor) -> Result<BatchNorm2d> {
+    let mut bn = BatchNorm2d::new(w.numel())?;
+    let dev = w.device();
+    (bn.weight, bn.bias) = (w.clone(), b.clone());
     bn.running_mean = bn.running_mean.to_device(dev)?;
     bn.running_var = bn.running_var.to_device(dev)?;
     bn.num_batches_tracked = bn.num_batches_tracked.to_device(dev)?;
+    Ok(bn)
+}
+
+/// A BatchNorm2d with weight `x[1]` and bias `x[2]`, and `x[0]` in channels-last.
+fn layer(x: &[Tensor]) -> Result<(BatchNorm2d, Tensor)> {
+    let bn = batch_norm(&x[1], &x[2])?;
     Ok((bn, x[0].to_memory_format(MemoryFormat::ChannelsLast)?))
 }
 
@@ -251,6 +259,63 @@ fn cudnn_batch_norm_falls_back_where_it_does_not_apply() {
             .filter(|k| k.name.starts_with("cudnn batch_norm"))
             .count();
         assert_eq!(cudnn, 0, "{what}: the engine's kernels");
+    }
+    set_cudnn_batch_norm(false);
+}
+
+/// A residual block with a convolution in its main branch, `relu(bn(conv(h)) + h)`: the
+/// convolution's backward adds `h`'s gradient onto the shortcut's, which the engine holds
+/// until then, in cuDNN's own pass (`beta = 1`), so the conv's backward launches no add of
+/// its own; the gradients match the CPU's, NCHW and channels-last, with the engine's batch
+/// norm and with cuDNN's (channels-last) making the shortcut's gradient.
+#[test]
+fn residual_gradient_accumulates_in_the_convolution() {
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    for (dt, cl, lib) in FLOATS
+        .into_iter()
+        .flat_map(|dt| [(dt, false, false), (dt, true, false), (dt, true, true)])
+    {
+        set_cudnn_batch_norm(lib);
+        {
+            let x = input(&[2, 8, 6, 6], dt, 120);
+            let w = input(&[8, 8, 3, 3], dt, 121).mul(0.2).unwrap();
+            let (g, b) = (input(&[8], dt, 122), input(&[8], dt, 123));
+            let block = |x: &[Tensor]| -> Result<Tensor> {
+                let format = match cl {
+                    true => MemoryFormat::ChannelsLast,
+                    false => MemoryFormat::Contiguous,
+                };
+                // The block's input and the weight as outputs of recorded ops (the engine
+                // sums the gradients of those; a leaf's go to its `.grad()`).
+                let conv = mantissa::nn::Conv2d {
+                    weight: x[1].mul(1.0)?.to_memory_format(format)?,
+                    bias: None,
+                    options: Conv2dOptions {
+                        padding: [1, 1],
+                        ..Default::default()
+                    },
+                };
+                let h = x[0].mul(1.0)?.to_memory_format(format)?;
+                let bn = batch_norm(&x[2], &x[3])?;
+                Residual::new(Sequential::new().push(conv).push(bn), None).forward(&h)
+            };
+            let ins = [x, w, g, b];
+            parity("residual block with a convolution", d, &ins, block);
+            let on: Vec<Tensor> = ins
+                .iter()
+                .map(|t| own(t, d).requires_grad(true).unwrap())
+                .collect();
+            let ((), p) = profiler::profile(|_| {
+                block(&on).unwrap().sum_all().unwrap().backward().unwrap();
+                vals(&on[0].grad().unwrap());
+            })
+            .unwrap();
+            let conv = p.op("conv2d.backward").expect("the conv's backward ran");
+            // cuDNN's backward data and filter passes, and nothing else.
+            let what = format!("{dt:?} channels-last {cl}, cuDNN batch norm {lib}: {conv:?}");
+            assert_eq!((conv.launches, conv.library_calls), (0, 2), "{what}");
+        }
     }
     set_cudnn_batch_norm(false);
 }

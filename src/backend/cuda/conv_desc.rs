@@ -1,0 +1,116 @@
+//! The cuDNN descriptors of one convolution problem (`conv.rs`): input, filter, output and
+//! the convolution itself, in NCHW / KCRS or NHWC / KRSC, destroyed on drop.
+
+use super::conv::Pass;
+use crate::backend::spec::ConvDims;
+use crate::{DType, Device, Error, Result};
+use cudarc::cudnn::{result as dnn, sys};
+
+/// The tensor, filter and convolution descriptors of one problem, destroyed on drop.
+pub(super) struct Descriptors {
+    pub(super) x: sys::cudnnTensorDescriptor_t,
+    pub(super) w: sys::cudnnFilterDescriptor_t,
+    pub(super) y: sys::cudnnTensorDescriptor_t,
+    pub(super) conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `Descriptors::new` and is destroyed once;
+        // a null one (creation failed part-way) is skipped.
+        unsafe {
+            if !self.x.is_null() {
+                let _ = dnn::destroy_tensor_descriptor(self.x);
+            }
+            if !self.y.is_null() {
+                let _ = dnn::destroy_tensor_descriptor(self.y);
+            }
+            if !self.w.is_null() {
+                let _ = dnn::destroy_filter_descriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                let _ = dnn::destroy_convolution_descriptor(self.conv);
+            }
+        }
+    }
+}
+
+pub(super) fn dnn_err(pass: Pass, device: Device, what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::CudaLibrary {
+        lib: "cuDNN",
+        msg: format!("{} on {device}: {what}: {e:?}", pass.op()),
+    }
+}
+
+fn int(pass: Pass, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(pass.op(), format!("size {v} exceeds i32")))
+}
+
+impl Descriptors {
+    pub(super) fn new(
+        pass: Pass,
+        device: Device,
+        dtype: DType,
+        tf32: bool,
+        d: &ConvDims,
+    ) -> Result<Self> {
+        let err = |what: &str, e: sys::cudnnStatus_t| dnn_err(pass, device, what, e);
+        let data = match dtype {
+            DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
+            _ => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        };
+        let math = match dtype {
+            DType::F32 if tf32 => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+            _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        };
+        let i = |v: usize| int(pass, v);
+        let p = &d.p;
+        let mut s = Descriptors {
+            x: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+        };
+        // Dims are given in NCHW / KCRS order either way; the format says how they sit in
+        // memory (NHWC / KRSC for channels-last).
+        let format = match d.channels_last {
+            true => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+            false => sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        };
+        s.x = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
+        s.y = dnn::create_tensor_descriptor().map_err(|e| err("tensor descriptor", e.0))?;
+        s.w = dnn::create_filter_descriptor().map_err(|e| err("filter descriptor", e.0))?;
+        s.conv =
+            dnn::create_convolution_descriptor().map_err(|e| err("convolution descriptor", e.0))?;
+        // SAFETY: the descriptors were created above and are alive.
+        unsafe {
+            dnn::set_tensor4d_descriptor(s.x, format, data, [i(d.n)?, i(d.c)?, i(d.h)?, i(d.w)?])
+                .map_err(|e| err("input descriptor", e.0))?;
+            let y = [i(d.n)?, i(d.o)?, i(d.ho)?, i(d.wo)?];
+            dnn::set_tensor4d_descriptor(s.y, format, data, y)
+                .map_err(|e| err("output descriptor", e.0))?;
+            let cg = d.c / p.groups;
+            let k = [i(d.o)?, i(cg)?, i(d.kh)?, i(d.kw)?];
+            dnn::set_filter4d_descriptor(s.w, data, format, k)
+                .map_err(|e| err("filter descriptor", e.0))?;
+            dnn::set_convolution2d_descriptor(
+                s.conv,
+                i(p.padding[0])?,
+                i(p.padding[1])?,
+                i(p.stride[0])?,
+                i(p.stride[1])?,
+                i(p.dilation[0])?,
+                i(p.dilation[1])?,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            )
+            .map_err(|e| err("convolution descriptor", e.0))?;
+            dnn::set_convolution_math_type(s.conv, math).map_err(|e| err("math type", e.0))?;
+            dnn::set_convolution_group_count(s.conv, i(p.groups)?)
+                .map_err(|e| err("group count", e.0))?;
+        }
+        Ok(s)
+    }
+}
