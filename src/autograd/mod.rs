@@ -142,17 +142,16 @@ impl Tensor {
             let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
             // The sums so far of the inputs that appear once, offered to the backward
             // (`pending`); what it does not take is added below as usual.
-            let mut seen: HashMap<u64, usize> = HashMap::new();
-            for e in &edges {
-                if let Edge::Node { node: input, .. } = e {
-                    *seen.entry(input.id).or_default() += 1;
-                }
-            }
+            // (An op has a handful of inputs: a scan, no map.)
+            let id = |e: &Edge| match e {
+                Edge::Node { node, .. } => Some(node.id),
+                _ => None,
+            };
             let offered = edges
                 .iter()
-                .map(|e| match e {
-                    Edge::Node { node: input, .. } if seen[&input.id] == 1 => {
-                        grads.remove(&input.id)
+                .map(|e| match id(e) {
+                    Some(i) if edges.iter().filter(|f| id(f) == Some(i)).count() == 1 => {
+                        grads.remove(&i)
                     }
                     _ => None,
                 })
