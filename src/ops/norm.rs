@@ -5,6 +5,7 @@ use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
 use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::ops::UnaryOp;
+use crate::backend::Storage;
 use crate::layout::Layout;
 use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
 
@@ -32,10 +33,53 @@ fn update_running(
     Ok(())
 }
 
+/// The running statistics and the batch counter a batch norm call can write in place: whole
+/// `[c]` tensors of the statistics dtype on `x`'s device (mean and variance on storages of
+/// their own), a whole one-element i64 counter there. Others are left to tensor ops.
+pub(super) struct InPlace<'a> {
+    pub running: Option<(&'a Tensor, &'a Tensor)>,
+    pub tracked: Option<&'a Tensor>,
+}
+
+impl<'a> InPlace<'a> {
+    pub fn of(
+        x: &Tensor,
+        (mean, var): (Option<&'a Tensor>, Option<&'a Tensor>),
+        tracked: Option<&'a Tensor>,
+    ) -> Self {
+        let sd = stat_dtype(x.dtype());
+        let direct =
+            |t: &Tensor, dtype| t.dtype() == dtype && t.device() == x.device() && t.fills_storage();
+        InPlace {
+            running: mean
+                .zip(var)
+                .filter(|(m, v)| direct(m, sd) && direct(v, sd) && !m.shares_storage(v)),
+            tracked: tracked.filter(|t| direct(t, DType::I64) && t.numel() == 1),
+        }
+    }
+
+    /// Runs `f` with write access to the running statistics and the counter taken in place.
+    pub fn write<R>(
+        &self,
+        f: impl FnOnce(Option<(&mut Storage, &mut Storage)>, Option<&mut Storage>) -> Result<R>,
+    ) -> Result<R> {
+        let mut written: Vec<&Tensor> = self.running.iter().flat_map(|(m, v)| [*m, *v]).collect();
+        written.extend(self.tracked);
+        Tensor::write_many("batch_norm", &written, |s| {
+            let mut s = s.iter_mut();
+            let running = match self.running {
+                Some(_) => s.next().zip(s.next()).map(|(m, v)| (&mut **m, &mut **v)),
+                None => None,
+            };
+            let tracked = self.tracked.and(s.next()).map(|t| &mut **t);
+            f(running, tracked)
+        })
+    }
+}
+
 /// The training statistics `[5, c]` of `x` (see `NormOps::batch_norm_stats`). Running
-/// statistics that are whole `[c]` tensors of the statistics dtype on `x`'s device, and a
-/// whole one-element i64 counter there, are updated in the same pass; others (another dtype
-/// or device, a view) by tensor ops after it.
+/// statistics and a counter the pass can write ([`InPlace`]) are updated in it; others
+/// (another dtype or device, a view) by tensor ops after it.
 fn batch_stats(
     x: &Tensor,
     (running_mean, running_var): (Option<&Tensor>, Option<&Tensor>),
@@ -45,24 +89,11 @@ fn batch_stats(
     eps: f64,
 ) -> Result<Tensor> {
     let c = x.shape()[1];
-    let sd = stat_dtype(x.dtype());
-    let direct =
-        |t: &Tensor, dtype| t.dtype() == dtype && t.device() == x.device() && t.fills_storage();
-    let in_place = running_mean
-        .zip(running_var)
-        .filter(|(m, v)| direct(m, sd) && direct(v, sd) && !m.shares_storage(v));
-    let count_here = tracked.filter(|t| direct(t, DType::I64) && t.numel() == 1);
+    let here = InPlace::of(x, (running_mean, running_var), tracked);
+    let (in_place, count_here) = (here.running, here.tracked);
     // Every operand read is taken before the written ones are locked.
     let (xs, ws, bs) = (x.storage(), w.map(|t| t.storage()), b.map(|t| t.storage()));
-    let mut written: Vec<&Tensor> = in_place.iter().flat_map(|(m, v)| [*m, *v]).collect();
-    written.extend(count_here);
-    let stats = Tensor::write_many("batch_norm", &written, |s| {
-        let mut s = s.iter_mut();
-        let running = match in_place {
-            Some(_) => s.next().zip(s.next()).map(|(m, v)| (&mut **m, &mut **v)),
-            None => None,
-        };
-        let tracked = count_here.and(s.next()).map(|t| &mut **t);
+    let stats = here.write(|running, tracked| {
         let p = BnForward {
             weight: ws.as_deref().zip(w.map(|t| t.layout())),
             bias: bs.as_deref().zip(b.map(|t| t.layout())),

@@ -3,53 +3,11 @@
 //! ReLU and the residual optional; [`Tensor::batch_norm_counted`] runs its own passes where
 //! this declines.
 
-use super::norm::BnCall;
+use super::norm::{BnCall, InPlace};
 use crate::backend::norm::{FusedBn, FusedBnBack};
 use crate::backend::Storage;
 use crate::layout::Layout;
 use crate::{DType, Device, MemoryFormat, Result, Tensor};
-
-/// The running statistics and the batch counter of a fused call, each as the library writes
-/// it (whole f32 `[c]` vectors, a whole one-element i64), or absent.
-struct Written<'a> {
-    running: Option<(&'a Tensor, &'a Tensor)>,
-    tracked: Option<&'a Tensor>,
-}
-
-impl<'a> Written<'a> {
-    /// `None` when a given one cannot be written by the library in place (another dtype or
-    /// device, a view, one running statistic without the other): the caller's passes
-    /// handle those.
-    fn of(
-        x: &Tensor,
-        (mean, var): (Option<&'a Tensor>, Option<&'a Tensor>),
-        tracked: Option<&'a Tensor>,
-    ) -> Option<Self> {
-        let direct =
-            |t: &Tensor, dt| t.dtype() == dt && t.device() == x.device() && t.fills_storage();
-        let running = match (mean, var) {
-            (None, None) => None,
-            (Some(m), Some(v))
-                if direct(m, DType::F32) && direct(v, DType::F32) && !m.shares_storage(v) =>
-            {
-                Some((m, v))
-            }
-            _ => return None,
-        };
-        let tracked = match tracked {
-            None => None,
-            Some(t) if direct(t, DType::I64) && t.numel() == 1 => Some(t),
-            Some(_) => return None,
-        };
-        Some(Written { running, tracked })
-    }
-
-    fn tensors(&self) -> Vec<&'a Tensor> {
-        let mut all: Vec<&Tensor> = self.running.iter().flat_map(|(m, v)| [*m, *v]).collect();
-        all.extend(self.tracked);
-        all
-    }
-}
 
 /// `relu(bn(x) + r)` (ReLU and `r` as `call` and `r` say) in one library call, with its
 /// backward in one more; `None` where the device has none for these operands (the CPU; on
@@ -76,9 +34,16 @@ pub(super) fn batch_norm_fused(
     let (Some(weight), Some(bias), Some(w), Some(b)) = (params.0, params.1, w, b) else {
         return Ok(None);
     };
-    let Some(written) = Written::of(x, running, tracked) else {
+    // The library writes the running statistics and the counter in its call: each given one
+    // must be one it can write.
+    let here = InPlace::of(x, running, tracked);
+    let given = (
+        running.0.is_some() || running.1.is_some(),
+        tracked.is_some(),
+    );
+    if given != (here.running.is_some(), here.tracked.is_some()) {
         return Ok(None);
-    };
+    }
     let c = x.shape()[1];
     let whole = |v: &Tensor| v.filled_in(MemoryFormat::Contiguous);
     let (w, b) = (whole(w)?, whole(b)?);
@@ -86,13 +51,7 @@ pub(super) fn batch_norm_fused(
         let (xs, ws, bs) = (x.storage(), w.storage(), b.storage());
         let rs = r.map(|r| r.storage());
         let residual = rs.as_deref().zip(r.map(|r| r.layout()));
-        Tensor::write_many("batch_norm", &written.tensors(), |s| {
-            let mut s = s.iter_mut();
-            let running = match written.running {
-                Some(_) => s.next().zip(s.next()).map(|(m, v)| (&mut **m, &mut **v)),
-                None => None,
-            };
-            let tracked = written.tracked.and(s.next()).map(|t| &mut **t);
+        here.write(|running, tracked| {
             let p: FusedBn<'_, Storage> = FusedBn {
                 weight: &ws,
                 bias: &bs,
@@ -149,7 +108,7 @@ pub(super) fn batch_norm_fused(
                 };
                 dy.storage().batch_norm_fused_backward(dy.layout(), back)?
             };
-            let dx = Tensor::from_storage_in(g.dx, layout);
+            let dx = Tensor::from_storage_in(g.dx, layout.clone());
             let dw = Tensor::from_storage(g.dweight, &[c]);
             let db = Tensor::from_storage(g.dbias, &[c]);
             let mut grads = vec![
@@ -158,10 +117,7 @@ pub(super) fn batch_norm_fused(
                 needs[2].then(|| db.to_dtype(bdt)).transpose()?,
             ];
             if let (Some(rdt), Some(dz)) = (rdt, g.dz) {
-                let dz = Tensor::from_storage_in(
-                    dz,
-                    Layout::with_format("batch_norm", xs.shape(), format)?,
-                );
+                let dz = Tensor::from_storage_in(dz, layout);
                 grads.push(needs[3].then(|| dz.to_dtype(rdt)).transpose()?);
             }
             Ok(grads)

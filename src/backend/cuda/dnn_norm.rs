@@ -8,6 +8,8 @@
 //! (`CUDNN_STATUS_NOT_SUPPORTED` from a size query or the call), the caller falls back to the
 //! engine's kernels.
 
+use super::norm::whole_f32;
+use super::profile::elems;
 use super::storage::{float_kname, CudaStorage};
 use crate::backend::norm::{FusedBn, FusedBnBack, FusedBnGrads, FusedBnOut};
 use crate::layout::Layout;
@@ -195,14 +197,9 @@ impl Descriptors {
     }
 }
 
-/// The address of a whole f32 `[c]` storage.
-fn channel_vector(op: &'static str, what: &str, v: &CudaStorage, c: usize) -> Result<*mut c_void> {
-    if v.dtype() != DType::F32 || v.len() != c {
-        let (n, dt) = (v.len(), v.dtype());
-        let msg = format!("{what} must be {c} f32 values, got {n} {dt:?}");
-        return Err(Error::invalid(op, msg));
-    }
-    Ok(v.ptr() as *mut c_void)
+/// The address of a whole f32 storage of `n` values, as cuDNN takes it.
+fn channel_vector(op: &'static str, what: &str, v: &CudaStorage, n: usize) -> Result<*mut c_void> {
+    Ok(whole_f32(op, what, v, n)? as *mut c_void)
 }
 
 /// Where the saved inverse deviations start after the means, in f32: a multiple of 8 (32
@@ -365,9 +362,7 @@ pub(crate) fn batch_norm_fused(
 /// Bytes a batch norm call moves for `tensors` full passes over `n` elements (cuDNN's
 /// persistent kernels read x once, where the data fits on chip).
 fn bytes(dtype: DType, n: usize, tensors: usize) -> u64 {
-    (n as u64)
-        .saturating_mul(tensors as u64)
-        .saturating_mul(dtype.size_in_bytes() as u64)
+    elems(n, dtype).saturating_mul(tensors as u64)
 }
 
 /// See [`crate::backend::NormOps::batch_norm_fused_backward`].

@@ -215,8 +215,9 @@ fn finalize(
     Ok(())
 }
 
-/// The address of a whole f32 storage of `n` values, written by the kernel.
-fn whole_f32(op: &'static str, what: &str, v: &CudaStorage, n: usize) -> Result<u64> {
+/// The address of a whole f32 storage of `n` values (read or written by the kernel or
+/// library call).
+pub(super) fn whole_f32(op: &'static str, what: &str, v: &CudaStorage, n: usize) -> Result<u64> {
     if v.dtype() != DType::F32 || v.len() != n {
         return Err(Error::invalid(
             op,
