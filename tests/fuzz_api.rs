@@ -864,30 +864,58 @@ fn run_case(case: u64) -> Result<()> {
     call(&mut r, case as usize % OPS).and_then(consume)
 }
 
-/// Runs `cases` cases on the current device, in order.
-fn run_cases(cases: u64) -> Vec<Outcome> {
+/// A case that takes longer than this is printed with its number and op, to be replayed with
+/// `MANTISSA_FUZZ_CASE`: no case should come near it, since each allocation is bounded (see
+/// `HOST_LIMIT`).
+const SLOW: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The most bytes one host allocation may take in a case: random shapes that broadcast
+/// against each other (two long dims, say) make outputs of gigabytes, which a host that
+/// overcommits grants and the kernel then fills for minutes. Past this they are refused at
+/// once with `OutOfMemory`, which counts as a device-bound error.
+const HOST_LIMIT: usize = 256 << 20;
+
+/// Runs `cases` cases on the current device, in order; the cases slower than [`SLOW`] are
+/// listed in `slow` with their time.
+fn run_cases(cases: u64, slow: &mut Vec<String>) -> Vec<Outcome> {
     (0..cases)
-        .map(|case| match catch_unwind(|| run_case(case)) {
-            Ok(Ok(())) => Outcome::Ok,
-            Ok(Err(e)) => Outcome::Err {
-                device_bound: matches!(e, Error::OutOfMemory { .. })
-                    || matches!(
-                        e,
-                        Error::DType {
-                            dtype: DType::F64,
-                            ..
-                        }
-                    ) && e.to_string().contains("no f64 on CUDA"),
-                msg: e.to_string(),
-            },
-            Err(p) => Outcome::Panic(
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default(),
-            ),
+        .map(|case| {
+            let start = std::time::Instant::now();
+            let outcome = run_one(case);
+            let took = start.elapsed();
+            if took > SLOW {
+                slow.push(format!(
+                    "case {case} (op {}): {took:.2?}",
+                    case as usize % OPS
+                ));
+            }
+            outcome
         })
         .collect()
+}
+
+/// One case's outcome, a panic caught.
+fn run_one(case: u64) -> Outcome {
+    match catch_unwind(|| run_case(case)) {
+        Ok(Ok(())) => Outcome::Ok,
+        Ok(Err(e)) => Outcome::Err {
+            device_bound: matches!(e, Error::OutOfMemory { .. })
+                || matches!(
+                    e,
+                    Error::DType {
+                        dtype: DType::F64,
+                        ..
+                    }
+                ) && e.to_string().contains("no f64 on CUDA"),
+            msg: e.to_string(),
+        },
+        Err(p) => Outcome::Panic(
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default(),
+        ),
+    }
 }
 
 /// Ok and Err per op.
@@ -931,6 +959,7 @@ fn random_calls_return_ok_or_err_and_never_panic() {
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     let gpu = Device::cuda(0);
     if let Some(case) = var("MANTISSA_FUZZ_CASE") {
+        memory::set_host_memory_limit(Some(HOST_LIMIT));
         // Replays one case with the panic (and its backtrace) shown.
         if std::env::var("MANTISSA_FUZZ_DEVICE").as_deref() == Ok("cuda") {
             DEVICE.with(|d| d.set(gpu.expect("MANTISSA_FUZZ_DEVICE=cuda needs a GPU")));
@@ -944,16 +973,27 @@ fn random_calls_return_ok_or_err_and_never_panic() {
         Ok(d) => runs.push((d, cases / 4)),
         Err(e) => println!("skipped: no CUDA device ({e})"),
     }
+    memory::set_host_memory_limit(Some(HOST_LIMIT));
     let quiet = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
+    let mut slow = Vec::new();
     let results: Vec<_> = runs
         .iter()
         .map(|&(device, n)| {
             DEVICE.with(|d| d.set(device));
-            (device, n, run_cases(n))
+            let mut slow_here = Vec::new();
+            let outcomes = run_cases(n, &mut slow_here);
+            slow.extend(slow_here.into_iter().map(|s| format!("{device:?}: {s}")));
+            (device, n, outcomes)
         })
         .collect();
     std::panic::set_hook(quiet);
+    memory::set_host_memory_limit(None);
+    // A slow case names itself (replay it with MANTISSA_FUZZ_CASE=n). Reported, not failed:
+    // how long a case takes depends on the machine (the sanitized emulated device is slow).
+    for s in &slow {
+        println!("slower than {SLOW:?}: {s}");
+    }
     for (device, n, outcomes) in &results {
         let panics: Vec<String> = outcomes
             .iter()

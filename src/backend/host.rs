@@ -108,12 +108,16 @@ macro_rules! map_pair {
 }
 pub(crate) use {map_all, map_float, map_pair};
 
-/// An empty vector with room for `n` elements, or [`crate::Error::OutOfMemory`] when the host
-/// allocator refuses (instead of the abort or capacity panic of `vec![x; n]`).
+/// An empty vector with room for `n` elements, or [`crate::Error::OutOfMemory`] when the
+/// request passes the host memory limit ([`super::host_limit`], checked before anything is
+/// allocated, whatever the OS's overcommit policy) or the host allocator refuses (instead of
+/// the abort or capacity panic of `vec![x; n]`).
 pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    super::host_limit::check(bytes)?;
     let mut v = Vec::new();
     v.try_reserve_exact(n)
-        .map_err(|_| crate::Error::host_oom(n.saturating_mul(std::mem::size_of::<T>())))?;
+        .map_err(|_| crate::Error::host_oom(bytes))?;
     Ok(v)
 }
 
@@ -124,8 +128,10 @@ pub(crate) fn host_can_hold(n: usize, dtype: DType) -> Result<()> {
     host_can_hold_bytes(n.saturating_mul(dtype.size_in_bytes()))
 }
 
-/// [`host_can_hold`] for a byte count.
+/// [`host_can_hold`] for a byte count. A request past the host memory limit is refused
+/// whatever its size.
 pub(crate) fn host_can_hold_bytes(bytes: usize) -> Result<()> {
+    super::host_limit::check(bytes)?;
     if bytes >= 256 << 20 {
         drop(try_vec::<u8>(bytes)?);
     }

@@ -3,6 +3,10 @@
 //! Each function takes the device; the CPU has no caching allocator, and asking about it is
 //! an error (`live_storage_bytes()` counts the bytes of live tensors on any device).
 //!
+//! The host has one setting of its own: [`host_memory_limit`], the most bytes one host
+//! allocation may request (physical memory plus swap by default), which refuses what the
+//! machine could never hold even where the OS would grant it.
+//!
 //! ```
 //! use mantissa::{memory, Device};
 //! if let Ok(d) = Device::cuda(0) {
@@ -15,6 +19,7 @@
 //! ```
 
 pub use super::caching::MemoryStats;
+pub use super::host_limit::{host_memory_limit, set_host_memory_limit};
 use crate::{Device, Error, Result};
 
 #[cfg(feature = "cuda-backend")]

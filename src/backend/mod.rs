@@ -20,6 +20,7 @@ mod elementwise;
 #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 mod fallback;
 pub(crate) mod host;
+pub(crate) mod host_limit;
 mod index;
 mod loss;
 mod matmul;
