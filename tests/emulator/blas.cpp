@@ -14,6 +14,7 @@
 typedef int Status;
 enum { SUCCESS = 0, INVALID_VALUE = 7, NOT_SUPPORTED = 15 };
 enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
+enum { COMPUTE_32F_FAST_TF32 = 77 };
 
 #define API extern "C" __attribute__((visibility("default")))
 
@@ -24,15 +25,18 @@ static void store(void* p, int type, int64_t i, float v) { store(p, kind(type), 
 static bool known(int type) { return type == R_32F || type == R_16F || type == R_16BF; }
 
 // C = alpha op(A) op(B) + beta C, column-major, one matrix; then + bias[row] and ReLU.
+// With `tf32`, f32 operands are rounded to TF32 first, as the tensor cores of a
+// CUBLAS_COMPUTE_32F_FAST_TF32 product read them.
 static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int at,
                  int64_t lda, const void* b, int bt, int64_t ldb, float beta, const void* c, void* d,
-                 int dt, int64_t ldc, int64_t ldd, const void* bias, bool relu) {
+                 int dt, int64_t ldc, int64_t ldd, const void* bias, bool relu, bool tf) {
     for (int64_t j = 0; j < n; j++) {
         for (int64_t i = 0; i < m; i++) {
             float acc = 0.0f;
             for (int64_t l = 0; l < k; l++) {
                 float x = load(a, at, ta ? l + i * lda : i + l * lda);
                 float y = load(b, bt, tb ? j + l * ldb : l + j * ldb);
+                if (tf) x = tf32(x), y = tf32(y);
                 acc += x * y;
             }
             float v = alpha * acc;
@@ -53,7 +57,7 @@ API Status cublasSetWorkspace_v2(void*, void*, size_t) { return SUCCESS; }
 API Status cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int n, int k, const void* alpha,
                                       const void* a, int at, int lda, long long sa, const void* b, int bt,
                                       int ldb, long long sb, const void* beta, void* c, int ct, int ldc,
-                                      long long sc, int batch, int, int) {
+                                      long long sc, int batch, int compute, int) {
     if (!known(at) || at != bt || bt != ct || m < 0 || n < 0 || k < 0 || batch < 0) return INVALID_VALUE;
     // A is m x k after its op: stored m x k (N) or k x m (T); lda must cover the stored rows.
     if (lda < (ta ? k : m) || ldb < (tb ? n : k) || ldc < m) {
@@ -62,11 +66,12 @@ API Status cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int n, i
     }
     int size = at == R_32F ? 4 : 2;
     float al = *(const float*)alpha, be = *(const float*)beta; // host scalars: read now
+    bool tf = at == R_32F && compute == COMPUTE_32F_FAST_TF32;
     later(h->stream, [=] {
         for (int bi = 0; bi < batch; bi++) {
             gemm(ta != 0, tb != 0, m, n, k, al, (const char*)a + bi * sa * size, at, lda,
                  (const char*)b + bi * sb * size, bt, ldb, be, (const char*)c + bi * sc * size,
-                 (char*)c + bi * sc * size, ct, ldc, ldc, nullptr, false);
+                 (char*)c + bi * sc * size, ct, ldc, ldc, nullptr, false, tf);
         }
     });
     return SUCCESS;
@@ -91,7 +96,7 @@ struct LtLayout {
     int64_t ld;
 };
 struct LtDesc {
-    int ta = 0, tb = 0, epilogue = 1;
+    int ta = 0, tb = 0, epilogue = 1, compute = 0;
     const void* bias = nullptr;
 };
 API size_t cublasLtGetVersion() { return 130000; }
@@ -110,8 +115,9 @@ API Status cublasLtMatrixLayoutDestroy(LtLayout* l) {
     delete l;
     return SUCCESS;
 }
-API Status cublasLtMatmulDescCreate(LtDesc** d, int, int) {
+API Status cublasLtMatmulDescCreate(LtDesc** d, int compute, int) {
     *d = new LtDesc;
+    (*d)->compute = compute;
     return SUCCESS;
 }
 API Status cublasLtMatmulDescDestroy(LtDesc* d) {
@@ -178,7 +184,8 @@ API Status cublasLtMatmul(void*, LtDesc* d, const void* alpha, const void* a, Lt
     float alv = *(const float*)alpha, bev = *(const float*)beta;
     later(stream, [=] {
         gemm(dd.ta != 0, dd.tb != 0, D.rows, D.cols, k, alv, a, A.type, A.ld, b, B.type, B.ld, bev, c, out,
-             D.type, C.ld, D.ld, bias ? dd.bias : nullptr, relu);
+             D.type, C.ld, D.ld, bias ? dd.bias : nullptr, relu,
+             A.type == R_32F && dd.compute == COMPUTE_32F_FAST_TF32);
     });
     return SUCCESS;
 }
