@@ -58,6 +58,17 @@ pub enum Error {
     /// A CUDA library could not be found or loaded; the message says how to install it.
     #[error("CUDA library {lib} not available: {msg}")]
     CudaLibrary { lib: &'static str, msg: String },
+    /// A CUDA library that is loaded refused a call or failed in it: `status` is the
+    /// library's own (`CUDNN_STATUS_NOT_SUPPORTED`, `CUBLAS_STATUS_INVALID_VALUE`, ...), and
+    /// `what` the call or descriptor. Not a missing library ([`Error::CudaLibrary`]).
+    #[error("{op} on {device}: {lib} returned {status}: {what}")]
+    CudaLibraryStatus {
+        lib: &'static str,
+        op: &'static str,
+        device: Device,
+        status: String,
+        what: String,
+    },
     /// The op has no kernel on this device yet (the CUDA backend is being filled in).
     #[error(
         "{op} is not implemented on {device} yet ({what}); move the tensors to the CPU for it"
@@ -155,6 +166,25 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// Whether the error says the request was too large for the device rather than wrong:
+    /// out of memory, a size past what can be represented ([`Error::TooLarge`]), or a CUDA
+    /// library's `NOT_SUPPORTED` for the call (cuDNN's answer to sizes past its limits).
+    /// [`crate::train::find_batch_size`] takes any of them as the ceiling of its search.
+    ///
+    /// ```
+    /// use mantissa::{Device, Error};
+    /// let oom = Error::OutOfMemory { device: Device::Cpu, requested: 1 << 40, stats: String::new() };
+    /// assert!(oom.is_size_limit());
+    /// assert!(!Error::Autograd("backward twice".into()).is_size_limit());
+    /// ```
+    pub fn is_size_limit(&self) -> bool {
+        match self {
+            Error::OutOfMemory { .. } | Error::TooLarge { .. } => true,
+            Error::CudaLibraryStatus { status, .. } => status.contains("NOT_SUPPORTED"),
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
         Error::Io {
             op,

@@ -137,3 +137,51 @@ fn a_trial_step_leaves_no_trace_and_the_cpu_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_size_the_device_refuses_is_the_ceiling() {
+    let Some(dev) = gpu() else { return };
+    let search = BatchSizeSearch {
+        start: 4,
+        max: 1000,
+    };
+    // Past 100 the call is refused as a real cuDNN refuses a tensor past its 32-bit limits;
+    // past 300, as a size the engine cannot represent.
+    let refusal = |b: usize| -> Result<()> {
+        match b {
+            ..=100 => Ok(()),
+            101..=300 => Err(Error::CudaLibraryStatus {
+                lib: "cuDNN",
+                op: "conv2d",
+                device: dev,
+                status: "CUDNN_STATUS_NOT_SUPPORTED".into(),
+                what: "output descriptor".into(),
+            }),
+            _ => Err(Error::TooLarge {
+                op: "conv2d",
+                shape: vec![b],
+                msg: "past the limit".into(),
+            }),
+        }
+    };
+    let found = find_batch_size(dev, search, refusal).unwrap();
+    assert_eq!(found.size, 100, "{:?}", found.tried);
+    assert!(found.tried.contains(&(101, false)), "{:?}", found.tried);
+    // Any other library status is a fault, returned as it is.
+    let fault = |b: usize| -> Result<()> {
+        match b {
+            ..=8 => Ok(()),
+            _ => Err(Error::CudaLibraryStatus {
+                lib: "cuDNN",
+                op: "conv2d",
+                device: dev,
+                status: "CUDNN_STATUS_BAD_PARAM".into(),
+                what: "input descriptor".into(),
+            }),
+        }
+    };
+    match find_batch_size(dev, search, fault) {
+        Err(Error::CudaLibraryStatus { status, .. }) => assert!(status.contains("BAD_PARAM")),
+        other => panic!("{other:?}"),
+    }
+}

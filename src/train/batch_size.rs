@@ -27,8 +27,9 @@ pub struct BatchSizeTrials {
 
 /// Finds the largest batch size, between `search.start` and `search.max`, for which
 /// `trial(size)` succeeds on `device`: sizes double from `start` until a trial returns
-/// [`Error::OutOfMemory`] (or `max` fits), then the largest fitting size below the first
-/// failing one is bisected. The allocator's cache is emptied before every trial, so each
+/// [`Error::OutOfMemory`] or another size refusal ([`Error::is_size_limit`]: a size past
+/// what the device's libraries take) (or `max` fits), then the largest fitting size below
+/// the first failing one is bisected. The allocator's cache is emptied before every trial, so each
 /// starts from the memory the caller holds. Any other error is returned as it is.
 ///
 /// `trial` should do what a training step does and leave no trace: [`classifier_fits`] does
@@ -72,7 +73,9 @@ pub fn find_batch_size(
         memory::empty_cache(device)?;
         let fits = match trial(size) {
             Ok(()) => true,
-            Err(Error::OutOfMemory { .. }) => false,
+            // Out of memory, or a size the device cannot run (past a library's limits):
+            // the ceiling either way.
+            Err(e) if e.is_size_limit() => false,
             Err(e) => return Err(e),
         };
         out.tried.push((size, fits));

@@ -8,6 +8,7 @@
 
 #include "dnn.h"
 
+enum { FMA_MATH = 3 };
 struct Conv {
     int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1, groups = 1, math = 0;
 };
@@ -32,6 +33,13 @@ static bool dtype_ok(int t) { return t == FLOAT || t == HALF || t == BFLOAT16; }
 API Status cudnnSetTensor4dDescriptor(Tensor* t, int format, int type, int n, int c, int h, int w) {
     if ((format != NCHW && format != NHWC) || !dtype_ok(type) || n <= 0 || c <= 0 || h <= 0 || w <= 0)
         return BAD_PARAM;
+    // As the real one: a tensor of more than 2^31 - 1 elements is not supported (its strides
+    // and offsets are 32-bit).
+    if ((int64_t)n * c * h * w > index_limit()) {
+        fprintf(stderr, "emulated cuDNN: a tensor of %lld elements passes the 32-bit limit\n",
+                (long long)n * c * h * w);
+        return NOT_SUPPORTED;
+    }
     *t = Tensor{format, type, n, c, h, w};
     return SUCCESS;
 }
@@ -115,10 +123,16 @@ static std::vector<float> unpack(const Tensor& t, const void* p) {
 }
 static void compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
                     const void* wp, const Conv& c, const Tensor& y, const void* yp) {
-    // The two inputs as f32 NCHW; the result accumulated in f32 NCHW.
+    // The two inputs as f32 NCHW; the result accumulated in f32 NCHW. f32 inputs are rounded
+    // to TF32 unless the math type is FMA (exact f32), as tensor cores read them.
     std::vector<float> X = pass == DATA ? std::vector<float>(x.size(), 0.0f) : unpack(x, xp);
     std::vector<float> W = pass == FILTER ? std::vector<float>(w.size(), 0.0f) : unpack(w, wp);
     std::vector<float> Y = pass == FORWARD ? std::vector<float>(y.size(), 0.0f) : unpack(y, yp);
+    if (x.type == FLOAT && c.math != FMA_MATH) {
+        for (std::vector<float>* in : {&X, &W, &Y})
+            if (!(in == &X && pass == DATA) && !(in == &W && pass == FILTER) && !(in == &Y && pass == FORWARD))
+                for (float& v : *in) v = tf32(v);
+    }
     int kg = w.n / c.groups;
     for (int n = 0; n < y.n; n++)
         for (int k = 0; k < y.c; k++)

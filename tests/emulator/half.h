@@ -41,3 +41,24 @@ static inline void store(void* p, Kind k, int64_t i, float v) {
     }
     }
 }
+
+// An f32 rounded to TF32 (10 explicit mantissa bits, round to nearest even), as a tensor core
+// reads an f32 operand when TF32 is allowed. Infinities and NaNs pass unchanged.
+static inline float tf32(float v) {
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    if ((b & 0x7F800000u) == 0x7F800000u) return v;
+    b = (b + 0xFFFu + ((b >> 13) & 1u)) & ~0x1FFFu;
+    memcpy(&v, &b, 4);
+    return v;
+}
+
+// The most elements one tensor may have in a library call with 32-bit sizes (cuDNN's
+// descriptors: 2^31 - 1), or the lower limit of MANTISSA_CUDA_INDEX_LIMIT, which the engine
+// reads too (so that its split into pieces is tested without gigabytes of data).
+#include <cstdlib>
+static inline int64_t index_limit() {
+    const char* v = getenv("MANTISSA_CUDA_INDEX_LIMIT");
+    int64_t lim = v ? strtoll(v, nullptr, 10) : 0;
+    return lim > 0 && lim < INT32_MAX ? lim : INT32_MAX;
+}

@@ -106,11 +106,12 @@ pub(crate) fn gemm_bias(
         ),
     };
     let ws = CudaStorage::alloc_on(rt, DType::U8, WORKSPACE)?;
-    let fail = |what: &str, e: CublasError| Error::CudaLibrary {
+    let fail = |what: &str, e: CublasError| Error::CudaLibraryStatus {
         lib: "cuBLASLt",
-        msg: format!(
-            "{what} ({m}x{k} @ {k}x{n} + bias, relu {relu}, {dtype:?}) on {device}: {e:?}"
-        ),
+        op: "matmul",
+        device,
+        status: format!("{:?}", e.0),
+        what: format!("{what} ({m}x{k} @ {k}x{n} + bias, relu {relu}, {dtype:?})"),
     };
     // Row-major `out = a b` is column-major `out^T = b^T a^T`: cuBLASLt's A is `b` (n x k
     // after its op), its B is `a` (k x m), its D is `out^T` (n x m, ld n); the bias runs

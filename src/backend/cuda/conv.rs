@@ -9,6 +9,7 @@
 //! exact f32 (FMA math). f16 and bf16 use tensor cores with f32 accumulation.
 
 use super::conv_desc::{dnn_err, Descriptors};
+use super::limits::{items_per_call, library_index_limit};
 use super::storage::{float_kname, CudaStorage, Dense};
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
@@ -234,6 +235,11 @@ fn list(
 /// Runs one pass: `a` and `b` are the two inputs (forward: x, w; data: dy, w; filter: x, dy),
 /// `out` the result (`beta` times its previous values added: 0 or 1), all dense on one
 /// device: NCHW / KCRS, or NHWC / KRSC when `d.channels_last`.
+///
+/// A batch whose activations pass cuDNN's 32-bit element limit runs as several calls over
+/// pieces of the batch that fit (the batch is the outermost dim in both layouts, so a piece
+/// is a contiguous range); the weight's gradient adds each piece's part onto the first's.
+/// One image past the limit, or a weight past it, is [`Error::TooLarge`].
 fn run(
     pass: Pass,
     d: &ConvDims,
@@ -242,7 +248,61 @@ fn run(
     out: &CudaStorage,
     beta: f32,
 ) -> Result<()> {
-    let (device, dtype, rt) = (a.device(), a.dtype(), a.rt().clone());
+    let (input, output) = (d.c * d.h * d.w, d.o * d.ho * d.wo);
+    let weight = d.o * d.cg() * d.kh * d.kw;
+    let limit = library_index_limit();
+    let per_call = match items_per_call(input.max(output)) {
+        Some(k) if weight <= limit => k,
+        _ => {
+            return Err(Error::too_large(
+                pass.op(),
+                &[d.n, d.c, d.h, d.w],
+                format!(
+                    "one image ({input} input and {output} output elements) or the weight \
+                     ({weight} elements) passes cuDNN's limit of {limit} elements per tensor"
+                ),
+            ))
+        }
+    };
+    let ptrs = (a.ptr(), b.ptr(), out.ptr());
+    if d.n <= per_call {
+        return run_piece(pass, d, a.rt(), a.dtype(), ptrs, beta);
+    }
+    let elem = a.dtype().size_in_bytes() as u64;
+    for start in (0..d.n).step_by(per_call) {
+        let piece = ConvDims {
+            n: per_call.min(d.n - start),
+            ..*d
+        };
+        // Byte offsets of the piece's first image in the input and output activations
+        // (below the storages' sizes, which are below isize::MAX).
+        let (i, o) = (
+            (start * input) as u64 * elem,
+            (start * output) as u64 * elem,
+        );
+        let (pa, pb, po) = ptrs;
+        let (ptrs, beta) = match pass {
+            Pass::Forward => ((pa + i, pb, po + o), beta),
+            Pass::Data => ((pa + o, pb, po + i), beta),
+            // Every piece adds its part of the weight's gradient onto the first's.
+            Pass::Filter => ((pa + i, pb + o, po), if start == 0 { beta } else { 1.0 }),
+        };
+        run_piece(pass, &piece, a.rt(), a.dtype(), ptrs, beta)?;
+    }
+    Ok(())
+}
+
+/// One cuDNN call of `pass` over the problem `d`, whose tensors fit cuDNN's limits: the
+/// inputs at device addresses `pa` and `pb`, the result at `po` (see [`run`]).
+fn run_piece(
+    pass: Pass,
+    d: &ConvDims,
+    rt: &std::sync::Arc<super::runtime::CudaRuntime>,
+    dtype: DType,
+    (pa, pb, po): (u64, u64, u64),
+    beta: f32,
+) -> Result<()> {
+    let (device, rt) = (rt.device(), rt.clone());
     // Before any cuDNN call: cudarc would otherwise open the library by name only, and panic
     // where the loader path lacks it.
     super::libs::load(super::libs::Lib::Cudnn)?;
@@ -311,11 +371,7 @@ fn run(
                 &one as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
             );
-            let (pa, pb, po) = (
-                a.ptr() as *const c_void,
-                b.ptr() as *const c_void,
-                out.ptr() as *mut c_void,
-            );
+            let (pa, pb, po) = (pa as *const c_void, pb as *const c_void, po as *mut c_void);
             let wsp = ws.ptr() as *mut c_void;
             let prof = super::profile::library(
                 &rt,
@@ -339,8 +395,9 @@ fn run(
                 conv_flops(d),
                 conv_bytes(d, dtype),
             );
-            // SAFETY: the pointers address contiguous NCHW buffers of the shapes in the
-            // descriptors, on this device; the workspace holds `c.workspace` bytes; the
+            // SAFETY: the pointers address contiguous NCHW (NHWC) buffers of the shapes in
+            // the descriptors, on this device (a piece of the batch starts inside its
+            // storage: `run` offsets by whole images below `d.n`); the workspace holds `c.workspace` bytes; the
             // handle's stream is the runtime's stream, which orders these buffers' uses.
             let status = unsafe {
                 match c.algo {
@@ -403,13 +460,12 @@ fn run(
             }
             last = Some(dnn_err(pass, device, &format!("{:?}", c.algo), status));
         }
-        Err(last.unwrap_or_else(|| {
-            dnn_err(
-                pass,
-                device,
-                "no algorithm available",
-                format!("{dtype:?} {d:?} deterministic={}", key.deterministic),
-            )
+        Err(last.unwrap_or_else(|| Error::CudaLibraryStatus {
+            lib: "cuDNN",
+            op: pass.op(),
+            device,
+            status: "no algorithm".into(),
+            what: format!("{dtype:?} {d:?} deterministic={}", key.deterministic),
         }))
     })?
 }

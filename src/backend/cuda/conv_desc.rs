@@ -35,15 +35,31 @@ impl Drop for Descriptors {
     }
 }
 
-pub(super) fn dnn_err(pass: Pass, device: Device, what: &str, e: impl std::fmt::Debug) -> Error {
-    Error::CudaLibrary {
+/// cuDNN's `status` for `what` (a call or descriptor) in one pass, as the library said it.
+pub(super) fn dnn_err(
+    pass: Pass,
+    device: Device,
+    what: &str,
+    status: impl std::fmt::Debug,
+) -> Error {
+    Error::CudaLibraryStatus {
         lib: "cuDNN",
-        msg: format!("{} on {device}: {what}: {e:?}", pass.op()),
+        op: pass.op(),
+        device,
+        status: format!("{status:?}"),
+        what: what.to_string(),
     }
 }
 
-fn int(pass: Pass, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::invalid(pass.op(), format!("size {v} exceeds i32")))
+/// A dim or convolution parameter as cuDNN's `int`.
+fn int(pass: Pass, d: &ConvDims, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| {
+        Error::too_large(
+            pass.op(),
+            &[d.n, d.c, d.h, d.w],
+            format!("cuDNN takes sizes up to i32::MAX, got {v}"),
+        )
+    })
 }
 
 impl Descriptors {
@@ -65,7 +81,7 @@ impl Descriptors {
             DType::F32 => sys::cudnnMathType_t::CUDNN_FMA_MATH,
             _ => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
         };
-        let i = |v: usize| int(pass, v);
+        let i = |v: usize| int(pass, d, v);
         let p = &d.p;
         let mut s = Descriptors {
             x: std::ptr::null_mut(),

@@ -47,9 +47,12 @@ const OK: sys::cudnnStatus_t = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
 const DECLINED: sys::cudnnStatus_t = sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED;
 
 fn dnn_err(op: &'static str, device: Device, what: &str, status: sys::cudnnStatus_t) -> Error {
-    Error::CudaLibrary {
+    Error::CudaLibraryStatus {
         lib: "cuDNN",
-        msg: format!("{op} on {device}: {what}: {status:?}"),
+        op,
+        device,
+        status: format!("{status:?}"),
+        what: what.to_string(),
     }
 }
 
@@ -102,7 +105,8 @@ impl Drop for Descriptors {
 
 impl Descriptors {
     /// The descriptors for x of `shape` (`[n, c, h, w]`) in `dtype`; `None` when a size does
-    /// not fit cuDNN's `int`.
+    /// not fit cuDNN's `int` or the tensor passes its element limit (the engine's kernels,
+    /// which index in 64 bits, run instead).
     fn new(
         op: &'static str,
         device: Device,
@@ -115,6 +119,10 @@ impl Descriptors {
             Ok(d) => d,
             Err(_) => return Ok(None),
         };
+        let elems = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if elems.is_none_or(|n| n > super::limits::library_index_limit()) {
+            return Ok(None);
+        }
         let data = match dtype {
             DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
             DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,

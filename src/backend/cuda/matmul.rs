@@ -247,7 +247,6 @@ fn gemm(
         int("m", m as i64)?,
         int("k", k as i64)?,
     );
-    let batch32 = int("batch", batch as i64)?;
     let (lda, ldb, ldc) = (
         int("lda", oa.ld)?,
         int("ldb", ob.ld)?,
@@ -265,42 +264,58 @@ fn gemm(
         2 * b64 * m64 * n64 * k64,
         b64 * (m64 * k64 + k64 * n64 + m64 * n64) * elem,
     );
-    // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand is b.
-    // SAFETY: the pointers address `batch` matrices of the stated shapes and strides on this
-    // device; the handle's stream is the runtime's stream.
-    a.rt()
-        .with_blas(|handle| unsafe {
-            blas_result::gemm_strided_batched_ex(
-                handle,
-                op(ob.transposed),
-                op(oa.transposed),
-                n32,
-                m32,
-                k32,
-                &alpha as *const f32 as *const _,
-                ob.ptr as *const _,
-                ty,
-                ldb,
-                ob.batch_stride,
-                oa.ptr as *const _,
-                ty,
-                lda,
-                oa.batch_stride,
-                &beta as *const f32 as *const _,
-                c as *mut _,
-                ty,
-                ldc,
-                (m * n) as i64,
-                batch32,
-                compute,
-                bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        })?
-        .map_err(|e| Error::CudaDriver {
-            op: "cublasGemmStridedBatchedEx",
-            device: a.device(),
-            msg: format!("{e:?} ({m}x{k} @ {k}x{n}, batch {batch}, {:?})", a.dtype()),
-        })?;
+    // cuBLAS counts the batch in an i32: a larger batch runs as several calls, each from
+    // its first matrix's address (batch strides are non-negative element counts).
+    let per_call = i32::MAX as usize;
+    for start in (0..batch).step_by(per_call) {
+        let count = per_call.min(batch - start);
+        let at = |o: &Operand| o.ptr + (start as i64 * o.batch_stride) as u64 * elem;
+        let (pa, pb, pc) = (at(oa), at(ob), c + (start * m * n) as u64 * elem);
+        // `count` fits an i32 by the step above.
+        let batch32 = count as i32;
+        // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand is b.
+        // SAFETY: the pointers address `count` matrices of the stated shapes and strides on
+        // this device (a piece of the `batch` the operands hold); the handle's stream is the
+        // runtime's stream.
+        a.rt()
+            .with_blas(|handle| unsafe {
+                blas_result::gemm_strided_batched_ex(
+                    handle,
+                    op(ob.transposed),
+                    op(oa.transposed),
+                    n32,
+                    m32,
+                    k32,
+                    &alpha as *const f32 as *const _,
+                    pb as *const _,
+                    ty,
+                    ldb,
+                    ob.batch_stride,
+                    pa as *const _,
+                    ty,
+                    lda,
+                    oa.batch_stride,
+                    &beta as *const f32 as *const _,
+                    pc as *mut _,
+                    ty,
+                    ldc,
+                    (m * n) as i64,
+                    batch32,
+                    compute,
+                    bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            })?
+            .map_err(|e| Error::CudaLibraryStatus {
+                lib: "cuBLAS",
+                op: "matmul",
+                device: a.device(),
+                status: format!("{:?}", e.0),
+                what: format!(
+                    "cublasGemmStridedBatchedEx ({m}x{k} @ {k}x{n}, batch {batch}, {:?})",
+                    a.dtype()
+                ),
+            })?;
+    }
     if let Some(p) = prof {
         p.end();
     }

@@ -53,6 +53,7 @@ mod host_kernels;
 pub mod index;
 pub mod kernels;
 pub mod libs;
+pub mod limits;
 pub mod loss;
 pub mod matmul;
 pub mod norm;
