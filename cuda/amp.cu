@@ -43,11 +43,11 @@ __device__ void unscale(const UnscaleList& L, const float* inv_scale, float* fou
                                                      float* found_inf) {                      \
         unscale<G, O>(list, inv_scale, found_inf);                                            \
     }
-UNSCALE(float, float)
-UNSCALE(f16, f16)
-UNSCALE(bf16, bf16)
-UNSCALE(f16, float)
-UNSCALE(bf16, float)
+PART(float, UNSCALE(float, float))
+PART(f16, UNSCALE(f16, f16))
+PART(bf16, UNSCALE(bf16, bf16))
+PART(f16, UNSCALE(f16, float))
+PART(bf16, UNSCALE(bf16, float))
 
 // Gradient clipping's total (PyTorch's _foreach_norm): partial[b] = sum of g^2 over chunk b of
 // the listed gradients (`out` unused), accumulated in f32; a reduction over the partials
@@ -74,12 +74,13 @@ __device__ void sum_squares(const UnscaleList& L, float* partial) {
     extern "C" __global__ void amp_sum_squares_##G(UnscaleList list, float* partial) {         \
         sum_squares<G>(list, partial);                                                         \
     }
-SUM_SQUARES(float)
-SUM_SQUARES(f16)
-SUM_SQUARES(bf16)
+PART(float, SUM_SQUARES(float))
+PART(f16, SUM_SQUARES(f16))
+PART(bf16, SUM_SQUARES(bf16))
 
 // PyTorch's _amp_update_scale_: back off on overflow, grow after `interval` clean steps
 // unless the grown scale would not be finite. One thread.
+#if PART_HAS_0
 extern "C" __global__ void amp_update_scale(float* scale, float* tracker, const float* found_inf,
                                             float growth, float backoff, int interval) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -97,3 +98,4 @@ extern "C" __global__ void amp_update_scale(float* scale, float* tracker, const 
         }
     }
 }
+#endif

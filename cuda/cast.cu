@@ -20,23 +20,23 @@ __device__ void cast_strided(const S* __restrict__ src, Strided l, D* __restrict
     }
 
 #define CAST_FROM(S) CAST(S, float) CAST(S, f16) CAST(S, bf16)
-CAST_FROM(float)
-CAST_FROM(f16)
-CAST_FROM(bf16)
-CAST_FROM(i64)
-CAST_FROM(u8)
-CAST(float, i64)
-CAST(float, u8)
+PART(float, CAST_FROM(float))
+PART(f16, CAST_FROM(f16))
+PART(bf16, CAST_FROM(bf16))
+PART(i64, CAST_FROM(i64))
+PART(u8, CAST_FROM(u8))
+PART(float, CAST(float, i64))
+PART(float, CAST(float, u8))
 
 // Same-type copies of a strided view into a contiguous output, by element width.
 #define COPY(T)                                                                            \
     extern "C" __global__ void copy_strided_##T(const T* src, Strided l, T* dst, i64 n) { \
         FOR_EACH(i, n) dst[i] = src[strided_index(l, i)];                                  \
     }
-COPY(u8)
-COPY(u16)
-COPY(u32)
-COPY(u64)
+PART(u8, COPY(u8))
+PART(u16, COPY(u16))
+PART(u32, COPY(u32))
+PART(u64, COPY(u64))
 
 // The reverse: a contiguous source written into a strided view (a narrowed or permuted part
 // of a larger tensor), by element width. The view must not overlap itself.
@@ -44,10 +44,10 @@ COPY(u64)
     extern "C" __global__ void copy_into_strided_##T(const T* src, Strided l, T* dst, i64 n) { \
         FOR_EACH(i, n) dst[strided_index(l, i)] = src[i];                                  \
     }
-COPY_INTO(u8)
-COPY_INTO(u16)
-COPY_INTO(u32)
-COPY_INTO(u64)
+PART(u8, COPY_INTO(u8))
+PART(u16, COPY_INTO(u16))
+PART(u32, COPY_INTO(u32))
+PART(u64, COPY_INTO(u64))
 
 // Up to COPY_LIST two-dimensional copies per launch (cat's inputs into their places in the
 // output): copy k moves rows[k] x cols[k] elements from src[k] (row stride sld[k]) to dst[k]
@@ -85,7 +85,7 @@ __device__ void copy_list(const CopyList& L) {
 
 #define COPY_LIST_OF(T) \
     extern "C" __global__ void copy_list_##T(CopyList list) { copy_list<T>(list); }
-COPY_LIST_OF(u8)
-COPY_LIST_OF(u16)
-COPY_LIST_OF(u32)
-COPY_LIST_OF(u64)
+PART(u8, COPY_LIST_OF(u8))
+PART(u16, COPY_LIST_OF(u16))
+PART(u32, COPY_LIST_OF(u32))
+PART(u64, COPY_LIST_OF(u64))

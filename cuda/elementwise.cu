@@ -185,9 +185,9 @@ __device__ void unary_grad_contiguous(int op, float a, const T* x, const T* g, T
         }                                                                                      \
     }
 
-ELEMENTWISE(float)
-ELEMENTWISE(f16)
-ELEMENTWISE(bf16)
+PART(float, ELEMENTWISE(float))
+PART(f16, ELEMENTWISE(f16))
+PART(bf16, ELEMENTWISE(bf16))
 
 /* I64 arithmetic as the CPU backend does it: in f64 (exact below 2^53), the result truncated
    toward zero and saturated (cvt.rzi), so 7 / 2 = 3 and x / 0 saturates. */
@@ -225,6 +225,7 @@ __device__ __forceinline__ u8 pow_u8(u8 a, u8 b) {
     }
     return (u8)acc;
 }
+#if PART_HAS_0
 extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, const i64* y,
                                               Strided ly, i64* out, i64 n) {
     FOR_EACH(i, n) {
@@ -242,10 +243,12 @@ extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, 
         out[i] = v;
     }
 }
+#endif
 
 /* U8 arithmetic as the CPU backend does it: in f32 (exact: a product of two bytes fits), the
    result truncated toward zero and saturated to 0..255, NaN to 0 (Rust's `as u8`), so
    7 / 2 = 3, 3 - 5 = 0 and x / 0 = 255. */
+#if PART_HAS_0
 extern "C" __global__ void binary_strided_u8(int op, const u8* x, Strided lx, const u8* y,
                                              Strided ly, u8* out, i64 n) {
     FOR_EACH(i, n) {
@@ -257,6 +260,7 @@ extern "C" __global__ void binary_strided_u8(int op, const u8* x, Strided lx, co
         out[i] = r != r || r <= 0.0f ? 0 : r >= 255.0f ? 255 : (u8)r;
     }
 }
+#endif
 
 /* A U8 mask of 0 and 1; floats compare as f32, integers exactly. `V` is the compared type. */
 #define COMPARE(T, V)                                                                          \
@@ -282,8 +286,8 @@ __device__ __forceinline__ float compared(float x) { return x; }
 __device__ __forceinline__ i64 compared(i64 x) { return x; }
 __device__ __forceinline__ int compared(u8 x) { return x; }
 
-COMPARE(float, float)
-COMPARE(f16, float)
-COMPARE(bf16, float)
-COMPARE(i64, i64)
-COMPARE(u8, int)
+PART(float, COMPARE(float, float))
+PART(f16, COMPARE(f16, float))
+PART(bf16, COMPARE(bf16, float))
+PART(i64, COMPARE(i64, i64))
+PART(u8, COMPARE(u8, int))

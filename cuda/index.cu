@@ -14,9 +14,11 @@ __device__ __forceinline__ bool index_ok(i64 k, i64 size, int* fault, int slot) 
 
 // Only checks the indices: an op with no elements to move (another dim is empty) still
 // rejects an index out of range, as the CPU does.
+#if PART_HAS_0
 extern "C" __global__ void check_indices(const i64* idx, i64 n, i64 size, int* fault, int slot) {
     FOR_EACH(i, n) { index_ok(idx[i], size, fault, slot); }
 }
+#endif
 
 // The index of element i: idx[i] (gather, scatter: inner == 0) or idx[(i / inner) % nidx]
 // (index_select, index_add: inner = the elements after the indexed dim).
@@ -36,10 +38,10 @@ __device__ __forceinline__ i64 index_of(const i64* idx, i64 i, i64 inner, i64 ni
                                                     : (T)0;                                    \
         }                                                                                      \
     }
-TAKE(u8)
-TAKE(u16)
-TAKE(u32)
-TAKE(u64)
+PART(u8, TAKE(u8))
+PART(u16, TAKE(u16))
+PART(u32, TAKE(u32))
+PART(u64, TAKE(u64))
 
 // Atomic `*p += v`, rounding the sum to p's type. Halves go through a compare-and-swap of the
 // aligned 32-bit word that holds them, which may reach the 2 bytes after a tensor's last
@@ -77,9 +79,9 @@ __device__ __forceinline__ void atomic_add(bf16* p, float v) { atomic_add_half(p
             }                                                                                  \
         }                                                                                      \
     }
-ADD_AT(float)
-ADD_AT(f16)
-ADD_AT(bf16)
+PART(float, ADD_AT(float))
+PART(f16, ADD_AT(f16))
+PART(bf16, ADD_AT(bf16))
 
 // Group g adds src[src_pos[k]] for k in starts[g] .. starts[g + 1], in that order, into
 // dst[dst_pos[g]]. Groups name distinct cells, so threads never share one.
@@ -95,6 +97,6 @@ ADD_AT(bf16)
             dst[p] = acc;                                                                      \
         }                                                                                      \
     }
-ADD_GROUPS(float)
-ADD_GROUPS(f16)
-ADD_GROUPS(bf16)
+PART(float, ADD_GROUPS(float))
+PART(f16, ADD_GROUPS(f16))
+PART(bf16, ADD_GROUPS(bf16))

@@ -325,6 +325,7 @@ __device__ __forceinline__ void bn_chan(double& n, double& mean, double& m2, dou
 // thread 0 turns the channel's statistics into the coefficients the affine pass reads, with
 // the running statistics updated in the same launch. No atomics: the result does not depend
 // on timing. `part` is null in modes 1 and 4.
+#if PART_HAS_0
 extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a, i64 outer,
                                        i64 C, i64 inner, i64 chunk) {
     __shared__ double sn[256], sa[256], sb[256];
@@ -395,6 +396,7 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
     }
     if (moments && a.tracked && blockIdx.x == 0 && t == 0) *a.tracked += 1;
 }
+#endif
 
 // One output of bn_affine: alpha (x - center) + gamma for channel c, plus the addend d
 // (beta[c] d, or d itself for a residual) unless a fused ReLU's backward drops it
@@ -545,6 +547,6 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
                                                const float* stats, T* dx, i64 rows, i64 cols) { \
         ln_backward<T>(dy, x, w, stats, dx, rows, cols);                                       \
     }
-BN(float)
-BN(f16)
-BN(bf16)
+PART(float, BN(float))
+PART(f16, BN(f16))
+PART(bf16, BN(bf16))

@@ -124,29 +124,35 @@ __device__ void optim_list(OptimArgs a, const OptimList& L, const float* found_i
         optim_list<P, G, W>(a, list, found_inf);                                             \
     }
 
-OPTIM(optim_float_float, float, float, float)
-OPTIM(optim_f16_f16, f16, f16, float)
-OPTIM(optim_bf16_bf16, bf16, bf16, float)
+PART(float, OPTIM(optim_float_float, float, float, float))
+PART(f16, OPTIM(optim_f16_f16, f16, f16, float))
+PART(bf16, OPTIM(optim_bf16_bf16, bf16, bf16, float))
 // f32 masters with their working copies, gradients in the working dtype or in f32.
-OPTIM(optim_master_f16_f16, float, f16, f16)
-OPTIM(optim_master_float_f16, float, float, f16)
-OPTIM(optim_master_bf16_bf16, float, bf16, bf16)
-OPTIM(optim_master_float_bf16, float, float, bf16)
+PART(f16, OPTIM(optim_master_f16_f16, float, f16, f16))
+PART(float, OPTIM(optim_master_float_f16, float, float, f16))
+PART(bf16, OPTIM(optim_master_bf16_bf16, float, bf16, bf16))
+PART(float, OPTIM(optim_master_float_bf16, float, float, bf16))
 
 // Counts the update of every listed tensor, unless it was skipped. One thread per tensor.
+#if PART_HAS_0
 extern "C" __global__ void optim_count(OptimList list, const float* found_inf) {
     i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (k < list.count && (found_inf == nullptr || *found_inf == 0.0f)) *list.step[k] += 1.0f;
 }
+#endif
 
 // Rewrites a working copy from its master with the bits of the last counted update
 // (master.rs: resync; after a checkpoint load or SGLD's noise).
+#if PART_HAS_1
 extern "C" __global__ void round_master_f16(const float* m, f16* w, i64 n) {
     FOR_EACH(i, n) w[i] = from_f32<f16>(m[i]);
 }
+#endif
+#if PART_HAS_2
 extern "C" __global__ void round_master_bf16(const float* m, bf16* w, int stochastic, u64 seed,
                                              const float* step, i64 n) {
     float s = *step;
     uint2 key = stochastic_key(seed, s >= 1.0f ? (u64)s - 1 : 0);
     FOR_EACH(i, n) write_working<bf16>(w, i, m[i], stochastic != 0, key);
 }
+#endif

@@ -285,6 +285,6 @@ __device__ void adaptive_avg_pool_backward(const T* g, T* gx, PoolArgs a) {
         adaptive_avg_pool_backward<T>(g, gx, a);                                                \
     }
 
-POOL(float)
-POOL(f16)
-POOL(bf16)
+PART(float, POOL(float))
+PART(f16, POOL(f16))
+PART(bf16, POOL(bf16))

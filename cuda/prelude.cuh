@@ -6,6 +6,44 @@
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// A kernel file compiles in up to three parts, so that a run compiles only the dtypes it
+// uses, and the parts of the files it needs in parallel (src/backend/cuda/compile.rs):
+// MANTISSA_PART 0 holds the f32 and integer kernels, 1 the f16 ones, 2 the bf16 ones; without
+// it, one unit holds them all. A kernel's part is the first dtype its name spells
+// (`cast_f16_float`: 1; `optim_master_float_bf16`: 0), which `PART(T, ...)` around an
+// instantiation for dtype T, or `#if PART_HAS_0` around a kernel without one, must follow.
+#if !defined(MANTISSA_PART) || MANTISSA_PART == 0
+#define PART_HAS_0 1
+#define PART_0(...) __VA_ARGS__
+#else
+#define PART_HAS_0 0
+#define PART_0(...)
+#endif
+#if !defined(MANTISSA_PART) || MANTISSA_PART == 1
+#define PART_HAS_1 1
+#define PART_1(...) __VA_ARGS__
+#else
+#define PART_HAS_1 0
+#define PART_1(...)
+#endif
+#if !defined(MANTISSA_PART) || MANTISSA_PART == 2
+#define PART_HAS_2 1
+#define PART_2(...) __VA_ARGS__
+#else
+#define PART_HAS_2 0
+#define PART_2(...)
+#endif
+#define PART_float(...) PART_0(__VA_ARGS__)
+#define PART_i64(...) PART_0(__VA_ARGS__)
+#define PART_u8(...) PART_0(__VA_ARGS__)
+#define PART_u16(...) PART_0(__VA_ARGS__)
+#define PART_u32(...) PART_0(__VA_ARGS__)
+#define PART_u64(...) PART_0(__VA_ARGS__)
+#define PART_f16(...) PART_1(__VA_ARGS__)
+#define PART_bf16(...) PART_2(__VA_ARGS__)
+// The kernels of an instantiation for dtype T, in T's part only.
+#define PART(T, ...) PART_##T(__VA_ARGS__)
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;

@@ -21,9 +21,9 @@
         }                                                                                      \
     }
 
-DROPOUT(float)
-DROPOUT(f16)
-DROPOUT(bf16)
+PART(float, DROPOUT(float))
+PART(f16, DROPOUT(f16))
+PART(bf16, DROPOUT(bf16))
 
 // Normal draws (src/backend/cpu/random.rs, normal; src/random.rs, box_muller): elements 2j
 // and 2j + 1 are mean + std * (r cos t, r sin t) with r = sqrt(-2 ln(1 - u0)), t = 2 pi u1,
@@ -49,6 +49,6 @@ __device__ __forceinline__ double unit53(u32 hi, u32 lo) {
         }                                                                                      \
     }
 
-NORMAL(float)
-NORMAL(f16)
-NORMAL(bf16)
+PART(float, NORMAL(float))
+PART(f16, NORMAL(f16))
+PART(bf16, NORMAL(bf16))

@@ -112,9 +112,9 @@ __device__ void reduce_cols_final(int op, const float* __restrict__ partial, T* 
                                                i64 cols) {                                   \
         argmax_rows<T>(sign, x, out, rows, cols);                                            \
     }
-REDUCE(float)
-REDUCE(f16)
-REDUCE(bf16)
+PART(float, REDUCE(float))
+PART(f16, REDUCE(f16))
+PART(bf16, REDUCE(bf16))
 
 // Integer rows (i64, u8), compared exactly in i64: the maximum (REDUCE_MAX) or minimum (REDUCE_MIN) of
 // each row into `out` and its first index into `arg` (either may be null). blockDim.x must be
@@ -158,5 +158,5 @@ __device__ void extreme_rows(int op, const T* __restrict__ x, T* __restrict__ ou
                                                 i64 rows, i64 cols) {                        \
         extreme_rows<T>(op, x, out, arg, rows, cols);                                        \
     }
-EXTREME(i64)
-EXTREME(u8)
+PART(i64, EXTREME(i64))
+PART(u8, EXTREME(u8))

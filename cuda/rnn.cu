@@ -54,6 +54,6 @@ __device__ void lstm_backward(const T* g, const T* c, i64 sc, const T* dhp, i64 
         const T* dc, i64 sdc, T* out, i64 batch, i64 h) {                                      \
         lstm_backward<T>(g, c, sc, dh, sdh, dh2, sdh2, dc, sdc, out, batch, h);                \
     }
-LSTM(float)
-LSTM(f16)
-LSTM(bf16)
+PART(float, LSTM(float))
+PART(f16, LSTM(f16))
+PART(bf16, LSTM(bf16))

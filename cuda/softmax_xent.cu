@@ -93,6 +93,6 @@ __device__ void xent_backward(const T* __restrict__ x, const i64* __restrict__ t
                                                  i64 ignore_index, float eps) {                 \
         xent_backward<T>(x, target, lse, g, dx, rows, cols, ignore_index, eps);                 \
     }
-SOFTMAX(float)
-SOFTMAX(f16)
-SOFTMAX(bf16)
+PART(float, SOFTMAX(float))
+PART(f16, SOFTMAX(f16))
+PART(bf16, SOFTMAX(bf16))

@@ -80,13 +80,24 @@ impl RunFlags {
 }
 
 /// An example's `main`: parses its flags, runs `run` on the compute pool with freed host
-/// memory kept mapped, and prints an error (exit status 1) instead of panicking.
+/// memory kept mapped, says how long a GPU run waited for its kernels to compile, and prints
+/// an error (exit status 1) instead of panicking.
 pub fn main_with<A: clap::Parser + Send>(run: impl FnOnce(A) -> Result<()> + Send) {
     // The library's warnings (a dtype fallback, say) on stderr.
     let _ = log::set_logger(&StderrLog).map(|()| log::set_max_level(log::LevelFilter::Warn));
     mantissa::retain_freed_host_memory();
     let args = A::parse();
-    if let Err(e) = mantissa::in_compute_pool(|| run(args)) {
+    let result = mantissa::in_compute_pool(|| run(args));
+    // On a GPU: how long the run waited for its kernels to compile (the first run on a
+    // machine; later ones read the disk cache).
+    #[cfg(feature = "cuda-backend")]
+    {
+        let line = mantissa::backend::cuda::compile::summary();
+        if !line.is_empty() {
+            println!("{line}");
+        }
+    }
+    if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

@@ -5,17 +5,21 @@
 //! backward bandwidth beside the device-to-device copy.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
-//! machine without a GPU it says what is missing and exits cleanly. `-- --quick` uses small
+//! machine without a usable GPU it says what is missing and exits with status 2 (nothing was
+//! checked); a failed check exits with 1. `-- --quick` uses small
 //! GEMM and convolution sizes: a dry run on the emulated device (tests/emulator), whose
 //! figures mean nothing.
 
 use cudarc::cublas::{sys as bs, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaContext, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use mantissa::amp::{GradScaler, GradScalerConfig};
-use mantissa::backend::cuda::{kernels, nvrtc, probe};
+use mantissa::backend::cuda::{compile, kernels, probe};
 use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding, Sgd, SgdConfig};
 use mantissa::{bf16, f16, DType, Device, Generator, Tensor};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -50,23 +54,57 @@ fn randn(n: usize, seed: u64) -> Res<Vec<f32>> {
     Ok(t.to_vec::<f32>()?)
 }
 
+/// Kernel `name` of file `file` from the loaded parts (the part its name says).
+fn function(
+    modules: &HashMap<(&str, usize), Arc<CudaModule>>,
+    file: &str,
+    name: &str,
+) -> Res<cudarc::driver::CudaFunction> {
+    Ok(modules[&(file, kernels::part_of(name))].load_function(name)?)
+}
+
 fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) -> Res<()> {
+    // Every part of every file, compiled in parallel as a run's first requests would start
+    // them (or read from the disk cache), then loaded.
     let t0 = Instant::now();
-    let mut modules = std::collections::HashMap::new();
+    compile::prefetch(arch, &(0..compile::PARTS).collect::<Vec<_>>());
+    let mut modules = HashMap::new();
     for (name, _) in kernels::KERNELS {
-        let bin = nvrtc::cubin(name, &kernels::source(name).unwrap(), arch)?;
-        modules.insert(*name, ctx.load_module(Ptx::from_binary(bin))?);
+        for part in 0..compile::PARTS {
+            let bin = compile::cubin(name, part, arch)?;
+            modules.insert(
+                (*name, part),
+                ctx.load_module(Ptx::from_binary(bin.to_vec()))?,
+            );
+        }
     }
+    let records = compile::records();
+    let cached = records.iter().filter(|r| r.cached).count();
     println!(
-        "kernels: {} files compiled for sm_{arch} and loaded in {:.2} s",
+        "kernels: {} files in {} parts compiled for sm_{arch} ({cached} from the disk cache) \
+         and loaded in {:.2} s, in parallel",
+        kernels::KERNELS.len(),
         modules.len(),
         t0.elapsed().as_secs_f64()
+    );
+    let per_file: Vec<String> = kernels::KERNELS
+        .iter()
+        .map(|(name, _)| {
+            let mut mine: Vec<_> = records.iter().filter(|r| r.file == *name).collect();
+            mine.sort_by_key(|r| r.part);
+            let parts: Vec<String> = mine.iter().map(|r| format!("{:.2}", r.seconds)).collect();
+            format!("{name} {}", parts.join("/"))
+        })
+        .collect();
+    println!(
+        "kernels: seconds per part (f32/f16/bf16): {}",
+        per_file.join(", ")
     );
     let n = 1 << 20;
     let x = randn(n, 1)?;
 
     // Cast f32 -> bf16 must round exactly as the CPU does.
-    let f = modules["cast"].load_function("cast_float_bf16")?;
+    let f = function(&modules, "cast", "cast_float_bf16")?;
     let dx = stream.clone_htod(&x)?;
     let mut dy = stream.alloc_zeros::<bf16>(n)?;
     let nn = n as i64;
@@ -82,7 +120,7 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
     println!("cast f32->bf16: {same}/{n} bit-identical to the CPU");
 
     // GELU (erf) against the CPU backend.
-    let f = modules["elementwise"].load_function("unary_float")?;
+    let f = function(&modules, "elementwise", "unary_float")?;
     let mut dg = stream.alloc_zeros::<f32>(n)?;
     let (op, a0, b0) = (14i32, 0.0f32, 0.0f32);
     let mut b = stream.launch_builder(&f);
@@ -152,7 +190,7 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
     let cpu = Tensor::ones(&[n], DType::F32, Device::Cpu)?
         .dropout_with(p, true, &mut gen)?
         .to_vec::<f32>()?;
-    let f = modules["random"].load_function("dropout_mask_float")?;
+    let f = function(&modules, "random", "dropout_mask_float")?;
     let (seed, start) = (11u64, 2u64);
     let threshold = (p * 4_294_967_296.0f64).ceil() as u64;
     let scale = (1.0 / (1.0 - p)) as f32;
@@ -239,12 +277,27 @@ fn copy_gbs(stream: &Arc<CudaStream>) -> Res<f64> {
     Ok(5.0 * 256e6 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
+const HELP: &str = "gpu_check: the CUDA device report and quick checks of the CUDA backend
+(kernels against the CPU, GEMM rate, host-to-device copies, a training step, M2 bandwidth).
+
+usage: gpu_check [--quick]
+  --quick   small GEMM and convolution sizes (a dry run; the figures mean nothing)
+
+exit status: 0 every check ran and passed; 1 a check failed; 2 no usable CUDA device, so
+nothing was checked.";
+
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{HELP}");
+        return;
+    }
     let report = match probe::report(0) {
         Ok(r) => r,
         Err(e) => {
-            println!("no usable CUDA device: {e}");
-            return;
+            // Nothing was checked: a failure, so that a script that runs this on a machine
+            // whose GPU cannot be used does not read it as a pass.
+            eprintln!("no usable CUDA device: {e}");
+            std::process::exit(2);
         }
     };
     println!("{report}");

@@ -169,7 +169,7 @@ static std::set<std::string> cooperative(const std::string& t) {
     return coop;
 }
 
-API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
+API nvrtcResult nvrtcCompileProgram(Program* p, int nopts, const char* const* opts) {
     const char* shim = getenv("MANTISSA_EMU_SHIM");
     if (!shim) {
         p->log = "MANTISSA_EMU_SHIM (the path of host_shim.h) is not set";
@@ -188,6 +188,13 @@ API nvrtcResult nvrtcCompileProgram(Program* p, int, const char* const*) {
     // The kernels' names, from the preprocessed text with __global__ left as a marker.
     std::string pre;
     std::string flags = " -std=c++20 -w -x c++ ";
+    // Macro definitions pass through to the host compiler (a kernel file's part:
+    // -DMANTISSA_PART=k); NVRTC's other options have no host meaning.
+    for (int i = 0; i < nopts; i++) {
+        std::string o = opts[i];
+        bool plain = o.find_first_of("'\"\\ $`;|&<>()") == std::string::npos;
+        if (o.rfind("-D", 0) == 0 && plain) flags += o + " ";
+    }
     if (!run(std::string(cxx) + flags + "-E -P -D__global__=MANTISSA_KERNEL " + base + ".cpp", pre)) {
         p->log = pre;
         return NVRTC_ERROR_COMPILATION;

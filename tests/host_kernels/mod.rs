@@ -13,6 +13,7 @@ mod elementwise;
 mod index;
 mod norm;
 mod optim;
+mod parts;
 mod pool;
 mod reduce;
 mod rows;

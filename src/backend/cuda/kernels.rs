@@ -72,6 +72,34 @@ impl KernelFile {
     }
 }
 
+/// How many parts a kernel file compiles in (`cuda/prelude.cuh`: `MANTISSA_PART`): the f32 and
+/// integer kernels, the f16 ones, the bf16 ones.
+pub const PARTS: usize = 3;
+
+/// The part that holds kernel `name`: the first dtype its name spells (`cast_f16_float`: 1,
+/// the f16 part; `optim_master_float_bf16`: 0), or 0 for a name without one.
+///
+/// ```
+/// # #[cfg(feature = "cuda-backend")] {
+/// use mantissa::backend::cuda::kernels::part_of;
+/// assert_eq!(part_of("unary_strided_bf16"), 2);
+/// assert_eq!(part_of("cast_f16_float"), 1);
+/// assert_eq!(part_of("optim_master_float_f16"), 0);
+/// assert_eq!(part_of("bn_finalize"), 0);
+/// # }
+/// ```
+pub fn part_of(name: &str) -> usize {
+    for token in name.split('_') {
+        match token {
+            "f16" => return 1,
+            "bf16" => return 2,
+            "float" | "i64" | "u8" | "u16" | "u32" | "u64" => return 0,
+            _ => {}
+        }
+    }
+    0
+}
+
 /// `#define`s of the op codes the kernels switch on (`UNARY_EXP`, `BINARY_ADD`, `CMP_LT`,
 /// `REDUCE_SUM`, ...), generated from the Rust enums, so the two sides cannot disagree.
 pub fn op_codes() -> String {

@@ -42,15 +42,24 @@ fn text(log: Vec<c_char>) -> String {
 /// Compiles `src` (kernel file `kernel`) to a cubin for `sm_{arch}` (80 for A100, 90 for
 /// H100). A source NVRTC rejects gives [`Error::KernelCompile`] with the compiler's log.
 pub fn compile(kernel: &str, src: &str, arch: u32) -> Result<Vec<u8>> {
+    compile_part(kernel, src, arch, None)
+}
+
+/// [`compile`] for one part of the file (`-DMANTISSA_PART=part`: the kernels of one dtype
+/// group, see [`super::kernels::part_of`]), or the whole file for `None`.
+pub fn compile_part(kernel: &str, src: &str, arch: u32, part: Option<usize>) -> Result<Vec<u8>> {
     libs::load(Lib::Nvrtc)?;
     let c_src = CString::new(src).map_err(|e| nvrtc_err(kernel, arch, e))?;
     let c_name = CString::new(format!("{kernel}.cu")).map_err(|e| nvrtc_err(kernel, arch, e))?;
     let prog = nr::create_program(&c_src, Some(&c_name)).map_err(|e| nvrtc_err(kernel, arch, e))?;
-    let opts = [
+    let mut opts = vec![
         format!("--gpu-architecture=sm_{arch}"),
         "--std=c++17".to_string(),
         "-default-device".to_string(),
     ];
+    if let Some(p) = part {
+        opts.push(format!("-DMANTISSA_PART={p}"));
+    }
     // SAFETY: `prog` was created above and is destroyed once, below; the source and name
     // strings outlive it.
     let out = unsafe {
@@ -99,21 +108,32 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// [`compile`] through the disk cache: a hit skips NVRTC; a cache that cannot be written is
 /// not an error (the cubin is still returned).
 pub fn cubin(kernel: &str, src: &str, arch: u32) -> Result<Vec<u8>> {
+    cubin_part(kernel, src, arch, None).map(|(bin, _)| bin)
+}
+
+/// [`compile_part`] through the disk cache, and whether the cubin came from it.
+pub fn cubin_part(
+    kernel: &str,
+    src: &str,
+    arch: u32,
+    part: Option<usize>,
+) -> Result<(Vec<u8>, bool)> {
     let (major, minor) = version()?;
+    let part_key = part.map(|p| format!("-p{p}")).unwrap_or_default();
     let key = format!(
-        "{kernel}-sm{arch}-nvrtc{major}.{minor}-{:016x}.cubin",
+        "{kernel}{part_key}-sm{arch}-nvrtc{major}.{minor}-{:016x}.cubin",
         fnv1a(src.as_bytes())
     );
     let path = cache_dir().map(|d| d.join(key));
     if let Some(bin) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        return Ok(bin);
+        return Ok((bin, true));
     }
-    let bin = compile(kernel, src, arch)?;
+    let bin = compile_part(kernel, src, arch, part)?;
     if let Some(p) = &path {
         if let Some(d) = p.parent() {
             let _ = std::fs::create_dir_all(d);
         }
         let _ = crate::fs::write_atomic(p, &bin);
     }
-    Ok(bin)
+    Ok((bin, false))
 }

@@ -1,12 +1,13 @@
 //! One CUDA device in use: its context and compute stream, the kernel modules loaded so far
-//! (compiled by NVRTC for the device's own architecture, through the disk cache), and the
+//! (compiled by NVRTC for the device's own architecture, in parts, through the disk cache:
+//! `compile.rs`), and the
 //! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
 
 use super::blaslt::LtHandle;
 use super::faults::Faults;
 use super::libs::{self, Lib};
 use super::pinned::{PinnedBuffer, PinnedMemory};
-use super::{kernels, nvrtc, probe};
+use super::{compile, kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, Fence, MemoryStats, RawMemory};
 use crate::sync::lock;
 use crate::{Device, Error, Result};
@@ -45,7 +46,8 @@ pub struct CudaRuntime {
     stream: Arc<CudaStream>,
     /// `sm_XY` as XY.
     arch: u32,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Kernel modules loaded so far, by file and part ([`kernels::part_of`]).
+    modules: Mutex<HashMap<(&'static str, usize), Arc<CudaModule>>>,
     /// Kernels looked up so far, by "file/name" (one driver lookup per kernel, not per launch).
     functions: Mutex<HashMap<String, CudaFunction>>,
     memory: Mutex<CachingAllocator<DriverMemory>>,
@@ -133,6 +135,9 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         lt: Mutex::new(None),
         faults: Mutex::new(Faults::default()),
     });
+    // Every run makes f32 tensors: the f32 and integer part of the kernel files starts
+    // compiling now, in the background, while the caller builds its model.
+    compile::prefetch(rt.arch, &[0]);
     all.insert(ordinal, rt.clone());
     Ok(rt)
 }
@@ -157,42 +162,58 @@ impl CudaRuntime {
     }
 
     /// Kernel `name` of the kernel file `file` (a name in [`kernels::KERNELS`]), compiling and
-    /// loading the file on first use.
+    /// loading the part of the file that holds it on first use ([`compile`]: the other
+    /// files' same part compile meanwhile, in the background).
     pub fn function(&self, file: &str, name: &str) -> Result<CudaFunction> {
         let key = format!("{file}/{name}");
         if let Some(f) = lock(&self.functions).get(&key) {
             return Ok(f.clone());
         }
-        let module = {
-            let mut modules = lock(&self.modules);
-            match modules.get(file) {
-                Some(m) => m.clone(),
-                None => {
-                    let (key, _) = kernels::KERNELS
-                        .iter()
-                        .find(|(n, _)| *n == file)
-                        .ok_or_else(|| {
-                            Error::invalid(
-                                "CudaRuntime::function",
-                                format!("no kernel file {file}"),
-                            )
-                        })?;
-                    let src = kernels::source(key).expect("listed kernel files have a source");
-                    let bin = nvrtc::cubin(key, &src, self.arch)?;
-                    let m = self
-                        .ctx
-                        .load_module(Ptx::from_binary(bin))
-                        .map_err(|e| self.driver("loading a kernel module", e))?;
-                    modules.insert(key, m.clone());
-                    m
+        let part = kernels::part_of(name);
+        let f = match self.module(file, part)?.load_function(name) {
+            Ok(f) => f,
+            // Not where its name says: a kernel file whose `PART` guards do not follow
+            // `part_of` (tests/host_kernels checks they do). The other parts are searched,
+            // so the kernel still runs, only compiled later than it could have been.
+            Err(e) => {
+                let mut found = None;
+                for p in (0..compile::PARTS).filter(|&p| p != part) {
+                    if let Ok(f) = self.module(file, p)?.load_function(name) {
+                        log::warn!("kernel {name} of {file}.cu is in part {p}, not {part}");
+                        found = Some(f);
+                        break;
+                    }
                 }
+                found.ok_or_else(|| self.driver("finding a kernel", e))?
             }
         };
-        let f = module
-            .load_function(name)
-            .map_err(|e| self.driver("finding a kernel", e))?;
         lock(&self.functions).insert(key, f.clone());
         Ok(f)
+    }
+
+    /// Part `part` of kernel file `file`, compiled (or waited for) and loaded on first use.
+    fn module(&self, file: &str, part: usize) -> Result<Arc<CudaModule>> {
+        let (name, _) = kernels::KERNELS
+            .iter()
+            .find(|(n, _)| *n == file)
+            .ok_or_else(|| {
+                Error::invalid("CudaRuntime::function", format!("no kernel file {file}"))
+            })?;
+        if let Some(m) = lock(&self.modules).get(&(*name, part)) {
+            return Ok(m.clone());
+        }
+        // Compiled without the lock held: other threads may load other parts meanwhile.
+        let bin = compile::cubin(name, part, self.arch)?;
+        let mut modules = lock(&self.modules);
+        if let Some(m) = modules.get(&(*name, part)) {
+            return Ok(m.clone());
+        }
+        let m = self
+            .ctx
+            .load_module(Ptx::from_binary(bin.to_vec()))
+            .map_err(|e| self.driver("loading a kernel module", e))?;
+        modules.insert((*name, part), m.clone());
+        Ok(m)
     }
 
     /// A device block of at least `bytes` from the caching allocator, for this runtime's
