@@ -198,3 +198,138 @@ fn files_stay_readable_in_one_sitting() {
     }
     assert!(long.is_empty(), "files too long:\n{}", long.join("\n"));
 }
+
+/// A file's module path from `src/`: `backend/cuda/conv.rs` is `backend::cuda::conv`,
+/// `backend/cuda/mod.rs` is `backend::cuda`, `lib.rs` the root.
+fn module_of(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_string)
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The module paths a file's code names, resolved from `crate::`, `super::` (chained) and
+/// `self::` paths, a `{...}` group giving one path per item (its segments before any inner
+/// group).
+fn paths_named(rel: &str, code: &str) -> Vec<Vec<String>> {
+    let me = module_of(rel);
+    let is_mod = rel.ends_with("mod.rs") || rel == "lib.rs";
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    for kw in ["crate::", "super::", "self::"] {
+        for (i, _) in code.match_indices(kw) {
+            if code[..i].ends_with(ident) || code[..i].ends_with("::") {
+                continue; // part of a longer name, or a chained `super::super::`
+            }
+            let mut rest = &code[i + kw.len()..];
+            let mut base: Vec<String> = match kw {
+                "crate::" => vec![],
+                // `super` of a file is its folder's module; of a mod.rs, the folder's parent.
+                "super::" => me[..me.len().saturating_sub(1)].to_vec(),
+                _ if is_mod => me.clone(),
+                _ => me[..me.len().saturating_sub(1)].to_vec(),
+            };
+            while let Some(r) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = r;
+            }
+            let segs = |item: &str| -> Vec<String> {
+                item.split('{')
+                    .next()
+                    .unwrap_or("")
+                    .split("::")
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty() && s.chars().all(ident))
+                    .collect()
+            };
+            if let Some(group) = rest.strip_prefix('{') {
+                let (mut depth, mut item, mut items) = (0, String::new(), Vec::new());
+                for c in group.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            items.push(std::mem::take(&mut item));
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    item.push(c);
+                }
+                items.push(item);
+                for it in items {
+                    out.push([base.clone(), segs(&it)].concat());
+                }
+            } else {
+                let end = rest
+                    .find(|c: char| !(ident(c) || c == ':'))
+                    .unwrap_or(rest.len());
+                out.push([base.clone(), segs(&rest[..end])].concat());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn files_import_each_other_without_cycles() {
+    let sources = sources();
+    let files: BTreeMap<Vec<String>, String> = sources
+        .iter()
+        .map(|(rel, _)| (module_of(rel), rel.clone()))
+        .collect();
+    // Each named path belongs to the file of its longest module prefix (not the root: the
+    // crate's re-exports are no file's dependency).
+    let file_of = |path: &[String]| -> Option<&String> {
+        (1..=path.len()).rev().find_map(|k| files.get(&path[..k]))
+    };
+    let mut edges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (rel, code) in &sources {
+        let to = edges.entry(rel.as_str()).or_default();
+        for p in paths_named(rel, code) {
+            if let Some(f) = file_of(&p).filter(|f| *f != rel) {
+                to.insert(f.as_str());
+            }
+        }
+    }
+    // A depth-first walk; a file met again while on the walk's path closes a cycle.
+    fn walk<'a>(
+        f: &'a str,
+        edges: &BTreeMap<&'a str, BTreeSet<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+        cycles: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|p| *p == f) {
+            cycles.push([&path[at..], &[f]].concat().join(" -> "));
+            return;
+        }
+        if !done.insert(f) {
+            return;
+        }
+        path.push(f);
+        for &g in edges.get(f).into_iter().flatten() {
+            walk(g, edges, path, done, cycles);
+        }
+        path.pop();
+    }
+    let (mut done, mut cycles) = (BTreeSet::new(), Vec::new());
+    for &f in edges.keys() {
+        walk(f, &edges, &mut Vec::new(), &mut done, &mut cycles);
+    }
+    assert!(
+        cycles.is_empty(),
+        "files that import each other (split a family by concept: its parts import a shared \
+         module, never each other both ways):\n{}",
+        cycles.join("\n")
+    );
+    // The walk sees the imports it must: a CUDA launcher reaches its runtime.
+    let conv = edges.get("backend/cuda/conv.rs").expect("conv.rs");
+    assert!(conv.contains("backend/cuda/runtime.rs") || conv.contains("backend/cuda/storage.rs"));
+}

@@ -43,7 +43,7 @@ impl BatchNorm2d {
         let keep = !self.training || count;
         // The batch is counted on the tensor's device (no read back per step on a GPU), in
         // the launch that updates the running statistics where it can be.
-        let call = crate::ops::norm::BnCall {
+        let call = crate::ops::norm_call::BnCall {
             training: self.training,
             momentum: self.momentum,
             eps: self.eps,

@@ -10,6 +10,7 @@ mod index;
 mod loss;
 mod matmul;
 pub(crate) mod norm;
+pub(crate) mod norm_call;
 mod norm_fused;
 mod operators;
 mod pool;

@@ -1,13 +1,13 @@
 //! batch_norm and layer_norm, each a fused pass of the backends forward and backward, with
 //! statistics in f32 or wider.
 
+use super::norm_call::{BnCall, InPlace};
 use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
 use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::ops::UnaryOp;
-use crate::backend::Storage;
 use crate::layout::Layout;
-use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
+use crate::{no_grad, Error, MemoryFormat, Result, Tensor};
 
 /// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
 fn update_running(
@@ -31,50 +31,6 @@ fn update_running(
         rv.copy_(&rv.mul(1.0 - momentum)?.add(&unbiased.mul(momentum)?)?)?;
     }
     Ok(())
-}
-
-/// The running statistics and the batch counter a batch norm call can write in place: whole
-/// `[c]` tensors of the statistics dtype on `x`'s device (mean and variance on storages of
-/// their own), a whole one-element i64 counter there. Others are left to tensor ops.
-pub(super) struct InPlace<'a> {
-    pub running: Option<(&'a Tensor, &'a Tensor)>,
-    pub tracked: Option<&'a Tensor>,
-}
-
-impl<'a> InPlace<'a> {
-    pub fn of(
-        x: &Tensor,
-        (mean, var): (Option<&'a Tensor>, Option<&'a Tensor>),
-        tracked: Option<&'a Tensor>,
-    ) -> Self {
-        let sd = stat_dtype(x.dtype());
-        let direct =
-            |t: &Tensor, dtype| t.dtype() == dtype && t.device() == x.device() && t.fills_storage();
-        InPlace {
-            running: mean
-                .zip(var)
-                .filter(|(m, v)| direct(m, sd) && direct(v, sd) && !m.shares_storage(v)),
-            tracked: tracked.filter(|t| direct(t, DType::I64) && t.numel() == 1),
-        }
-    }
-
-    /// Runs `f` with write access to the running statistics and the counter taken in place.
-    pub fn write<R>(
-        &self,
-        f: impl FnOnce(Option<(&mut Storage, &mut Storage)>, Option<&mut Storage>) -> Result<R>,
-    ) -> Result<R> {
-        let mut written: Vec<&Tensor> = self.running.iter().flat_map(|(m, v)| [*m, *v]).collect();
-        written.extend(self.tracked);
-        Tensor::write_many("batch_norm", &written, |s| {
-            let mut s = s.iter_mut();
-            let running = match self.running {
-                Some(_) => s.next().zip(s.next()).map(|(m, v)| (&mut **m, &mut **v)),
-                None => None,
-            };
-            let tracked = self.tracked.and(s.next()).map(|t| &mut **t);
-            f(running, tracked)
-        })
-    }
 }
 
 /// The training statistics `[5, c]` of `x` (see `NormOps::batch_norm_stats`). Running
@@ -120,16 +76,6 @@ fn batch_stats(
         Ok(())
     })?;
     Ok(stats)
-}
-
-/// How [`Tensor::batch_norm_counted`] runs: training or eval, the running statistics'
-/// momentum, eps, and whether a ReLU follows in the same passes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BnCall {
-    pub training: bool,
-    pub momentum: f64,
-    pub eps: f64,
-    pub relu: bool,
 }
 
 /// Errs unless the residual added to batch norm's output matches the input in shape, dtype

@@ -3,7 +3,7 @@
 //! ReLU and the residual optional; [`Tensor::batch_norm_counted`] runs its own passes where
 //! this declines.
 
-use super::norm::{BnCall, InPlace};
+use super::norm_call::{BnCall, InPlace};
 use crate::backend::norm::{FusedBn, FusedBnBack};
 use crate::backend::Storage;
 use crate::layout::Layout;

@@ -6,7 +6,7 @@
 //!
 //! The NCHW kernels are in `conv.rs`; both give the same values up to summation order.
 
-use super::conv::{images_per_group, mat, sum_over_images, valid_cols};
+use super::conv_common::{images_per_group, mat, sum_over_images, valid_cols};
 use super::matmul::{gemm_into, gemm_into_ld, GemmFloat};
 use super::{overwritten_buffer, per_chunk};
 use crate::backend::spec::ConvDims;

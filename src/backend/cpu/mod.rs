@@ -9,6 +9,7 @@
 pub(crate) mod amp;
 mod backend;
 mod conv;
+mod conv_common;
 mod conv_nhwc;
 mod elementwise;
 pub(crate) mod index;
@@ -20,6 +21,7 @@ mod norm_affine;
 mod optim;
 mod pool;
 mod pool_nhwc;
+mod pool_window;
 mod random;
 mod reduce;
 mod rnn;

@@ -3,7 +3,7 @@
 //! in it: the clamp forward, and backward the mask of where the forward's output was positive
 //! (read from the kept output, or recomputed from the input and the forward's statistics).
 
-use super::norm::{dense_range, stat_values, BLOCK};
+use super::norm::{dense_range, relu_masked, stat_values, BLOCK};
 use super::{map_float, CpuElem, CpuStorage, PAR_MIN};
 use crate::backend::norm::{Addend, FusedRelu};
 use crate::backend::spec::ChannelSplit;
@@ -12,94 +12,6 @@ use crate::layout::Layout;
 use crate::{Error, Result};
 use num_traits::Zero;
 use rayon::prelude::*;
-
-/// `dy` where a fused ReLU's forward output was above 0 (or NaN), else 0, as a dense storage
-/// in `dy`'s format, from offset 0 (`None` without a fused ReLU): what ReLU's own backward
-/// would pass on. The output is the kept `y` ([`FusedRelu::GradKept`]) or is recomputed from
-/// `x` (the batch norm's input, laid out as `dy`) with the forward's statistics
-/// ([`FusedRelu::Recompute`]) as [`channel_affine`] computed it, before rounding and clamping.
-pub(super) fn relu_masked(
-    dy: &CpuStorage,
-    ld: &Layout,
-    (x, lx): (&CpuStorage, &Layout),
-    relu: FusedRelu<'_, CpuStorage>,
-) -> Result<Option<(CpuStorage, Layout)>> {
-    const OP: &str = "batch_norm backward (ReLU)";
-    /// `d` where `on(i, k)` (the element's index in storage order and `y` or `x` there).
-    fn go<T: CpuElem>(d: &[T], y: &[T], on: impl Fn(usize, T) -> bool) -> Vec<T> {
-        let zero = T::from_acc(T::Acc::zero());
-        d.iter()
-            .zip(y)
-            .enumerate()
-            .map(|(i, (&d, &y))| if on(i, y) { d } else { zero })
-            .collect()
-    }
-    /// Whether ReLU's backward passes the gradient at output `v`: above 0, or NaN.
-    fn passes<A: Float>(v: A) -> bool {
-        v > A::zero() || v.is_nan()
-    }
-    /// Kept where the saved output is above 0 (NaN included).
-    fn by_output<T: CpuElem>(d: &[T], y: &[T]) -> Vec<T> {
-        go(d, y, |_, y| passes(y.to_acc()))
-    }
-    /// Kept where `alpha (x - center) + gamma` of the element's channel is above 0 (or NaN).
-    fn by_input<T: CpuElem>(d: &[T], x: &[T], s: ChannelSplit, st: &[f64]) -> Vec<T> {
-        let c = s.channels;
-        let k: Vec<T::Acc> = st[..3 * c].iter().map(|&v| T::Acc::from_f64_(v)).collect();
-        let (alpha, center, gamma) = (&k[..c], &k[c..2 * c], &k[2 * c..]);
-        go(d, x, |i, x| {
-            let ch = (i / s.inner) % c;
-            passes(alpha[ch] * (x.to_acc() - center[ch]) + gamma[ch])
-        })
-    }
-    let (y, ly) = match (relu.mask(), relu.stats()) {
-        (Some((y, ly)), _) => (y, ly),
-        (None, Some(_)) => (x, lx),
-        (None, None) => return Ok(None),
-    };
-    let split = ChannelSplit::of_pair(OP, ld, ly)?;
-    let st = match relu.stats() {
-        Some((st, ls)) => {
-            let st = stat_values(st, ls)?;
-            if st.len() != 5 * split.channels {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "statistics of {} values for input {:?}",
-                        st.len(),
-                        ly.shape()
-                    ),
-                ));
-            }
-            Some(st)
-        }
-        None => None,
-    };
-    let (rd, ry) = (dense_range(ld), dense_range(ly));
-    macro_rules! pick {
-        ($d:expr, $v:expr) => {
-            match &st {
-                Some(st) => by_input(&$d[rd], &$v[ry], split, st),
-                None => by_output(&$d[rd], &$v[ry]),
-            }
-        };
-    }
-    let masked = match (dy, y) {
-        (CpuStorage::F32(d), CpuStorage::F32(v)) => CpuStorage::F32(pick!(d, v)),
-        (CpuStorage::F16(d), CpuStorage::F16(v)) => CpuStorage::F16(pick!(d, v)),
-        (CpuStorage::BF16(d), CpuStorage::BF16(v)) => CpuStorage::BF16(pick!(d, v)),
-        (CpuStorage::F64(d), CpuStorage::F64(v)) => CpuStorage::F64(pick!(d, v)),
-        (d, v) => {
-            return Err(Error::DTypeMismatch {
-                op: OP,
-                lhs: d.dtype(),
-                rhs: v.dtype(),
-            })
-        }
-    };
-    let at_zero = Layout::new(ld.shape().to_vec(), ld.strides().to_vec(), 0);
-    Ok(Some((masked, at_zero)))
-}
 
 /// Clamps every element below at 0 (NaN stays): a fused ReLU's forward.
 fn clamp_relu<T: CpuElem>(v: &mut [T]) {

@@ -2,6 +2,7 @@
 //! `pool_nhwc.rs`). Math runs in the accumulation type (f32 for half storage).
 
 use super::pool_nhwc;
+use super::pool_window::{adaptive_window, avg_divisor, avg_window};
 use super::{contiguous, map_float, overwritten_buffer, CpuElem, CpuStorage, IntoStorage, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
 use crate::backend::spec::PoolDims;
@@ -218,34 +219,6 @@ pub(crate) fn max_pool2d_backward(
     Ok(map_float!("max_pool2d_backward", g, v => go(v, lg, idx, d)))
 }
 
-/// The window of output cell `o` along one axis: (start, end) clipped to the input, and the
-/// divisor contribution before clipping.
-pub(super) fn avg_window(
-    o: usize,
-    k: usize,
-    s: usize,
-    pad: usize,
-    len: usize,
-) -> (usize, usize, usize) {
-    let start = (o * s) as isize - pad as isize;
-    let end = (start + k as isize).min((len + pad) as isize);
-    let full = (end - start) as usize;
-    let (a, b) = (start.max(0) as usize, end.min(len as isize).max(0) as usize);
-    (a, b.max(a), full)
-}
-
-pub(super) fn avg_divisor(
-    p: &Pool2dParams,
-    wy: (usize, usize, usize),
-    wx: (usize, usize, usize),
-) -> f64 {
-    if p.count_include_pad {
-        (wy.2 * wx.2) as f64
-    } else {
-        ((wy.1 - wy.0) * (wx.1 - wx.0)).max(1) as f64
-    }
-}
-
 /// Average pooling.
 pub(crate) fn avg_pool2d(
     s: &CpuStorage,
@@ -310,10 +283,6 @@ pub(crate) fn avg_pool2d_backward(
     }
     let lg = &read_as(lg, d)?;
     Ok(map_float!("avg_pool2d_backward", g, v => go(v, lg, d, p)))
-}
-
-pub(super) fn adaptive_window(o: usize, out: usize, len: usize) -> (usize, usize) {
-    ((o * len) / out, ((o + 1) * len).div_ceil(out))
 }
 
 /// Adaptive average pooling to `[ho, wo]`.

@@ -6,7 +6,7 @@
 //! The NCHW kernels are in `nn.rs`; both pick the same cells (the first maximum in row-major
 //! window order, a NaN over any number) and sum windows in the same order.
 
-use super::pool::{adaptive_window, avg_divisor, avg_window};
+use super::pool_window::{adaptive_window, avg_divisor, avg_window};
 use super::{overwritten_buffer, per_chunk, CpuElem, PAR_MIN};
 use crate::backend::ops::Pool2dParams;
 use crate::backend::spec::PoolDims;

@@ -4,43 +4,27 @@
 //! ReLU, `Sequential`'s Linear + ReLU pairs in one call too. The cuBLAS path in `ops.rs`
 //! remains for everything else and whenever cuBLASLt offers no algorithm.
 
-use super::libs::{self, Lib};
-use super::matmul::{product_tf32, Operand};
 use super::runtime::CudaRuntime;
 use super::storage::CudaStorage;
-use crate::{DType, Device, Error, Result};
+use super::tf32::product_tf32;
+use crate::{DType, Error, Result};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys;
 use cudarc::driver::sys::CUdeviceptr;
 use std::sync::Arc;
 
+/// How cuBLAS reads one operand: its batch stride and, per matrix, whether it is stored
+/// row-major (`false`) or as the transpose of a row-major matrix (`true`), with the leading
+/// dimension.
+pub(crate) struct Operand {
+    pub(crate) ptr: u64,
+    pub(crate) batch_stride: i64,
+    pub(crate) transposed: bool,
+    pub(crate) ld: i64,
+}
+
 /// Workspace offered to cuBLASLt's algorithms (from the caching allocator, per call).
 const WORKSPACE: usize = 4 << 20;
-
-/// A cuBLASLt handle, destroyed on drop; used under its runtime's lock, one thread at a time.
-pub(crate) struct LtHandle(pub(crate) sys::cublasLtHandle_t);
-
-// SAFETY: the handle may move between threads; the runtime's mutex keeps uses serial.
-unsafe impl Send for LtHandle {}
-
-impl LtHandle {
-    pub(crate) fn new(device: Device) -> Result<LtHandle> {
-        libs::load(Lib::CublasLt)?;
-        lt::create_handle()
-            .map(LtHandle)
-            .map_err(|e| Error::CudaLibrary {
-                lib: "cuBLASLt",
-                msg: format!("creating a handle on {device}: {e:?}"),
-            })
-    }
-}
-
-impl Drop for LtHandle {
-    fn drop(&mut self) {
-        // SAFETY: created by `new`, destroyed once, here.
-        let _ = unsafe { lt::destroy_handle(self.0) };
-    }
-}
 
 /// Descriptors destroyed on drop.
 struct Layout(sys::cublasLtMatrixLayout_t);

@@ -8,9 +8,10 @@
 //! (`torch.backends.cudnn.allow_tf32 = True`); [`set_cudnn_allow_tf32`]`(false)` makes them
 //! exact f32 (FMA math). f16 and bf16 use tensor cores with f32 accumulation.
 
-use super::conv_desc::{dnn_err, Descriptors};
+use super::conv_desc::{dnn_err, Descriptors, Pass};
 use super::limits::{items_per_call, library_index_limit};
 use super::storage::{float_kname, CudaStorage, Dense};
+pub use super::tf32::{cudnn_allow_tf32, set_cudnn_allow_tf32};
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -22,28 +23,6 @@ use std::sync::{Mutex, OnceLock};
 
 static BENCHMARK: AtomicBool = AtomicBool::new(false);
 static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
-static ALLOW_TF32: AtomicBool = AtomicBool::new(true);
-
-/// Lets f32 convolutions, and the products of the LSTM layer, use TF32 tensor cores (10-bit
-/// mantissa products, f32 accumulation), as PyTorch's `torch.backends.cudnn.allow_tf32`
-/// does. On by default, as there; `false` makes them exact f32. Plain matrix products have
-/// their own switch, off by default ([`super::matmul::set_allow_tf32`]).
-///
-/// ```
-/// use mantissa::backend::cuda::conv::{cudnn_allow_tf32, set_cudnn_allow_tf32};
-/// assert!(cudnn_allow_tf32());
-/// set_cudnn_allow_tf32(false);
-/// assert!(!cudnn_allow_tf32());
-/// set_cudnn_allow_tf32(true);
-/// ```
-pub fn set_cudnn_allow_tf32(allow: bool) {
-    ALLOW_TF32.store(allow, Ordering::Relaxed);
-}
-
-/// Whether f32 convolutions and LSTM products may use TF32 (see [`set_cudnn_allow_tf32`]).
-pub fn cudnn_allow_tf32() -> bool {
-    ALLOW_TF32.load(Ordering::Relaxed)
-}
 
 /// Times cuDNN's candidate algorithms at the first convolution of each shape and keeps the
 /// fastest (PyTorch's `torch.backends.cudnn.benchmark = True`). Off by default: cuDNN's
@@ -72,24 +51,6 @@ pub fn set_cudnn_deterministic(on: bool) {
 /// Whether only deterministic convolution algorithms are used.
 pub fn cudnn_deterministic() -> bool {
     DETERMINISTIC.load(Ordering::Relaxed)
-}
-
-/// Which of the three convolution passes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Pass {
-    Forward,
-    Data,
-    Filter,
-}
-
-impl Pass {
-    pub(super) fn op(self) -> &'static str {
-        match self {
-            Pass::Forward => "conv2d",
-            Pass::Data => "conv2d_backward_input",
-            Pass::Filter => "conv2d_backward_weight",
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,10 +1,27 @@
 //! The cuDNN descriptors of one convolution problem (`conv.rs`): input, filter, output and
 //! the convolution itself, in NCHW / KCRS or NHWC / KRSC, destroyed on drop.
 
-use super::conv::Pass;
 use crate::backend::spec::ConvDims;
 use crate::{DType, Device, Error, Result};
 use cudarc::cudnn::{result as dnn, sys};
+
+/// Which of the three convolution passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Pass {
+    Forward,
+    Data,
+    Filter,
+}
+
+impl Pass {
+    pub(super) fn op(self) -> &'static str {
+        match self {
+            Pass::Forward => "conv2d",
+            Pass::Data => "conv2d_backward_input",
+            Pass::Filter => "conv2d_backward_weight",
+        }
+    }
+}
 
 /// The tensor, filter and convolution descriptors of one problem, destroyed on drop.
 pub(super) struct Descriptors {

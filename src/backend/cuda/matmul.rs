@@ -3,47 +3,13 @@
 //! `torch.backends.cuda.matmul.allow_tf32`, off by default; the products of a cuDNN-class op,
 //! the LSTM layer, follow `torch.backends.cudnn.allow_tf32` instead, on by default).
 
+use super::blaslt::Operand;
 use super::storage::{float_kname, same_dtype, CudaStorage};
+use super::tf32::product_tf32;
+pub use super::tf32::{allow_tf32, set_allow_tf32};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use cudarc::cublas::{result as blas_result, sys as bs};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static ALLOW_TF32: AtomicBool = AtomicBool::new(false);
-
-/// Lets f32 matrix products use TF32 tensor cores (10-bit mantissa products, f32
-/// accumulation), as `torch.backends.cuda.matmul.allow_tf32 = True` does. Off by default:
-/// f32 products are exact f32 unless the user allows this.
-///
-/// ```
-/// mantissa::backend::cuda::matmul::set_allow_tf32(true);
-/// assert!(mantissa::backend::cuda::matmul::allow_tf32());
-/// mantissa::backend::cuda::matmul::set_allow_tf32(false);
-/// ```
-pub fn set_allow_tf32(allow: bool) {
-    ALLOW_TF32.store(allow, Ordering::Relaxed);
-}
-
-/// Whether f32 products may use TF32 (see [`set_allow_tf32`]).
-pub fn allow_tf32() -> bool {
-    ALLOW_TF32.load(Ordering::Relaxed)
-}
-
-/// Whether the f32 product about to run may use TF32: the matmul switch, or inside a
-/// cuDNN-class op (the LSTM layer) the cuDNN one ([`super::conv::set_cudnn_allow_tf32`]).
-pub(crate) fn product_tf32() -> bool {
-    allow_tf32() || (crate::backend::in_cudnn_class() && super::conv::cudnn_allow_tf32())
-}
-
-/// How cuBLAS reads one operand: its batch stride and, per matrix, whether it is stored
-/// row-major (`false`) or as the transpose of a row-major matrix (`true`), with the leading
-/// dimension.
-pub(crate) struct Operand {
-    pub(crate) ptr: u64,
-    pub(crate) batch_stride: i64,
-    pub(crate) transposed: bool,
-    pub(crate) ld: i64,
-}
 
 /// `l` as a batch of matrices cuBLAS can read in place, or `None` when a copy is needed.
 fn operand(s: &CudaStorage, l: &Layout) -> Option<Operand> {
@@ -350,31 +316,4 @@ pub(crate) fn matmul_acc(
         (dst.ptr_at(ld.offset()), ldc),
         1.0,
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{product_tf32, set_allow_tf32};
-    use crate::backend::as_cudnn_class;
-    use crate::backend::cuda::conv::set_cudnn_allow_tf32;
-
-    #[test]
-    fn lstm_products_follow_the_cudnn_switch_and_plain_products_the_matmul_one() {
-        // PyTorch's defaults: plain products exact, cuDNN-class ops (the LSTM) TF32.
-        assert!(!product_tf32());
-        assert!(as_cudnn_class(product_tf32));
-        set_cudnn_allow_tf32(false);
-        assert!(!as_cudnn_class(product_tf32));
-        set_allow_tf32(true);
-        assert!(product_tf32() && as_cudnn_class(product_tf32));
-        set_allow_tf32(false);
-        set_cudnn_allow_tf32(true);
-        // The scope ends with its closure, and on another thread it was never open.
-        as_cudnn_class(|| {
-            std::thread::spawn(|| assert!(!product_tf32()))
-                .join()
-                .unwrap()
-        });
-        assert!(!product_tf32());
-    }
 }

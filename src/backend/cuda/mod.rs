@@ -46,6 +46,7 @@ pub(crate) mod copy_list;
 pub mod dnn_norm;
 pub(crate) mod elementwise;
 mod faults;
+pub(crate) mod handles;
 // The kernel files run on the host against the CPU backend: unit tests of the launchers'
 // private argument structs, kept with the other GPU stand-ins under tests/.
 #[cfg(test)]
@@ -70,3 +71,4 @@ pub mod rnn;
 pub mod runtime;
 pub(crate) mod softmax;
 pub mod storage;
+pub(crate) mod tf32;

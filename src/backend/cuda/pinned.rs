@@ -9,38 +9,12 @@
 //! ([`CachingAllocator::free_after`](crate::backend::caching::CachingAllocator::free_after)).
 
 use super::runtime::CudaRuntime;
-use crate::backend::caching::{Fence, RawMemory};
+use crate::backend::caching::Fence;
 use crate::profiler::DeviceWork;
 use crate::{Device, Error, Result};
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
 use std::ffi::c_void;
 use std::sync::Arc;
-
-/// Pinned host memory straight from the driver (`cuMemHostAlloc`), for the caching pool.
-pub struct PinnedMemory {
-    pub(crate) ctx: Arc<CudaContext>,
-}
-
-impl RawMemory for PinnedMemory {
-    fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {
-        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
-        // Portable: usable by every context. Not write-combined: the host reads these blocks
-        // too (a loader's batches), and write-combined memory is slow to read.
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: the context is current on this thread; the block is freed by `free`.
-        unsafe { result::malloc_host(bytes, flags) }
-            .map(|p| p as usize as u64)
-            .map_err(|e| e.to_string())
-    }
-
-    fn free(&mut self, ptr: u64) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` came from `alloc`, and the pool frees it once, after the fences
-            // of the copies that read it.
-            let _ = unsafe { result::free_host(ptr as usize as *mut c_void) };
-        }
-    }
-}
 
 /// A recorded event as the pool's fence.
 struct EventFence(CudaEvent);
@@ -71,6 +45,17 @@ impl std::fmt::Debug for PinnedBuffer {
             self.bytes,
             self.rt.device()
         )
+    }
+}
+
+impl CudaRuntime {
+    /// A block of at least `bytes` of pinned host memory from this device's pool, handed
+    /// back when the buffer is dropped (once the uploads queued from it have run).
+    /// [`Error::OutOfMemory`] when the driver refuses even after the pool's cache is
+    /// released.
+    pub fn pinned_buffer(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuffer> {
+        let ptr = self.alloc_pinned(bytes)?;
+        Ok(PinnedBuffer::new(self.clone(), ptr, bytes))
     }
 }
 

@@ -3,12 +3,11 @@
 //! `compile.rs`), and the
 //! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
 
-use super::blaslt::LtHandle;
 use super::faults::Faults;
+use super::handles::{DnnHandle, DriverMemory, LtHandle, PinnedMemory};
 use super::libs::{self, Lib};
-use super::pinned::{PinnedBuffer, PinnedMemory};
 use super::{compile, kernels, nvrtc, probe};
-use crate::backend::caching::{CachingAllocator, Fence, MemoryStats, RawMemory};
+use crate::backend::caching::{CachingAllocator, Fence, MemoryStats};
 use crate::sync::lock;
 use crate::{Device, Error, Result};
 use cudarc::cublas::{sys as bs, CudaBlas};
@@ -16,28 +15,6 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStr
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// Device memory straight from the driver, for the caching allocator.
-pub struct DriverMemory {
-    ctx: Arc<CudaContext>,
-}
-
-impl RawMemory for DriverMemory {
-    fn alloc(&mut self, bytes: usize) -> std::result::Result<sys::CUdeviceptr, String> {
-        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
-        // SAFETY: the context is current on this thread; the block is freed by `free`.
-        unsafe { result::malloc_sync(bytes) }.map_err(|e| e.to_string())
-    }
-
-    fn free(&mut self, ptr: sys::CUdeviceptr) {
-        // A failure here leaves the block to the driver's teardown; there is nothing better
-        // to do with it, and the error is sticky, so the next checked call reports it.
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` came from `alloc` and the allocator frees it once.
-            let _ = unsafe { result::free_sync(ptr) };
-        }
-    }
-}
 
 /// A device's context, stream, loaded kernels and memory.
 pub struct CudaRuntime {
@@ -63,19 +40,6 @@ pub struct CudaRuntime {
     lt: Mutex<Option<LtHandle>>,
     /// Faults kernels found, reported at the next synchronisation.
     faults: Mutex<Faults>,
-}
-
-/// A cuDNN handle, destroyed on drop. Used only under its runtime's lock, one thread at a time.
-struct DnnHandle(cudarc::cudnn::sys::cudnnHandle_t);
-
-// SAFETY: a cuDNN handle may move between threads; the mutex around it keeps uses serial.
-unsafe impl Send for DnnHandle {}
-
-impl Drop for DnnHandle {
-    fn drop(&mut self) {
-        // SAFETY: the handle was created by `with_cudnn` and is destroyed once, here.
-        let _ = unsafe { cudarc::cudnn::result::destroy_handle(self.0) };
-    }
 }
 
 /// `MANTISSA_NO_CUDA_MEMORY_CACHING=1` (as PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING`): device
@@ -262,14 +226,13 @@ impl CudaRuntime {
         result::mem_get_info().map_err(|e| self.driver("cuMemGetInfo", e))
     }
 
-    /// A block of at least `bytes` of pinned host memory from this device's pool, handed
-    /// back when the buffer is dropped (once the uploads queued from it have run).
-    /// [`Error::OutOfMemory`] when the driver refuses even after the pool's cache is
-    /// released.
-    pub fn pinned_buffer(self: &Arc<Self>, bytes: usize) -> Result<PinnedBuffer> {
+    /// The host address of a block of at least `bytes` (one at least) of pinned memory from
+    /// this device's pool, for [`CudaRuntime::pinned_buffer`]; [`Error::OutOfMemory`] when
+    /// the driver refuses even after the pool's cache is released.
+    pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<usize> {
         let (ptr, _) = lock(&self.pinned).alloc(bytes.max(1), 0)?;
         // The pool's addresses are the host pointers `PinnedMemory::alloc` made into u64s.
-        Ok(PinnedBuffer::new(self.clone(), ptr as usize, bytes))
+        Ok(ptr as usize)
     }
 
     /// Returns a pinned block, after `fence` when a copy may still read it.
