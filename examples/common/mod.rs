@@ -145,7 +145,7 @@ impl BatchSize {
         let tried: Vec<String> = found
             .tried
             .iter()
-            .map(|(b, fits)| format!("{b}{}", if *fits { "" } else { " (out of memory)" }))
+            .map(|(b, fits)| format!("{b}{}", if *fits { "" } else { " (does not fit)" }))
             .collect();
         println!(
             "--batch-size auto: {} fits on {device} (tried {})",
