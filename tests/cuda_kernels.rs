@@ -50,17 +50,41 @@ fn compile_errors_carry_the_log_and_the_cache_returns_the_same_cubin() {
         }
         other => panic!("expected a compile error, got {:?}", other.map(|b| b.len())),
     }
-    let dir = std::env::temp_dir().join(format!("mantissa-kcache-{}", std::process::id()));
-    std::env::set_var("MANTISSA_CACHE_DIR", &dir);
-    let src = kernels::source("amp").unwrap();
-    let first = nvrtc::cubin("amp", &src, 90).unwrap();
-    let cached: Vec<_> = std::fs::read_dir(dir.join("kernels"))
-        .unwrap()
-        .flatten()
-        .collect();
-    assert_eq!(cached.len(), 1, "one cache entry");
-    assert_eq!(nvrtc::cubin("amp", &src, 90).unwrap(), first);
-    std::fs::remove_dir_all(&dir).unwrap();
+    // The cache folder as the process has it (no `set_var`: other tests' threads, kernel
+    // compiles among them, read the environment meanwhile). A source of its own, so that
+    // its entry is this test's alone.
+    let Some(dir) = nvrtc::cache_dir() else {
+        eprintln!("skipped: no cache folder (neither MANTISSA_CACHE_DIR nor HOME)");
+        return;
+    };
+    let tag = format!("cachetest{}", std::process::id());
+    let src = format!("extern \"C\" __global__ void {tag}(float* x) {{ x[0] = 1.0f; }}");
+    let entries = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p: &std::path::PathBuf| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{tag}-sm90-")))
+            })
+            .collect()
+    };
+    let first = nvrtc::cubin(&tag, &src, 90).unwrap();
+    let cached = entries();
+    assert_eq!(cached.len(), 1, "one cache entry: {cached:?}");
+    assert_eq!(
+        std::fs::read(&cached[0]).unwrap(),
+        first,
+        "the entry is the cubin"
+    );
+    assert_eq!(nvrtc::cubin(&tag, &src, 90).unwrap(), first);
+    let (bin, from_cache) = nvrtc::cubin_part(&tag, &src, 90, None).unwrap();
+    assert!(
+        from_cache && bin == first,
+        "the second read comes from the cache"
+    );
+    std::fs::remove_file(&cached[0]).unwrap();
 }
 
 #[test]

@@ -44,24 +44,16 @@ pub(super) fn library(name: &str) -> Option<&'static Library> {
     let text =
         format!("#include \"{shim}\"\n{source}\n#define MANTISSA_HOST_TAIL\n#include \"{shim}\"\n");
     std::fs::write(&cpp, text).unwrap();
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     // Extra compiler flags, for sanitizer runs: MANTISSA_HOST_KERNEL_FLAGS="-fsanitize=address"
     // with the sanitizer's runtime preloaded (see the README).
     let extra = std::env::var("MANTISSA_HOST_KERNEL_FLAGS").unwrap_or_default();
-    let out = match Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-x", "c++"])
-        .args(extra.split_whitespace())
-        .arg(&cpp)
-        .arg("-o")
-        .arg(&so)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("skipped: no C++ compiler ({cxx}: {e})");
-            return None;
-        }
-    };
+    let out = cxx(|c| {
+        c.args(["-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-x", "c++"])
+            .args(extra.split_whitespace())
+            .arg(&cpp)
+            .arg("-o")
+            .arg(&so)
+    })?;
     assert!(
         out.status.success(),
         "{name}.cu does not build on the host:\n{}",
@@ -74,6 +66,19 @@ pub(super) fn library(name: &str) -> Option<&'static Library> {
     let _ = std::fs::remove_dir(&dir);
     libs.insert(name.to_string(), lib);
     Some(lib)
+}
+
+/// The host C++ compiler (`CXX`, else `c++`) run with the arguments `args` adds; `None`,
+/// saying so, when there is none.
+pub(super) fn cxx(args: impl FnOnce(&mut Command) -> &mut Command) -> Option<std::process::Output> {
+    let name = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    match args(&mut Command::new(&name)).output() {
+        Ok(out) => Some(out),
+        Err(e) => {
+            eprintln!("skipped: no C++ compiler ({name}: {e})");
+            None
+        }
+    }
 }
 
 /// The symbol `name` of `lib` as a function pointer of type `F`.

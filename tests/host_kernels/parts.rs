@@ -4,7 +4,6 @@
 
 use super::super::kernels::{self, part_of, PARTS};
 use std::collections::BTreeSet;
-use std::process::Command;
 
 /// The kernels defined by kernel file `name` preprocessed with `defines`, or `None` without a
 /// C++ compiler.
@@ -15,22 +14,15 @@ fn kernels_of(name: &str, defines: &[String]) -> Option<BTreeSet<String>> {
     let cpp = dir.join(format!("{name}-{}.cpp", defines.join("").len()));
     let source = kernels::source(name).expect("a kernel file");
     std::fs::write(&cpp, format!("#include \"{shim}\"\n{source}\n")).unwrap();
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = Command::new(&cxx)
-        .args(["-std=c++20", "-w", "-x", "c++", "-E", "-P"])
-        .arg("-D__global__=MANTISSA_KERNEL")
-        .args(defines)
-        .arg(&cpp)
-        .output();
+    let out = super::cxx(|c| {
+        c.args(["-std=c++20", "-w", "-x", "c++", "-E", "-P"])
+            .arg("-D__global__=MANTISSA_KERNEL")
+            .args(defines)
+            .arg(&cpp)
+    });
     let _ = std::fs::remove_file(&cpp);
     let _ = std::fs::remove_dir(&dir);
-    let out = match out {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("skipped: no C++ compiler ({cxx}: {e})");
-            return None;
-        }
-    };
+    let out = out?;
     assert!(
         out.status.success(),
         "{name}.cu does not preprocess:\n{}",
