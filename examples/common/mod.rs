@@ -71,6 +71,13 @@ impl RunFlags {
             mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(self.cudnn_batch_norm);
         }
         let low = parse_precision(&self.precision, device)?;
+        // The low dtype's kernels start compiling now, beside the f32 ones, while the model
+        // is built (a first run on a machine compiles them; later ones read the cache).
+        #[cfg(feature = "cuda-backend")]
+        if let (Device::Cuda(n), Some(low)) = (device, low) {
+            use mantissa::backend::cuda::{compile, kernels, runtime};
+            compile::prefetch(runtime::runtime(n)?.arch(), &[kernels::part_for(low)]);
+        }
         let format = match self.channels_last {
             true => MemoryFormat::ChannelsLast,
             false => MemoryFormat::Contiguous,

@@ -100,6 +100,16 @@ pub fn part_of(name: &str) -> usize {
     0
 }
 
+/// The part that holds the kernels of `dtype` (f16: 1, bf16: 2, any other: 0), for a caller
+/// that knows which dtypes a run will use ([`super::compile::prefetch`]).
+pub fn part_for(dtype: crate::DType) -> usize {
+    match dtype {
+        crate::DType::F16 => 1,
+        crate::DType::BF16 => 2,
+        _ => 0,
+    }
+}
+
 /// `#define`s of the op codes the kernels switch on (`UNARY_EXP`, `BINARY_ADD`, `CMP_LT`,
 /// `REDUCE_SUM`, ...), generated from the Rust enums, so the two sides cannot disagree.
 pub fn op_codes() -> String {
