@@ -58,7 +58,7 @@ fn compile_errors_carry_the_log_and_the_cache_returns_the_same_cubin() {
         return;
     };
     let tag = format!("cachetest{}", std::process::id());
-    let src = format!("extern \"C\" __global__ void {tag}(float* x) {{ x[0] = 1.0f; }}");
+    let src = format!("{}\n// {tag}\n", kernels::source("amp").unwrap());
     let entries = || -> Vec<std::path::PathBuf> {
         std::fs::read_dir(&dir)
             .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())

@@ -33,6 +33,10 @@ enum Failure {
         arch: String,
         log: String,
     },
+    Library {
+        lib: &'static str,
+        msg: String,
+    },
     Other(String),
 }
 
@@ -40,6 +44,7 @@ impl Failure {
     fn of(e: Error) -> Failure {
         match e {
             Error::KernelCompile { kernel, arch, log } => Failure::Compile { kernel, arch, log },
+            Error::CudaLibrary { lib, msg } => Failure::Library { lib, msg },
             e => Failure::Other(e.to_string()),
         }
     }
@@ -47,6 +52,7 @@ impl Failure {
     fn error(&self) -> Error {
         match self.clone() {
             Failure::Compile { kernel, arch, log } => Error::KernelCompile { kernel, arch, log },
+            Failure::Library { lib, msg } => Error::CudaLibrary { lib, msg },
             Failure::Other(msg) => Error::CudaLibrary {
                 lib: "libnvrtc",
                 msg,
