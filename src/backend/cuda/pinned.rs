@@ -8,6 +8,8 @@
 //! pool hands the block out again only once that event has completed
 //! ([`CachingAllocator::free_after`](crate::backend::caching::CachingAllocator::free_after)).
 
+// The pinned pool's memory source, public here as before.
+pub use super::handles::PinnedMemory;
 use super::runtime::CudaRuntime;
 use crate::backend::caching::Fence;
 use crate::profiler::DeviceWork;

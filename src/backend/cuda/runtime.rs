@@ -4,7 +4,9 @@
 //! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
 
 use super::faults::Faults;
-use super::handles::{DnnHandle, DriverMemory, LtHandle, PinnedMemory};
+use super::handles::{DnnHandle, LtHandle, PinnedMemory};
+// The device memory source of the runtime's caching allocator, public here as before.
+pub use super::handles::DriverMemory;
 use super::libs::{self, Lib};
 use super::{compile, kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, Fence, MemoryStats};
