@@ -1,7 +1,7 @@
 //! One CUDA device in use: its context and compute stream, the kernel modules loaded so far
 //! (compiled by NVRTC for the device's own architecture, in parts, through the disk cache:
-//! `compile.rs`), and the
-//! caching allocator over the device's memory (`cuMemAlloc` / `cuMemFree` underneath).
+//! `compile.rs`), and the caching allocator over the device's memory (`cuMemAlloc` /
+//! `cuMemFree` underneath).
 
 use super::faults::Faults;
 use super::handles::{DnnHandle, LtHandle, PinnedMemory};
