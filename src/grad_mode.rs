@@ -1,7 +1,7 @@
 //! Graph recording on or off, per thread: [`no_grad`] and [`NoGradGuard`] (PyTorch's
 //! `torch.no_grad()`). Every op reads [`is_grad_enabled`] before it records a node.
 
-use crate::scope::{ScopeEntry, ScopeStack};
+use crate::scope::{ScopeEntry, ScopeStack, Stashed};
 use std::cell::{Cell, RefCell};
 
 thread_local! {
@@ -65,6 +65,17 @@ impl Drop for GradMode {
 
 fn set_grad_mode(top: Option<bool>) {
     let _ = GRAD_ENABLED.try_with(|g| g.set(top.unwrap_or(true)));
+}
+
+/// Takes this thread's grad-mode scopes off it (recording on, as on a fresh thread) while it
+/// waits in a parallel section: see `crate::parallel::Isolated`.
+pub(crate) fn stash() -> Stashed<bool> {
+    crate::scope::stash(&NO_GRAD, set_grad_mode)
+}
+
+/// Puts back what [`stash`] took.
+pub(crate) fn unstash(saved: Stashed<bool>) {
+    crate::scope::unstash(&NO_GRAD, saved, set_grad_mode)
 }
 
 /// Runs `f` without recording the graph (like `with torch.no_grad():`).

@@ -77,7 +77,13 @@ struct ReadmeDoctests;
 /// # Ok::<(), mantissa::Error>(())
 /// ```
 pub fn in_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
+    // `f` runs under the caller's grad mode and autocast on whichever thread picks it up.
+    let (grad, low) = (is_grad_enabled(), amp::active_dtype());
+    rayon::scope(|_| {
+        let _grad = (!grad).then(NoGradGuard::new);
+        let _autocast = low.and_then(|d| amp::autocast(d).ok());
+        f()
+    })
 }
 
 /// Asks the C allocator to keep freed memory for reuse instead of returning it to the

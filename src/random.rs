@@ -77,30 +77,34 @@ impl Generator {
     }
 
     /// The generator at block `offset` of `seed`'s stream (a state [`Generator::offset`]
-    /// reported, say).
+    /// reported, say). Every offset is a valid state: the block counter runs modulo 2^64.
     pub fn at(seed: u64, offset: u64) -> Generator {
         Generator { seed, offset }
     }
 
-    fn block(&self, i: u64) -> [u32; 4] {
-        philox_block(self.seed, i)
+    /// Reserves `blocks` blocks of the stream and returns the first one's index. The block
+    /// counter runs modulo 2^64, as Philox's counter does: past block 2^64 - 1 the stream
+    /// goes on from block 0.
+    fn reserve(&mut self, blocks: u64) -> u64 {
+        let start = self.offset;
+        self.offset = self.offset.wrapping_add(blocks);
+        start
     }
 
-    /// Reserves `blocks` blocks of the stream for a kernel that draws them itself (in
-    /// parallel, or on a device) and returns the first one's index.
-    pub(crate) fn reserve(&mut self, blocks: u64) -> u64 {
-        let start = self.offset;
-        self.offset += blocks;
-        start
+    /// The `(seed, first block)` of `blocks` blocks of the stream for a kernel that draws
+    /// them itself (in parallel, or on a device), advancing the generator past them. Inside
+    /// a gradient checkpoint's recomputation the stream its forward drew is returned instead
+    /// and the generator stays where it is.
+    pub(crate) fn stream(&mut self, blocks: u64) -> (u64, u64) {
+        let seed = self.seed;
+        crate::autograd::frames::draw(seed, blocks, || self.reserve(blocks))
     }
 
     /// `n` u32 words, advancing the stream.
     pub fn next_u32s(&mut self, n: usize) -> Vec<u32> {
-        let blocks = n.div_ceil(4) as u64;
-        let start = self.offset;
-        self.offset += blocks;
-        (0..blocks)
-            .flat_map(|b| self.block(start + b))
+        let (seed, start) = self.stream(n.div_ceil(4) as u64);
+        blocks_from(start)
+            .flat_map(|b| philox_block(seed, b))
             .take(n)
             .collect()
     }
@@ -113,13 +117,28 @@ impl Generator {
 
     /// `n` draws from N(0, 1) (Box-Muller), a pair from each block.
     pub fn normal(&mut self, n: usize) -> Vec<f64> {
-        let start = self.reserve(n.div_ceil(2) as u64);
-        let mut out: Vec<f64> = (start..start + n.div_ceil(2) as u64)
-            .flat_map(|b| box_muller(self.block(b)))
-            .collect();
-        out.truncate(n);
-        out
+        let (seed, start) = self.stream(n.div_ceil(2) as u64);
+        blocks_from(start)
+            .flat_map(|b| box_muller(philox_block(seed, b)))
+            .take(n)
+            .collect()
     }
+}
+
+/// `n` draws from U[0, 1) from block `start` of `seed`'s stream on, as
+/// [`Generator::uniform`] draws them (two words each), made as they are read.
+pub(crate) fn uniform_values((seed, start): (u64, u64), n: usize) -> impl Iterator<Item = f64> {
+    let mut words = blocks_from(start).flat_map(move |b| philox_block(seed, b));
+    (0..n).map(move |_| {
+        // The words never run out: the blocks go on for ever.
+        let (hi, lo) = (words.next().unwrap_or(0), words.next().unwrap_or(0));
+        unit(hi, lo)
+    })
+}
+
+/// The block indices of a stream from `start` on, modulo 2^64.
+fn blocks_from(start: u64) -> impl Iterator<Item = u64> {
+    (0u64..).map(move |i| start.wrapping_add(i))
 }
 
 thread_local! {
@@ -132,8 +151,36 @@ pub fn manual_seed(seed: u64) {
 }
 
 /// Runs `f` with this thread's default generator.
+///
+/// `f` gets the generator itself, not a borrow held on the thread: while it runs (say it
+/// starts a CPU kernel, and the thread picks up another rayon task that draws from the
+/// default generator meanwhile), the thread's default generator stands where `f` found it,
+/// and `f`'s draws are added to it when `f` returns. Draws made meanwhile come from the same
+/// blocks as `f`'s; the engine's own draws never run anything while holding it.
 pub fn with_default_generator<R>(f: impl FnOnce(&mut Generator) -> R) -> R {
-    DEFAULT.with(|g| f(&mut g.borrow_mut()))
+    let mut g = DEFAULT.with(|d| d.borrow().clone());
+    let before = g.offset;
+    let r = f(&mut g);
+    let used = g.offset.wrapping_sub(before);
+    DEFAULT.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.seed == g.seed {
+            d.offset = d.offset.wrapping_add(used);
+        } else {
+            // `f` replaced the generator (a new seed): its state is the thread's now.
+            *d = g;
+        }
+    });
+    r
+}
+
+/// The `(seed, first block)` of `blocks` blocks of this thread's default generator's stream,
+/// reserved under a borrow that ends before anything else runs.
+pub(crate) fn default_stream(blocks: u64) -> (u64, u64) {
+    let seed = DEFAULT.with(|d| d.borrow().seed);
+    crate::autograd::frames::draw(seed, blocks, || {
+        DEFAULT.with(|d| d.borrow_mut().reserve(blocks))
+    })
 }
 
 #[cfg(test)]

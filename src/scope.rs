@@ -73,3 +73,45 @@ impl<T: Copy + 'static> ScopeEntry<T> {
         }
     }
 }
+
+/// A thread's live entries of one setting, taken off the thread by [`stash`] while it waits in
+/// a parallel section, and put back by [`unstash`].
+pub(crate) struct Stashed<T>(ScopeStack<T>);
+
+/// Takes this thread's live entries of `stack` off it, leaving the default in force (`changed`
+/// runs with `None`). Entry ids keep counting, so a guard opened while the entries are away
+/// and one opened before never share an id.
+pub(crate) fn stash<T: Copy + 'static>(
+    stack: &'static LocalKey<RefCell<ScopeStack<T>>>,
+    changed: impl FnOnce(Option<T>),
+) -> Stashed<T> {
+    let taken = stack.with(|s| {
+        let mut s = s.borrow_mut();
+        ScopeStack {
+            entries: std::mem::take(&mut s.entries),
+            next_id: s.next_id,
+        }
+    });
+    changed(None);
+    Stashed(taken)
+}
+
+/// Puts `saved` back on this thread's `stack` (below any entry still live, which a guard
+/// leaked while the entries were away would leave); `changed` runs with the new top.
+pub(crate) fn unstash<T: Copy + 'static>(
+    stack: &'static LocalKey<RefCell<ScopeStack<T>>>,
+    saved: Stashed<T>,
+    changed: impl FnOnce(Option<T>),
+) {
+    let top = stack.try_with(|s| {
+        let mut s = s.borrow_mut();
+        let mut entries = saved.0.entries;
+        entries.append(&mut s.entries);
+        s.entries = entries;
+        s.next_id = s.next_id.max(saved.0.next_id);
+        s.top()
+    });
+    if let Ok(top) = top {
+        changed(top);
+    }
+}

@@ -22,7 +22,7 @@ mod scaler;
 pub use cache::cached_casts;
 pub use scaler::{GradScaler, GradScalerConfig};
 
-use crate::scope::{ScopeEntry, ScopeStack};
+use crate::scope::{ScopeEntry, ScopeStack, Stashed};
 use crate::{DType, Device, Error, Result};
 use std::cell::{Cell, RefCell};
 
@@ -94,6 +94,29 @@ pub fn autocast(dtype: DType) -> Result<AutocastGuard> {
         });
     }
     Ok(enter(true, dtype))
+}
+
+/// This thread's autocast regions and weight-cast cache, taken off it while it waits in a
+/// parallel section (see `crate::parallel::Isolated`).
+pub(crate) struct Stash {
+    regions: Stashed<State>,
+    cache: cache::Entries,
+}
+
+/// Takes this thread's autocast regions and cast cache off it (autocast off, as on a fresh
+/// thread).
+pub(crate) fn stash() -> Stash {
+    let cache = cache::take();
+    Stash {
+        regions: crate::scope::stash(&REGIONS, set_state),
+        cache,
+    }
+}
+
+/// Puts back what [`stash`] took; casts cached meanwhile are dropped.
+pub(crate) fn unstash(saved: Stash) {
+    crate::scope::unstash(&REGIONS, saved.regions, set_state);
+    cache::put_back(saved.cache);
 }
 
 /// Opens a region where autocast is off (inside an enabled one: `enabled=False`).

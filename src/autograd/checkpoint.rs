@@ -2,82 +2,29 @@
 //! not kept for backward; backward runs the function again, recording this time, and
 //! backpropagates through the recomputation.
 
+use super::frames::{with_frame, Frame, Recording, Replaying};
 use crate::grad_mode::EnableGradGuard;
-use crate::random::Generator;
-use crate::{is_grad_enabled, no_grad, Result, Tensor};
-use std::cell::RefCell;
-use std::collections::VecDeque;
-
-/// The dropout streams `(seed, first block)` a checkpointed function drew, in order:
-/// recorded while its forward runs, replayed while backward recomputes it, so each dropout
-/// mask comes out the same both times whatever generator it draws from.
-enum Frame {
-    Record(Vec<(u64, u64)>),
-    Replay(VecDeque<(u64, u64)>),
-}
-
-thread_local! {
-    static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The stream for a dropout mask of `blocks` Philox blocks: replayed inside a checkpoint's
-/// recomputation, else drawn from `gen` (and recorded for every checkpoint in forward).
-pub(crate) fn dropout_stream(gen: &mut Generator, blocks: u64) -> (u64, u64) {
-    FRAMES.with(|f| {
-        let mut frames = f.borrow_mut();
-        let replayed = frames.iter_mut().rev().find_map(|fr| match fr {
-            Frame::Replay(q) => Some(q.pop_front()),
-            Frame::Record(_) => None,
-        });
-        let stream = match replayed.flatten() {
-            Some(s) => s,
-            None => (gen.seed(), gen.reserve(blocks)),
-        };
-        for fr in frames.iter_mut() {
-            if let Frame::Record(v) = fr {
-                v.push(stream);
-            }
-        }
-        stream
-    })
-}
-
-/// Whether this thread is recomputing a checkpointed function for backward (a batch norm
-/// then leaves its running statistics alone: the forward already counted this batch).
-pub(crate) fn recomputing() -> bool {
-    FRAMES.with(|f| f.borrow().iter().any(|fr| matches!(fr, Frame::Replay(_))))
-}
-
-/// Runs `f` with `frame` on top of this thread's checkpoint frames; returns `f`'s result and
-/// the frame as `f` left it (the frame is popped even when `f` panics).
-fn with_frame<R>(frame: Frame, f: impl FnOnce() -> R) -> (R, Frame) {
-    struct PopOnUnwind(bool);
-    impl Drop for PopOnUnwind {
-        fn drop(&mut self) {
-            if !self.0 {
-                FRAMES.with(|fr| fr.borrow_mut().pop());
-            }
-        }
-    }
-    FRAMES.with(|fr| fr.borrow_mut().push(frame));
-    let mut guard = PopOnUnwind(false);
-    let r = f();
-    guard.0 = true;
-    let frame = FRAMES.with(|fr| fr.borrow_mut().pop());
-    (r, frame.expect("the frame pushed above"))
-}
+use crate::{is_grad_enabled, no_grad, Error, Result, Tensor};
 
 /// `f(inputs)` without keeping its activations for backward: the forward runs without
 /// recording a graph, and backward runs `f` again on the same inputs, recording, then
 /// backpropagates through it. Memory for `f`'s intermediate tensors is traded for a second
 /// forward, as `torch.utils.checkpoint` does.
 ///
-/// Gradients reach the inputs and every tensor `f` uses that requires grad (a module's
-/// parameters). The recomputation runs under the autocast state of the forward, and each
-/// dropout inside `f` draws the same mask both times; a batch norm in training mode updates
-/// its running statistics once, in the forward. `f` must compute the same function both
-/// times (no other state it reads may change in between). [`crate::nn::Checkpointed`] wraps
-/// a module this way.
+/// Gradients reach the inputs and every tensor `f` uses that requires grad: a module's
+/// parameters, and tensors made by recorded ops outside `f` (a weight computed from a
+/// parameter), whose gradients go on through the outer graph once. The recomputation runs
+/// under the autocast state of the forward, and every random draw inside `f` (dropout,
+/// [`Tensor::randn`], [`Tensor::rand`], any [`crate::Generator`]'s) gets the same numbers
+/// both times, the recomputation leaving the generators where they stand (PyTorch's
+/// `preserve_rng_state`); a recomputation that draws differently is an error. A batch norm
+/// in training mode updates its running statistics once, in the forward.
+///
+/// Backward refuses to run when a tensor `f` read from outside (an input, a parameter, any
+/// captured tensor) was written in place after the forward: the recomputation would read the
+/// new values, and the gradient would be wrong without a word. `f` must compute the same
+/// function both times. An integer output gets no graph. [`crate::nn::Checkpointed`] wraps a
+/// module this way.
 ///
 /// ```
 /// use mantissa::autograd::checkpoint;
@@ -101,30 +48,83 @@ pub fn checkpoint(
     let _prof = crate::profiler::op("checkpoint");
     let autocast = crate::amp::active_dtype();
     let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
-    let (out, frame) = with_frame(Frame::Record(Vec::new()), || no_grad(|| f(&detached)));
-    let Frame::Record(streams) = frame else {
+    let boundary = crate::tensor::next_tensor_id();
+    let (out, frame) = with_frame(Frame::record(boundary), || no_grad(|| f(&detached)));
+    let Frame::Record(Recording { draws, reads, .. }) = frame else {
         unreachable!("a record frame stays one")
     };
     let out = out?.detach();
-    // The node records every input; a parameter `f` uses gets its gradient from the nested
-    // backward below, so an output of parameters alone still needs a node: recording is on.
-    let recorded: Vec<&Tensor> = inputs.to_vec();
-    Ok(out.attach_always("checkpoint", &recorded, move |g, needs| {
-        let _grad = EnableGradGuard::new();
-        let _ac = match autocast {
-            Some(dt) => crate::amp::autocast(dt)?,
-            None => crate::amp::autocast_disabled(),
-        };
-        let xs: Vec<Tensor> = detached
-            .iter()
-            .zip(needs)
-            .map(|(x, &need)| x.detach().requires_grad(need && x.dtype().is_float()))
-            .collect::<Result<_>>()?;
-        let (y, _) = with_frame(Frame::Replay(streams.into()), || f(&xs));
-        let y = y?;
-        if y.is_requires_grad() {
-            y.backward_with(g)?;
-        }
-        Ok(xs.iter().map(|x| x.grad()).collect())
-    }))
+    if !out.dtype().is_float() {
+        // No gradient flows through an integer output (PyTorch's non-differentiable output).
+        return Ok(out);
+    }
+    // The tensors from outside that `f` read: the node saves their versions as of now (an
+    // in-place write before backward would change what the recomputation reads, so backward
+    // refuses it), and those made by recorded ops (a weight computed from a parameter) are
+    // edges of the node, so the outer backward sends their gradients on once this node has
+    // run, and only then. Parameters (leaves) get theirs from the recomputation's backward.
+    let captured: Vec<Tensor> = reads
+        .iter()
+        .filter(|t| t.0.node.is_some() && !detached.iter().any(|d| d.id() == t.id()))
+        .cloned()
+        .collect();
+    let captured_nodes: Vec<u64> = captured
+        .iter()
+        .filter_map(|t| t.0.node.as_ref().map(|n| n.id))
+        .collect();
+    let mut edges: Vec<&Tensor> = inputs.to_vec();
+    edges.extend(captured.iter());
+    let saved: Vec<&Tensor> = inputs.iter().copied().chain(reads.iter()).collect();
+    let n_inputs = inputs.len();
+    // An output of parameters alone still needs a node (recording is on): they get their
+    // gradients from the nested backward below.
+    Ok(
+        out.attach_always("checkpoint", &edges, &saved, move |g, needs| {
+            let _grad = EnableGradGuard::new();
+            let _ac = match autocast {
+                Some(dt) => crate::amp::autocast(dt)?,
+                None => crate::amp::autocast_disabled(),
+            };
+            let xs: Vec<Tensor> = detached
+                .iter()
+                .zip(needs)
+                .map(|(x, &need)| x.detach().requires_grad(need && x.dtype().is_float()))
+                .collect::<Result<_>>()?;
+            // Nodes the recomputation records have ids from here on; the ones below are the
+            // outer graph's, where its backward stops.
+            let inside = crate::tensor::node::next_node_id();
+            let replay = Replaying {
+                draws: draws.into(),
+                diverged: None,
+            };
+            let (y, frame) = with_frame(Frame::Replay(replay), || f(&xs));
+            if let Frame::Replay(Replaying {
+                diverged: Some(how),
+                ..
+            }) = frame
+            {
+                return Err(Error::Autograd(format!(
+                    "checkpoint: recomputing the function for backward, {how}; a checkpointed \
+                 function must draw the same random numbers both times"
+                )));
+            }
+            let y = y?;
+            let mut reached = match y.is_requires_grad() {
+                true => y.backward_until(g, inside)?,
+                false => Default::default(),
+            };
+            let mut grads: Vec<Option<Tensor>> = xs.iter().map(|x| x.grad()).collect();
+            grads.truncate(n_inputs);
+            grads.extend(captured_nodes.iter().map(|id| reached.remove(id)));
+            if !reached.is_empty() {
+                return Err(Error::Autograd(
+                    "checkpoint: recomputing the function for backward, it read a tensor made \
+                 by a recorded op that its forward did not read; a checkpointed function \
+                 must compute the same thing both times"
+                        .into(),
+                ));
+            }
+            Ok(grads)
+        }),
+    )
 }

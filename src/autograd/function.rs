@@ -8,7 +8,11 @@ use crate::{no_grad, Error, Result, Tensor};
 /// and returns one gradient per input (`None` for an input that needs none). The engine
 /// checks each gradient's shape and dtype against its input, and sums gradients that meet.
 ///
-/// Without grad mode, or when no input requires grad, only `forward` runs.
+/// Without grad mode, or when no input requires grad, only `forward` runs; an integer output
+/// gets no graph. As PyTorch checks what `save_for_backward` kept, backward checks the
+/// inputs: one written in place after the forward makes it an error (the state may hold it,
+/// and a gradient from the new values would be wrong). The gradients `backward` returns are
+/// detached.
 ///
 /// ```
 /// use mantissa::autograd::custom_op;
@@ -36,8 +40,11 @@ pub fn custom_op<S: Send + 'static>(
     let (out, state) = no_grad(|| forward(&detached))?;
     // The output as a tensor of its own, so the node attaches to it alone.
     let out = out.detach();
+    if !out.dtype().is_float() {
+        return Ok(out);
+    }
     let n = inputs.len();
-    Ok(out.attach(name, inputs, move |g, _| {
+    Ok(out.attach_saving(name, inputs, inputs, move |g, _| {
         let grads = backward(g, state)?;
         if grads.len() != n {
             return Err(Error::Autograd(format!(

@@ -24,6 +24,8 @@ pub(crate) fn join_backward<RA: Send, RB: Send>(
         return (a(), b());
     }
     let half = share / 2;
+    // The calling thread runs other tasks while it waits for the second side.
+    let _iso = crate::parallel::Isolated::new();
     rayon::join(|| side(half, a), || side(half, b))
 }
 

@@ -6,6 +6,7 @@
 //! (saved tensors included), as PyTorch does without `retain_graph`.
 
 pub(crate) mod checkpoint;
+pub(crate) mod frames;
 mod function;
 pub(crate) mod join;
 pub(crate) mod pending;
@@ -41,6 +42,7 @@ impl Tensor {
         saved: &[&Tensor],
         backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
+        frames::note_reads(inputs.iter().copied());
         if !is_grad_enabled() || !inputs.iter().any(|t| t.is_requires_grad()) {
             return self;
         }
@@ -53,12 +55,14 @@ impl Tensor {
         self,
         name: &'static str,
         inputs: &[&Tensor],
+        saved: &[&Tensor],
         backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
+        frames::note_reads(inputs.iter().copied());
         if !is_grad_enabled() {
             return self;
         }
-        self.attach_node(name, inputs, &[], Box::new(backward))
+        self.attach_node(name, inputs, saved, Box::new(backward))
     }
 
     fn attach_node(
@@ -124,9 +128,35 @@ impl Tensor {
             // Backward on a leaf: its gradient is the seed.
             return accumulate(&self.0.grad, grad);
         };
+        run(root, grad, 0).map(|_| ())
+    }
+
+    /// Backward through the nodes recorded from id `inside` on only (a checkpoint's
+    /// recomputation): the gradients that reach older nodes (the outer graph's) are returned
+    /// by node id instead of sent on; leaves get theirs as in [`Tensor::backward_with`].
+    pub(crate) fn backward_until(
+        &self,
+        grad: &Tensor,
+        inside: u64,
+    ) -> Result<HashMap<u64, Tensor>> {
+        let _ng = crate::NoGradGuard::new();
+        let _ac = crate::amp::autocast_disabled();
+        let grad = grad.detach().to_dtype(self.dtype())?;
+        match self.0.node.clone() {
+            Some(root) if root.id >= inside => run(root, grad, inside),
+            Some(root) => Ok(HashMap::from([(root.id, grad)])),
+            None => accumulate(&self.0.grad, grad).map(|_| HashMap::new()),
+        }
+    }
+}
+
+/// Runs the backward of every node reachable from `root` whose id is at least `inside`,
+/// seeded with `grad`; returns the gradients that reached older nodes, by id.
+fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor>> {
+    {
         let mut grads: HashMap<u64, Tensor> = HashMap::new();
         grads.insert(root.id, grad);
-        for node in topo_order(root) {
+        for node in topo_order(root, inside) {
             let Some((edges, f)) = node.take() else {
                 return Err(Error::Autograd(format!(
                     "the graph through `{}` was already freed by an earlier backward()",
@@ -198,7 +228,8 @@ impl Tensor {
                 }
             }
         }
-        Ok(())
+        grads.retain(|id, _| *id < inside);
+        Ok(grads)
     }
 }
 
@@ -214,6 +245,11 @@ fn accumulate(slot: &Mutex<Option<Tensor>>, g: Tensor) -> Result<()> {
 
 /// Checks an input gradient's shape and casts it to the input's dtype.
 fn conform(op: &'static str, shape: &[usize], dtype: crate::DType, g: Tensor) -> Result<Tensor> {
+    // A gradient never carries a graph (a user's backward may return a tensor with one).
+    let g = match g.is_requires_grad() {
+        true => g.detach(),
+        false => g,
+    };
     if g.shape() != shape {
         return Err(Error::Autograd(format!(
             "backward of `{op}` produced a gradient of shape {:?} for an input of shape {shape:?}",
@@ -226,8 +262,9 @@ fn conform(op: &'static str, shape: &[usize], dtype: crate::DType, g: Tensor) ->
     Ok(g)
 }
 
-/// Nodes reachable from `root`, each after every node that feeds it a gradient.
-fn topo_order(root: Arc<Node>) -> Vec<Arc<Node>> {
+/// Nodes reachable from `root` through nodes with ids of at least `inside`, each after every
+/// node that feeds it a gradient.
+fn topo_order(root: Arc<Node>, inside: u64) -> Vec<Arc<Node>> {
     let mut post: Vec<Arc<Node>> = Vec::new();
     let mut seen: HashSet<u64> = HashSet::new();
     // Iterative DFS (graphs of long sequences are deep).
@@ -243,7 +280,7 @@ fn topo_order(root: Arc<Node>) -> Vec<Arc<Node>> {
         let children = n.children();
         stack.push((n, true));
         for c in children {
-            if !seen.contains(&c.id) {
+            if c.id >= inside && !seen.contains(&c.id) {
                 stack.push((c, false));
             }
         }

@@ -4,7 +4,7 @@ use super::Tensor;
 use crate::backend::cpu::CpuElem;
 use crate::backend::Storage;
 use crate::layout::{checked_bytes, checked_numel};
-use crate::random::{with_default_generator, Generator};
+use crate::random::{default_stream, uniform_values, Generator};
 use crate::{DType, Device, Error, Result};
 
 impl Tensor {
@@ -123,6 +123,19 @@ impl Tensor {
         device: Device,
         gen: &mut Generator,
     ) -> Result<Tensor> {
+        Tensor::rand_from(shape, lo, hi, dtype, device, |b| gen.stream(b))
+    }
+
+    /// [`Tensor::rand_with`] from the stream `draw(blocks)` gives, taken once the arguments
+    /// are checked.
+    fn rand_from(
+        shape: &[usize],
+        lo: f64,
+        hi: f64,
+        dtype: DType,
+        device: Device,
+        draw: impl FnOnce(u64) -> (u64, u64),
+    ) -> Result<Tensor> {
         if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less)
             || !lo.is_finite()
             || !hi.is_finite()
@@ -131,7 +144,9 @@ impl Tensor {
         }
         let n = checked_numel("rand", shape)?;
         checked_bytes("rand", shape, n, dtype)?;
-        let values = Chunked::new(n, |k| gen.uniform(k)).map(|u| lo + (hi - lo) * u);
+        // Two words a value, four a block (n is below 2^63: 2n fits).
+        let stream = draw((2 * n as u64).div_ceil(4));
+        let values = uniform_values(stream, n).map(|u| lo + (hi - lo) * u);
         Ok(Tensor::from_storage(
             Storage::from_f64s(device, values, dtype)?,
             shape,
@@ -146,6 +161,19 @@ impl Tensor {
         dtype: DType,
         device: Device,
         gen: &mut Generator,
+    ) -> Result<Tensor> {
+        Tensor::randn_from(shape, mean, std, dtype, device, |b| gen.stream(b))
+    }
+
+    /// [`Tensor::randn_with`] from the stream `draw(blocks)` gives, taken once the arguments
+    /// are checked.
+    fn randn_from(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: Device,
+        draw: impl FnOnce(u64) -> (u64, u64),
     ) -> Result<Tensor> {
         if std.is_nan() || std < 0.0 || !mean.is_finite() || !std.is_finite() {
             return Err(Error::invalid(
@@ -164,19 +192,19 @@ impl Tensor {
         }
         // Drawn where the tensor lives, a pair per block, as `gen.normal(n)` would draw them.
         let device = device.check_available()?;
-        let stream = (gen.seed(), gen.reserve(n.div_ceil(2) as u64));
+        let stream = draw(n.div_ceil(2) as u64);
         let storage = Storage::normal(device, n, mean, std, stream, dtype)?;
         Ok(Tensor::from_storage(storage, shape))
     }
 
     /// U[0, 1) values from this thread's default generator (see [`crate::manual_seed`]).
     pub fn rand(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        with_default_generator(|g| Tensor::rand_with(shape, 0.0, 1.0, dtype, device, g))
+        Tensor::rand_from(shape, 0.0, 1.0, dtype, device, default_stream)
     }
 
     /// N(0, 1) values from this thread's default generator (see [`crate::manual_seed`]).
     pub fn randn(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        with_default_generator(|g| Tensor::randn_with(shape, 0.0, 1.0, dtype, device, g))
+        Tensor::randn_from(shape, 0.0, 1.0, dtype, device, default_stream)
     }
 
     /// This tensor converted to `dtype`. Differentiable between float dtypes: the gradient is
@@ -215,59 +243,19 @@ impl Tensor {
     }
 }
 
-/// `n` generator draws made a chunk at a time, so that the host holds one chunk of f64
-/// scratch instead of `n` (the storage is reserved once, fallibly, from the exact size hint).
-/// Chunks have an even length, so the draws equal one call of `n`: Philox blocks hold four
-/// words, two uniforms or one Box-Muller pair, and an even chunk ends on a block boundary.
-struct Chunked<F: FnMut(usize) -> Vec<f64>> {
-    draw: F,
-    left: usize,
-    buf: std::vec::IntoIter<f64>,
-}
-
-impl<F: FnMut(usize) -> Vec<f64>> Chunked<F> {
-    const CHUNK: usize = 1 << 16;
-
-    fn new(n: usize, draw: F) -> Self {
-        Chunked {
-            draw,
-            left: n,
-            buf: Vec::new().into_iter(),
-        }
-    }
-}
-
-impl<F: FnMut(usize) -> Vec<f64>> Iterator for Chunked<F> {
-    type Item = f64;
-
-    fn next(&mut self) -> Option<f64> {
-        if self.buf.len() == 0 && self.left > 0 {
-            let k = self.left.min(Self::CHUNK);
-            self.left -= k;
-            self.buf = (self.draw)(k).into_iter();
-        }
-        self.buf.next()
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.left + self.buf.len();
-        (n, Some(n))
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::Chunked;
     use crate::random::Generator;
 
     #[test]
-    fn chunked_draws_equal_one_call() {
-        let n = 2 * Chunked::<fn(usize) -> Vec<f64>>::CHUNK + 3;
+    fn rand_is_the_generators_uniform_stream() {
+        use crate::{DType, Device, Tensor};
+        let n = 3 * crate::backend::cpu::CHUNK + 5;
         let (mut a, mut b) = (Generator::new(7), Generator::new(7));
-        let got: Vec<f64> = Chunked::new(n, |k| a.normal(k)).collect();
-        assert_eq!(got, b.normal(n));
-        let got: Vec<f64> = Chunked::new(n, |k| a.uniform(k)).collect();
-        assert_eq!(got, b.uniform(n));
+        let t = Tensor::rand_with(&[n], -1.0, 3.0, DType::F64, Device::Cpu, &mut a).unwrap();
+        let want: Vec<f64> = b.uniform(n).iter().map(|u| -1.0 + 4.0 * u).collect();
+        assert_eq!(t.to_vec::<f64>().unwrap(), want);
+        assert_eq!(a, b, "both generators moved past the same blocks");
     }
 
     #[test]

@@ -100,6 +100,11 @@ pub struct Tensor(pub(crate) Arc<Inner>);
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The id the next tensor made will have: every tensor made before has a lower one.
+pub(crate) fn next_tensor_id() -> u64 {
+    NEXT_ID.load(Ordering::Relaxed)
+}
+
 impl Tensor {
     /// A tensor over `storage` seen through `layout`, not part of any graph.
     ///

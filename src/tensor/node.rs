@@ -54,6 +54,11 @@ impl Edge {
 
 static NEXT_NODE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// The id the next node recorded will have: every node recorded before has a lower one.
+pub(crate) fn next_node_id() -> u64 {
+    NEXT_NODE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One recorded op.
 pub(crate) struct Node {
     pub(crate) id: u64,

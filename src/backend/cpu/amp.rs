@@ -12,6 +12,7 @@ use rayon::prelude::*;
 /// in order (the same bits whatever the thread count).
 pub(crate) fn sum_squares(g: &CpuStorage) -> Result<f64> {
     fn go<S: CpuElem>(v: &[S]) -> f64 {
+        let _iso = crate::parallel::Isolated::new();
         let parts: Vec<f64> = v
             .par_chunks(CHUNK)
             .map(|c| {
@@ -33,6 +34,7 @@ pub(crate) fn sum_squares(g: &CpuStorage) -> Result<f64> {
 /// and whether any element of `g` is inf or NaN.
 pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(CpuStorage, bool)> {
     fn go<S: CpuElem, D: CpuElem + bytemuck::Pod>(v: &[S], inv: f32) -> (CpuStorage, bool) {
+        let _iso = crate::parallel::Isolated::new();
         let inv = <S::Acc as Float>::from_f64_(inv as f64);
         let mut out = overwritten_buffer::<D>(v.len());
         let bad = out
@@ -73,6 +75,7 @@ pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(Cpu
 /// element was inf or NaN.
 pub(crate) fn unscale_in_place(g: &mut CpuStorage, inv_scale: f32) -> Result<bool> {
     fn go<S: CpuElem>(v: &mut [S], inv: f32) -> bool {
+        let _iso = crate::parallel::Isolated::new();
         let inv = <S::Acc as Float>::from_f64_(inv as f64);
         v.par_chunks_mut(CHUNK)
             .map(|c| {

@@ -114,6 +114,7 @@ fn gather_rows<'a, F: GemmFloat>(
 }
 
 fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+    let _iso = crate::parallel::Isolated::new();
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
     let mut out = overwritten_buffer(d.n * d.o * plane);
@@ -162,6 +163,7 @@ fn forward<F: GemmFloat>(x: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
 }
 
 fn backward_input<F: GemmFloat>(gy: &[F], w: &[F], d: &ConvDims) -> Vec<F> {
+    let _iso = crate::parallel::Isolated::new();
     let (cg, og, kr, plane) = (d.cg(), d.og(), d.krows(), d.plane());
     let img_in = d.c * d.h * d.w;
     let mut gx = vec![F::zero(); d.n * img_in];

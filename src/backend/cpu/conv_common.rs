@@ -51,6 +51,7 @@ pub(super) fn sum_over_images<F: GemmFloat>(
     wlen: usize,
     partial: impl Fn(std::ops::Range<usize>, bool) -> Vec<F> + Sync,
 ) -> Vec<F> {
+    let _iso = crate::parallel::Isolated::new();
     if n <= 1 {
         return partial(0..n, true);
     }

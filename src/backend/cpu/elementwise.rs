@@ -15,6 +15,7 @@ fn fill_rows<U: Send, const N: usize>(
     rows: &Rows<N>,
     f: impl Fn(&mut [U], [usize; N]) + Sync,
 ) {
+    let _iso = crate::parallel::Isolated::new();
     let len = rows.len;
     if out.is_empty() || len == 0 {
         return;
@@ -42,6 +43,7 @@ pub(crate) fn map1<T: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
     l: &Layout,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
+    let _iso = crate::parallel::Isolated::new();
     if let Some(r) = l.contiguous_range() {
         let src = &src[r];
         return if src.len() < PAR_MIN {
@@ -77,6 +79,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: bytemuck::Pod + Send + Syn
     lb: &Layout,
     f: impl Fn(A, B) -> U + Sync,
 ) -> Vec<U> {
+    let _iso = crate::parallel::Isolated::new();
     debug_assert_eq!(la.shape(), lb.shape());
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);

@@ -47,6 +47,7 @@ fn each_row<T: Send, S: Send>(
     per_stat: usize,
     f: impl Fn(usize, &mut [T], &mut [S]) + Sync + Send,
 ) {
+    let _iso = crate::parallel::Isolated::new();
     if out.len() >= PAR_MIN {
         out.par_chunks_mut(cols)
             .zip(stats.par_chunks_mut(per_stat))

@@ -54,6 +54,7 @@ fn per_row<T: CpuElem>(
     c: usize,
     f: impl Fn(usize, &[T]) -> f64 + Sync,
 ) -> Vec<f64> {
+    let _iso = crate::parallel::Isolated::new();
     let job = |(r, row): (usize, &[T])| f(r, row);
     if c == 0 {
         (0..rows).map(|r| f(r, &[])).collect()
@@ -153,6 +154,7 @@ pub(crate) fn cross_entropy_backward(
         ignore: i64,
         eps: f64,
     ) -> CpuStorage {
+        let _iso = crate::parallel::Isolated::new();
         let x = contiguous(x, l);
         let num = |v: f64| <T::Acc as num_traits::NumCast>::from(v).expect("finite or inf");
         let (eps_a, off) = (num(eps), num(eps / c as f64));

@@ -68,6 +68,7 @@ pub(crate) fn gemm_into_ld<F: GemmFloat>(
     b: MatRef<F>,
     parallel: bool,
 ) {
+    let _iso = crate::parallel::Isolated::new();
     assert!(ld >= n, "gemm destination rows overlap");
     assert!(
         m == 0 || n == 0 || dst.len() >= (m - 1) * ld + n,
@@ -169,6 +170,7 @@ unsafe fn gemm_block<F: GemmFloat>(
 /// `a @ b` over the batch dims; with `bias` (`n` values), every output row starts from it and
 /// the product is accumulated onto it (one pass instead of a product and an add).
 fn batched<F: GemmFloat>(a: &[F], la: &Layout, b: &[F], lb: &Layout, bias: Option<&[F]>) -> Vec<F> {
+    let _iso = crate::parallel::Isolated::new();
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch_shape = &la.shape()[..r - 2];

@@ -126,6 +126,7 @@ pub(crate) fn per_chunk<U: Send>(
     parallel: bool,
     f: impl Fn(usize, &mut [U]) + Sync,
 ) {
+    let _iso = crate::parallel::Isolated::new();
     if chunk == 0 {
         return;
     }

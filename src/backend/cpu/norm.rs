@@ -89,6 +89,7 @@ fn map_blocks<T: Sync, R: Send>(
     x: &[T],
     f: impl Fn(&[T]) -> R + Sync + Send,
 ) -> Vec<R> {
+    let _iso = crate::parallel::Isolated::new();
     if x.len() >= PAR_MIN {
         blocks(s, x)
             .collect::<Vec<_>>()
@@ -157,6 +158,7 @@ fn grad_sums(
     mean: &[f64],
 ) -> Result<Vec<f64>> {
     fn go<T: CpuElem>(dy: &[T], x: &[T], s: ChannelSplit, mean: &[f64]) -> Vec<f64> {
+        let _iso = crate::parallel::Isolated::new();
         let mean: Vec<T::Acc> = mean.iter().map(|&m| T::Acc::from_f64_(m)).collect();
         let rows = (s.channels * s.inner).max(1);
         let step = (BLOCK / rows).max(1) * rows;

@@ -60,6 +60,7 @@ fn affine(
     coef: &[f64],
 ) -> Result<CpuStorage> {
     fn go<T: CpuElem>(x: &[T], dy: Option<&[T]>, s: ChannelSplit, coef: &[f64]) -> CpuStorage {
+        let _iso = crate::parallel::Isolated::new();
         let c = s.channels;
         let k: Vec<T::Acc> = coef.iter().map(|&v| T::Acc::from_f64_(v)).collect();
         let (alpha, center, gamma, beta) = (&k[..c], &k[c..2 * c], &k[2 * c..3 * c], &k[3 * c..]);

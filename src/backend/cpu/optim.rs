@@ -132,6 +132,7 @@ fn for_chunks<'a, T: CpuElem, G: CpuElem>(
     w: Working<'a>,
     f: impl Fn(Job<'a, T, G>) + Sync + Send,
 ) {
+    let _iso = crate::parallel::Isolated::new();
     let n = p.len();
     let chunks = n.div_ceil(CHUNK);
     let (v0, v1, vw) = (pieces(s0, chunks), pieces(s1, chunks), w.chunks(chunks));
@@ -320,6 +321,7 @@ pub(crate) fn round_into(
     rounding: Rounding,
     step: &CpuStorage,
 ) -> Result<()> {
+    let _iso = crate::parallel::Isolated::new();
     let steps = scalar(step).ok_or_else(|| {
         Error::invalid(
             "round_into",

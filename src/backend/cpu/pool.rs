@@ -18,6 +18,7 @@ fn per_plane<T: Copy + Send + Sync, U: Copy + Send + Sync + Default>(
     out_plane: usize,
     f: impl Fn(&[T], &mut [U]) + Sync,
 ) -> Vec<U> {
+    let _iso = crate::parallel::Isolated::new();
     let mut out = vec![U::default(); d.planes * out_plane];
     if out_plane == 0 {
         return out;
@@ -54,6 +55,7 @@ pub(crate) fn max_pool2d(
         d: &PoolDims,
         p: &Pool2dParams,
     ) -> (CpuStorage, CpuStorage) {
+        let _iso = crate::parallel::Isolated::new();
         let x = contiguous(v, l);
         if d.channels_last {
             let (vals, idx) = pool_nhwc::max_pool(&x, d, p);
@@ -176,6 +178,7 @@ fn scatter_planes<T: CpuElem + bytemuck::Pod>(
     d: &PoolDims,
     f: impl Fn(usize, &[T], &mut [T::Acc]) + Sync,
 ) -> CpuStorage {
+    let _iso = crate::parallel::Isolated::new();
     let g = contiguous(g, lg);
     let (in_plane, out_plane) = (d.h * d.w, d.ho * d.wo);
     // Every plane is written whole from its accumulator.

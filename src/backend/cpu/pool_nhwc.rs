@@ -35,6 +35,7 @@ fn taps(
 
 /// Max pooling of NHWC `x`: values and flat in-plane indices, both NHWC.
 pub(super) fn max_pool<T: CpuElem>(x: &[T], d: &PoolDims, p: &Pool2dParams) -> (Vec<T>, Vec<i64>) {
+    let _iso = crate::parallel::Isolated::new();
     let (c, n) = (d.c, d.planes / d.c.max(1));
     let (img_in, img_out) = (d.h * d.w * c, d.ho * d.wo * c);
     let mut vals = overwritten_buffer::<T>(n * img_out);

@@ -22,6 +22,7 @@ fn from_blocks<const PER: usize>(
         (seed, start): (u64, u64),
         value: &(impl Fn([u32; 4]) -> [f64; PER] + Sync),
     ) -> Vec<T> {
+        let _iso = crate::parallel::Isolated::new();
         use rayon::prelude::*;
         let mut out = overwritten_buffer::<T>(n);
         // CHUNK is a multiple of PER (1, 2 or 4), so each chunk starts on a block.
@@ -30,7 +31,7 @@ fn from_blocks<const PER: usize>(
             .for_each(|(c, chunk)| {
                 let first = (c * CHUNK / PER) as u64;
                 for (b, group) in chunk.chunks_mut(PER).enumerate() {
-                    let v = value(philox_block(seed, start + first + b as u64));
+                    let v = value(philox_block(seed, start.wrapping_add(first + b as u64)));
                     for (o, x) in group.iter_mut().zip(v) {
                         *o = T::from_f64(x);
                     }

@@ -200,6 +200,7 @@ fn reduce_columns<T: WithDType>(
     starts: &[usize],
     (len, inner): (usize, usize),
 ) -> Vec<Acc<T::Acc>> {
+    let _iso = crate::parallel::Isolated::new();
     let rows = starts.len() * len;
     let tasks = rows.div_ceil(COLUMN_ROWS);
     let parallel = cols * rows >= PAR_MIN;
@@ -404,6 +405,7 @@ pub(crate) fn reduce(
         r: usize,
         op: ReduceOp,
     ) -> CpuStorage {
+        let _iso = crate::parallel::Isolated::new();
         let o = bases.len();
         let one = |row: usize| -> Acc<T::Acc> {
             if r == 0 {
@@ -469,6 +471,7 @@ fn i64_extremes(
     (len, inner): (usize, usize),
     op: ReduceOp,
 ) -> CpuStorage {
+    let _iso = crate::parallel::Isolated::new();
     let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
     let one = |&base: &usize| -> (i64, usize) {
         let mut best: Option<(i64, usize)> = None;

@@ -64,6 +64,7 @@ fn rows<T: CpuElem>(
     h: usize,
     k: &impl Row<T>,
 ) -> Vec<T> {
+    let _iso = crate::parallel::Isolated::new();
     let mut out = vec![T::default(); batch * width];
     if width == 0 {
         return out;

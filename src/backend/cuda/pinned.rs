@@ -215,6 +215,7 @@ pub(crate) fn upload_chunked(
 /// `dst.copy_from_slice(src)` on the rayon pool in pieces of 1 MiB: one thread's copy does
 /// not reach the host's memory bandwidth.
 fn copy_parallel(dst: &mut [u8], src: &[u8]) {
+    let _iso = crate::parallel::Isolated::new();
     use rayon::prelude::*;
     const PIECE: usize = 1 << 20;
     if src.len() <= PIECE {
