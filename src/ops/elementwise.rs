@@ -255,8 +255,11 @@ impl Tensor {
     pub fn minimum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
         self.binary_or_scalar(rhs.into(), BinaryOp::Min, Op::Minimum, UnaryOp::MinScalar)
     }
-    /// `scalar - self`.
+    /// `scalar - self` (an integer or bool tensor gives f32, as `self.sub(scalar)` does).
     pub fn rsub(&self, scalar: f64) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return self.to_dtype(DType::F32)?.rsub(scalar);
+        }
         self.unary_op(
             UnaryOp::Affine {
                 mul: -1.0,
@@ -283,8 +286,18 @@ impl Tensor {
         self.maximum(lo)?.minimum(hi)
     }
 
+    /// `-self`. An integer tensor stays integer, wrapping as PyTorch's does (`-u8 200` is 56).
     pub fn neg(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Neg)
+        match self.dtype() {
+            // 256 - x where x is not 0, in i64 (u8 arithmetic here saturates).
+            DType::U8 => {
+                let wide = self.to_dtype(DType::I64)?;
+                let nonzero = self.ne(0.0)?.to_dtype(DType::I64)?;
+                wide.mul(-1i64)?.add(256i64)?.mul(&nonzero)?.to_dtype(DType::U8)
+            }
+            d if !d.is_float() => Tensor::zeros(self.shape(), d, self.device())?.sub(self),
+            _ => self.unary(UnaryOp::Neg),
+        }
     }
     pub fn abs(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Abs)

@@ -15,7 +15,7 @@
 //! ```
 
 use super::elementwise::Operand;
-use crate::{Result, Tensor};
+use crate::{DType, Result, Tensor};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// `tensor op rhs` for a tensor reference or an owned tensor on the left, and on the right
@@ -56,8 +56,10 @@ tensor_operator!(Mul, mul);
 tensor_operator!(Div, div);
 
 /// `scalar op tensor` for an `f64` on the left: `s + x`, `s - x` ([`Tensor::rsub`]),
-/// `s * x`, and `s / x` (the scalar as a tensor of `x`'s dtype, divided as [`Tensor::div`]
-/// divides).
+/// `s * x` and `s / x`, typed as PyTorch types a Python float and a tensor, the same on
+/// either side: an integer or bool tensor gives f32, a float tensor keeps its dtype, and the
+/// scalar is never rounded to the tensor's dtype first (`1e6 / f16` computes in f32 and
+/// rounds the quotient).
 macro_rules! scalar_operators {
     ($($s:ty),*) => {$(
         impl Add<&Tensor> for $s {
@@ -81,10 +83,25 @@ macro_rules! scalar_operators {
         impl Div<&Tensor> for $s {
             type Output = Result<Tensor>;
             fn div(self, x: &Tensor) -> Result<Tensor> {
-                Tensor::full(&[], self as f64, x.dtype(), x.device())?.div(x)
+                scalar_div(self as f64, x)
             }
         }
     )*};
+}
+
+/// `s / x`: true division in f32 for an integer or bool `x`; in f32, rounded to `x`'s dtype
+/// once, for f16 and bf16 (a large `s` would overflow them); in `x`'s dtype otherwise.
+fn scalar_div(s: f64, x: &Tensor) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let wide = match dtype {
+        DType::F32 | DType::F64 => return Tensor::full(&[], s, dtype, x.device())?.div(x),
+        _ => x.to_dtype(DType::F32)?,
+    };
+    let q = Tensor::full(&[], s, DType::F32, x.device())?.div(&wide)?;
+    match dtype.is_float() {
+        true => q.to_dtype(dtype),
+        false => Ok(q),
+    }
 }
 
 // Only f64, so that a float literal on the left (`2.0 * &x`) needs no annotation.
