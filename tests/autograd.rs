@@ -145,6 +145,37 @@ fn seeded_random_tensors_repeat() {
     assert_eq!(e.to_vec::<f32>().unwrap(), vec![1.0; 4]);
 }
 
+/// The block counter runs modulo 2^64, as Philox's does: a generator at its last block
+/// draws every value asked for, going on from block 0, on the host, in tensors and through a
+/// state saved as a checkpoint saves it (issue 40, item 7: 0 values, or an overflow panic).
+#[test]
+fn generator_streams_wrap_at_the_end_of_the_counter() {
+    let end = u64::MAX;
+    let mut g = Generator::at(3, end);
+    let got = g.normal(4);
+    let want = [Generator::at(3, end).normal(2), Generator::new(3).normal(2)].concat();
+    assert_eq!(got, want);
+    assert_eq!(g.offset(), 1);
+    let words = Generator::at(3, end - 1).next_u32s(16);
+    assert_eq!(words[8..], Generator::new(3).next_u32s(8)[..]);
+    assert_eq!(Generator::at(3, end).uniform(5).len(), 5);
+    let mut g = Generator::at(3, end);
+    let t = Tensor::randn_with(&[5], 0.0, 1.0, DType::F64, Device::Cpu, &mut g).unwrap();
+    assert_eq!(t.to_vec::<f64>().unwrap(), Generator::at(3, end).normal(5));
+    assert_eq!(g.offset(), 2);
+    let mut g = Generator::at(3, end);
+    let t = Tensor::rand_with(&[3], 0.0, 1.0, DType::F64, Device::Cpu, &mut g).unwrap();
+    assert_eq!(t.to_vec::<f64>().unwrap(), Generator::at(3, end).uniform(3));
+    let x = Tensor::ones(&[8], DType::F32, Device::Cpu).unwrap();
+    let y = x
+        .dropout_with(0.5, true, &mut Generator::at(3, end))
+        .unwrap();
+    assert_eq!(y.numel(), 8);
+    let saved = Generator::at(3, end).to_tensor().unwrap();
+    let mut back = Generator::from_tensor(&saved).unwrap();
+    assert_eq!(back.normal(4), want);
+}
+
 /// Dropout's mask follows its stream definition: element `i` is kept when word `i` of the
 /// generator's Philox stream (block `i / 4`, lane `i % 4`, from the generator's offset on) is
 /// at least `p * 2^32`; the generator then moves past those blocks. Checked over several

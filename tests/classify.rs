@@ -180,3 +180,98 @@ fn accumulating_four_batches_of_16_trains_as_batches_of_64() {
     assert!(e < 1e-2, "fp16: relative difference {e:.2e}");
     assert!(Accumulation::new(0).is_err());
 }
+
+/// An optimizer whose steps fail while `failing` is above 0 (counting down), else Sgd's.
+struct Flaky {
+    sgd: Sgd,
+    failing: usize,
+    steps: usize,
+}
+
+impl Optimizer for Flaky {
+    fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        if self.failing > 0 {
+            self.failing -= 1;
+            return Err(Error::Invalid {
+                op: "flaky",
+                msg: "this step fails".into(),
+            });
+        }
+        self.steps += 1;
+        self.sgd.step_unless(found_inf)
+    }
+    fn group(&self) -> &ParamGroup {
+        self.sgd.group()
+    }
+    fn group_mut(&mut self) -> &mut ParamGroup {
+        self.sgd.group_mut()
+    }
+    fn lr(&self) -> f64 {
+        self.sgd.lr()
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.sgd.set_lr(lr)
+    }
+}
+
+/// After a failed step the accumulation goes on: the next group steps on its own
+/// micro-batches' gradients (not the failed group's added in), every time.
+#[test]
+fn a_failed_accumulation_step_leaves_the_next_group_whole() {
+    for (every, fails) in [(2, 1), (3, 2), (1, 1)] {
+        let x = Tensor::from_vec(
+            (0..24).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>(),
+            &[12, 2],
+            Device::Cpu,
+        )
+        .unwrap();
+        let y = Tensor::from_vec(
+            (0..12).map(|i| i % 4).collect::<Vec<i64>>(),
+            &[12],
+            Device::Cpu,
+        )
+        .unwrap();
+        // The first `failing` steps fail; the first `skip` groups are not run at all.
+        let run = |failing: usize, skip: usize| {
+            let net = Linear::new(2, 4, true, &mut Generator::new(1)).unwrap();
+            let sgd = Sgd::new(net.parameters(), SgdConfig::new(0.1)).unwrap();
+            let mut opt = Flaky {
+                sgd,
+                failing,
+                steps: 0,
+            };
+            let mut scaler = GradScaler::new(Default::default()).unwrap();
+            let mut acc = Accumulation::new(every).unwrap();
+            let (xs, ys) = (x.split(1, 0).unwrap(), y.split(1, 0).unwrap());
+            let (xs, ys) = (&xs[skip * every..], &ys[skip * every..]);
+            let mut errors = 0;
+            for (i, (xb, yb)) in xs.iter().zip(ys.iter()).enumerate() {
+                let r = classify_micro_step(
+                    &net,
+                    &mut opt,
+                    &mut scaler,
+                    None,
+                    (xb, yb),
+                    &mut acc,
+                    i + 1 == xs.len(),
+                );
+                errors += r.is_err() as usize;
+            }
+            let params: Vec<Vec<f32>> = net
+                .parameters()
+                .iter()
+                .map(|p| p.to_vec::<f32>().unwrap())
+                .collect();
+            (params, opt.steps, errors)
+        };
+        let groups = 12usize.div_ceil(every);
+        let (after_failures, steps, errors) = run(fails, 0);
+        assert_eq!((steps, errors), (groups - fails, fails), "every {every}");
+        // Exactly as a run that never saw the failed groups' micro-batches.
+        let (clean, steps, _) = run(0, fails);
+        assert_eq!(steps, groups - fails);
+        assert_eq!(after_failures, clean, "every {every}");
+        // And they moved the parameters away from a run whose every step failed.
+        assert_ne!(after_failures, run(groups, 0).0, "every {every}");
+    }
+}

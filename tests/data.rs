@@ -137,7 +137,7 @@ fn loader_batches_in_order_with_workers_and_shuffles_by_seed() {
     assert_eq!(dl.len(), 33);
     let e0: Vec<i64> = labels(&mut dl, 0).concat();
     assert_eq!(e0.len(), 99);
-    let mut all = dl.order(0);
+    let mut all = dl.order(0).unwrap();
     all.sort();
     assert_eq!(all, (0..100).collect::<Vec<_>>(), "a permutation");
     assert_ne!(e0, (0..99).collect::<Vec<i64>>());
@@ -366,7 +366,7 @@ fn tensor_datasets_of_any_shape_and_dtype_batch_on_every_path() {
                     ..DataLoaderConfig::new(4)
                 };
                 let mut dl = DataLoader::new(Arc::new(ds), cfg).unwrap();
-                let order: Vec<i64> = dl.order(2).iter().map(|&i| i as i64).collect();
+                let order: Vec<i64> = dl.order(2).unwrap().iter().map(|&i| i as i64).collect();
                 let index = Tensor::from_vec(order, &[n], Device::Cpu).unwrap();
                 let (want_x, want_y) = (
                     x.index_select(0, &index).unwrap(),
@@ -447,4 +447,37 @@ fn datasets_that_fill_the_wrong_form_are_errors_that_say_so() {
     assert!(m.contains("fill_sample") && m.contains("2 elements"), "{m}");
     let m = first(Arc::new(Nothing));
     assert!(m.contains("neither fill nor fill_sample"), "{m}");
+}
+
+/// A dataset whose `len()` cannot be indexed on this host (its order alone past the host
+/// memory limit) is an error from `order` and the epoch's first item, with and without
+/// shuffling and workers: not a capacity panic or an 8 TiB allocation that aborts.
+#[test]
+fn a_dataset_too_large_to_index_is_an_error() {
+    for n in [usize::MAX, 1 << 40, usize::MAX / 8 + 1] {
+        for (shuffle, workers) in [(false, 0), (true, 0), (true, 2)] {
+            let mut cfg = DataLoaderConfig::new(4);
+            cfg.shuffle = shuffle;
+            cfg.num_workers = workers;
+            let mut dl = DataLoader::new(Arc::new(Numbers(n)), cfg).unwrap();
+            assert_eq!(dl.len(), n.div_ceil(4));
+            let e = dl.order(0).unwrap_err().to_string();
+            assert!(
+                e.contains("too large to index") && e.contains(&n.to_string()),
+                "{e}"
+            );
+            let mut epoch = dl.epoch(0);
+            let e = epoch.next().unwrap().err().expect("an error").to_string();
+            assert!(e.contains("too large to index"), "{e}");
+            assert!(epoch.next().is_none());
+        }
+    }
+    // A dataset that fits still shuffles as before: a permutation.
+    let mut cfg = DataLoaderConfig::new(4);
+    cfg.shuffle = true;
+    let dl = DataLoader::new(Arc::new(Numbers(1001)), cfg).unwrap();
+    let mut order = dl.order(3).unwrap();
+    assert_ne!(order, (0..1001).collect::<Vec<_>>());
+    order.sort_unstable();
+    assert_eq!(order, (0..1001).collect::<Vec<_>>());
 }

@@ -116,7 +116,9 @@ fn is(got: Result<Tensor>, dtype: DType, want: &[f64], what: &str) {
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
     let v = vals(&got);
     let same = v.len() == want.len()
-        && v.iter().zip(want).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+        && v.iter()
+            .zip(want)
+            .all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
     assert!(same, "{what}: {v:?}, want {want:?}");
 }
 
@@ -128,9 +130,19 @@ fn a_scalar_on_the_left_promotes_as_on_the_right() {
     for int in [DType::I64, DType::U8] {
         let x = typed(&[1.0, 2.0], int);
         is(2.5 / &x, DType::F32, &[2.5, 1.25], "2.5 / int");
-        is(f64::NAN / &x, DType::F32, &[f64::NAN, f64::NAN], "NaN / int");
+        is(
+            f64::NAN / &x,
+            DType::F32,
+            &[f64::NAN, f64::NAN],
+            "NaN / int",
+        );
         is(1.0 - &x, DType::F32, &[0.0, -1.0], "1.0 - int");
-        is(x.sub(1.0).and_then(|t| t.neg()), DType::F32, &[0.0, -1.0], "-(int - 1.0)");
+        is(
+            x.sub(1.0).and_then(|t| t.neg()),
+            DType::F32,
+            &[0.0, -1.0],
+            "-(int - 1.0)",
+        );
         is(2.5 * &x, DType::F32, &[2.5, 5.0], "2.5 * int");
         is(0.5 + &x, DType::F32, &[1.5, 2.5], "0.5 + int");
         // The same as the scalar on the right where the operation commutes.
@@ -138,16 +150,36 @@ fn a_scalar_on_the_left_promotes_as_on_the_right() {
         same(0.5 + &x, &x + 0.5, "0.5 + int");
     }
     let q = (0.5f32 / 200.0f32) as f64;
-    is(0.5 / &typed(&[200.0], DType::U8), DType::F32, &[q], "0.5 / u8");
+    is(
+        0.5 / &typed(&[200.0], DType::U8),
+        DType::F32,
+        &[q],
+        "0.5 / u8",
+    );
     // Negation keeps an integer dtype, wrapping as PyTorch's does.
-    is(-&typed(&[1.0, -2.0], DType::I64), DType::I64, &[-1.0, 2.0], "-i64");
-    is(-&typed(&[200.0, 0.0], DType::U8), DType::U8, &[56.0, 0.0], "-u8");
+    is(
+        -&typed(&[1.0, -2.0], DType::I64),
+        DType::I64,
+        &[-1.0, 2.0],
+        "-i64",
+    );
+    is(
+        -&typed(&[200.0, 0.0], DType::U8),
+        DType::U8,
+        &[56.0, 0.0],
+        "-u8",
+    );
     // Low-precision floats: computed wide, rounded once.
     for low in [DType::F16, DType::BF16] {
         let x = typed(&[1000.0, 0.5], low);
         let want = |v: f64| vals(&typed(&[v], low))[0];
         is(1e6 / &x, low, &[1000.0, want(2e6)], "1e6 / low");
-        is(70000.0 - &typed(&[10000.0], low), low, &[want(60000.0)], "70000 - low");
+        is(
+            70000.0 - &typed(&[10000.0], low),
+            low,
+            &[want(60000.0)],
+            "70000 - low",
+        );
         same(3.0 * &x, &x * 3.0, "3 * low");
     }
     // f32 and f64 divide in their own dtype.

@@ -3,7 +3,7 @@
 
 use super::host::{Batch, DeviceBatches, HostBatch, PinTarget};
 use super::Dataset;
-use crate::random::Generator;
+use crate::random::philox_block;
 use crate::{Device, Error, Result};
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -176,34 +176,52 @@ impl DataLoader {
     }
 
     /// The sample order of `epoch`: a seeded permutation when shuffling, else `0..len`.
-    pub fn order(&self, epoch: usize) -> Vec<usize> {
+    ///
+    /// A dataset too large to index on this host (its order alone past the host memory
+    /// limit, see [`crate::memory::host_memory_limit`]) is an error, not an abort.
+    pub fn order(&self, epoch: usize) -> Result<Vec<usize>> {
         let n = self.dataset.len();
-        let mut idx: Vec<usize> = (0..n).collect();
+        let mut idx: Vec<usize> = crate::backend::host::try_vec(n).map_err(|e| {
+            Error::invalid(
+                "DataLoader",
+                format!("a dataset of {n} samples is too large to index on this host: {e}"),
+            )
+        })?;
+        idx.extend(0..n);
         if self.cfg.shuffle {
-            let mut g =
-                Generator::new(self.cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let r = g.next_u32s(2 * n);
+            // Fisher-Yates from the top, each swap drawing the two words 2i and 2i + 1 of the
+            // epoch's Philox stream (four words a block), made as the loop reaches them.
+            let seed = self.cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             for i in (1..n).rev() {
-                let v = ((r[2 * i] as u64) << 32) | r[2 * i + 1] as u64;
+                let block = philox_block(seed, (i / 2) as u64);
+                let lane = 2 * (i % 2);
+                let v = ((block[lane] as u64) << 32) | block[lane + 1] as u64;
                 idx.swap(i, (v % (i as u64 + 1)) as usize);
             }
         }
-        idx
+        Ok(idx)
     }
 
-    /// Iterates over the batches of `epoch` in order (host batches as CPU tensors).
+    /// Iterates over the batches of `epoch` in order (host batches as CPU tensors). An
+    /// epoch that cannot be ordered yields its error once.
     pub fn epoch(&mut self, epoch: usize) -> EpochIter<'_> {
         self.generation += 1;
-        let order = self.order(epoch);
-        let bs = self.cfg.batch_size;
-        let batches: Vec<Vec<usize>> = order
-            .chunks(bs)
-            .take(self.len())
-            .map(|c| c.to_vec())
-            .collect();
+        let (batches, failed) = match self.order(epoch) {
+            Ok(order) => {
+                let bs = self.cfg.batch_size;
+                let batches = order
+                    .chunks(bs)
+                    .take(self.len())
+                    .map(|c| c.to_vec())
+                    .collect();
+                (batches, None)
+            }
+            Err(e) => (Vec::new(), Some(e)),
+        };
         EpochIter {
             dl: self,
             batches,
+            failed,
             next_submit: 0,
             next_yield: 0,
             ready: BTreeMap::new(),
@@ -263,6 +281,8 @@ impl Drop for DataLoader {
 pub struct EpochIter<'a> {
     dl: &'a mut DataLoader,
     batches: Vec<Vec<usize>>,
+    /// Why the epoch has no batches, yielded once.
+    failed: Option<Error>,
     next_submit: usize,
     next_yield: usize,
     ready: BTreeMap<usize, Result<HostBatch>>,
@@ -271,6 +291,9 @@ pub struct EpochIter<'a> {
 impl<'a> EpochIter<'a> {
     /// The next batch's host buffers (before they become tensors).
     pub fn next_host(&mut self) -> Option<Result<HostBatch>> {
+        if let Some(e) = self.failed.take() {
+            return Some(Err(e));
+        }
         if self.next_yield >= self.batches.len() {
             return None;
         }
@@ -361,7 +384,7 @@ impl Iterator for EpochIter<'_> {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.batches.len() - self.next_yield;
+        let n = self.batches.len() - self.next_yield + usize::from(self.failed.is_some());
         (n, Some(n))
     }
 }

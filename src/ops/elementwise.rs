@@ -293,7 +293,10 @@ impl Tensor {
             DType::U8 => {
                 let wide = self.to_dtype(DType::I64)?;
                 let nonzero = self.ne(0.0)?.to_dtype(DType::I64)?;
-                wide.mul(-1i64)?.add(256i64)?.mul(&nonzero)?.to_dtype(DType::U8)
+                wide.mul(-1i64)?
+                    .add(256i64)?
+                    .mul(&nonzero)?
+                    .to_dtype(DType::U8)
             }
             d if !d.is_float() => Tensor::zeros(self.shape(), d, self.device())?.sub(self),
             _ => self.unary(UnaryOp::Neg),

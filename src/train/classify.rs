@@ -84,7 +84,8 @@ impl Accumulation {
 /// by the group's size is backpropagated (gradients add up on the parameters), and the
 /// optimizer and scaler step, then the gradients clear, once `acc` has seen its micro-batches
 /// or at the `last` batch of an epoch (a short final group). Returns the micro-batch's mean
-/// loss (undivided) and its correct predictions.
+/// loss (undivided) and its correct predictions. A step that fails ends its group too: the
+/// error is returned, and the next call starts a new group from cleared gradients.
 ///
 /// ```
 /// use mantissa::amp::GradScaler;
@@ -126,10 +127,18 @@ pub fn classify_micro_step(
     };
     scaler.scale(&part)?.backward()?;
     acc.seen += 1;
-    if acc.seen == acc.every || last {
-        scaler.step(opt)?;
-        scaler.update()?;
+    if acc.seen >= acc.every || last {
+        // The group ends here whether its step succeeds or not: after a failed step the next
+        // call clears the gradients and starts a new group.
         acc.seen = 0;
+        if let Err(e) = scaler.step(opt) {
+            // The scaler's iteration ends too (it forgets that it unscaled this optimizer's
+            // gradients), so the next group's gradients are unscaled in their turn. The
+            // step's error is the one to report.
+            let _ = scaler.update();
+            return Err(e);
+        }
+        scaler.update()?;
     }
     Ok((loss, hits(&logits, y)?))
 }
