@@ -335,7 +335,7 @@ impl Run<'_> {
         let (x, y) = random_batch(b, len, 256, self.device, g)?;
         let total = args.warmup + args.steps;
         let cycle = OneCycle::new(args.lr, total);
-        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT));
+        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT))?;
         // Profiled steps run after the timed ones (profiling adds an event pair per launch).
         let extra = match args.run.profile > 0 {
             true => args.run.profile_warmup + args.run.profile,
@@ -398,7 +398,7 @@ impl Run<'_> {
         let mut test_dl = DataLoader::new(windows(test, args.seq_len), cfg)?;
         let steps = train_dl.len();
         let cycle = OneCycle::new(args.lr, args.epochs * steps);
-        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT));
+        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT))?;
         let mut log = MetricsLog::default();
         let bits = |nats: f64| nats / std::f64::consts::LN_2;
         for epoch in 0..args.epochs {

@@ -268,7 +268,7 @@ fn run(args: Args) -> Result<()> {
         },
     )?;
     let cycle = OneCycle::new(lr, epochs * train_dl.len());
-    let mut profile = common::StepProfile::new(&args.run, &out);
+    let mut profile = common::StepProfile::new(&args.run, &out)?;
     let mut acc = Accumulation::new(args.run.accumulate)?;
     let steps = train_dl.len();
     for epoch in start_epoch..epochs {
@@ -337,7 +337,14 @@ fn run(args: Args) -> Result<()> {
     }
     common::print_peak_memory("mantissa training", device)?;
     profile.finish()?;
-    println!("metrics and curves in {}", out.display());
+    if start_epoch >= epochs {
+        println!(
+            "no epoch was run (--epochs {epochs}, starting after epoch {start_epoch}): no \
+             metrics or curves written"
+        );
+    } else {
+        println!("metrics and curves in {}", out.display());
+    }
     Ok(())
 }
 

@@ -213,7 +213,7 @@ fn train_mnist(
     let mut test_dl = DataLoader::new(Arc::new(test), test_cfg)?;
     let steps = train_dl.len();
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
-    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR));
+    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR))?;
     let mut acc = Accumulation::new(args.run.accumulate)?;
     let mut log = MetricsLog::default();
     for epoch in 0..args.epochs {
@@ -249,7 +249,10 @@ fn train_mnist(
         log.write_csv(&out.join("metrics.csv"))?;
         plot_metrics(&log, &out.join("curves.png"))?;
     }
-    println!("metrics and curves in {TRACE_DIR}");
+    match log.epochs.is_empty() {
+        true => println!("no epoch was run (--epochs 0): no metrics or curves written"),
+        false => println!("metrics and curves in {TRACE_DIR}"),
+    }
     profile.finish()
 }
 
@@ -294,7 +297,7 @@ fn throughput(
     let mut start = Instant::now();
     let mut last = 0.0;
     // Profiled steps run after the timed ones: profiling adds an event pair per launch.
-    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR));
+    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR))?;
     for step in 0..args.warmup + args.steps {
         let (loss, _) = classify_step(net, opt, scaler, low, &x, &y)?;
         // Reading the loss waits for the device: the clock starts after the warm-up's work.

@@ -152,11 +152,18 @@ fn every_random_draw_replays_when_a_checkpoint_recomputes() {
 
 /// `p`'s gradient of `sum(f(w) + g(w))` with `w = 3 p` computed outside, each of `f` and `g`
 /// checkpointed or not.
-fn shared_weight(ck: [bool; 2], shared_input: bool) -> Vec<f64> {
+fn shared_weight(ck: [bool; 2], shared_input: bool, low: Option<DType>) -> Vec<f64> {
     let p = param(vec![0.5, -1.0, 2.0]);
     let x = param(vec![1.0, 2.0, 3.0]);
     let w = p.mul(3.0).unwrap();
-    let f = |x: &Tensor, w: &Tensor| x.mul(w)?.tanh();
+    let _ac = low.map(|d| amp::autocast(d).unwrap());
+    // tanh(x w) + x . w (a product autocast runs in the low dtype).
+    let f = |x: &Tensor, w: &Tensor| {
+        let dot = x.reshape(&[1, 3])?.matmul(&w.reshape(&[3, 1])?)?;
+        x.mul(w)?
+            .tanh()?
+            .add(&dot.reshape(&[1])?.to_dtype(DType::F32)?)
+    };
     let g = |x: &Tensor, w: &Tensor| x.add(w)?.sqr()?.sin();
     let one = |on: bool, k: usize| {
         let wc = w.clone();
@@ -177,6 +184,7 @@ fn shared_weight(ck: [bool; 2], shared_input: bool) -> Vec<f64> {
     let y = one(ck[0], 0).add(&one(ck[1], 1)).unwrap();
     // A use of w outside every checkpoint too.
     let y = y.add(&w.mul(0.25).unwrap()).unwrap();
+    drop(_ac);
     y.sum_all().unwrap().backward().unwrap();
     let mut out = grad(&p);
     out.extend(grad(&x));
@@ -185,11 +193,13 @@ fn shared_weight(ck: [bool; 2], shared_input: bool) -> Vec<f64> {
 
 #[test]
 fn a_tensor_made_outside_reaches_its_parameter_once() {
-    for shared_input in [false, true] {
-        let plain = shared_weight([false, false], shared_input);
-        for ck in [[true, false], [false, true], [true, true]] {
-            let got = shared_weight(ck, shared_input);
-            assert_close(&got, &plain, 1e-6, &format!("{ck:?} {shared_input}"));
+    for low in [None, Some(DType::F16)] {
+        for shared_input in [false, true] {
+            let plain = shared_weight([false, false], shared_input, low);
+            for ck in [[true, false], [false, true], [true, true]] {
+                let got = shared_weight(ck, shared_input, low);
+                assert_eq!(got, plain, "{ck:?} shared input {shared_input}, {low:?}");
+            }
         }
     }
     // Nested: the inner checkpoint captures the outer's captured weight.
@@ -309,4 +319,36 @@ fn draws_autograd_and_checkpoints_from_rayon_tasks() {
             assert!(graphs.iter().all(|&g| g), "{graphs:?}");
         });
     }
+}
+
+/// One batch norm (training mode) and one dropout used by two checkpointed segments: the
+/// running statistics each forward updates are the module's own state, not a tensor read
+/// and then changed, so backward runs, and the gradients are the plain ones.
+#[test]
+fn a_module_shared_by_two_checkpoints_trains_as_without_them() {
+    use mantissa::nn::{BatchNorm2d, Dropout, Module};
+    let run = |ckpt: bool| {
+        let bn = Arc::new(BatchNorm2d::new(4).unwrap());
+        let drop = Arc::new(Dropout::new(0.3, 9));
+        let x = f32s(&[3, 4, 2, 2], 1).requires_grad(true).unwrap();
+        let seg = {
+            let (bn, drop) = (bn.clone(), drop.clone());
+            move |xs: &[Tensor]| drop.forward(&bn.forward(&xs[0])?.tanh()?)
+        };
+        let seg2 = seg.clone();
+        let h = match ckpt {
+            true => checkpoint(&[&x], seg).unwrap(),
+            false => seg(&[x.clone()]).unwrap(),
+        };
+        let y = match ckpt {
+            true => checkpoint(&[&h], seg2).unwrap(),
+            false => seg2(&[h.clone()]).unwrap(),
+        };
+        y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let mut out = grad(&x);
+        out.extend(bn.parameters().iter().flat_map(grad));
+        out.extend(bn.named_buffers().iter().flat_map(|(_, t)| vals(t)));
+        out
+    };
+    assert_eq!(run(true), run(false));
 }

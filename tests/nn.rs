@@ -396,3 +396,100 @@ fn residual_blocks_add_their_branches_and_pass_modes_on() {
         "{e}"
     );
 }
+
+/// A user's module written as the docs show (forward, visit, visit_mut, no set_training):
+/// `fc1 -> dropout -> batch norm over the features -> fc2`.
+struct Net {
+    fc1: Linear,
+    drop: Dropout,
+    bn: BatchNorm2d,
+    fc2: Linear,
+}
+
+impl Net {
+    fn new(seed: u64) -> Net {
+        let mut g = Generator::new(seed);
+        Net {
+            fc1: Linear::new(6, 8, true, &mut g).unwrap(),
+            drop: Dropout::new(0.5, seed),
+            bn: BatchNorm2d::new(8).unwrap(),
+            fc2: Linear::new(8, 3, true, &mut g).unwrap(),
+        }
+    }
+}
+
+impl Module for Net {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.drop.forward(&self.fc1.forward(x)?)?;
+        let n = h.shape()[0];
+        let h = self
+            .bn
+            .forward(&h.reshape(&[n, 8, 1, 1])?)?
+            .reshape(&[n, 8])?;
+        self.fc2.forward(&h)
+    }
+    fn visit(&self, p: &str, f: &mut Visitor) {
+        self.fc1.visit(&format!("{p}fc1."), f);
+        self.drop.visit(&format!("{p}drop."), f);
+        self.bn.visit(&format!("{p}bn."), f);
+        self.fc2.visit(&format!("{p}fc2."), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        self.fc1.visit_mut(&format!("{p}fc1."), f)?;
+        self.drop.visit_mut(&format!("{p}drop."), f)?;
+        self.bn.visit_mut(&format!("{p}bn."), f)?;
+        self.fc2.visit_mut(&format!("{p}fc2."), f)
+    }
+}
+
+/// Whether `m` is in training mode, seen from outside: two forwards of the same batch
+/// differ (dropout draws anew) and the batch norm's running mean moves.
+fn trains(m: &dyn Module, running_mean: &Tensor) -> bool {
+    let x = f32s(&[5, 6], 3);
+    let before = vals(running_mean);
+    let (a, b) = (vals(&m.forward(&x).unwrap()), vals(&m.forward(&x).unwrap()));
+    let moved = vals(running_mean) != before;
+    assert_eq!(a != b, moved, "dropout and batch norm in one mode");
+    moved
+}
+
+#[test]
+fn eval_and_train_reach_the_children_of_a_users_module() {
+    let mut net = Net::new(1);
+    let rm = |n: &Net| n.bn.named_buffers()[0].1.clone();
+    assert!(trains(&net, &rm(&net)));
+    net.eval();
+    assert!(
+        !trains(&net, &rm(&net)),
+        "eval() reaches the dropout and the batch norm"
+    );
+    net.train();
+    assert!(trains(&net, &rm(&net)));
+    // Inside a Sequential, and holding a Sequential.
+    let inner = Net::new(2);
+    let bn = rm(&inner);
+    let mut seq = Sequential::new().push(inner).push(Activation::Tanh);
+    seq.eval();
+    assert!(!trains(&seq, &bn));
+    seq.train();
+    assert!(trains(&seq, &bn));
+    struct Outer(Sequential);
+    impl Module for Outer {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            self.0.forward(x)
+        }
+        fn visit(&self, p: &str, f: &mut Visitor) {
+            self.0.visit(p, f)
+        }
+        fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+            self.0.visit_mut(p, f)
+        }
+    }
+    let inner = Net::new(3);
+    let bn = rm(&inner);
+    let mut outer = Outer(Sequential::new().push(inner));
+    outer.eval();
+    assert!(!trains(&outer, &bn));
+    outer.train();
+    assert!(trains(&outer, &bn));
+}

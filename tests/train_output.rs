@@ -110,3 +110,84 @@ fn progress_reads_device_sums_every_few_steps() {
     );
     assert_eq!(host.accuracy(), dev.accuracy());
 }
+
+/// Plots `log` on another thread: the PNG's bytes, or a failure after 60 s (a plot that
+/// spins must fail the test, not hang it).
+#[cfg(feature = "train-ui")]
+fn plot_within_a_minute(log: MetricsLog, name: &str) -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!("mantissa-plot-nan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{name}.png"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let q = p.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(mantissa::train::plot_metrics(&log, &q));
+    });
+    let done = rx.recv_timeout(std::time::Duration::from_secs(60));
+    done.unwrap_or_else(|_| panic!("{name}: the plot did not finish in 60 s"))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{name}");
+    bytes
+}
+
+/// Losses that are all NaN, partly NaN or infinite, or finite but huge, plot and return
+/// (all NaN used to spin for ever in the axis' tick computation); a NaN is not drawn as the
+/// lowest loss.
+#[cfg(feature = "train-ui")]
+#[test]
+fn non_finite_losses_plot_and_return() {
+    let with = |losses: &[f64]| {
+        let mut l = MetricsLog::default();
+        for (i, &v) in losses.iter().enumerate() {
+            let mut m = log().epochs[i % 3].clone();
+            m.epoch = i + 1;
+            (m.train_loss, m.test_loss) = (v, v * 1.1);
+            l.push(m);
+        }
+        l
+    };
+    let cases: [(&str, &[f64]); 6] = [
+        ("all-nan", &[f64::NAN, f64::NAN, f64::NAN]),
+        ("one-nan-epoch", &[f64::NAN]),
+        ("inf", &[2.0, f64::INFINITY, f64::NEG_INFINITY]),
+        ("huge", &[1e300, -1e300, 0.5]),
+        ("flat", &[0.25, 0.25]),
+        ("nan-then-finite", &[1.0, f64::NAN, 0.5, 0.25]),
+    ];
+    for (name, losses) in cases {
+        plot_within_a_minute(with(losses), name);
+    }
+    let nan = plot_within_a_minute(with(&[1.0, f64::NAN, 0.5, 0.25]), "gap");
+    let low = plot_within_a_minute(with(&[1.0, 0.25, 0.5, 0.25]), "bottom");
+    assert_ne!(nan, low, "a NaN loss is drawn apart from the lowest one");
+}
+
+/// A loss that becomes non-finite is reported once, at its step with host losses and within
+/// the read window with the sums kept as tensors.
+#[test]
+fn progress_reports_the_step_where_the_loss_became_non_finite() {
+    use mantissa::train::EpochProgress;
+    use mantissa::{DType, Device, Tensor};
+    for bad in [f64::NAN, f64::INFINITY] {
+        let (mut host, mut dev) = (EpochProgress::new("h", 60), EpochProgress::new("d", 60));
+        for k in 1..=60 {
+            let loss = if k >= 31 { bad } else { 0.5 };
+            host.step(4, loss, 1.0);
+            let l = Tensor::scalar(loss, DType::F32, Device::Cpu).unwrap();
+            let h = Tensor::scalar(1.0, DType::F32, Device::Cpu).unwrap();
+            dev.step_tensors(4, &l, &h).unwrap();
+            if k == 30 {
+                assert_eq!(
+                    (host.first_non_finite(), dev.first_non_finite()),
+                    (None, None)
+                );
+            }
+        }
+        dev.finish().unwrap();
+        assert_eq!(host.first_non_finite(), Some((31, 31)));
+        // Sums are read after steps 25 and 50: the first non-finite one is in 26..=50.
+        assert_eq!(dev.first_non_finite(), Some((26, 50)));
+        assert!(!host.loss().is_finite());
+    }
+}

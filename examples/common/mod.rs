@@ -174,15 +174,17 @@ pub struct StepProfile {
 }
 
 impl StepProfile {
-    /// What `flags` ask for; `trace.json` goes into `dir`.
-    pub fn new(flags: &RunFlags, dir: &Path) -> StepProfile {
-        StepProfile {
+    /// What `flags` ask for; `trace.json` goes into `dir`. Without warm-up steps the profile
+    /// starts here, before the first step.
+    pub fn new(flags: &RunFlags, dir: &Path) -> Result<StepProfile> {
+        let start_now = flags.profile > 0 && flags.profile_warmup == 0;
+        Ok(StepProfile {
             want: flags.profile,
             warmup: flags.profile_warmup,
             seen: 0,
-            running: None,
+            running: start_now.then(Profiler::start).transpose()?,
             dir: dir.to_path_buf(),
-        }
+        })
     }
 
     /// Marks the end of a training step (call after the optimizer step).

@@ -54,6 +54,14 @@ pub fn checkpoint(
         unreachable!("a record frame stays one")
     };
     let out = out?.detach();
+    // What `f` wrote itself while it ran (a batch norm's running statistics, in training
+    // mode) is state it updates, not an input of the recomputation: only what it read
+    // unchanged is checked.
+    let reads: Vec<Tensor> = reads
+        .into_iter()
+        .filter(|(t, v)| t.version() == *v)
+        .map(|(t, _)| t)
+        .collect();
     if !out.dtype().is_float() {
         // No gradient flows through an integer output (PyTorch's non-differentiable output).
         return Ok(out);

@@ -25,8 +25,9 @@ pub(crate) struct Draw {
 #[derive(Default)]
 pub(crate) struct Recording {
     pub draws: Vec<Draw>,
-    /// Tensors made before the frame opened that an op read, each once.
-    pub reads: Vec<Tensor>,
+    /// Tensors made before the frame opened that an op read, each once, with their
+    /// versions when first read.
+    pub reads: Vec<(Tensor, u64)>,
     seen: HashSet<u64>,
     /// The first tensor id made after the frame opened: lower ids come from outside.
     boundary: u64,
@@ -153,7 +154,7 @@ pub(crate) fn note_reads<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) {
             for fr in frames.iter_mut() {
                 if let Frame::Record(rec) = fr {
                     if t.id() < rec.boundary && rec.seen.insert(t.id()) {
-                        rec.reads.push(t.clone());
+                        rec.reads.push((t.clone(), t.version()));
                     }
                 }
             }

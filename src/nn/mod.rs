@@ -32,6 +32,17 @@ pub enum TensorKind {
     Generator,
 }
 
+thread_local! {
+    /// The mode [`Module::set_training`]'s default walk is setting on this thread.
+    static MODE_BEING_SET: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Inside [`Module::set_training`]'s default walk, the mode it sets: a module with a mode of
+/// its own takes it at the start of its `visit_mut`.
+pub(crate) fn mode_being_set() -> Option<bool> {
+    MODE_BEING_SET.with(|m| m.get())
+}
+
 /// Callback of [`Module::visit`]: dotted name, tensor, kind.
 pub type Visitor<'a> = dyn FnMut(String, &Tensor, TensorKind) + 'a;
 /// Callback of [`Module::visit_mut`].
@@ -61,7 +72,23 @@ pub trait Module: Send + Sync {
     fn visit_mut(&mut self, prefix: &str, f: &mut VisitorMut) -> Result<()>;
 
     /// Switches training mode (dropout, batch statistics) on or off, children included.
-    fn set_training(&mut self, _on: bool) {}
+    ///
+    /// The default walks [`Module::visit_mut`], the traversal that finds the parameters:
+    /// every module with a mode of its own ([`Dropout`], [`BatchNorm2d`]) takes the new mode
+    /// as the walk reaches it, so a module that forwards `visit_mut` to its children switches
+    /// them without writing this method.
+    fn set_training(&mut self, on: bool) {
+        /// Puts back the mode an enclosing walk was setting, if any.
+        struct Restore(Option<bool>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let _ = MODE_BEING_SET.try_with(|m| m.set(self.0));
+            }
+        }
+        let _restore = Restore(MODE_BEING_SET.with(|m| m.replace(Some(on))));
+        // The walk only switches modes; it touches no tensor, so it cannot fail.
+        let _ = self.visit_mut("", &mut |_, _, _| Ok(()));
+    }
 
     /// `relu(self.forward(x))` in one fused op, for modules that have one (a Linear with a
     /// bias: [`Tensor::linear_relu`]); `None` otherwise. [`Sequential`] calls it for a module

@@ -99,6 +99,9 @@ impl Module for BatchNorm2d {
         );
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        if let Some(on) = super::mode_being_set() {
+            self.training = on;
+        }
         f(join(p, "weight"), &mut self.weight, TensorKind::Parameter)?;
         f(join(p, "bias"), &mut self.bias, TensorKind::Parameter)?;
         f(
@@ -205,6 +208,9 @@ impl Module for Dropout {
         f(join(p, "generator"), &self.generator, TensorKind::Generator);
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        if let Some(on) = super::mode_being_set() {
+            self.training = on;
+        }
         f(
             join(p, "generator"),
             &mut self.generator,

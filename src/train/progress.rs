@@ -31,6 +31,8 @@ pub struct EpochProgress {
     plain: bool,
     /// The GPU whose memory is shown.
     device: Option<Device>,
+    /// The steps (1-based, first and last) among which the loss first became non-finite.
+    non_finite: Option<(usize, usize)>,
 }
 
 impl EpochProgress {
@@ -68,6 +70,7 @@ impl EpochProgress {
             total: batches,
             plain,
             device: None,
+            non_finite: None,
         }
     }
 
@@ -103,8 +106,40 @@ impl EpochProgress {
         self.counted += batch;
         self.loss_sum += loss * batch as f64;
         self.hits += correct;
+        if !loss.is_finite() {
+            self.note_non_finite(self.batches, self.batches, loss);
+        }
         self.refresh();
         self.tick();
+    }
+
+    /// Says once that the loss became non-finite (`value`) at steps `first..=last`.
+    fn note_non_finite(&mut self, first: usize, last: usize, value: f64) {
+        if self.non_finite.is_some() {
+            return;
+        }
+        self.non_finite = Some((first, last));
+        let at = match first == last {
+            true => format!("at step {first}"),
+            false => format!("in steps {first}-{last}"),
+        };
+        let msg = format!(
+            "{}: the training loss became non-finite ({value}) {at} of {}",
+            self.label, self.total
+        );
+        #[cfg(feature = "train-ui")]
+        if !self.plain {
+            self.bar.println(msg);
+            return;
+        }
+        println!("{msg}");
+    }
+
+    /// The steps of this epoch (1-based, first and last) among which the loss first became
+    /// NaN or infinite: one step with [`EpochProgress::step`], the steps between two reads
+    /// of the sums with [`EpochProgress::step_tensors`].
+    pub fn first_non_finite(&self) -> Option<(usize, usize)> {
+        self.non_finite
     }
 
     /// Records one step from one-element tensors (mean loss, correct count) without reading
@@ -148,12 +183,16 @@ impl EpochProgress {
     /// Reads the sums [`EpochProgress::step_tensors`] kept on the device (one host read) and
     /// updates the figures.
     pub fn flush(&mut self) -> Result<()> {
-        if let Some((l, c, _, n)) = self.pending.take() {
+        if let Some((l, c, steps, n)) = self.pending.take() {
             let both = Tensor::cat(&[&l.reshape(&[1])?, &c.reshape(&[1])?], 0)?;
             let v = both.to_vec_f64()?;
             self.loss_sum += v[0];
             self.hits += v[1];
             self.counted += n;
+            if !v[0].is_finite() {
+                let last = self.batches;
+                self.note_non_finite(last + 1 - steps, last, v[0]);
+            }
             self.refresh();
         }
         Ok(())
