@@ -16,6 +16,7 @@
 //! ```
 
 pub mod amp;
+mod autocast_state;
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
@@ -24,6 +25,7 @@ pub mod data;
 mod device;
 pub mod dtype;
 mod error;
+mod frames;
 mod fs;
 mod grad_mode;
 pub mod layout;

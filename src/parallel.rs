@@ -33,21 +33,21 @@ impl Drop for ShareGuard {
     }
 }
 
-/// The thread-local modes an op reads (grad mode, autocast and its cast cache, checkpoint
-/// frames, the pending gradient sums of a running backward), taken off this thread for as
-/// long as it lives and put back when dropped.
+/// The thread-local modes an op reads (grad mode, autocast regions, checkpoint frames),
+/// taken off this thread for as long as it lives and put back when dropped.
 ///
 /// A thread waiting in a parallel section (a CPU kernel's rayon loop, a `rayon::join`) runs
 /// other tasks of the pool meanwhile, a user's rayon task among them; without this, that task
-/// would see the waiting op's modes (no grad inside a backward, a checkpoint's recording, a
-/// running backward's pending sums) as its own. Every CPU kernel that enters a parallel
-/// section opens one first; the pool's share ([`threads`]) stays, as the kernel reads it.
+/// would see the waiting op's modes (no grad inside a backward, an autocast region, a
+/// checkpoint's recording) as its own. Every CPU kernel opens one before it enters a parallel
+/// section; the pool's share ([`threads`]) stays, as the kernel reads it. (The pending sums of
+/// a running backward, `autograd::pending`, need none: a backward pushes its own frame before
+/// its nodes can take from the top one.)
 #[must_use = "the modes come back when the guard is dropped"]
 pub(crate) struct Isolated {
     grad: Option<crate::scope::Stashed<bool>>,
-    amp: Option<crate::amp::Stash>,
-    frames: Option<crate::autograd::frames::Stash>,
-    pending: Option<crate::autograd::pending::Stash>,
+    autocast: Option<crate::scope::Stashed<crate::autocast_state::State>>,
+    frames: Option<crate::frames::Stash>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -55,9 +55,8 @@ impl Isolated {
     pub(crate) fn new() -> Isolated {
         Isolated {
             grad: Some(crate::grad_mode::stash()),
-            amp: Some(crate::amp::stash()),
-            frames: Some(crate::autograd::frames::stash()),
-            pending: Some(crate::autograd::pending::stash()),
+            autocast: Some(crate::autocast_state::stash()),
+            frames: Some(crate::frames::stash()),
             _not_send: std::marker::PhantomData,
         }
     }
@@ -65,14 +64,11 @@ impl Isolated {
 
 impl Drop for Isolated {
     fn drop(&mut self) {
-        if let Some(s) = self.pending.take() {
-            crate::autograd::pending::unstash(s);
-        }
         if let Some(s) = self.frames.take() {
-            crate::autograd::frames::unstash(s);
+            crate::frames::unstash(s);
         }
-        if let Some(s) = self.amp.take() {
-            crate::amp::unstash(s);
+        if let Some(s) = self.autocast.take() {
+            crate::autocast_state::unstash(s);
         }
         if let Some(s) = self.grad.take() {
             crate::grad_mode::unstash(s);

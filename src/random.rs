@@ -97,7 +97,7 @@ impl Generator {
     /// and the generator stays where it is.
     pub(crate) fn stream(&mut self, blocks: u64) -> (u64, u64) {
         let seed = self.seed;
-        crate::autograd::frames::draw(seed, blocks, || self.reserve(blocks))
+        crate::frames::draw(seed, blocks, || self.reserve(blocks))
     }
 
     /// `n` u32 words, advancing the stream.
@@ -178,7 +178,7 @@ pub fn with_default_generator<R>(f: impl FnOnce(&mut Generator) -> R) -> R {
 /// reserved under a borrow that ends before anything else runs.
 pub(crate) fn default_stream(blocks: u64) -> (u64, u64) {
     let seed = DEFAULT.with(|d| d.borrow().seed);
-    crate::autograd::frames::draw(seed, blocks, || {
+    crate::frames::draw(seed, blocks, || {
         DEFAULT.with(|d| d.borrow_mut().reserve(blocks))
     })
 }

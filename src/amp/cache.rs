@@ -6,21 +6,8 @@ use crate::{DType, Result, Tensor};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-/// Cached casts by (tensor id, storage version, dtype).
-pub(super) type Entries = HashMap<(u64, u64, DType), Tensor>;
-
 thread_local! {
-    static CACHE: RefCell<Entries> = RefCell::new(HashMap::new());
-}
-
-/// Takes this thread's cached casts (see `super::stash`).
-pub(super) fn take() -> Entries {
-    CACHE.with(|c| std::mem::take(&mut *c.borrow_mut()))
-}
-
-/// Puts back what [`take`] took, replacing what was cached since.
-pub(super) fn put_back(entries: Entries) {
-    let _ = CACHE.try_with(|c| *c.borrow_mut() = entries);
+    static CACHE: RefCell<HashMap<(u64, u64, DType), Tensor>> = RefCell::new(HashMap::new());
 }
 
 pub(super) fn clear() {

@@ -22,27 +22,9 @@ mod scaler;
 pub use cache::cached_casts;
 pub use scaler::{GradScaler, GradScalerConfig};
 
-use crate::scope::{ScopeEntry, ScopeStack, Stashed};
+use crate::autocast_state::State;
+use crate::scope::ScopeEntry;
 use crate::{DType, Device, Error, Result};
-use std::cell::{Cell, RefCell};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct State {
-    enabled: bool,
-    dtype: DType,
-}
-
-/// Outside every region: autocast off.
-const DEFAULT: State = State {
-    enabled: false,
-    dtype: DType::F16,
-};
-
-thread_local! {
-    /// The state in force: a cache of [`REGIONS`]'s top, read at every op's dispatch.
-    static STATE: Cell<State> = const { Cell::new(DEFAULT) };
-    static REGIONS: RefCell<ScopeStack<State>> = const { RefCell::new(ScopeStack::new()) };
-}
 
 /// Keeps an autocast region (or an [`autocast_disabled`] hole in one) open until dropped.
 ///
@@ -65,22 +47,19 @@ pub struct AutocastGuard {
     entry: ScopeEntry<State>,
 }
 
-fn set_state(top: Option<State>) {
-    let _ = STATE.try_with(|s| s.set(top.unwrap_or(DEFAULT)));
-    if top.is_none() {
-        cache::clear();
-    }
-}
-
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
-        self.entry.pop(set_state);
+        crate::autocast_state::leave(&self.entry);
+        // The weight casts live as long as some region is open on the thread.
+        if crate::autocast_state::outside_regions() {
+            cache::clear();
+        }
     }
 }
 
 fn enter(enabled: bool, dtype: DType) -> AutocastGuard {
     AutocastGuard {
-        entry: ScopeEntry::push(&REGIONS, State { enabled, dtype }, set_state),
+        entry: crate::autocast_state::enter(State { enabled, dtype }),
     }
 }
 
@@ -96,32 +75,9 @@ pub fn autocast(dtype: DType) -> Result<AutocastGuard> {
     Ok(enter(true, dtype))
 }
 
-/// This thread's autocast regions and weight-cast cache, taken off it while it waits in a
-/// parallel section (see `crate::parallel::Isolated`).
-pub(crate) struct Stash {
-    regions: Stashed<State>,
-    cache: cache::Entries,
-}
-
-/// Takes this thread's autocast regions and cast cache off it (autocast off, as on a fresh
-/// thread).
-pub(crate) fn stash() -> Stash {
-    let cache = cache::take();
-    Stash {
-        regions: crate::scope::stash(&REGIONS, set_state),
-        cache,
-    }
-}
-
-/// Puts back what [`stash`] took; casts cached meanwhile are dropped.
-pub(crate) fn unstash(saved: Stash) {
-    crate::scope::unstash(&REGIONS, saved.regions, set_state);
-    cache::put_back(saved.cache);
-}
-
 /// Opens a region where autocast is off (inside an enabled one: `enabled=False`).
 pub fn autocast_disabled() -> AutocastGuard {
-    let cur = STATE.with(|s| s.get());
+    let cur = crate::autocast_state::current();
     enter(false, cur.dtype)
 }
 
@@ -133,7 +89,7 @@ pub fn with_autocast<R>(dtype: DType, f: impl FnOnce() -> R) -> Result<R> {
 
 /// The low dtype when autocast is active on this thread.
 pub fn active_dtype() -> Option<DType> {
-    let s = STATE.with(|s| s.get());
+    let s = crate::autocast_state::current();
     s.enabled.then_some(s.dtype)
 }
 

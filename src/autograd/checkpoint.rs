@@ -2,7 +2,7 @@
 //! not kept for backward; backward runs the function again, recording this time, and
 //! backpropagates through the recomputation.
 
-use super::frames::{with_frame, Frame, Recording, Replaying};
+use crate::frames::{with_frame, Frame, Recording, Replaying};
 use crate::grad_mode::EnableGradGuard;
 use crate::{is_grad_enabled, no_grad, Error, Result, Tensor};
 
@@ -59,8 +59,9 @@ pub fn checkpoint(
     // unchanged is checked.
     let reads: Vec<Tensor> = reads
         .into_iter()
-        .filter(|(t, v)| t.version() == *v)
-        .map(|(t, _)| t)
+        .filter_map(|r| r.downcast::<(Tensor, u64)>().ok())
+        .filter(|r| r.0.version() == r.1)
+        .map(|r| r.0)
         .collect();
     if !out.dtype().is_float() {
         // No gradient flows through an integer output (PyTorch's non-differentiable output).

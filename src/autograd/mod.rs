@@ -6,7 +6,7 @@
 //! (saved tensors included), as PyTorch does without `retain_graph`.
 
 pub(crate) mod checkpoint;
-pub(crate) mod frames;
+
 mod function;
 pub(crate) mod join;
 pub(crate) mod pending;
@@ -42,7 +42,7 @@ impl Tensor {
         saved: &[&Tensor],
         backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
-        frames::note_reads(inputs.iter().copied());
+        note_reads(inputs.iter().copied());
         if !is_grad_enabled() || !inputs.iter().any(|t| t.is_requires_grad()) {
             return self;
         }
@@ -58,7 +58,7 @@ impl Tensor {
         saved: &[&Tensor],
         backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
-        frames::note_reads(inputs.iter().copied());
+        note_reads(inputs.iter().copied());
         if !is_grad_enabled() {
             return self;
         }
@@ -230,6 +230,17 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor
         }
         grads.retain(|id, _| *id < inside);
         Ok(grads)
+    }
+}
+
+/// Notes, inside a checkpoint's forward, the tensors an op reads: each made outside the
+/// checkpoint is kept with its version (see `crate::frames`).
+pub(crate) fn note_reads<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) {
+    if !crate::frames::recording() {
+        return;
+    }
+    for t in tensors {
+        crate::frames::note_read(t.id(), || Box::new((t.clone(), t.version())));
     }
 }
 

@@ -56,20 +56,6 @@ pub(crate) fn take(i: usize, ok: impl FnOnce(&Tensor) -> bool) -> Option<Tensor>
     })
 }
 
-/// This thread's frames, taken off it while it waits in a parallel section.
-pub(crate) struct Stash(Vec<Vec<Option<Tensor>>>);
-
-/// Takes this thread's frames off it: a backward that a task run meanwhile takes a sum from
-/// finds its own frame or none, never the waiting backward's.
-pub(crate) fn stash() -> Stash {
-    Stash(FRAMES.with(|f| std::mem::take(&mut *f.borrow_mut())))
-}
-
-/// Puts back what [`stash`] took.
-pub(crate) fn unstash(saved: Stash) {
-    let _ = FRAMES.try_with(|f| *f.borrow_mut() = saved.0);
-}
-
 #[cfg(test)]
 mod tests {
     use super::take;

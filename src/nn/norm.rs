@@ -39,7 +39,7 @@ impl BatchNorm2d {
     fn forward_fused(&self, x: &Tensor, residual: Option<&Tensor>, relu: bool) -> Result<Tensor> {
         // A checkpoint's recomputation normalises by the batch again but counts it once: the
         // forward already updated the running statistics.
-        let count = self.training && !crate::autograd::frames::recomputing();
+        let count = self.training && !crate::frames::recomputing();
         let keep = !self.training || count;
         // The batch is counted on the tensor's device (no read back per step on a GPU), in
         // the launch that updates the running statistics where it can be.

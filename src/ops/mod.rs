@@ -224,7 +224,7 @@ pub(crate) fn dispatch<const N: usize>(op: Op, inputs: [&Tensor; N]) -> Result<[
         host_holds_view(op.name(), t)?;
     }
     // A checkpoint's forward keeps the tensors from outside that its function reads.
-    crate::autograd::frames::note_reads(inputs.iter().copied());
+    crate::autograd::note_reads(inputs.iter().copied());
     let mut out = inputs.map(|t| t.clone());
     if let Some(low) = crate::amp::active_dtype() {
         // Autocast: only floating, non-f64 inputs change dtype.

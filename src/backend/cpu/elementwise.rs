@@ -15,7 +15,6 @@ fn fill_rows<U: Send, const N: usize>(
     rows: &Rows<N>,
     f: impl Fn(&mut [U], [usize; N]) + Sync,
 ) {
-    let _iso = crate::parallel::Isolated::new();
     let len = rows.len;
     if out.is_empty() || len == 0 {
         return;
@@ -33,6 +32,7 @@ fn fill_rows<U: Send, const N: usize>(
     if out.len() < PAR_MIN {
         out.chunks_mut(per * len).enumerate().for_each(job);
     } else {
+        let _iso = crate::parallel::Isolated::new();
         out.par_chunks_mut(per * len).enumerate().for_each(job);
     }
 }
@@ -43,12 +43,12 @@ pub(crate) fn map1<T: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
     l: &Layout,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
-    let _iso = crate::parallel::Isolated::new();
     if let Some(r) = l.contiguous_range() {
         let src = &src[r];
         return if src.len() < PAR_MIN {
             src.iter().map(|&x| f(x)).collect()
         } else {
+            let _iso = crate::parallel::Isolated::new();
             src.par_iter().with_min_len(CHUNK).map(|&x| f(x)).collect()
         };
     }
@@ -79,13 +79,13 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: bytemuck::Pod + Send + Syn
     lb: &Layout,
     f: impl Fn(A, B) -> U + Sync,
 ) -> Vec<U> {
-    let _iso = crate::parallel::Isolated::new();
     debug_assert_eq!(la.shape(), lb.shape());
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
         return if a.len() < PAR_MIN {
             a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
         } else {
+            let _iso = crate::parallel::Isolated::new();
             (a, b)
                 .into_par_iter()
                 .with_min_len(CHUNK)

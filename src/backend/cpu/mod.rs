@@ -126,12 +126,12 @@ pub(crate) fn per_chunk<U: Send>(
     parallel: bool,
     f: impl Fn(usize, &mut [U]) + Sync,
 ) {
-    let _iso = crate::parallel::Isolated::new();
     if chunk == 0 {
         return;
     }
     if parallel {
         use rayon::prelude::*;
+        let _iso = crate::parallel::Isolated::new();
         out.par_chunks_mut(chunk)
             .enumerate()
             .for_each(|(k, c)| f(k, c));

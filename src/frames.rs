@@ -9,7 +9,7 @@
 //! thread waiting in a parallel section puts them away ([`stash`]) so that a task it picks
 //! up meanwhile sees none.
 
-use crate::Tensor;
+use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashSet, VecDeque};
 
@@ -25,9 +25,10 @@ pub(crate) struct Draw {
 #[derive(Default)]
 pub(crate) struct Recording {
     pub draws: Vec<Draw>,
-    /// Tensors made before the frame opened that an op read, each once, with their
-    /// versions when first read.
-    pub reads: Vec<(Tensor, u64)>,
+    /// What [`note_read`] was given for each tensor made before the frame opened that an op
+    /// read, once per tensor (the checkpoint keeps the tensor and its version; the frames
+    /// stay below the tensor types).
+    pub reads: Vec<Box<dyn Any>>,
     seen: HashSet<u64>,
     /// The first tensor id made after the frame opened: lower ids come from outside.
     boundary: u64,
@@ -143,19 +144,20 @@ pub(crate) fn draw(seed: u64, blocks: u64, fresh: impl FnOnce() -> u64) -> (u64,
     (d.seed, d.start)
 }
 
-/// Notes that an op read `tensors`: each made outside a recording frame is kept in it.
-pub(crate) fn note_reads<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) {
-    if !RECORDING.with(|r| r.get()) {
-        return;
-    }
+/// Whether a recording frame is open on this thread (an op then notes what it reads).
+pub(crate) fn recording() -> bool {
+    RECORDING.with(|r| r.get())
+}
+
+/// Notes that an op read the tensor with id `id`: in every recording frame it was made
+/// outside of (a lower id than the frame's first) and that has not seen it yet, `keep()` is
+/// kept.
+pub(crate) fn note_read(id: u64, mut keep: impl FnMut() -> Box<dyn Any>) {
     FRAMES.with(|f| {
-        let mut frames = f.borrow_mut();
-        for t in tensors {
-            for fr in frames.iter_mut() {
-                if let Frame::Record(rec) = fr {
-                    if t.id() < rec.boundary && rec.seen.insert(t.id()) {
-                        rec.reads.push((t.clone(), t.version()));
-                    }
+        for fr in f.borrow_mut().iter_mut() {
+            if let Frame::Record(rec) = fr {
+                if id < rec.boundary && rec.seen.insert(id) {
+                    rec.reads.push(keep());
                 }
             }
         }
