@@ -119,7 +119,7 @@ fn noisy(checkpointed: bool, low: Option<DType>) -> (Vec<f64>, Vec<f64>, Vec<f64
     let _ac = low.map(|d| amp::autocast(d).unwrap());
     let y = match checkpointed {
         true => checkpoint(&[&x], f).unwrap(),
-        false => f(&[x.clone()]).unwrap(),
+        false => f(std::slice::from_ref(&x)).unwrap(),
     };
     drop(_ac);
     y.sum_all().unwrap().backward().unwrap();
@@ -266,7 +266,7 @@ fn fwd_bwd(seed: u64, ckpt: bool) -> Vec<f64> {
     };
     let y = match ckpt {
         true => checkpoint(&[&x], f).unwrap(),
-        false => f(&[x.clone()]).unwrap(),
+        false => f(std::slice::from_ref(&x)).unwrap(),
     };
     assert!(
         y.is_requires_grad(),
@@ -338,11 +338,11 @@ fn a_module_shared_by_two_checkpoints_trains_as_without_them() {
         let seg2 = seg.clone();
         let h = match ckpt {
             true => checkpoint(&[&x], seg).unwrap(),
-            false => seg(&[x.clone()]).unwrap(),
+            false => seg(std::slice::from_ref(&x)).unwrap(),
         };
         let y = match ckpt {
             true => checkpoint(&[&h], seg2).unwrap(),
-            false => seg2(&[h.clone()]).unwrap(),
+            false => seg2(std::slice::from_ref(&h)).unwrap(),
         };
         y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
         let mut out = grad(&x);
