@@ -352,3 +352,60 @@ fn a_module_shared_by_two_checkpoints_trains_as_without_them() {
     };
     assert_eq!(run(true), run(false));
 }
+
+/// Runs `f` on another thread: its result, or a failure after `secs` (a deadlock must fail
+/// the test, not hang it).
+fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .expect("finished in time (no lock held across a parallel kernel)")
+}
+
+/// Rayon tasks that share one model (a dropout module in training mode) and its parameters,
+/// each running forward and backward with kernels large enough to split across the pool:
+/// no task waits on a lock the thread it was stolen onto holds, and the parameters'
+/// gradients are the sum of every task's.
+#[test]
+fn tasks_sharing_a_model_and_its_leaves() {
+    use mantissa::nn::{Dropout, Linear, Module};
+    let got = within(240, || {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(8)
+            .build()
+            .unwrap();
+        let lin = Arc::new(Linear::new(256, 256, true, &mut Generator::new(2)).unwrap());
+        let drop = Arc::new(Dropout::new(0.5, 3));
+        let xs: Vec<Tensor> = (0..32).map(|i| f32s(&[256, 256], 10 + i)).collect();
+        pool.install(|| {
+            xs.par_iter().for_each(|x| {
+                let y = drop.forward(&lin.forward(x).unwrap()).unwrap();
+                y.sqr().unwrap().mean_all().unwrap().backward().unwrap();
+            });
+        });
+        let with_dropout = lin.parameters().iter().map(grad).collect::<Vec<_>>();
+        lin.parameters().iter().for_each(|p| p.zero_grad());
+        // Without dropout: the sum of the tasks' gradients, whatever their order.
+        pool.install(|| {
+            xs.par_iter().for_each(|x| {
+                let y = lin.forward(x).unwrap();
+                y.sqr().unwrap().mean_all().unwrap().backward().unwrap();
+            });
+        });
+        let parallel = lin.parameters().iter().map(grad).collect::<Vec<_>>();
+        lin.parameters().iter().for_each(|p| p.zero_grad());
+        for x in &xs {
+            let y = lin.forward(x).unwrap();
+            y.sqr().unwrap().mean_all().unwrap().backward().unwrap();
+        }
+        let serial = lin.parameters().iter().map(grad).collect::<Vec<_>>();
+        (with_dropout, parallel, serial)
+    });
+    let (with_dropout, parallel, serial) = got;
+    assert!(with_dropout.iter().flatten().all(|v| v.is_finite()));
+    for (p, s) in parallel.iter().zip(&serial) {
+        assert_close(p, s, 1e-5, "summed gradient");
+    }
+}

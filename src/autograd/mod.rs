@@ -244,14 +244,39 @@ pub(crate) fn note_reads<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) {
     }
 }
 
-/// Adds `g` to a leaf's gradient slot.
+/// Adds `g` to a leaf's gradient slot. The slot's lock is never held while the sum is
+/// computed (a CPU kernel's wait may run another task on this thread, one that accumulates
+/// into the same leaf): the gradient so far is taken out, added to, and put back, again if
+/// another thread put one meanwhile.
 fn accumulate(slot: &Mutex<Option<Tensor>>, g: Tensor) -> Result<()> {
-    let mut slot = lock(slot);
-    *slot = Some(match slot.take() {
-        Some(prev) => prev.add(&g)?,
-        None => g,
-    });
-    Ok(())
+    let mut g = g;
+    loop {
+        let prev = {
+            let mut s = lock(slot);
+            match s.take() {
+                None => {
+                    *s = Some(g);
+                    return Ok(());
+                }
+                Some(prev) => prev,
+            }
+        };
+        match prev.add(&g) {
+            Ok(sum) => g = sum,
+            Err(e) => {
+                // Nothing accumulated so far is lost.
+                let mut s = lock(slot);
+                *s = Some(match s.take() {
+                    Some(other) => match other.add(&prev) {
+                        Ok(sum) => sum,
+                        Err(_) => other,
+                    },
+                    None => prev,
+                });
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// Checks an input gradient's shape and casts it to the input's dtype.

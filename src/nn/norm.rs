@@ -198,11 +198,15 @@ impl Module for Dropout {
         if !self.training {
             return x.dropout_with(self.p, false, &mut Generator::new(0));
         }
-        let _drawing = lock(&self.drawing);
-        let mut gen = Generator::from_tensor(&self.generator)?;
-        let y = x.dropout_with(self.p, true, &mut gen)?;
-        no_grad(|| self.generator.copy_(&gen.state_tensor()))?;
-        Ok(y)
+        // The stream is reserved under the lock and the mask drawn after it is released: a
+        // task this thread runs while the mask's kernel waits may use this module too.
+        x.dropout_from(self.p, true, |blocks| {
+            let _drawing = lock(&self.drawing);
+            let mut gen = Generator::from_tensor(&self.generator)?;
+            let stream = gen.stream(blocks);
+            no_grad(|| self.generator.copy_(&gen.state_tensor()))?;
+            Ok(stream)
+        })
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
         f(join(p, "generator"), &self.generator, TensorKind::Generator);

@@ -9,20 +9,21 @@ impl Tensor {
     /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` when
     /// `training`; identity otherwise. Draws from `gen`.
     pub fn dropout_with(&self, p: f64, training: bool, gen: &mut Generator) -> Result<Tensor> {
-        self.dropout_from(p, training, |b| gen.stream(b))
+        self.dropout_from(p, training, |b| Ok(gen.stream(b)))
     }
 
     /// Dropout drawing from this thread's default generator.
     pub fn dropout(&self, p: f64, training: bool) -> Result<Tensor> {
-        self.dropout_from(p, training, default_stream)
+        self.dropout_from(p, training, |b| Ok(default_stream(b)))
     }
 
-    /// Dropout with its mask from the stream `draw(blocks)` gives.
-    fn dropout_from(
+    /// Dropout with its mask from the stream `draw(blocks)` gives, taken before the mask's
+    /// kernel runs (so `draw` may hold a lock: nothing runs while it does).
+    pub(crate) fn dropout_from(
         &self,
         p: f64,
         training: bool,
-        draw: impl FnOnce(u64) -> (u64, u64),
+        draw: impl FnOnce(u64) -> Result<(u64, u64)>,
     ) -> Result<Tensor> {
         if !(0.0..=1.0).contains(&p) {
             return Err(Error::invalid(
@@ -44,7 +45,7 @@ impl Tensor {
         // gradient checkpoint the stream is recorded, and replayed when backward recomputes:
         // the same mask both times.
         let n = x.numel();
-        let stream = draw(n.div_ceil(4) as u64);
+        let stream = draw(n.div_ceil(4) as u64)?;
         let threshold = (p * 4_294_967_296.0).ceil() as u64;
         let storage =
             Storage::dropout_mask(x.device(), n, threshold, 1.0 / (1.0 - p), stream, x.dtype())?;
