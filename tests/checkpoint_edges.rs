@@ -223,6 +223,13 @@ fn a_tensor_made_outside_reaches_its_parameter_once() {
         })
         .collect();
     assert_close(&grad(&p), &want, 1e-6, "nested");
+    // A tensor made outside, returned as it is.
+    let p = param(vec![0.5, -1.0]);
+    let w = p.mul(2.0).unwrap();
+    let wc = w.clone();
+    let y = checkpoint(&[&x], move |_| Ok(wc.clone())).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(grad(&p), vec![2.0, 2.0]);
 }
 
 #[test]

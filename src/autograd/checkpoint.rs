@@ -49,7 +49,12 @@ pub fn checkpoint(
     let autocast = crate::amp::active_dtype();
     let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
     let boundary = crate::tensor::next_tensor_id();
-    let (out, frame) = with_frame(Frame::record(boundary), || no_grad(|| f(&detached)));
+    let (out, frame) = with_frame(Frame::record(boundary), || {
+        let out = no_grad(|| f(&detached))?;
+        // An output from outside returned as it is counts as read.
+        super::note_reads([&out]);
+        Ok(out)
+    });
     let Frame::Record(Recording { draws, reads, .. }) = frame else {
         unreachable!("a record frame stays one")
     };
