@@ -79,7 +79,7 @@ pub fn checkpoint(
     // run, and only then. Parameters (leaves) get theirs from the recomputation's backward.
     let captured: Vec<Tensor> = reads
         .iter()
-        .filter(|t| t.0.node.is_some() && !detached.iter().any(|d| d.id() == t.id()))
+        .filter(|t| t.0.node.is_some())
         .cloned()
         .collect();
     let captured_nodes: Vec<u64> = captured
@@ -89,7 +89,6 @@ pub fn checkpoint(
     let mut edges: Vec<&Tensor> = inputs.to_vec();
     edges.extend(captured.iter());
     let saved: Vec<&Tensor> = inputs.iter().copied().chain(reads.iter()).collect();
-    let n_inputs = inputs.len();
     // An output of parameters alone still needs a node (recording is on): they get their
     // gradients from the nested backward below.
     Ok(
@@ -128,7 +127,6 @@ pub fn checkpoint(
                 false => Default::default(),
             };
             let mut grads: Vec<Option<Tensor>> = xs.iter().map(|x| x.grad()).collect();
-            grads.truncate(n_inputs);
             grads.extend(captured_nodes.iter().map(|id| reached.remove(id)));
             if !reached.is_empty() {
                 return Err(Error::Autograd(

@@ -153,84 +153,82 @@ impl Tensor {
 /// Runs the backward of every node reachable from `root` whose id is at least `inside`,
 /// seeded with `grad`; returns the gradients that reached older nodes, by id.
 fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor>> {
-    {
-        let mut grads: HashMap<u64, Tensor> = HashMap::new();
-        grads.insert(root.id, grad);
-        for node in topo_order(root, inside) {
-            let Some((edges, f)) = node.take() else {
-                return Err(Error::Autograd(format!(
-                    "the graph through `{}` was already freed by an earlier backward()",
-                    node.name
-                )));
-            };
-            let Some(g) = grads.remove(&node.id) else {
-                continue;
-            };
-            // The backward and the accumulation of its input gradients, as one span.
-            let _prof = crate::profiler::backward(node.name);
-            node.check_saved()?;
-            let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
-            // The sums so far of the inputs that appear once, offered to the backward
-            // (`pending`); what it does not take is added below as usual.
-            // (An op has a handful of inputs: a scan, no map.)
-            let id = |e: &Edge| match e {
-                Edge::Node { node, .. } => Some(node.id),
+    let mut grads: HashMap<u64, Tensor> = HashMap::new();
+    grads.insert(root.id, grad);
+    for node in topo_order(root, inside) {
+        let Some((edges, f)) = node.take() else {
+            return Err(Error::Autograd(format!(
+                "the graph through `{}` was already freed by an earlier backward()",
+                node.name
+            )));
+        };
+        let Some(g) = grads.remove(&node.id) else {
+            continue;
+        };
+        // The backward and the accumulation of its input gradients, as one span.
+        let _prof = crate::profiler::backward(node.name);
+        node.check_saved()?;
+        let needs: Vec<bool> = edges.iter().map(|e| !matches!(e, Edge::None)).collect();
+        // The sums so far of the inputs that appear once, offered to the backward
+        // (`pending`); what it does not take is added below as usual.
+        // (An op has a handful of inputs: a scan, no map.)
+        let id = |e: &Edge| match e {
+            Edge::Node { node, .. } => Some(node.id),
+            _ => None,
+        };
+        let offered = edges
+            .iter()
+            .map(|e| match id(e) {
+                Some(i) if edges.iter().filter(|f| id(f) == Some(i)).count() == 1 => {
+                    grads.remove(&i)
+                }
                 _ => None,
-            };
-            let offered = edges
-                .iter()
-                .map(|e| match id(e) {
-                    Some(i) if edges.iter().filter(|f| id(f) == Some(i)).count() == 1 => {
-                        grads.remove(&i)
-                    }
-                    _ => None,
-                })
-                .collect();
-            let (in_grads, mut left) = pending::offer(offered, || f(&g, &needs));
-            let mut in_grads = in_grads?.into_iter();
-            for (i, edge) in edges.iter().enumerate() {
-                let ig = in_grads.next().flatten();
-                let prev = left.get_mut(i).and_then(Option::take);
-                match edge {
-                    Edge::None => {}
-                    Edge::Node {
-                        node: input,
-                        shape,
-                        dtype,
-                    } => {
-                        let prev = prev.or_else(|| grads.remove(&input.id));
-                        let sum = match (prev, ig) {
-                            (Some(prev), Some(ig)) => {
-                                prev.add(&conform(node.name, shape, *dtype, ig)?)?
-                            }
-                            (None, Some(ig)) => conform(node.name, shape, *dtype, ig)?,
-                            (Some(prev), None) => prev,
-                            (None, None) => continue,
-                        };
-                        grads.insert(input.id, sum);
-                    }
-                    Edge::Leaf {
-                        grad,
-                        shape,
-                        dtype,
-                        format,
-                    } => {
-                        let Some(ig) = ig else { continue };
-                        let ig = conform(node.name, shape, *dtype, ig)?;
-                        // A channels-last parameter gets a channels-last gradient and an
-                        // NCHW one an NCHW gradient, whichever format the op produced.
-                        let ig = match ig.memory_format() == *format {
-                            true => ig,
-                            false => ig.to_memory_format(*format)?,
-                        };
-                        accumulate(grad, ig)?;
-                    }
+            })
+            .collect();
+        let (in_grads, mut left) = pending::offer(offered, || f(&g, &needs));
+        let mut in_grads = in_grads?.into_iter();
+        for (i, edge) in edges.iter().enumerate() {
+            let ig = in_grads.next().flatten();
+            let prev = left.get_mut(i).and_then(Option::take);
+            match edge {
+                Edge::None => {}
+                Edge::Node {
+                    node: input,
+                    shape,
+                    dtype,
+                } => {
+                    let prev = prev.or_else(|| grads.remove(&input.id));
+                    let sum = match (prev, ig) {
+                        (Some(prev), Some(ig)) => {
+                            prev.add(&conform(node.name, shape, *dtype, ig)?)?
+                        }
+                        (None, Some(ig)) => conform(node.name, shape, *dtype, ig)?,
+                        (Some(prev), None) => prev,
+                        (None, None) => continue,
+                    };
+                    grads.insert(input.id, sum);
+                }
+                Edge::Leaf {
+                    grad,
+                    shape,
+                    dtype,
+                    format,
+                } => {
+                    let Some(ig) = ig else { continue };
+                    let ig = conform(node.name, shape, *dtype, ig)?;
+                    // A channels-last parameter gets a channels-last gradient and an
+                    // NCHW one an NCHW gradient, whichever format the op produced.
+                    let ig = match ig.memory_format() == *format {
+                        true => ig,
+                        false => ig.to_memory_format(*format)?,
+                    };
+                    accumulate(grad, ig)?;
                 }
             }
         }
-        grads.retain(|id, _| *id < inside);
-        Ok(grads)
     }
+    grads.retain(|id, _| *id < inside);
+    Ok(grads)
 }
 
 /// Notes, inside a checkpoint's forward, the tensors an op reads: each made outside the

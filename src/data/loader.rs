@@ -192,9 +192,13 @@ impl DataLoader {
             // Fisher-Yates from the top, each swap drawing the two words 2i and 2i + 1 of the
             // epoch's Philox stream (four words a block), made as the loop reaches them.
             let seed = self.cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            // Swaps 2j + 1 and 2j share block j: it is made once for both.
+            let mut block = (usize::MAX, [0u32; 4]);
             for i in (1..n).rev() {
-                let block = philox_block(seed, (i / 2) as u64);
-                let lane = 2 * (i % 2);
+                if block.0 != i / 2 {
+                    block = (i / 2, philox_block(seed, (i / 2) as u64));
+                }
+                let (block, lane) = (block.1, 2 * (i % 2));
                 let v = ((block[lane] as u64) << 32) | block[lane + 1] as u64;
                 idx.swap(i, (v % (i as u64 + 1)) as usize);
             }
