@@ -30,8 +30,11 @@ __device__ float bn_lane_sum(float v, float (*red)[33]) {
 // The affine output before any addend or clamp, alpha (x - center) + gamma, with coef =
 // [alpha | center | gamma | ...] per channel: bn_affine's forward value, and what a fused
 // ReLU's backward recomputes to find where the forward's output was positive.
+__device__ __forceinline__ float bn_pre_k(float x, float alpha, float center, float gamma) {
+    return alpha * (x - center) + gamma;
+}
 __device__ __forceinline__ float bn_pre(float x, const float* __restrict__ coef, i64 C, i64 c) {
-    return coef[c] * (x - coef[C + c]) + coef[2 * C + c];
+    return bn_pre_k(x, coef[c], coef[C + c], coef[2 * C + c]);
 }
 
 // Whether a fused ReLU's backward drops dy at an element of channel c: where the forward's
@@ -126,7 +129,14 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
                 #pragma unroll
                 for (int q = 0; q < V; ++q) m[q] = fc[C + c0 + q];
             }
-            const float* relu = mode == 2 ? fc : 0;
+            // Mode 2: the forward's alpha and gamma, in registers for the whole tile, so the
+            // recomputed ReLU costs no loads per element (m holds the centers).
+            float ra[V], rg[V];
+            #pragma unroll
+            for (int q = 0; q < V; ++q) {
+                ra[q] = mode == 2 ? fc[c0 + q] : 0.0f;
+                rg[q] = mode == 2 ? fc[2 * C + c0 + q] : 0.0f;
+            }
             #pragma unroll 4
             for (int r = lr; r < rows; r += R) {
                 i64 off = (o0 + r) * C + c0;
@@ -146,7 +156,8 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
                 #pragma unroll
                 for (int q = 0; q < V; ++q) {
                     float v = to_f32(xv.v[q]);
-                    bool off = relu_off(mask, mv.v[q], relu, C, c0 + q, v);
+                    bool off = mask ? to_f32(mv.v[q]) <= 0.0f
+                                    : mode == 2 && bn_pre_k(v, ra[q], m[q], rg[q]) <= 0.0f;
                     float d = off ? 0.0f : to_f32(dv.v[q]);
                     if (masked) dv.v[q] = from_f32<T>(d);
                     s1[q] += d;
@@ -404,13 +415,59 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
 struct BnAffineFlags {
     bool relu, plain;
 };
+// One channel's coefficients, [alpha | center | gamma | beta] (beta 0 where not read).
+struct BnCoef {
+    float alpha, center, gamma, beta;
+};
+__device__ __forceinline__ BnCoef bn_coef(const float* __restrict__ coef, i64 C, i64 c,
+                                          bool beta) {
+    return {coef[c], coef[C + c], coef[2 * C + c], beta ? coef[3 * C + c] : 0.0f};
+}
+__device__ __forceinline__ float bn_affine_k(float x, BnCoef k, bool has_add, float d,
+                                             bool masked_off, BnAffineFlags f) {
+    float v = bn_pre_k(x, k.alpha, k.center, k.gamma);
+    if (has_add && !masked_off) v += (f.plain ? 1.0f : k.beta) * d;
+    if (f.relu && v < 0.0f) v = 0.0f;
+    return v;
+}
 __device__ __forceinline__ float bn_affine_one(float x, const float* __restrict__ coef, i64 C,
                                                i64 c, bool has_add, float d, bool masked_off,
                                                BnAffineFlags f) {
-    float v = bn_pre(x, coef, C, c);
-    if (has_add && !masked_off) v += (f.plain ? 1.0f : coef[3 * C + c]) * d;
-    if (f.relu && v < 0.0f) v = 0.0f;
-    return v;
+    return bn_affine_k(x, bn_coef(coef, C, c, has_add && !f.plain), has_add, d, masked_off, f);
+}
+
+// bn_affine's channels-last vectors when the grid's stride is a whole number of rows
+// (stride % run == 0, run = C / V vectors per row): each thread then meets the same V
+// channels at every step, so their coefficients (and a recomputed ReLU's forward ones) are
+// loaded once into registers instead of once per element. `first` < nv.
+template <typename T>
+__device__ void bn_affine_rows(const T* __restrict__ x, const T* __restrict__ add,
+                               const T* __restrict__ mask, const float* __restrict__ fc,
+                               const float* __restrict__ coef, T* __restrict__ out, i64 nv,
+                               i64 C, i64 run, i64 first, BnAffineFlags f) {
+    const int V = 16 / sizeof(T);
+    i64 c0 = imod(first, run) * V, stride = (i64)gridDim.x * blockDim.x;
+    BnCoef k[V], fk[V];
+    #pragma unroll
+    for (int j = 0; j < V; ++j) {
+        k[j] = bn_coef(coef, C, c0 + j, add && !f.plain);
+        fk[j] = fc && !mask ? bn_coef(fc, C, c0 + j, false) : BnCoef{};
+    }
+    for (i64 i = first; i < nv; i += stride) {
+        Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i], av;
+        Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage
+        if (add) av = reinterpret_cast<const Vec16<T>*>(add)[i];
+        if (mask) mv = reinterpret_cast<const Vec16<T>*>(mask)[i];
+        #pragma unroll
+        for (int j = 0; j < V; ++j) {
+            float v = to_f32(xv.v[j]);
+            bool off = mask ? to_f32(mv.v[j]) <= 0.0f
+                            : fc && bn_pre_k(v, fk[j].alpha, fk[j].center, fk[j].gamma) <= 0.0f;
+            float d = add ? to_f32(av.v[j]) : 0.0f;
+            xv.v[j] = from_f32<T>(bn_affine_k(v, k[j], add, d, off, f));
+        }
+        reinterpret_cast<Vec16<T>*>(out)[i] = xv;
+    }
 }
 
 // out = alpha[c] (x - center[c]) + gamma[c], plus `add` when it is not null: beta[c] add
@@ -421,7 +478,9 @@ __device__ __forceinline__ float bn_affine_one(float x, const float* __restrict_
 // without it, recomputed from x with the forward's coefficients `fc` (relu_off); neither, all.
 // Memory speed: 16-byte vectors where each lies in one channel's run (inner % V == 0) or
 // holds V adjacent channels of a row (channels-last, C % V == 0) and every operand is
-// aligned; the channel comes from 32-bit index arithmetic once per vector.
+// aligned; the channel comes from 32-bit index arithmetic once per vector, or, channels-last
+// with a stride of whole rows (the launcher sizes the grid so), once per thread
+// (bn_affine_rows).
 template <typename T>
 __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
                           const T* __restrict__ mask, const float* __restrict__ fc,
@@ -434,6 +493,11 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
     i64 nv = fits && aligned ? n / V : 0;
     // Vectors per channels-last row, or per channel run.
     i64 run = inner == 1 ? C / V : inner / V;
+    if (inner == 1 && nv > 0 && ((i64)gridDim.x * blockDim.x) % run == 0) {
+        i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+        if (first < nv) bn_affine_rows(x, add, mask, fc, coef, out, nv, C, run, first, f);
+        return; // n == nv V: no elements are left over
+    }
     FOR_EACH(i, nv) {
         Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i], av;
         Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage

@@ -1,7 +1,7 @@
 //! M2: the engine's elementwise kernels against the device-to-device copy, in GB/s of the
 //! bytes each must move: add, mul and relu forward, and relu's backward (which reads the saved
 //! output and the gradient and writes the input's gradient), in f16 and f32, contiguous and
-//! channels-last.
+//! channels-last; and M3: ResNet-50's pooling and batch norm passes, in the same terms.
 
 use mantissa::*;
 use std::time::Instant;
@@ -65,6 +65,96 @@ pub fn elementwise(d: Device, quick: bool) -> Result<String> {
                 pct(relu),
                 pct(back)
             ));
+        }
+    }
+    Ok(lines.join("\n"))
+}
+
+/// M3: ResNet-50's pooling and batch norm at its own shapes (`quick`: small ones), in GB/s
+/// of the bytes each pass must move and % of the copy, channels-last and NCHW, f16 and f32:
+/// the stem's 3 x 3 stride-2 max pool over [256, 64, 112, 112] (forward: x, y and the u8
+/// taps; backward: dy, the taps and dx), the head's global average pool over [256, 2048, 7,
+/// 7] (backward: dy and dx), and training batch norm over [256, 64, 112, 112] (forward: x
+/// read twice, y written; backward: x and dy read twice, dx written), the engine's kernels
+/// and cuDNN's.
+pub fn resnet_passes(d: Device, quick: bool) -> Result<String> {
+    let (stem, head): ([usize; 4], [usize; 4]) = if quick {
+        ([2, 16, 12, 12], [2, 32, 7, 7])
+    } else {
+        ([256, 64, 112, 112], [256, 2048, 7, 7])
+    };
+    let mut lines = vec![format!(
+        "M3 ResNet-50 passes on {stem:?} (pools, batch norm) and {head:?} (head) (GB/s; % of the copy)"
+    )];
+    let pool = MaxPool2dOptions {
+        kernel: [3, 3],
+        stride: Some([2, 2]),
+        padding: [1, 1],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let mut gen = Generator::new(9);
+    for dtype in [DType::F16, DType::F32] {
+        let size = dtype.size_in_bytes() as f64;
+        let n = |s: &[usize]| s.iter().product::<usize>() as f64;
+        let gbs = |bytes: f64, ms: f64| bytes / (ms.max(1e-6) * 1e-3) / 1e9;
+        let x0 = Tensor::randn_with(&stem, 0.0, 1.0, dtype, d, &mut gen)?;
+        let h0 = Tensor::randn_with(&head, 0.0, 1.0, dtype, d, &mut gen)?;
+        let copy = gbs(2.0 * n(&stem) * size, time_ms(|| x0.copy().map(drop))?);
+        let pct = |v: f64| 100.0 * v / copy;
+        for format in [MemoryFormat::ChannelsLast, MemoryFormat::Contiguous] {
+            let x = x0.to_memory_format(format)?.requires_grad(true)?;
+            let h = h0.to_memory_format(format)?.requires_grad(true)?;
+            // Forward alone, then forward and backward: the backward is the difference.
+            let y = x.max_pool2d(pool)?;
+            let (ny, nx) = (n(y.shape()), n(&stem));
+            let dy = Tensor::randn_with(y.shape(), 0.0, 1.0, dtype, d, &mut gen)?
+                .to_memory_format(format)?;
+            let fwd = time_ms(|| x.max_pool2d(pool).map(drop))?;
+            let both = time_ms(|| {
+                x.max_pool2d(pool)?.backward_with(&dy)?;
+                x.zero_grad();
+                Ok(())
+            })?;
+            let pf = gbs(nx * size + ny * (size + 1.0), fwd);
+            let pb = gbs(ny * (size + 1.0) + nx * size, both - fwd);
+            let dh = Tensor::randn_with(&[head[0], head[1], 1, 1], 0.0, 1.0, dtype, d, &mut gen)?
+                .to_memory_format(format)?;
+            let afwd = time_ms(|| h.adaptive_avg_pool2d([1, 1]).map(drop))?;
+            let aboth = time_ms(|| {
+                h.adaptive_avg_pool2d([1, 1])?.backward_with(&dh)?;
+                h.zero_grad();
+                Ok(())
+            })?;
+            let ab = gbs((n(&head) + n(dh.shape())) * size, aboth - afwd);
+            let mut line = format!(
+                "  {dtype:?} {format:?}: copy {copy:.0}; max pool {pf:.0} ({:.0}%), backward {pb:.0} ({:.0}%); global avg pool backward {ab:.0} ({:.0}%)",
+                pct(pf),
+                pct(pb),
+                pct(ab)
+            );
+            let gy = x0.to_memory_format(format)?;
+            let was = mantissa::backend::cuda::dnn_norm::cudnn_batch_norm();
+            for cudnn in [false, true] {
+                mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(cudnn);
+                let mut bn = nn::BatchNorm2d::new(stem[1])?;
+                bn.to_device(d)?;
+                let f = time_ms(|| bn.forward(&x).map(drop))?;
+                let b = time_ms(|| {
+                    bn.forward(&x)?.backward_with(&gy)?;
+                    x.zero_grad();
+                    Ok(())
+                })?;
+                let (bf, bb) = (gbs(3.0 * nx * size, f), gbs(5.0 * nx * size, b - f));
+                let who = if cudnn { "cuDNN" } else { "engine" };
+                line += &format!(
+                    "; {who} batch norm {bf:.0} ({:.0}%), backward {bb:.0} ({:.0}%)",
+                    pct(bf),
+                    pct(bb)
+                );
+            }
+            mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(was);
+            lines.push(line);
         }
     }
     Ok(lines.join("\n"))

@@ -1,8 +1,9 @@
 //! Prints the CUDA device report and runs quick checks of the CUDA backend: every kernel file
 //! compiled by NVRTC for this GPU and loaded, a few kernels against the CPU backend, a GEMM
 //! TFLOP/s figure (cuBLAS), a host-to-device copy bandwidth, one training step against the
-//! CPU, a convolution timed in NCHW and channels-last, and M2: elementwise forward and
-//! backward bandwidth beside the device-to-device copy.
+//! CPU, a convolution timed in NCHW and channels-last, M2: elementwise forward and backward
+//! bandwidth beside the device-to-device copy, and M3: ResNet-50's pooling and batch norm
+//! passes at its own shapes, in the same terms.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
 //! machine without a usable GPU it says what is missing and exits with status 2 (nothing was
@@ -324,6 +325,7 @@ fn main() {
         println!("{}", engine::training_step(d)?);
         println!("{}", engine::conv_formats(d, quick)?);
         println!("{}", bandwidth::elementwise(d, quick)?);
+        println!("{}", bandwidth::resnet_passes(d, quick)?);
         Ok(())
     };
     if let Err(e) = run() {

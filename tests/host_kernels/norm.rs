@@ -403,6 +403,36 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
             }
             let what = format!("{what}: affine ({add:?}, ReLU: {relu:?})");
             near(&out, &want, &what);
+            // Channels-last in vectors of 4 channels, on a grid whose stride is two whole rows
+            // (two blocks of c / 4 threads): each thread keeps its channels' coefficients.
+            if s.inner == 1 && c.is_multiple_of(4) {
+                let mut rows_out = vec![f32::NAN; n];
+                let (xa, da, ma, fa) = (
+                    Addr::of(&xs),
+                    Addr(dp as usize),
+                    Addr(mp as usize),
+                    Addr(fp as usize),
+                );
+                let (ka, oa) = (Addr::of(&coef), Addr::of_mut(&mut rows_out));
+                run_grid(lib, 2, (c / 4) as u32, || {
+                    // SAFETY: as the call above, with the same operands.
+                    unsafe {
+                        affine(
+                            xa.ptr(),
+                            da.ptr(),
+                            ma.ptr(),
+                            fa.ptr(),
+                            ka.ptr(),
+                            oa.ptr(),
+                            n as i64,
+                            c as i64,
+                            1,
+                            flags,
+                        )
+                    }
+                });
+                near(&rows_out, &want, &format!("{what}, a stride of whole rows"));
+            }
             if backward && relu != Relu::None {
                 // The mask drops dy at some elements and keeps it at others.
                 let unmasked = xst.channel_affine(&l, addend, &kst, &lk, FusedRelu::None);
@@ -527,11 +557,39 @@ fn batch_norm_affine_half_kernels_take_vectors_and_match_the_cpu() {
                     .to_dtype(crate::DType::F32)
                     .unwrap();
                 let want = want.to_vec::<f32>().unwrap();
-                let got: Vec<f32> = out[skew..].iter().map(|v| v.to_f64() as f32).collect();
+                // Aligned channels-last vectors again on a grid whose stride is one whole row
+                // (c / V threads): each thread keeps its channels' coefficients.
+                let v = 16 / std::mem::size_of::<T>();
+                let mut rows_out = out.clone();
+                if skew == 0 && format == MemoryFormat::ChannelsLast && c.is_multiple_of(v) {
+                    rows_out.fill(T::from_f64(f64::NAN));
+                    let (xa, ra, ka) = (Addr::of(&xs), Addr(rp as usize), Addr::of(&coef));
+                    let oa = Addr::of_mut(&mut rows_out);
+                    run_grid(lib, 1, (c / v) as u32, || {
+                        // SAFETY: as the call above, with the same operands.
+                        unsafe {
+                            affine(
+                                xa.ptr(),
+                                ra.ptr(),
+                                std::ptr::null(),
+                                std::ptr::null(),
+                                ka.ptr(),
+                                oa.ptr(),
+                                n as i64,
+                                c as i64,
+                                1,
+                                flags,
+                            )
+                        }
+                    });
+                }
                 let what = format!("{what}: residual {residual}, ReLU {relu}");
                 let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!((g - w).abs() <= tol * scale, "{what}: [{i}] {g} vs {w}");
+                for got in [&out, &rows_out] {
+                    let got: Vec<f32> = got[skew..].iter().map(|v| v.to_f64() as f32).collect();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!((g - w).abs() <= tol * scale, "{what}: [{i}] {g} vs {w}");
+                    }
                 }
             }
         }

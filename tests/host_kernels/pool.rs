@@ -54,8 +54,18 @@ fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
         Pooling::Adaptive([3, 4]),
         Pooling::Adaptive([13, 11]),
     ];
-    let x = randn(&[2, 3, 7, 9], 1);
-    for case in &cases {
+    // Three channels: the element kernels; eight: channels-last takes the vector kernels too
+    // (two vectors of four f32 channels per pixel).
+    for channels in [3, 8] {
+        check_cases(lib, &cases, &randn(&[2, channels, 7, 9], 1));
+    }
+}
+
+/// Every case's kernels on x against the CPU, NCHW and NHWC; with `c` a multiple of 4, NHWC
+/// through the vector kernels (`*_cl_*`) as well.
+fn check_cases(lib: &libloading::Library, cases: &[Pooling], x: &crate::Tensor) {
+    let (c, h, w) = (x.shape()[1], x.shape()[2], x.shape()[3]);
+    for case in cases {
         // The CPU's forward and input gradient for an upstream gradient g.
         let leaf = x.copy().unwrap().requires_grad(true).unwrap();
         let (y, params) = match case {
@@ -69,10 +79,10 @@ fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
         for nhwc in [false, true] {
             let what = format!("{} nhwc={nhwc}", name(case));
             let d = PoolDims {
-                planes: 6,
-                c: 3,
-                h: 7,
-                w: 9,
+                planes: 2 * c,
+                c,
+                h,
+                w,
                 ho: y.shape()[2],
                 wo: y.shape()[3],
                 channels_last: nhwc,
@@ -118,6 +128,34 @@ fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
             }
             close(&out, &in_order(&y, nhwc), &format!("{what} forward"));
             close(&back, &in_order(&gx, nhwc), &format!("{what} backward"));
+            if nhwc && c % 4 == 0 {
+                let (mut out, mut back) = (vec![0f32; y.numel()], vec![0f32; x.numel()]);
+                // SAFETY: as above; c is a multiple of the vector's four channels.
+                unsafe {
+                    if let Pooling::Max(_) = case {
+                        let mut taps = vec![0u8; y.numel()];
+                        let f: TapsForward = function(lib, "max_pool2d_taps_cl_float");
+                        f(xs.as_ptr(), out.as_mut_ptr(), taps.as_mut_ptr(), a);
+                        let b: TapsBackward = function(lib, "max_pool2d_taps_cl_backward_float");
+                        b(gs.as_ptr(), taps.as_ptr(), back.as_mut_ptr(), a);
+                    } else {
+                        let f: Forward = function(lib, &format!("{stem}_cl_float"));
+                        f(xs.as_ptr(), out.as_mut_ptr(), a);
+                        let b: Forward = function(lib, &format!("{stem}_cl_backward_float"));
+                        b(gs.as_ptr(), back.as_mut_ptr(), a);
+                    }
+                }
+                close(
+                    &out,
+                    &in_order(&y, nhwc),
+                    &format!("{what} forward (vectors)"),
+                );
+                close(
+                    &back,
+                    &in_order(&gx, nhwc),
+                    &format!("{what} backward (vectors)"),
+                );
+            }
         }
     }
 }

@@ -458,12 +458,16 @@ pub(crate) fn channel_affine(
         inner => inner % v == 0,
     };
     let threads = if vectors { n.div_ceil(v) } else { n };
+    let mut cfg = grid(threads);
+    if vectors && s.inner == 1 {
+        cfg.grid_dim.0 = whole_rows(cfg.grid_dim.0, s.channels / v);
+    }
     launch!(
         bytes = bytes;
         x,
         KernelFile::Norm,
         name,
-        grid(threads),
+        cfg,
         &xp,
         &dp,
         &mask,
@@ -593,4 +597,48 @@ pub(crate) fn layer_norm_backward(
         x, KernelFile::Norm, name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64
     );
     Ok(dx)
+}
+
+/// `blocks` (of 256 threads) made a multiple of what makes the grid's stride a whole number
+/// of channels-last rows of `run` vectors, where that leaves at least one such multiple: the
+/// affine kernel then loads each thread's coefficients once (`bn_affine_rows`); otherwise
+/// it finds them per vector.
+pub(crate) fn whole_rows(blocks: u32, run: usize) -> u32 {
+    let stride = u64::from(blocks) * 256;
+    if run == 0 || stride.is_multiple_of(run as u64) {
+        return blocks;
+    }
+    // Blocks per whole-row stride: run / gcd(run, 256).
+    let step = (run / gcd(run, 256)) as u64;
+    match u64::from(blocks) / step * step {
+        0 => blocks,
+        b => b as u32,
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_rows;
+
+    #[test]
+    fn the_affine_grid_strides_whole_rows() {
+        // 65,535 blocks of 256 threads and rows of 512 vectors (f32, 2048 channels): one block
+        // fewer makes the stride 65,534 * 256, a multiple of 512.
+        assert_eq!(whole_rows(65_535, 512), 65_534);
+        assert_eq!(u64::from(whole_rows(65_535, 512)) * 256 % 512, 0);
+        // Rows that divide 256 threads: any grid.
+        assert_eq!(whole_rows(6_001, 128), 6_001);
+        // Rows of 3 * 256 vectors: a multiple of three blocks.
+        assert_eq!(whole_rows(100, 768), 99);
+        // Fewer blocks than one whole-row stride: kept (coefficients found per vector).
+        assert_eq!(whole_rows(2, 768), 2);
+    }
 }

@@ -1,6 +1,7 @@
 //! Launchers for `cuda/pool.cu`: max, average and adaptive average 2-D pooling and their
 //! backward passes over dense NCHW inputs, or NHWC ones for a channels-last input (outputs in
-//! the same order; a view in another order is copied first).
+//! the same order; a view in another order is copied first). Channels-last operands whose
+//! channels fill 16-byte vectors take the vector kernels (`*_cl_*`).
 
 use super::kernels::KernelFile;
 use super::profile::elems;
@@ -9,7 +10,7 @@ use crate::backend::ops::Pool2dParams;
 use crate::backend::spec::PoolDims;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// `cuda/pool.cu`'s `PoolArgs`, field for field.
 #[repr(C)]
@@ -80,6 +81,39 @@ fn dense<'a>(
     }
 }
 
+/// Whether the channels-last vector kernels (`*_cl_*`: 16-byte vectors of adjacent channels,
+/// a thread per vector) take these operands: NHWC with whole vectors of channels, every
+/// address (`ptrs`, device addresses) a multiple of 16 bytes. Max pooling's u8 taps (one per
+/// element, `taps`) need a multiple of the vector's length.
+fn vectors(d: &PoolDims, dtype: DType, ptrs: &[u64], taps: Option<u64>) -> bool {
+    let v = 16 / dtype.size_in_bytes();
+    d.channels_last
+        && d.c.is_multiple_of(v)
+        && ptrs.iter().all(|p| p.is_multiple_of(16))
+        && taps.is_none_or(|p| p.is_multiple_of(v as u64))
+}
+
+/// The launch of a vector kernel (one thread per vector of `elems` elements) when `vec`,
+/// else of an element kernel, and the kernel's name: `stem_cl_t` or `stem_t`, with
+/// `_backward` after the stem for a backward.
+fn plan(
+    vec: bool,
+    stem: &str,
+    backward: bool,
+    t: &str,
+    dtype: DType,
+    n: usize,
+) -> (String, LaunchConfig) {
+    let dir = if backward { "_backward" } else { "" };
+    match vec {
+        true => (
+            format!("{stem}_cl{dir}_{t}"),
+            grid(n / (16 / dtype.size_in_bytes())),
+        ),
+        false => (format!("{stem}{dir}_{t}"), grid(n)),
+    }
+}
+
 /// Which pooling: the kernel's name stem and whether it takes window parameters.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Pool {
@@ -104,12 +138,14 @@ pub(crate) fn max_pool2d(
     );
     let (a, xp, yp, ip) = (args(d, Some(p)), x.ptr(), y.ptr(), idx.ptr());
     let input = elems(d.planes * d.h * d.w, x.dtype());
+    let vec = kind == DType::U8 && vectors(d, x.dtype(), &[xp, yp], Some(ip));
+    let (name, cfg) = plan(vec, stem, false, t, x.dtype(), n);
     launch!(
         bytes = input + elems(n, x.dtype()) + elems(n, kind);
         x,
         KernelFile::Pool,
-        format!("{stem}_{t}"),
-        grid(n),
+        name,
+        cfg,
         &xp,
         &yp,
         &ip,
@@ -151,10 +187,11 @@ pub(crate) fn max_pool2d_backward(
     let n = d.planes * d.h * d.w;
     let gx = CudaStorage::alloc_on(g.rt(), g.dtype(), n)?;
     let (a, gp, ip, xp) = (args(d, Some(p)), g.ptr(), idx.ptr(), gx.ptr());
-    let name = format!("{stem}_backward_{t}");
+    let vec = kind == DType::U8 && vectors(d, g.dtype(), &[gp, xp], Some(ip));
+    let (name, cfg) = plan(vec, stem, true, t, g.dtype(), n);
     let outputs = d.planes * d.ho * d.wo;
     let bytes = elems(outputs, g.dtype()) + elems(outputs, kind) + elems(n, g.dtype());
-    launch!(bytes = bytes; g, KernelFile::Pool, name, grid(n), &gp, &ip, &xp, &a);
+    launch!(bytes = bytes; g, KernelFile::Pool, name, cfg, &gp, &ip, &xp, &a);
     Ok(gx)
 }
 
@@ -179,16 +216,14 @@ pub(crate) fn avg_pool2d(
     };
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     let (a, xp, op) = (args(d, p), x.ptr(), out.ptr());
-    let name = match backward {
-        true => format!("{stem}_backward_{t}"),
-        false => format!("{stem}_{t}"),
-    };
+    let vec = vectors(d, x.dtype(), &[xp, op], None);
+    let (name, cfg) = plan(vec, stem, backward, t, x.dtype(), n);
     // Reads the other side's cells: the input forward, the gradient of the output backward.
     let read = match backward {
         true => d.planes * d.ho * d.wo,
         false => d.planes * d.h * d.w,
     };
     let bytes = elems(read, x.dtype()) + elems(n, x.dtype());
-    launch!(bytes = bytes; x, KernelFile::Pool, name, grid(n), &xp, &op, &a);
+    launch!(bytes = bytes; x, KernelFile::Pool, name, cfg, &xp, &op, &a);
     Ok(out)
 }
