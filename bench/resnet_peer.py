@@ -3,11 +3,13 @@ BENCHMARKS.md).
 
 The same networks (torchvision's ResNet-18/34/50 shapes, ImageNet stem), PyTorch's default
 initialisation, one fixed random batch on the device, SGD with Nesterov momentum 0.9 and
-weight decay 5e-4 at a constant rate; eager mode, autocast with GradScaler for fp16.
+weight decay 5e-4 at a constant rate; autocast with GradScaler for fp16. Eager mode, or with
+`--compile` the network through `torch.compile` (default mode: inductor, no CUDA graphs); the
+warm-up steps hold the compilation and are not timed (its time is printed).
 
   python3 bench/resnet_peer.py --data synthetic --arch resnet18 --image-size 64 --batch-size 16
   python3 bench/resnet_peer.py --data synthetic --arch resnet50 --batch-size 256 --device cuda \
-      --amp fp16 --channels-last --cudnn-benchmark
+      --amp fp16 --channels-last --cudnn-benchmark [--compile]
 """
 import argparse, time
 import peer_profile
@@ -74,8 +76,12 @@ def main():
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cudnn-benchmark", action="store_true")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--compile", action="store_true",
+                   help="run the network through torch.compile (default mode)")
     peer_profile.add_args(p)
     a = p.parse_args()
+    if a.compile and a.warmup < 1:
+        p.error("--compile needs at least one warm-up step (the compilation)")
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
@@ -83,6 +89,7 @@ def main():
     dev = torch.device(a.device)
     fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     net = resnet(a.arch, a.width, a.classes).to(dev, memory_format=fmt)
+    model = torch.compile(net) if a.compile else net
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9, nesterov=True,
                           weight_decay=5e-4)
     low = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[a.amp]
@@ -92,28 +99,33 @@ def main():
     y = torch.randint(0, a.classes, (n,), device=dev)
     print(f"{a.arch} width {a.width} ({sum(q.numel() for q in net.parameters())} parameters), "
           f"batch {n}, device {dev}, {a.amp}, channels-last {a.channels_last}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{'torch.compile' if a.compile else 'eager'}")
     net.train()
 
     def train_step():
         with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
-            loss = F.cross_entropy(net(x), y)
+            loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         return loss
 
-    start, last = time.perf_counter(), 0.0
+    t0 = time.perf_counter()
+    start, last = t0, 0.0
     for step in range(a.warmup + a.steps):
         loss = train_step()
         if step + 1 == a.warmup:
             loss.item()
             start = time.perf_counter()
+            print(f"torch warm-up ({a.warmup} steps{', compilation included' if a.compile else ''}): "
+                  f"{start - t0:.1f} s")
         if step + 1 == a.warmup + a.steps:
             last = loss.item()
     secs = time.perf_counter() - start
-    print(f"torch {a.arch} synthetic {s}x{s}, batch {n}, {a.amp}, channels-last {a.channels_last}: "
+    mode = "compiled" if a.compile else "eager"
+    print(f"torch {mode} {a.arch} synthetic {s}x{s}, batch {n}, {a.amp}, channels-last {a.channels_last}: "
           f"{n * a.steps / secs:.1f} images/s ({a.steps} steps in {secs:.2f} s, last loss {last:.3f})")
     if dev.type == "cuda":
         print(f"torch timed steps: {peer_profile.peak_memory(dev)}")
