@@ -3,6 +3,7 @@
 //! output and the gradient and writes the input's gradient), in f16 and f32, contiguous and
 //! channels-last; and M3: ResNet-50's pooling and batch norm passes, in the same terms.
 
+use mantissa::nn::Module;
 use mantissa::*;
 use std::time::Instant;
 

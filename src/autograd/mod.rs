@@ -10,9 +10,11 @@ pub(crate) mod checkpoint;
 mod function;
 pub(crate) mod join;
 pub(crate) mod pending;
+pub(crate) mod saved;
 
 pub use checkpoint::checkpoint;
 pub use function::custom_op;
+pub use saved::{recompute, set_recompute, Recompute};
 
 pub use crate::grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 use crate::sync::lock;

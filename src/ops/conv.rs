@@ -1,6 +1,7 @@
 //! conv2d and conv_transpose2d, forward and backward, NCHW or channels-last (NHWC).
 
 use super::{dispatch, expect_float, expect_rank, expect_same_dtype, Op};
+use crate::autograd::saved::Saved;
 use crate::backend::ops::{window_out, Conv2dParams};
 use crate::backend::{ConvDims, Storage};
 use crate::layout::Layout;
@@ -191,16 +192,23 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
             .storage()
             .conv2d(x.layout(), &w.storage(), w.layout(), &d)?,
     };
-    let (xs, ws) = (x.clone(), w.clone());
+    // The input, kept or (a batch norm's output) made again in backward for the weight's
+    // gradient: autograd::saved.
+    let (xs, ws) = (Saved::new(x), w.clone());
+    let kept = xs.kept().cloned();
+    let mut reads: Vec<&Tensor> = kept.iter().collect();
+    reads.push(w);
     Ok(activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach_saving(
         "conv2d",
         &[x, w],
-        &[x, w],
+        &reads,
         move |g, needs| {
             let gx = needs[0]
                 .then(|| conv_bwd_input_onto(g, &ws, d))
                 .transpose()?;
-            let gw = needs[1].then(|| conv_bwd_weight(&xs, g, d)).transpose()?;
+            let gw = needs[1]
+                .then(|| conv_bwd_weight(&xs.get()?, g, d))
+                .transpose()?;
             Ok(vec![gx, gw])
         },
     ))

@@ -7,6 +7,7 @@ use crate::backend::cpu::norm::stat_dtype;
 use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::ops::UnaryOp;
 use crate::layout::Layout;
+use crate::tensor::node::Recipe;
 use crate::{no_grad, Error, MemoryFormat, Result, Tensor};
 
 /// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
@@ -323,7 +324,40 @@ impl Tensor {
         let read_out = out.clone();
         let mut reads = vec![&x];
         reads.extend(read_out.as_ref());
-        Ok(y.attach_saving(name, &inputs, &reads, move |dy, needs| {
+        // Without a residual the output is the affine pass over x alone: offered to the ops
+        // that read it in backward (autograd::saved), made again there from x and the
+        // coefficients, which this node keeps anyway.
+        let recipe = r.is_none().then(|| {
+            let (xs, coef, seen) = (x.detach(), coef.clone(), x.version());
+            let layout = y.layout().clone();
+            move |of: u64| Recipe {
+                of,
+                make: std::sync::Arc::new(move || {
+                    let _prof = crate::profiler::op("batch_norm.recompute");
+                    if xs.version() != seen {
+                        return Err(Error::Autograd(format!(
+                            "the input of `batch_norm` (shape {:?}, {:?}), from which its \
+                             output is made again for a backward that reads it, was modified \
+                             in place after the forward (version {seen}, now {}); write into \
+                             a clone instead, or make the change after backward()",
+                            xs.shape(),
+                            xs.dtype(),
+                            xs.version()
+                        )));
+                    }
+                    let (cs, cl) = (coef.storage(), coef.layout());
+                    let fused = match fused_relu {
+                        true => FusedRelu::Output,
+                        false => FusedRelu::None,
+                    };
+                    let y =
+                        xs.storage()
+                            .channel_affine(xs.layout(), Addend::None, &cs, cl, fused)?;
+                    Ok(Tensor::from_storage_in(y, layout.clone()))
+                }),
+            }
+        });
+        let y = y.attach_saving(name, &inputs, &reads, move |dy, needs| {
             let dy = dy.to_dtype(xs.dtype())?.to_memory_format(format)?;
             let wants_params = needs[1..1 + nparams].iter().any(|&n| n);
             let mode = match (training, wants_params) {
@@ -397,7 +431,11 @@ impl Tensor {
                 grads.push(wanted.then(|| dy.to_dtype(rdt)).transpose()?);
             }
             Ok(grads)
-        }))
+        });
+        if let (Some(node), Some(recipe)) = (&y.0.node, recipe) {
+            node.set_recipe(recipe(y.id()));
+        }
+        Ok(y)
     }
 
     /// Layer normalisation over the trailing `normalized_shape` dims (PyTorch's

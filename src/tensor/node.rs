@@ -52,6 +52,14 @@ impl Edge {
     }
 }
 
+/// Makes an op's output again, bit for bit, from what the op's own backward keeps: see
+/// [`crate::autograd::saved`]. The output is the tensor with id `of`.
+#[derive(Clone)]
+pub(crate) struct Recipe {
+    pub(crate) of: u64,
+    pub(crate) make: Arc<dyn Fn() -> Result<Tensor> + Send + Sync>,
+}
+
 static NEXT_NODE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// The id the next node recorded will have: every node recorded before has a lower one.
@@ -68,6 +76,8 @@ pub(crate) struct Node {
     /// they were saved: an in-place write since then would make the gradient wrong, so
     /// backward refuses it (PyTorch's saved-tensor version check).
     saved: Vec<(Tensor, u64)>,
+    /// How to make the output again, where the op offers it (until the node has run).
+    recipe: Mutex<Option<Recipe>>,
 }
 
 impl Node {
@@ -83,7 +93,18 @@ impl Node {
             state: Mutex::new(Some((edges, f))),
             // Detached: a saved output must not hold its own node (a reference cycle).
             saved: saved.iter().map(|t| (t.detach(), t.version())).collect(),
+            recipe: Mutex::new(None),
         }
+    }
+
+    /// Offers `r` to the ops that save this node's output for their backward.
+    pub(crate) fn set_recipe(&self, r: Recipe) {
+        *lock(&self.recipe) = Some(r);
+    }
+
+    /// The recipe of the output with id `of`, while the node has not run.
+    pub(crate) fn recipe_of(&self, of: u64) -> Option<Recipe> {
+        lock(&self.recipe).clone().filter(|r| r.of == of)
     }
 
     /// `Err` when a saved tensor was written in place after it was saved.
@@ -121,7 +142,10 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// The edges and the backward closure, once; the recipe goes with them (what it holds
+    /// is freed with the rest of the node's state).
     pub(crate) fn take(&self) -> Option<(Vec<Edge>, BackwardFn)> {
+        lock(&self.recipe).take();
         lock(&self.state).take()
     }
 }

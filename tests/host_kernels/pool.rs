@@ -88,7 +88,7 @@ fn check_cases(lib: &libloading::Library, cases: &[Pooling], x: &crate::Tensor) 
                 channels_last: nhwc,
             };
             let a = args(&d, params.as_ref());
-            let xs = in_order(&x, nhwc);
+            let xs = in_order(x, nhwc);
             let gs = in_order(&g, nhwc);
             let mut out = vec![0f32; y.numel()];
             let mut back = vec![0f32; x.numel()];
