@@ -11,7 +11,7 @@
 #   bash bench/gpu_session.sh            # both, where a call may run long enough
 #   bash bench/gpu_session.sh accept     # W3's acceptance (issue 41), one call (under 540 s):
 #                                        # ResNet-50 fp16 / bf16 / fp32 beside PyTorch eager
-#                                        # and torch.compile, then gpu_check's M3
+#                                        # and torch.compile, then gpu_check's M5
 #   bash bench/gpu_session.sh verify     # MNIST CNN fp16 and the CUDA tests, one call
 #   bash bench/gpu_session.sh defects    # issue 39's GPU lines, one call (under 540 s): the
 #                                        # first MNIST run's kernel compile from an empty
@@ -94,7 +94,7 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ]; then
     #           too (its compilation in the untimed warm-up), each with nvidia-smi's peak
     #           memory.used (sampled every 100 ms, the context included); our fp16 run also
     #           profiles 2 steps after the timed ones (the kernel table with each kernel's
-    #           GB/s: the pooling line); then gpu_check (M2 elementwise, M3 pooling and batch
+    #           GB/s: the pooling line); then gpu_check (M2 elementwise, M5 pooling and batch
     #           norm, engine and cuDNN, against the copy). Most telling first.
     #   verify: W3 fp16 with cuDNN's batch norm (--cudnn-batch-norm, profiled as accept's
     #           fp16 run, to set beside it), the MNIST CNN fp16 recipe (>= 99.0%),
@@ -119,7 +119,7 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ]; then
             tr '\r' '\n' <"/tmp/run.$name" | tail -n 120
         } >>"$log"
         echo "$name rc=$rc wall=${wall}s smi-peak=${peak:-?}MiB $(tr '\r' '\n' <"/tmp/run.$name" \
-            | grep -E 'images/s|tokens/s|peak allocated|warm-up|test result|^epoch [0-9]+:|^kernels:|fits on|differ|error|^M3|^  F(16|32) ' | tail -n 8 | tr '\n' ' ')"
+            | grep -E 'images/s|tokens/s|peak allocated|warm-up|test result|^epoch [0-9]+:|^kernels:|fits on|differ|error|^M5|^  F(16|32) ' | tail -n 8 | tr '\n' ' ')"
     }
     if [ "$mode" = defects ]; then
         # Issue 39's GPU acceptance, most telling first; the limits add up to 535 s.

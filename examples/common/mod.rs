@@ -31,6 +31,11 @@ pub struct RunFlags {
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_batch_norm: bool,
+    /// Keep every tensor a backward reads from the forward, as PyTorch does, instead of
+    /// making batch norm outputs again in backward on a GPU (more memory, one pass less over
+    /// each such output; `autograd::set_recompute`).
+    #[arg(long)]
+    pub keep_activations: bool,
     /// Gradient accumulation: an optimizer step every N batches, each batch's loss divided
     /// by N (the update of a batch N times as large, in the memory of one).
     #[arg(long, default_value_t = 1)]
@@ -69,6 +74,9 @@ impl RunFlags {
             println!("{}", mantissa::backend::cuda::probe::report(n)?);
             mantissa::backend::cuda::conv::set_cudnn_benchmark(self.cudnn_benchmark);
             mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(self.cudnn_batch_norm);
+        }
+        if self.keep_activations {
+            mantissa::autograd::set_recompute(mantissa::autograd::Recompute::Never);
         }
         let low = parse_precision(&self.precision, device)?;
         // The low dtype's kernels start compiling now, beside the f32 ones, while the model

@@ -1,7 +1,7 @@
 //! M2: the engine's elementwise kernels against the device-to-device copy, in GB/s of the
 //! bytes each must move: add, mul and relu forward, and relu's backward (which reads the saved
 //! output and the gradient and writes the input's gradient), in f16 and f32, contiguous and
-//! channels-last; and M3: ResNet-50's pooling and batch norm passes, in the same terms.
+//! channels-last; and M5: ResNet-50's pooling and batch norm passes, in the same terms.
 
 use mantissa::nn::Module;
 use mantissa::*;
@@ -71,7 +71,7 @@ pub fn elementwise(d: Device, quick: bool) -> Result<String> {
     Ok(lines.join("\n"))
 }
 
-/// M3: ResNet-50's pooling and batch norm at its own shapes (`quick`: small ones), in GB/s
+/// M5: ResNet-50's pooling and batch norm at its own shapes (`quick`: small ones), in GB/s
 /// of the bytes each pass must move and % of the copy, channels-last and NCHW, f16 and f32:
 /// the stem's 3 x 3 stride-2 max pool over [256, 64, 112, 112] (forward: x, y and the u8
 /// taps; backward: dy, the taps and dx), the head's global average pool over [256, 2048, 7,
@@ -85,7 +85,7 @@ pub fn resnet_passes(d: Device, quick: bool) -> Result<String> {
         ([256, 64, 112, 112], [256, 2048, 7, 7])
     };
     let mut lines = vec![format!(
-        "M3 ResNet-50 passes on {stem:?} (pools, batch norm) and {head:?} (head) (GB/s; % of the copy)"
+        "M5 ResNet-50 passes on {stem:?} (pools, batch norm) and {head:?} (head) (GB/s; % of the copy)"
     )];
     let pool = MaxPool2dOptions {
         kernel: [3, 3],

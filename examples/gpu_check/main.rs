@@ -2,7 +2,7 @@
 //! compiled by NVRTC for this GPU and loaded, a few kernels against the CPU backend, a GEMM
 //! TFLOP/s figure (cuBLAS), a host-to-device copy bandwidth, one training step against the
 //! CPU, a convolution timed in NCHW and channels-last, M2: elementwise forward and backward
-//! bandwidth beside the device-to-device copy, and M3: ResNet-50's pooling and batch norm
+//! bandwidth beside the device-to-device copy, and M5: ResNet-50's pooling and batch norm
 //! passes at its own shapes, in the same terms.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
