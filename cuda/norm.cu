@@ -100,13 +100,12 @@ __device__ __forceinline__ void bn_runs(const T* __restrict__ xb, const T* __res
 // which all threads of a channel share, so that the chunk's mean is K + S1 / n and its sum of
 // squared deviations S2 - S1^2 / n without the cancellation of unshifted sums. The threads'
 // sums are joined in shared memory in a fixed order. Modes and operands as bn_partial's.
-template <typename T>
-__device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __restrict__ dy,
-                               const T* __restrict__ mask, T* __restrict__ masked,
-                               const float* __restrict__ fc, float* __restrict__ part,
-                               i64 outer, i64 C, i64 chunk, int tg) {
+template <typename T, int MODE>
+__device__ void bn_partial_vec_mode(const T* __restrict__ x, const T* __restrict__ dy,
+                                    const T* __restrict__ mask, T* __restrict__ masked,
+                                    const float* __restrict__ fc, float* __restrict__ part,
+                                    i64 outer, i64 C, i64 chunk, int tg, float (*red)[256][9]) {
     const int V = 16 / sizeof(T);
-    __shared__ float red[2][256][9];
     int g = threadIdx.x % tg, lr = threadIdx.x / tg, R = blockDim.x / tg;
     i64 groups = C / V, tiles = (groups + tg - 1) / tg;
     i64 chunks = (outer + chunk - 1) / chunk;
@@ -121,7 +120,7 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
         if (grp < groups) {
             i64 c0 = grp * V;
             // Mode 0: the shift K, the chunk's first row; modes 1 and 2: the channels' means.
-            if (mode == 0) {
+            if (MODE == 0) {
                 Vec16<T> kv = *reinterpret_cast<const Vec16<T>*>(x + o0 * C + c0);
                 #pragma unroll
                 for (int q = 0; q < V; ++q) m[q] = to_f32(kv.v[q]);
@@ -134,15 +133,15 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
             float ra[V], rg[V];
             #pragma unroll
             for (int q = 0; q < V; ++q) {
-                ra[q] = mode == 2 ? fc[c0 + q] : 0.0f;
-                rg[q] = mode == 2 ? fc[2 * C + c0 + q] : 0.0f;
+                ra[q] = MODE == 2 ? fc[c0 + q] : 0.0f;
+                rg[q] = MODE == 2 ? fc[2 * C + c0 + q] : 0.0f;
             }
             #pragma unroll 4
             for (int r = lr; r < rows; r += R) {
                 i64 off = (o0 + r) * C + c0;
                 Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + off), dv;
                 Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage
-                if (mode == 0) {
+                if (MODE == 0) {
                     #pragma unroll
                     for (int q = 0; q < V; ++q) {
                         float d = to_f32(xv.v[q]) - m[q];
@@ -157,7 +156,7 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
                 for (int q = 0; q < V; ++q) {
                     float v = to_f32(xv.v[q]);
                     bool off = mask ? to_f32(mv.v[q]) <= 0.0f
-                                    : mode == 2 && bn_pre_k(v, ra[q], m[q], rg[q]) <= 0.0f;
+                                    : MODE == 2 && bn_pre_k(v, ra[q], m[q], rg[q]) <= 0.0f;
                     float d = off ? 0.0f : to_f32(dv.v[q]);
                     if (masked) dv.v[q] = from_f32<T>(d);
                     s1[q] += d;
@@ -183,7 +182,7 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
                 a1 += red[0][l * tg + gj][q];
                 a2 += red[1][l * tg + gj][q];
             }
-            if (mode == 0) {
+            if (MODE == 0) {
                 float kc = to_f32(x[o0 * C + c]), n = (float)rows;
                 part[(k * C + c) * 2] = kc + a1 / n;
                 part[(k * C + c) * 2 + 1] = fmaxf(a2 - a1 * a1 / n, 0.0f);
@@ -193,6 +192,23 @@ __device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __res
             }
         }
     }
+}
+
+// bn_partial_vec for one mode, known at compile time: each mode's loop holds only the
+// registers it uses (mode 0 reads x alone), so more threads fit on a multiprocessor and more
+// loads are in flight. The shared sums are the caller's, one array for all three.
+template <typename T>
+__device__ void bn_partial_vec(int mode, const T* __restrict__ x, const T* __restrict__ dy,
+                               const T* __restrict__ mask, T* __restrict__ masked,
+                               const float* __restrict__ fc, float* __restrict__ part,
+                               i64 outer, i64 C, i64 chunk, int tg) {
+    __shared__ float red[2][256][9];
+    if (mode == 0)
+        bn_partial_vec_mode<T, 0>(x, dy, mask, masked, fc, part, outer, C, chunk, tg, red);
+    else if (mode == 1)
+        bn_partial_vec_mode<T, 1>(x, dy, mask, masked, fc, part, outer, C, chunk, tg, red);
+    else
+        bn_partial_vec_mode<T, 2>(x, dy, mask, masked, fc, part, outer, C, chunk, tg, red);
 }
 
 // mode 0: part = (mean of the chunk, sum of squared deviations from it) of x;
@@ -438,9 +454,11 @@ __device__ __forceinline__ float bn_affine_one(float x, const float* __restrict_
 
 // bn_affine's channels-last vectors when the grid's stride is a whole number of rows
 // (stride % run == 0, run = C / V vectors per row): each thread then meets the same V
-// channels at every step, so their coefficients (and a recomputed ReLU's forward ones) are
-// loaded once into registers instead of once per element. `first` < nv.
-template <typename T>
+// channels at every step, so their coefficients (and, with FC, a recomputed ReLU's forward
+// ones) are loaded once into registers instead of once per element. Per element, those loads
+// gather from V-strided addresses across the warp, several cache lines each: a bound far
+// below memory speed where the vectors hold many channels. `first` < nv.
+template <typename T, bool FC>
 __device__ void bn_affine_rows(const T* __restrict__ x, const T* __restrict__ add,
                                const T* __restrict__ mask, const float* __restrict__ fc,
                                const float* __restrict__ coef, T* __restrict__ out, i64 nv,
@@ -451,8 +469,9 @@ __device__ void bn_affine_rows(const T* __restrict__ x, const T* __restrict__ ad
     #pragma unroll
     for (int j = 0; j < V; ++j) {
         k[j] = bn_coef(coef, C, c0 + j, add && !f.plain);
-        fk[j] = fc && !mask ? bn_coef(fc, C, c0 + j, false) : BnCoef{};
+        if (FC) fk[j] = bn_coef(fc, C, c0 + j, false);
     }
+    #pragma unroll 2
     for (i64 i = first; i < nv; i += stride) {
         Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i], av;
         Vec16<T> mv = {}; // read only with a mask; zero so that no copy reads garbage
@@ -461,8 +480,9 @@ __device__ void bn_affine_rows(const T* __restrict__ x, const T* __restrict__ ad
         #pragma unroll
         for (int j = 0; j < V; ++j) {
             float v = to_f32(xv.v[j]);
-            bool off = mask ? to_f32(mv.v[j]) <= 0.0f
-                            : fc && bn_pre_k(v, fk[j].alpha, fk[j].center, fk[j].gamma) <= 0.0f;
+            bool off = false;
+            if (FC) off = bn_pre_k(v, fk[j].alpha, fk[j].center, fk[j].gamma) <= 0.0f;
+            else if (mask) off = to_f32(mv.v[j]) <= 0.0f;
             float d = add ? to_f32(av.v[j]) : 0.0f;
             xv.v[j] = from_f32<T>(bn_affine_k(v, k[j], add, d, off, f));
         }
@@ -495,7 +515,10 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
     i64 run = inner == 1 ? C / V : inner / V;
     if (inner == 1 && nv > 0 && ((i64)gridDim.x * blockDim.x) % run == 0) {
         i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-        if (first < nv) bn_affine_rows(x, add, mask, fc, coef, out, nv, C, run, first, f);
+        if (first < nv && fc && !mask)
+            bn_affine_rows<T, true>(x, add, mask, fc, coef, out, nv, C, run, first, f);
+        else if (first < nv)
+            bn_affine_rows<T, false>(x, add, mask, fc, coef, out, nv, C, run, first, f);
         return; // n == nv V: no elements are left over
     }
     FOR_EACH(i, nv) {
