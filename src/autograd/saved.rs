@@ -1,11 +1,11 @@
 //! What an op's backward reads of its inputs: the tensor itself, kept from the forward, or,
 //! where the input's producer can make it again bit for bit from what its own backward keeps
-//! anyway, a recipe run in backward. Batch norm offers one for its output (`alpha (x - mean) +
-//! beta`, clamped with a fused ReLU, from its input and statistics): a convolution that reads a
-//! batch norm's output then keeps nothing of its own between the passes, and the output is
-//! freed as soon as the forward has used it. In ResNet-50 that is two of every bottleneck's
-//! three convolution inputs, about a fifth of what a training step keeps, for one more pass
-//! over each in backward.
+//! anyway, a recipe run in backward. Batch norm offers one for its output
+//! (`(x - mean) * invstd * weight + bias`, clamped with a fused ReLU, from its input and
+//! coefficients): a convolution that reads a batch norm's output then keeps nothing of its
+//! own between the passes, and the output is freed as soon as the forward has used it. In
+//! ResNet-50 that is two of every bottleneck's three convolution inputs, about a sixth of what
+//! a training step keeps, for one more pass over each in backward.
 
 use crate::tensor::node::Recipe;
 use crate::{Device, Result, Tensor};
