@@ -163,8 +163,8 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ]; then
         # The three that a real GPU host once left hanging or failing (issue 39), each with
         # a limit, then the CUDA test binaries; cuda_fusions prints which batch norm path
         # each case took on this cuDNN.
-        for t in hostile_input:20 fuzz_api:60 torch_reference:30 cuda_parity:90 \
-            cuda_semantics:45 cuda_transfer:30 cuda_kernels:45 profiler:40; do
+        for t in hostile_input:20 fuzz_api:60 torch_reference:30 cuda_parity:70 \
+            cuda_semantics:45 cuda_transfer:30 cuda_kernels:45 profiler:40 recompute:20; do
             acc "test-${t%%:*}" "${t#*:}" ".gpu/tests/${t%%:*}" --test-threads 1
         done
         acc test-cuda_fusions 30 .gpu/tests/cuda_fusions --test-threads 1 --nocapture

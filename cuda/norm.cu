@@ -500,8 +500,10 @@ __device__ void bn_affine_rows(const T* __restrict__ x, const T* __restrict__ ad
 // holds V adjacent channels of a row (channels-last, C % V == 0) and every operand is
 // aligned; the channel comes from 32-bit index arithmetic once per vector, or, channels-last
 // with a stride of whole rows (the launcher sizes the grid so), once per thread
-// (bn_affine_rows).
-template <typename T>
+// (bn_affine_rows). FC: the kernel for a fused ReLU's backward that recomputes its mask from
+// x (fc given, no mask), whose whole-row path holds those coefficients too; the other kernel
+// takes every other call, with fewer registers. Either gives the right result for any call.
+template <typename T, bool FC>
 __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
                           const T* __restrict__ mask, const float* __restrict__ fc,
                           const float* __restrict__ coef, T* __restrict__ out, i64 n, i64 C,
@@ -513,12 +515,10 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
     i64 nv = fits && aligned ? n / V : 0;
     // Vectors per channels-last row, or per channel run.
     i64 run = inner == 1 ? C / V : inner / V;
-    if (inner == 1 && nv > 0 && ((i64)gridDim.x * blockDim.x) % run == 0) {
+    bool rows = inner == 1 && nv > 0 && ((i64)gridDim.x * blockDim.x) % run == 0;
+    if (rows && FC == (fc && !mask)) {
         i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-        if (first < nv && fc && !mask)
-            bn_affine_rows<T, true>(x, add, mask, fc, coef, out, nv, C, run, first, f);
-        else if (first < nv)
-            bn_affine_rows<T, false>(x, add, mask, fc, coef, out, nv, C, run, first, f);
+        if (first < nv) bn_affine_rows<T, FC>(x, add, mask, fc, coef, out, nv, C, run, first, f);
         return; // n == nv V: no elements are left over
     }
     FOR_EACH(i, nv) {
@@ -624,7 +624,12 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
     extern "C" __global__ void bn_affine_##T(const T* x, const T* add, const T* mask,          \
                                              const float* fc, const float* coef, T* out, i64 n, \
                                              i64 C, i64 inner, int flags) {                    \
-        bn_affine<T>(x, add, mask, fc, coef, out, n, C, inner, flags);                         \
+        bn_affine<T, false>(x, add, mask, fc, coef, out, n, C, inner, flags);                  \
+    }                                                                                          \
+    extern "C" __global__ void bn_affine_fc_##T(const T* x, const T* add, const T* mask,       \
+                                                const float* fc, const float* coef, T* out,     \
+                                                i64 n, i64 C, i64 inner, int flags) {           \
+        bn_affine<T, true>(x, add, mask, fc, coef, out, n, C, inner, flags);                   \
     }                                                                                          \
     extern "C" __global__ void ln_forward_##T(const T* x, const T* w, const T* b, T* y,         \
                                               float* stats, i64 rows, i64 cols, float eps) {    \

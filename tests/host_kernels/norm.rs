@@ -66,6 +66,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
     let partial: Partial = function(lib, "bn_partial_float");
     let finalize: Finalize = function(lib, "bn_finalize");
     let affine: Affine = function(lib, "bn_affine_float");
+    let affine_fc: Affine = function(lib, "bn_affine_fc_float");
     // [n, c, h, w]: 40 channels make two channel tiles channels-last, one of them partial.
     // (shape, format, chunk rows, threads per block, vector groups per tile): 64 threads keep
     // the emulation quick; some cases run the launcher's 256. With tg > 0, channels-last
@@ -405,7 +406,12 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
             near(&out, &want, &what);
             // Channels-last in vectors of 4 channels, on a grid whose stride is two whole rows
             // (two blocks of c / 4 threads): each thread keeps its channels' coefficients.
-            if s.inner == 1 && c.is_multiple_of(4) {
+            // Both kernels, each right for any call (the one for a recomputed ReLU's mask
+            // takes the whole-row path only there).
+            for (kernel, affine) in [("", affine), ("fc ", affine_fc)] {
+                if s.inner != 1 || !c.is_multiple_of(4) {
+                    break;
+                }
                 let mut rows_out = vec![f32::NAN; n];
                 let (xa, da, ma, fa) = (
                     Addr::of(&xs),
@@ -431,7 +437,11 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                         )
                     }
                 });
-                near(&rows_out, &want, &format!("{what}, a stride of whole rows"));
+                near(
+                    &rows_out,
+                    &want,
+                    &format!("{what}, {kernel}a stride of whole rows"),
+                );
             }
             if backward && relu != Relu::None {
                 // The mask drops dy at some elements and keeps it at others.

@@ -5,7 +5,8 @@
 use super::pool::Pool;
 use super::storage::CudaStorage;
 use super::{
-    amp, conv, elementwise, index, loss, matmul, norm, optim, pool, random, reduce, rnn, softmax,
+    amp, conv, elementwise, index, layer_norm, loss, matmul, norm, optim, pool, random, reduce,
+    rnn, softmax,
 };
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
@@ -286,7 +287,7 @@ impl NormOps for CudaStorage {
         b: Option<(&Self, &Layout)>,
         eps: f64,
     ) -> Result<(Self, Self)> {
-        norm::layer_norm(self, lx, cols, w, b, eps)
+        layer_norm::layer_norm(self, lx, cols, w, b, eps)
     }
     fn layer_norm_backward(
         &self,
@@ -297,7 +298,7 @@ impl NormOps for CudaStorage {
         stats: &Self,
         w: Option<(&Self, &Layout)>,
     ) -> Result<Self> {
-        norm::layer_norm_backward(self, ld, x, lx, cols, stats, w)
+        layer_norm::layer_norm_backward(self, ld, x, lx, cols, stats, w)
     }
 }
 

@@ -54,6 +54,7 @@ pub(crate) mod handles;
 mod host_kernels;
 pub mod index;
 pub mod kernels;
+pub(crate) mod layer_norm;
 pub mod libs;
 pub mod limits;
 pub mod loss;

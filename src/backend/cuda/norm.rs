@@ -445,7 +445,12 @@ pub(crate) fn channel_affine(
         | (i32::from(matches!(add, Addend::Residual(..))) << 1);
     let outp = out.ptr();
     let (n64, c, inner) = (n as i64, s.channels as i64, s.inner as i64);
-    let name = format!("bn_affine_{t}");
+    // A fused ReLU's backward that recomputes its mask from x has a kernel of its own (its
+    // whole-row path holds more coefficients; the other keeps fewer registers).
+    let name = match fp != 0 && mask == 0 {
+        true => format!("bn_affine_fc_{t}"),
+        false => format!("bn_affine_{t}"),
+    };
     // x in, the addend in when given, the output out; the coefficients are four f32 per
     // channel, and a recomputed mask reads the forward's five more.
     let planes = if dp != 0 { 3 } else { 2 } + u64::from(mask != 0);
@@ -508,95 +513,6 @@ fn relu_mask(
     same_dtype(op, dy, y)?;
     ChannelSplit::of_pair(op, ld, ly)?;
     Ok(y.ptr_at(ly.offset()))
-}
-
-/// A vector operand's address in `x`'s dtype (a contiguous copy when it is a strided view),
-/// or null.
-fn vector_ptr<'a>(
-    op: &'static str,
-    x: &CudaStorage,
-    v: Option<(&'a CudaStorage, &Layout)>,
-) -> Result<(Option<Dense<'a>>, sys::CUdeviceptr)> {
-    let Some((v, l)) = v else {
-        return Ok((None, 0));
-    };
-    same_dtype(op, x, v)?;
-    let d = v.contiguous(l)?;
-    let p = d.ptr();
-    Ok((Some(d), p))
-}
-
-/// Layer norm over rows of `cols` contiguous elements: `(y, stats)` with stats `[rows, 2]`
-/// (mean, 1 / sqrt(var + eps)) in f32.
-pub(crate) fn layer_norm(
-    x: &CudaStorage,
-    lx: &Layout,
-    cols: usize,
-    w: Option<(&CudaStorage, &Layout)>,
-    b: Option<(&CudaStorage, &Layout)>,
-    eps: f64,
-) -> Result<(CudaStorage, CudaStorage)> {
-    let op = "layer_norm";
-    let t = float_kname(op, x.dtype())?;
-    let x = x.contiguous(lx)?;
-    let rows = lx.numel() / cols;
-    let (_w, wp) = vector_ptr(op, &x, w)?;
-    let (_b, bp) = vector_ptr(op, &x, b)?;
-    let y = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
-    let stats = CudaStorage::alloc_on(x.rt(), DType::F32, 2 * rows)?;
-    let (xp, yp, sp) = (x.ptr(), y.ptr(), stats.ptr());
-    let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
-    let name = format!("ln_forward_{t}");
-    let cfg = super::storage::rows_grid(rows);
-    let vectors = [wp, bp].iter().filter(|&&p| p != 0).count() as u64;
-    let bytes = 2 * elems(lx.numel(), x.dtype())
-        + vectors * elems(cols, x.dtype())
-        + elems(2 * rows, DType::F32);
-    launch!(
-        bytes = bytes;
-        x, KernelFile::Norm, name, cfg, &xp, &wp, &bp, &yp, &sp, &r64, &c64, &e32
-    );
-    Ok((y, stats))
-}
-
-/// The input's gradient of [`layer_norm`] from the output's, the statistics and `w`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn layer_norm_backward(
-    dy: &CudaStorage,
-    ld: &Layout,
-    x: &CudaStorage,
-    lx: &Layout,
-    cols: usize,
-    stats: &CudaStorage,
-    w: Option<(&CudaStorage, &Layout)>,
-) -> Result<CudaStorage> {
-    let op = "layer_norm backward";
-    let t = float_kname(op, x.dtype())?;
-    same_dtype(op, dy, x)?;
-    if stats.dtype() != DType::F32 {
-        return Err(Error::DType {
-            op,
-            dtype: stats.dtype(),
-            expected: "f32 statistics",
-        });
-    }
-    let (dy, x) = (dy.contiguous(ld)?, x.contiguous(lx)?);
-    let rows = lx.numel() / cols;
-    let (_w, wp) = vector_ptr(op, &x, w)?;
-    let dx = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
-    let (dp, xp, sp, op_) = (dy.ptr(), x.ptr(), stats.ptr(), dx.ptr());
-    let (r64, c64) = (rows as i64, cols as i64);
-    let name = format!("ln_backward_{t}");
-    let cfg = super::storage::rows_grid(rows);
-    let vectors = u64::from(wp != 0);
-    let bytes = 3 * elems(lx.numel(), x.dtype())
-        + vectors * elems(cols, x.dtype())
-        + elems(2 * rows, DType::F32);
-    launch!(
-        bytes = bytes;
-        x, KernelFile::Norm, name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64
-    );
-    Ok(dx)
 }
 
 /// `blocks` (of 256 threads) made a multiple of what makes the grid's stride a whole number
