@@ -53,17 +53,26 @@ fn pooling_kernels_match_the_cpu_in_both_memory_orders() {
         }),
         Pooling::Adaptive([3, 4]),
         Pooling::Adaptive([13, 11]),
+        Pooling::Adaptive([1, 1]),
     ];
-    // Three channels: the element kernels; eight: channels-last takes the vector kernels too
-    // (two vectors of four f32 channels per pixel).
-    for channels in [3, 8] {
-        check_cases(lib, &cases, &randn(&[2, channels, 7, 9], 1));
-    }
+    let Some(vlib) = library("pool_vec") else {
+        return;
+    };
+    // Three channels, rows of 9: the element kernels; eight channels, rows of 8: the vector
+    // kernels too (two vectors of four f32 channels per pixel channels-last; two vectors of
+    // four cells per row in NCHW).
+    check_cases((lib, vlib), &cases, &randn(&[2, 3, 7, 9], 1));
+    check_cases((lib, vlib), &cases, &randn(&[2, 8, 7, 8], 1));
 }
 
 /// Every case's kernels on x against the CPU, NCHW and NHWC; with `c` a multiple of 4, NHWC
-/// through the vector kernels (`*_cl_*`) as well.
-fn check_cases(lib: &libloading::Library, cases: &[Pooling], x: &crate::Tensor) {
+/// through the vector kernels (`*_cl_*`) as well, and with rows a multiple of 4, NCHW through
+/// the row kernels (`*_rows_*`) where the op has them.
+fn check_cases(
+    (lib, vlib): (&libloading::Library, &libloading::Library),
+    cases: &[Pooling],
+    x: &crate::Tensor,
+) {
     let (c, h, w) = (x.shape()[1], x.shape()[2], x.shape()[3]);
     for case in cases {
         // The CPU's forward and input gradient for an upstream gradient g.
@@ -134,14 +143,14 @@ fn check_cases(lib: &libloading::Library, cases: &[Pooling], x: &crate::Tensor) 
                 unsafe {
                     if let Pooling::Max(_) = case {
                         let mut taps = vec![0u8; y.numel()];
-                        let f: TapsForward = function(lib, "max_pool2d_taps_cl_float");
+                        let f: TapsForward = function(vlib, "max_pool2d_taps_cl_float");
                         f(xs.as_ptr(), out.as_mut_ptr(), taps.as_mut_ptr(), a);
-                        let b: TapsBackward = function(lib, "max_pool2d_taps_cl_backward_float");
+                        let b: TapsBackward = function(vlib, "max_pool2d_taps_cl_backward_float");
                         b(gs.as_ptr(), taps.as_ptr(), back.as_mut_ptr(), a);
                     } else {
-                        let f: Forward = function(lib, &format!("{stem}_cl_float"));
+                        let f: Forward = function(vlib, &format!("{stem}_cl_float"));
                         f(xs.as_ptr(), out.as_mut_ptr(), a);
-                        let b: Forward = function(lib, &format!("{stem}_cl_backward_float"));
+                        let b: Forward = function(vlib, &format!("{stem}_cl_backward_float"));
                         b(gs.as_ptr(), back.as_mut_ptr(), a);
                     }
                 }
@@ -156,8 +165,58 @@ fn check_cases(lib: &libloading::Library, cases: &[Pooling], x: &crate::Tensor) 
                     &format!("{what} backward (vectors)"),
                 );
             }
+            if !nhwc && w % 4 == 0 {
+                check_rows(vlib, case, a, (&xs, &gs), (&y, &gx), &what);
+            }
         }
     }
+}
+
+/// The NCHW row kernels where the case has them: max pooling forward (output rows of a
+/// multiple of 4) and backward, adaptive average pooling backward; against the CPU's `y`
+/// and `gx`.
+fn check_rows(
+    vlib: &libloading::Library,
+    case: &Pooling,
+    a: PoolArgs,
+    (xs, gs): (&[f32], &[f32]),
+    (y, gx): (&crate::Tensor, &crate::Tensor),
+    what: &str,
+) {
+    let mut back = vec![0f32; gx.numel()];
+    match case {
+        Pooling::Max(_) => {
+            // The CPU's taps for the backward, from the element kernel's forward.
+            let (mut out, mut taps) = (vec![0f32; y.numel()], vec![0u8; y.numel()]);
+            let wo = y.shape()[3];
+            // SAFETY: the buffers hold the element counts the arguments describe; rows of a
+            // multiple of 4 cells (checked by the callers and here).
+            unsafe {
+                if wo % 4 == 0 {
+                    let f: TapsForward = function(vlib, "max_pool2d_taps_rows_float");
+                    f(xs.as_ptr(), out.as_mut_ptr(), taps.as_mut_ptr(), a);
+                    close(&out, &in_order(y, false), &format!("{what} forward (rows)"));
+                } else {
+                    let lib = super::library("pool").expect("built above");
+                    let f: TapsForward = function(lib, "max_pool2d_taps_float");
+                    f(xs.as_ptr(), out.as_mut_ptr(), taps.as_mut_ptr(), a);
+                }
+                let b: TapsBackward = function(vlib, "max_pool2d_taps_rows_backward_float");
+                b(gs.as_ptr(), taps.as_ptr(), back.as_mut_ptr(), a);
+            }
+        }
+        Pooling::Adaptive(_) => {
+            let b: Forward = function(vlib, "adaptive_avg_pool2d_rows_backward_float");
+            // SAFETY: as above.
+            unsafe { b(gs.as_ptr(), back.as_mut_ptr(), a) };
+        }
+        Pooling::Avg(_) => return,
+    }
+    close(
+        &back,
+        &in_order(gx, false),
+        &format!("{what} backward (rows)"),
+    );
 }
 
 fn name(p: &Pooling) -> String {

@@ -12,6 +12,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("norm", include_str!("../../../cuda/norm.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
     ("pool", include_str!("../../../cuda/pool.cu")),
+    ("pool_vec", include_str!("../../../cuda/pool_vec.cu")),
     ("amp", include_str!("../../../cuda/amp.cu")),
     ("random", include_str!("../../../cuda/random.cu")),
     ("reduce", include_str!("../../../cuda/reduce.cu")),
@@ -21,6 +22,14 @@ pub const KERNELS: &[(&str, &str)] = &[
         include_str!("../../../cuda/softmax_xent.cu"),
     ),
 ];
+
+/// Headers a family of kernel files shares, placed after the prelude: (header name, source,
+/// the files that include it).
+const HEADERS: &[(&str, &str, &[&str])] = &[(
+    "pool.cuh",
+    include_str!("../../../cuda/pool.cuh"),
+    &["pool", "pool_vec"],
+)];
 
 /// The kernel files, by name: what a launch names (a misspelt file is a compile error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +41,7 @@ pub enum KernelFile {
     Norm,
     Optim,
     Pool,
+    PoolVec,
     Random,
     Reduce,
     Rnn,
@@ -40,7 +50,7 @@ pub enum KernelFile {
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 11] = [
+    pub const ALL: [KernelFile; 12] = [
         KernelFile::Amp,
         KernelFile::Cast,
         KernelFile::Elementwise,
@@ -48,6 +58,7 @@ impl KernelFile {
         KernelFile::Norm,
         KernelFile::Optim,
         KernelFile::Pool,
+        KernelFile::PoolVec,
         KernelFile::Random,
         KernelFile::Reduce,
         KernelFile::Rnn,
@@ -64,6 +75,7 @@ impl KernelFile {
             KernelFile::Norm => "norm",
             KernelFile::Optim => "optim",
             KernelFile::Pool => "pool",
+            KernelFile::PoolVec => "pool_vec",
             KernelFile::Random => "random",
             KernelFile::Reduce => "reduce",
             KernelFile::Rnn => "rnn",
@@ -135,12 +147,17 @@ pub fn op_codes() -> String {
 }
 
 /// The full source NVRTC compiles for kernel file `name`, or `None` if there is none: the
-/// op codes, the prelude, then the file.
+/// op codes, the prelude, the headers of its family, then the file.
 pub fn source(name: &str) -> Option<String> {
     let (_, body) = KERNELS.iter().find(|(n, _)| *n == name)?;
     let codes = op_codes();
+    let headers: String = HEADERS
+        .iter()
+        .filter(|(_, _, files)| files.contains(&name))
+        .map(|(h, text, _)| format!("#line 1 \"{h}\"\n{text}\n"))
+        .collect();
     Some(format!(
-        "#line 1 \"op_codes.h\"\n{codes}#line 1 \"prelude.cuh\"\n{PRELUDE}\n#line 1 \"{name}.cu\"\n{body}"
+        "#line 1 \"op_codes.h\"\n{codes}#line 1 \"prelude.cuh\"\n{PRELUDE}\n{headers}#line 1 \"{name}.cu\"\n{body}"
     ))
 }
 

@@ -1,7 +1,7 @@
 //! Launchers for `cuda/pool.cu`: max, average and adaptive average 2-D pooling and their
 //! backward passes over dense NCHW inputs, or NHWC ones for a channels-last input (outputs in
-//! the same order; a view in another order is copied first). Channels-last operands whose
-//! channels fill 16-byte vectors take the vector kernels (`*_cl_*`).
+//! the same order; a view in another order is copied first). Where the channels (channels-last)
+//! or the rows (NCHW) fill 16-byte vectors, the vector kernels of `cuda/pool_vec.cu` run.
 
 use super::kernels::KernelFile;
 use super::profile::elems;
@@ -81,36 +81,70 @@ fn dense<'a>(
     }
 }
 
-/// Whether the channels-last vector kernels (`*_cl_*`: 16-byte vectors of adjacent channels,
-/// a thread per vector) take these operands: NHWC with whole vectors of channels, every
-/// address (`ptrs`, device addresses) a multiple of 16 bytes. Max pooling's u8 taps (one per
-/// element, `taps`) need a multiple of the vector's length.
-fn vectors(d: &PoolDims, dtype: DType, ptrs: &[u64], taps: Option<u64>) -> bool {
-    let v = 16 / dtype.size_in_bytes();
-    d.channels_last
-        && d.c.is_multiple_of(v)
-        && ptrs.iter().all(|p| p.is_multiple_of(16))
-        && taps.is_none_or(|p| p.is_multiple_of(v as u64))
+/// Which kernels take a pooling launch: one thread per element (`cuda/pool.cu`), or one per
+/// 16-byte vector (`cuda/pool_vec.cu`) of adjacent channels of a channels-last pixel (`_cl_`)
+/// or of adjacent cells along an NCHW row (`_rows_`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Elements,
+    Channels,
+    Rows,
 }
 
-/// The launch of a vector kernel (one thread per vector of `elems` elements) when `vec`,
-/// else of an element kernel, and the kernel's name: `stem_cl_t` or `stem_t`, with
-/// `_backward` after the stem for a backward.
+/// The kernels for a launch in `dtype` over `d`. Channels-last: whole vectors of channels (at
+/// least one) and
+/// every address (`read`, `written`, device addresses) a multiple of 16 bytes. NCHW, where the
+/// op has row kernels (`rows`: the length of the rows its threads write): whole vectors along
+/// them and the written addresses aligned. Max pooling's u8 taps (`taps`, one per element)
+/// need a multiple of the vector's length where they are read or written as vectors.
+fn kernels(
+    d: &PoolDims,
+    dtype: DType,
+    read: &[u64],
+    written: &[u64],
+    taps: Option<u64>,
+    rows: Option<usize>,
+) -> Kernels {
+    let v = 16 / dtype.size_in_bytes();
+    let aligned = |p: &[u64]| p.iter().all(|p| p.is_multiple_of(16));
+    let taps_fit = taps.is_none_or(|p| p.is_multiple_of(v as u64));
+    match (d.channels_last, rows) {
+        (true, _)
+            if d.c > 0
+                && d.c.is_multiple_of(v)
+                && aligned(read)
+                && aligned(written)
+                && taps_fit =>
+        {
+            Kernels::Channels
+        }
+        (false, Some(len)) if len > 0 && len.is_multiple_of(v) && aligned(written) && taps_fit => {
+            Kernels::Rows
+        }
+        _ => Kernels::Elements,
+    }
+}
+
+/// The file, name and launch of kernel `stem` (with `_backward` for a backward) in `t` over
+/// `n` written elements: a thread per element, or per vector of them.
 fn plan(
-    vec: bool,
+    k: Kernels,
     stem: &str,
     backward: bool,
     t: &str,
     dtype: DType,
     n: usize,
-) -> (String, LaunchConfig) {
+) -> (KernelFile, String, LaunchConfig) {
     let dir = if backward { "_backward" } else { "" };
-    match vec {
-        true => (
-            format!("{stem}_cl{dir}_{t}"),
-            grid(n / (16 / dtype.size_in_bytes())),
+    let vectors = grid(n / (16 / dtype.size_in_bytes()));
+    match k {
+        Kernels::Elements => (KernelFile::Pool, format!("{stem}{dir}_{t}"), grid(n)),
+        Kernels::Channels => (KernelFile::PoolVec, format!("{stem}_cl{dir}_{t}"), vectors),
+        Kernels::Rows => (
+            KernelFile::PoolVec,
+            format!("{stem}_rows{dir}_{t}"),
+            vectors,
         ),
-        false => (format!("{stem}{dir}_{t}"), grid(n)),
     }
 }
 
@@ -138,12 +172,15 @@ pub(crate) fn max_pool2d(
     );
     let (a, xp, yp, ip) = (args(d, Some(p)), x.ptr(), y.ptr(), idx.ptr());
     let input = elems(d.planes * d.h * d.w, x.dtype());
-    let vec = kind == DType::U8 && vectors(d, x.dtype(), &[xp, yp], Some(ip));
-    let (name, cfg) = plan(vec, stem, false, t, x.dtype(), n);
+    let k = match kind {
+        DType::U8 => kernels(d, x.dtype(), &[xp], &[yp], Some(ip), Some(d.wo)),
+        _ => Kernels::Elements,
+    };
+    let (file, name, cfg) = plan(k, stem, false, t, x.dtype(), n);
     launch!(
         bytes = input + elems(n, x.dtype()) + elems(n, kind);
         x,
-        KernelFile::Pool,
+        file,
         name,
         cfg,
         &xp,
@@ -187,11 +224,16 @@ pub(crate) fn max_pool2d_backward(
     let n = d.planes * d.h * d.w;
     let gx = CudaStorage::alloc_on(g.rt(), g.dtype(), n)?;
     let (a, gp, ip, xp) = (args(d, Some(p)), g.ptr(), idx.ptr(), gx.ptr());
-    let vec = kind == DType::U8 && vectors(d, g.dtype(), &[gp, xp], Some(ip));
-    let (name, cfg) = plan(vec, stem, true, t, g.dtype(), n);
+    // The row kernel reads the taps one at a time; the channels' kernel as vectors.
+    let k = match (kind, d.channels_last) {
+        (DType::U8, true) => kernels(d, g.dtype(), &[gp], &[xp], Some(ip), None),
+        (DType::U8, false) => kernels(d, g.dtype(), &[], &[xp], None, Some(d.w)),
+        _ => Kernels::Elements,
+    };
+    let (file, name, cfg) = plan(k, stem, true, t, g.dtype(), n);
     let outputs = d.planes * d.ho * d.wo;
     let bytes = elems(outputs, g.dtype()) + elems(outputs, kind) + elems(n, g.dtype());
-    launch!(bytes = bytes; g, KernelFile::Pool, name, cfg, &gp, &ip, &xp, &a);
+    launch!(bytes = bytes; g, file, name, cfg, &gp, &ip, &xp, &a);
     Ok(gx)
 }
 
@@ -216,14 +258,16 @@ pub(crate) fn avg_pool2d(
     };
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     let (a, xp, op) = (args(d, p), x.ptr(), out.ptr());
-    let vec = vectors(d, x.dtype(), &[xp, op], None);
-    let (name, cfg) = plan(vec, stem, backward, t, x.dtype(), n);
+    // NCHW rows: the adaptive pool's backward (the head's global pooling) has a kernel.
+    let rows = (matches!(kind, Pool::Adaptive) && backward).then_some(d.w);
+    let k = kernels(d, x.dtype(), &[xp], &[op], None, rows);
+    let (file, name, cfg) = plan(k, stem, backward, t, x.dtype(), n);
     // Reads the other side's cells: the input forward, the gradient of the output backward.
     let read = match backward {
         true => d.planes * d.ho * d.wo,
         false => d.planes * d.h * d.w,
     };
     let bytes = elems(read, x.dtype()) + elems(n, x.dtype());
-    launch!(bytes = bytes; x, KernelFile::Pool, name, cfg, &xp, &op, &a);
+    launch!(bytes = bytes; x, file, name, cfg, &xp, &op, &a);
     Ok(out)
 }
