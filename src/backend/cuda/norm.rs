@@ -516,9 +516,9 @@ fn relu_mask(
 }
 
 /// `blocks` (of 256 threads) made a multiple of what makes the grid's stride a whole number
-/// of channels-last rows of `run` vectors, where that leaves at least one such multiple: the
-/// affine kernel then loads each thread's coefficients once (`bn_affine_rows`); otherwise
-/// it finds them per vector.
+/// of channels-last rows of `run` vectors: the affine kernel then loads each thread's
+/// coefficients once (`bn_affine_rows`). Rounded up (the extra threads find nothing to do)
+/// while the grid stays within 65,535 blocks, else down; kept where neither is possible.
 pub(crate) fn whole_rows(blocks: u32, run: usize) -> u32 {
     let stride = u64::from(blocks) * 256;
     if run == 0 || stride.is_multiple_of(run as u64) {
@@ -526,9 +526,12 @@ pub(crate) fn whole_rows(blocks: u32, run: usize) -> u32 {
     }
     // Blocks per whole-row stride: run / gcd(run, 256).
     let step = (run / gcd(run, 256)) as u64;
-    match u64::from(blocks) / step * step {
-        0 => blocks,
-        b => b as u32,
+    let up = u64::from(blocks).div_ceil(step) * step;
+    let down = u64::from(blocks) / step * step;
+    match (up <= 65_535, down) {
+        (true, _) => up as u32,
+        (false, 0) => blocks,
+        (false, d) => d as u32,
     }
 }
 
@@ -546,15 +549,14 @@ mod tests {
 
     #[test]
     fn the_affine_grid_strides_whole_rows() {
-        // 65,535 blocks of 256 threads and rows of 512 vectors (f32, 2048 channels): one block
-        // fewer makes the stride 65,534 * 256, a multiple of 512.
+        // 65,535 blocks of 256 threads and rows of 512 vectors (f32, 2048 channels): rounding
+        // up passes the grid's limit, one block fewer makes the stride a multiple of 512.
         assert_eq!(whole_rows(65_535, 512), 65_534);
         assert_eq!(u64::from(whole_rows(65_535, 512)) * 256 % 512, 0);
         // Rows that divide 256 threads: any grid.
         assert_eq!(whole_rows(6_001, 128), 6_001);
-        // Rows of 3 * 256 vectors: a multiple of three blocks.
-        assert_eq!(whole_rows(100, 768), 99);
-        // Fewer blocks than one whole-row stride: kept (coefficients found per vector).
-        assert_eq!(whole_rows(2, 768), 2);
+        // Rows of 3 * 256 vectors: a multiple of three blocks, rounded up.
+        assert_eq!(whole_rows(100, 768), 102);
+        assert_eq!(whole_rows(2, 768), 3);
     }
 }
