@@ -6,7 +6,7 @@
 
 mod common;
 use mantissa::autograd::{recompute, set_recompute, Recompute};
-use mantissa::nn::{Activation, BatchNorm2d, Conv2d, Module, Sequential};
+use mantissa::nn::{Activation, BatchNorm2d, Checkpointed, Conv2d, Module, Sequential};
 use mantissa::*;
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -61,8 +61,22 @@ fn run(
     policy: Recompute,
     autocast: Option<DType>,
 ) -> Result<(i64, Vec<f32>, Vec<Vec<f32>>)> {
+    run_net(device, format, policy, autocast, false)
+}
+
+/// [`run`], with the network under gradient checkpointing when `checkpointed`.
+fn run_net(
+    device: Device,
+    format: MemoryFormat,
+    policy: Recompute,
+    autocast: Option<DType>,
+    checkpointed: bool,
+) -> Result<(i64, Vec<f32>, Vec<Vec<f32>>)> {
     set_recompute(policy);
-    let m = net(device, format)?;
+    let m: Box<dyn Module> = match checkpointed {
+        true => Box::new(Checkpointed::new(net(device, format)?)),
+        false => Box::new(net(device, format)?),
+    };
     let mut g = Generator::new(4);
     let x = Tensor::randn_with(&[2, 3, 6, 7], 0.0, 1.0, DType::F32, device, &mut g)?
         .to_memory_format(format)?
@@ -114,6 +128,18 @@ fn check_same_gradients(device: Device, on: Recompute) {
 fn recomputed_outputs_give_the_kept_gradients_and_free_their_bytes() {
     let _p = Policy::take();
     check_same_gradients(Device::Cpu, Recompute::Always);
+}
+
+#[test]
+fn a_checkpointed_network_gets_the_same_gradients_recomputed_or_kept() {
+    let _p = Policy::take();
+    let f = MemoryFormat::ChannelsLast;
+    let (_, loss, plain) = run_net(Device::Cpu, f, Recompute::Never, None, false).unwrap();
+    for policy in [Recompute::Never, Recompute::Always] {
+        let (_, l, g) = run_net(Device::Cpu, f, policy, None, true).unwrap();
+        assert_eq!(l, loss, "{policy:?}: loss");
+        assert_eq!(g, plain, "{policy:?}: gradients under checkpointing");
+    }
 }
 
 #[test]
