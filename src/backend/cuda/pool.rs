@@ -92,11 +92,11 @@ enum Kernels {
 }
 
 /// The kernels for a launch in `dtype` over `d`. Channels-last: whole vectors of channels (at
-/// least one) and
-/// every address (`read`, `written`, device addresses) a multiple of 16 bytes. NCHW, where the
-/// op has row kernels (`rows`: the length of the rows its threads write): whole vectors along
-/// them and the written addresses aligned. Max pooling's u8 taps (`taps`, one per element)
-/// need a multiple of the vector's length where they are read or written as vectors.
+/// least one) and every address (`read`, `written`, device addresses) a multiple of 16 bytes.
+/// NCHW, where the op has row kernels (`rows`: the length of the rows its threads write):
+/// whole vectors along them and the written addresses aligned. Max pooling's u8 taps (`taps`,
+/// one per element) need a multiple of the vector's length where they are read or written as
+/// vectors.
 fn kernels(
     d: &PoolDims,
     dtype: DType,
