@@ -94,8 +94,11 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ]; then
     #           too (its compilation in the untimed warm-up), each with nvidia-smi's peak
     #           memory.used (sampled every 100 ms, the context included); our fp16 run also
     #           profiles 2 steps after the timed ones (the kernel table with each kernel's
-    #           GB/s: the pooling line); then gpu_check (M2 elementwise, M5 pooling and batch
-    #           norm, engine and cuDNN, against the copy). Most telling first.
+    #           GB/s: the pooling line), and so does an fp16 run with --fuse-conv-bn (batch
+    #           norm statistics from the convolutions' epilogues: `cudnn conv+stats` in the
+    #           table, one bn_partial per batch norm instead of two); then gpu_check (M2
+    #           elementwise, M5 pooling and batch norm, engine and cuDNN, against the copy).
+    #           Most telling first.
     #   verify: W3 fp16 with cuDNN's batch norm (--cudnn-batch-norm, profiled as accept's
     #           fp16 run, to set beside it), the MNIST CNN fp16 recipe (>= 99.0%),
     #           hostile_input, fuzz_api and torch_reference, then the CUDA test binaries
@@ -144,14 +147,18 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ]; then
         # Profiled steps run after the timed ones and do not change the images/s.
         prof() { [ "$1" = fp16 ] && echo "--profile 2 --profile-warmup 1"; }
         # Limits add up to 540 s; expected (an H200's runs): about 10 s per run of ours (the
-        # first also compiles the kernels into an empty cache), 35 s per eager run, 60 to
-        # 120 s per compiled one, 45 s for gpu_check.
+        # first also compiles the kernels into an empty cache), 20 to 35 s per eager run, 60
+        # to 120 s per compiled one, 45 s for gpu_check.
         for p in fp16 bf16 fp32; do
-            limit=30
+            limit=25
             [ "$p" = fp16 ] && limit=60
             acc "w3-$p" $limit .gpu/resnet --data synthetic $w3 --device cuda:0 --precision $p \
                 $(prof $p)
-            acc "w3-$p-peer" 45 $PY bench/resnet_peer.py $w3 --device cuda --amp $p
+            if [ "$p" = fp16 ]; then
+                acc "w3-$p-fuse" 20 .gpu/resnet --data synthetic $w3 --device cuda:0 \
+                    --precision $p --fuse-conv-bn $(prof $p)
+            fi
+            acc "w3-$p-peer" 40 $PY bench/resnet_peer.py $w3 --device cuda --amp $p
             if [ "$p" != fp32 ]; then
                 acc "w3-$p-compile" 120 $PY bench/resnet_peer.py $w3 --device cuda --amp $p --compile
             fi

@@ -315,7 +315,9 @@ __device__ void bn_partial(int mode, const T* __restrict__ x, const T* __restric
 // What bn_finalize computes from the chunks' partials (src/backend/norm.rs: BnMode).
 struct BnArgs {
     int mode;           // 0 forward on the batch, 1 forward on the running statistics,
-                        // 2 backward (training), 3 backward (eval) with sums, 4 without
+                        // 2 backward (training), 3 backward (eval) with sums, 4 without,
+                        // 5 forward on the batch from its sums (stats = [sum | sum of
+                        // squares], f32 [2, C], as a convolution's epilogue made them)
     double momentum;    // mode 0: running = (1 - momentum) running + momentum batch
     double eps;
     double count;       // elements per channel
@@ -324,7 +326,8 @@ struct BnArgs {
     float* running_mean; // mode 0: updated in place (null: not kept); mode 1: read
     float* running_var;  // (the update takes the unbiased variance)
     i64* tracked;        // mode 0: num_batches_tracked, counted once (null: none)
-    const float* stats;  // backward: the forward's [a | mean | b | invstd | var]
+    const float* stats;  // backward: the forward's [a | mean | b | invstd | var]; mode 5
+                         // the sums
     float* out;          // forward [a | mean | b | invstd | var], backward [alpha | mean | gamma | beta]
     float* dweight;      // backward: sum dy xhat and sum dy per channel (null: not wanted)
     float* dbias;
@@ -358,9 +361,18 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
     __shared__ double sn[256], sa[256], sb[256];
     int t = threadIdx.x;
     i64 chunks = part ? (outer + chunk - 1) / chunk : 0;
-    bool moments = a.mode == 0;
+    bool moments = a.mode == 0 || a.mode == 5;
     for (i64 c = blockIdx.x; c < C; c += gridDim.x) {
         double n = 0.0, x = 0.0, y = 0.0;
+        if (a.mode == 5 && t == 0) {
+            // Mean and m2 from the sums, in f64: m2 = sum of squares - sum * mean, clamped
+            // at 0 (the f32 sums carry rounding that can make it slightly negative; NaN
+            // stays NaN).
+            n = a.count;
+            x = (double)a.stats[c] / n;
+            y = (double)a.stats[C + c] - (double)a.stats[c] * x;
+            if (y < 0.0) y = 0.0;
+        }
         for (i64 k = t; k < chunks; k += blockDim.x) {
             double pa = part[(k * C + c) * 2], pb = part[(k * C + c) * 2 + 1];
             if (moments) {
@@ -387,7 +399,7 @@ extern "C" __global__ void bn_finalize(const float* __restrict__ part, BnArgs a,
             __syncthreads();
         }
         if (t == 0) {
-            if (a.mode <= 1) {
+            if (a.mode <= 1 || a.mode == 5) {
                 double mean = moments ? sa[0] : (double)a.running_mean[c];
                 double var = moments ? sb[0] / sn[0] : (double)a.running_var[c];
                 double invstd = 1.0 / sqrt(var + a.eps);

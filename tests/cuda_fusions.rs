@@ -319,3 +319,138 @@ fn residual_gradient_accumulates_in_the_convolution() {
     }
     set_cudnn_batch_norm(false);
 }
+
+/// conv2d -> training batch norm -> ReLU, channels-last or not, in `x[0]`'s dtype, with
+/// weight `x[1]` (`stride`, `dilation`; padding keeps the size at stride 1) and batch norm
+/// parameters `x[2]`, `x[3]`.
+fn conv_bn(x: &[Tensor], cl: bool, stride: usize, dilation: usize) -> Result<Tensor> {
+    let format = match cl {
+        true => MemoryFormat::ChannelsLast,
+        false => MemoryFormat::Contiguous,
+    };
+    let opts = Conv2dOptions {
+        stride: [stride, stride],
+        padding: [dilation, dilation],
+        dilation: [dilation, dilation],
+        ..Default::default()
+    };
+    let w = x[1].to_memory_format(format)?;
+    let y = x[0].to_memory_format(format)?.conv2d(&w, None, opts)?;
+    let bn = batch_norm(&x[2], &x[3])?;
+    Sequential::new()
+        .push(bn)
+        .push(Activation::Relu)
+        .forward(&y)
+}
+
+/// With `set_conv_bn_fusion(true)`, an f16 channels-last convolution with channels in whole
+/// vectors sums its output channels in cuDNN's graph (`cudnn conv+stats`) and the batch norm
+/// after it makes no statistics pass of its own (one `bn_partial`, the backward's, instead of
+/// two); the results match the CPU in every case, fused or not, and so do the running
+/// statistics. Other dtypes, layouts and channel counts, and (on the emulated cuDNN) a
+/// dilated convolution, which it declines, run as before.
+#[test]
+fn convolution_sums_feed_the_next_batch_norm() {
+    use mantissa::backend::cuda::conv_stats::set_conv_bn_fusion;
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_conv_bn_fusion(true);
+    for dt in FLOATS {
+        // (in channels, out channels, channels-last, stride, dilation, [n, h, w]); the last
+        // has 8 values per channel (ResNet-50's last stage on small images; with 2 the input
+        // gradient is 0 up to rounding, nothing to compare).
+        for (c, o, cl, stride, dil, [n, h, w]) in [
+            (8, 16, true, 1, 1, [3, 6, 5]),
+            (16, 8, true, 2, 1, [3, 6, 5]),
+            (8, 16, false, 1, 1, [3, 6, 5]),
+            (6, 8, true, 1, 1, [3, 6, 5]),
+            (8, 12, true, 1, 1, [3, 6, 5]),
+            (8, 8, true, 1, 2, [3, 6, 5]),
+            (16, 16, true, 1, 1, [2, 2, 2]),
+        ] {
+            let what = format!(
+                "{dt:?} c={c} o={o} channels-last {cl} stride {stride} dil {dil} {n}x{h}x{w}"
+            );
+            // Inputs with a mean far from 0, so that statistics from sums that were wrong or
+            // stale would show.
+            let x = input(&[n, c, h, w], dt, 130).add(2.0).unwrap();
+            let w = input(&[o, c, 3, 3], dt, 131).mul(0.3).unwrap();
+            let (g, b) = (input(&[o], dt, 132), input(&[o], dt, 133));
+            let ins = [x, w, g, b];
+            parity(&what, d, &ins, |x| conv_bn(x, cl, stride, dil));
+            let on: Vec<Tensor> = ins
+                .iter()
+                .map(|t| own(t, d).requires_grad(true).unwrap())
+                .collect();
+            let ((), p) = profiler::profile(|_| {
+                let y = conv_bn(&on, cl, stride, dil).unwrap();
+                y.sum_all().unwrap().backward().unwrap();
+                vals(&on[0].grad().unwrap());
+            })
+            .unwrap();
+            let names: Vec<(String, u64)> = p
+                .kernels()
+                .iter()
+                .map(|k| (k.name.clone(), k.count))
+                .collect();
+            let (fused, partials) = (
+                count(&names, "cudnn conv+stats"),
+                count(&names, "bn_partial"),
+            );
+            let eligible = dt == DType::F16 && cl && c % 8 == 0 && o % 8 == 0;
+            if emulated(d) {
+                let want = if eligible && dil == 1 { (1, 1) } else { (0, 2) };
+                assert_eq!((fused, partials), want, "{what}: {names:?}");
+            } else if !eligible {
+                assert_eq!(fused, 0, "{what}: {names:?}");
+            }
+        }
+    }
+    set_conv_bn_fusion(false);
+}
+
+/// The sums kept beside a convolution's output serve only that output as it was made: after
+/// an in-place write, or for a view of it, batch norm makes its own statistics.
+#[test]
+fn convolution_sums_are_not_used_for_changed_or_other_views() {
+    use mantissa::backend::cuda::conv_stats::set_conv_bn_fusion;
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_conv_bn_fusion(true);
+    let cl = MemoryFormat::ChannelsLast;
+    let x = input(&[4, 8, 5, 5], DType::F16, 140).add(1.0).unwrap();
+    let w = input(&[8, 8, 3, 3], DType::F16, 141).mul(0.3).unwrap();
+    let opts = Conv2dOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let norm = |y: &Tensor| -> Vec<f64> {
+        let (g, b) = (input(&[8], DType::F32, 142), input(&[8], DType::F32, 143));
+        let bn = batch_norm(&own(&g, y.device()), &own(&b, y.device())).unwrap();
+        vals(&bn.forward(y).unwrap())
+    };
+    let conv = |dev: Device| -> Tensor {
+        let (x, w) = (own(&x, dev), own(&w, dev));
+        let w = w.to_memory_format(cl).unwrap();
+        x.to_memory_format(cl)
+            .unwrap()
+            .conv2d(&w, None, opts)
+            .unwrap()
+    };
+    // Written in place after the convolution: the sums are stale.
+    let written = |dev: Device| {
+        let y = conv(dev);
+        y.copy_(&y.mul(3.0).unwrap().add(1.0).unwrap()).unwrap();
+        norm(&y)
+    };
+    assert_close(
+        &written(d),
+        &written(Device::Cpu),
+        band(DType::F16),
+        "written",
+    );
+    // A view of the first two images: the sums cover all four.
+    let view = |dev: Device| norm(&conv(dev).narrow(0, 0, 2).unwrap());
+    assert_close(&view(d), &view(Device::Cpu), band(DType::F16), "a view");
+    set_conv_bn_fusion(false);
+}

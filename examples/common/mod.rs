@@ -31,6 +31,12 @@ pub struct RunFlags {
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_batch_norm: bool,
+    /// On a GPU: f16 channels-last convolutions also sum each output channel and its squares
+    /// in their epilogue (cuDNN's graph API), and the training batch norm after each takes its
+    /// statistics from those sums instead of a pass over the output (`set_conv_bn_fusion`).
+    #[arg(long)]
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub fuse_conv_bn: bool,
     /// Keep every tensor a backward reads from the forward, as PyTorch does, instead of
     /// making batch norm outputs again in backward on a GPU (more memory, one pass less over
     /// each such output; `autograd::set_recompute`).
@@ -74,6 +80,7 @@ impl RunFlags {
             println!("{}", mantissa::backend::cuda::probe::report(n)?);
             mantissa::backend::cuda::conv::set_cudnn_benchmark(self.cudnn_benchmark);
             mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(self.cudnn_batch_norm);
+            mantissa::backend::cuda::conv_stats::set_conv_bn_fusion(self.fuse_conv_bn);
         }
         if self.keep_activations {
             mantissa::autograd::set_recompute(mantissa::autograd::Recompute::Never);

@@ -28,6 +28,19 @@ pub(crate) trait ConvOps: BackendStorage {
     ) -> Result<bool> {
         Ok(false)
     }
+    /// The output of input `self` and weight `w` with the per-channel sums of the output and
+    /// of its squares (f32 `[2, o]`: `[sum | sum of squares]`) made in the same call, for a
+    /// batch norm that reads the output; `None` (the default) where the backend does not
+    /// make them for these operands, and nothing was run.
+    fn conv2d_with_sums(
+        &self,
+        _l: &Layout,
+        _w: &Self,
+        _lw: &Layout,
+        _d: &ConvDims,
+    ) -> Result<Option<(Self, Self)>> {
+        Ok(None)
+    }
     /// The weight's gradient from the input `self` and the output's gradient `gy`.
     fn conv2d_backward_weight(
         &self,
@@ -48,6 +61,20 @@ impl Storage {
         d: &ConvDims,
     ) -> Result<Storage> {
         on_backend!("conv2d", [self, w], B => Ok(B::part(self).conv2d(l, B::part(w), lw, d)?.wrap()))
+    }
+
+    /// See [`ConvOps::conv2d_with_sums`].
+    pub(crate) fn conv2d_with_sums(
+        &self,
+        l: &Layout,
+        w: &Storage,
+        lw: &Layout,
+        d: &ConvDims,
+    ) -> Result<Option<(Storage, Storage)>> {
+        on_backend!("conv2d", [self, w], B => {
+            let out = B::part(self).conv2d_with_sums(l, B::part(w), lw, d)?;
+            Ok(out.map(|(y, s)| (y.wrap(), s.wrap())))
+        })
     }
 
     /// See [`ConvOps::conv2d_backward_input`].

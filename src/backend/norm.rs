@@ -103,6 +103,11 @@ pub(crate) enum BnSource<'a, S> {
         running: Option<(&'a mut S, &'a mut S)>,
         tracked: Option<&'a mut S>,
         momentum: f64,
+        /// The input's per-channel sums and sums of squares, f32 `[2, c]`, where the op
+        /// that made the input computed them (a convolution's epilogue: `ConvOps::
+        /// conv2d_with_sums`): the statistics then come from them, with no pass over x.
+        /// Backends without such an op never get them.
+        sums: Option<&'a S>,
     },
     /// Eval: the running mean and variance (whole `[c]` storages in the statistics dtype).
     Running(&'a S, &'a S),
@@ -309,20 +314,25 @@ impl Storage {
         all.extend(p.bias.map(|v| v.0));
         match &p.source {
             BnSource::Batch {
-                running, tracked, ..
+                running,
+                tracked,
+                sums,
+                ..
             } => {
                 all.extend(running.iter().flat_map(|(m, v)| [&**m, &**v]));
                 all.extend(tracked.as_deref());
+                all.extend(*sums);
             }
             BnSource::Running(m, v) => all.extend([*m, *v]),
         }
         let device = super::common_device("batch_norm", &all)?;
         super::on_device!(device, B => {
             let source = match p.source {
-                BnSource::Batch { running, tracked, momentum } => BnSource::Batch {
+                BnSource::Batch { running, tracked, momentum, sums } => BnSource::Batch {
                     running: running.map(|(m, v)| (B::part_mut(m), B::part_mut(v))),
                     tracked: tracked.map(B::part_mut),
                     momentum,
+                    sums: sums.map(B::part),
                 },
                 BnSource::Running(m, v) => BnSource::Running(B::part(m), B::part(v)),
             };

@@ -186,11 +186,17 @@ fn host_room(x: &Tensor, d: &ConvDims) -> Result<()> {
 
 fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
     host_room(x, &d)?;
-    let s = match d.n {
-        0 => Storage::full(x.device(), 0.0, 0, x.dtype())?,
-        _ => x
-            .storage()
-            .conv2d(x.layout(), &w.storage(), w.layout(), &d)?,
+    // Where the backend can, the output's per-channel sums come with it, for a batch norm
+    // that reads it (kept beside the output's storage: Tensor::channel_sums).
+    let (s, sums) = match d.n {
+        0 => (Storage::full(x.device(), 0.0, 0, x.dtype())?, None),
+        _ => {
+            let (xs, ws) = (x.storage(), w.storage());
+            match xs.conv2d_with_sums(x.layout(), &ws, w.layout(), &d)? {
+                Some((y, sums)) => (y, Some(sums)),
+                None => (xs.conv2d(x.layout(), &ws, w.layout(), &d)?, None),
+            }
+        }
     };
     // The input, kept or (a batch norm's output) made again in backward for the weight's
     // gradient: autograd::saved.
@@ -198,7 +204,7 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
     let kept = xs.kept().cloned();
     let mut reads: Vec<&Tensor> = kept.iter().collect();
     reads.push(w);
-    Ok(activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach_saving(
+    let y = activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach_saving(
         "conv2d",
         &[x, w],
         &reads,
@@ -211,7 +217,11 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
                 .transpose()?;
             Ok(vec![gx, gw])
         },
-    ))
+    );
+    if let Some(sums) = sums {
+        y.set_channel_sums(sums);
+    }
+    Ok(y)
 }
 
 /// The input's gradient in conv2d's backward. Where the input's gradient from the other ops

@@ -50,6 +50,8 @@ fn batch_stats(
     let (in_place, count_here) = (here.running, here.tracked);
     // Every operand read is taken before the written ones are locked.
     let (xs, ws, bs) = (x.storage(), w.map(|t| t.storage()), b.map(|t| t.storage()));
+    // The sums the op that made x kept (a convolution's epilogue), if x is still as it made it.
+    let sums = x.channel_sums();
     let stats = here.write(|running, tracked| {
         let p = BnForward {
             weight: ws.as_deref().zip(w.map(|t| t.layout())),
@@ -58,6 +60,7 @@ fn batch_stats(
                 running,
                 tracked,
                 momentum,
+                sums: sums.as_deref(),
             },
             eps,
         };

@@ -24,6 +24,18 @@ pub(crate) struct StorageCell {
     data: RwLock<Arc<Storage>>,
     version: AtomicU64,
     bytes: usize,
+    /// Per-channel sums the op that wrote the storage made on the way (see
+    /// [`Tensor::channel_sums`]).
+    sums: Mutex<Option<ChannelSums>>,
+}
+
+/// The per-channel sums and sums of squares of a tensor's values (f32 `[2, c]`), made by the
+/// op that wrote it (a convolution's epilogue) for a batch norm that reads it: valid for the
+/// storage's version and the view they were made for.
+struct ChannelSums {
+    version: u64,
+    layout: Layout,
+    sums: Arc<Storage>,
 }
 
 /// Bytes of tensor storage alive in this process (all devices), for memory accounting.
@@ -49,6 +61,7 @@ impl StorageCell {
             data: RwLock::new(Arc::new(s)),
             version: AtomicU64::new(0),
             bytes,
+            sums: Mutex::new(None),
         })
     }
     pub(crate) fn read(&self) -> Arc<Storage> {
@@ -187,6 +200,24 @@ impl Tensor {
     /// Version of the underlying storage: bumped by every in-place write.
     pub fn version(&self) -> u64 {
         self.0.storage.version.load(Ordering::Relaxed)
+    }
+
+    /// Keeps `sums`, the per-channel sums and sums of squares of this tensor's values (f32
+    /// `[2, c]`), beside its storage for [`Tensor::channel_sums`].
+    pub(crate) fn set_channel_sums(&self, sums: Storage) {
+        *lock(&self.0.storage.sums) = Some(ChannelSums {
+            version: self.version(),
+            layout: self.layout().clone(),
+            sums: Arc::new(sums),
+        });
+    }
+
+    /// The sums [`Tensor::set_channel_sums`] kept, if this is the view they were made for
+    /// and nothing wrote the storage since.
+    pub(crate) fn channel_sums(&self) -> Option<Arc<Storage>> {
+        let kept = lock(&self.0.storage.sums);
+        let k = kept.as_ref()?;
+        (k.version == self.version() && &k.layout == self.layout()).then(|| k.sums.clone())
     }
 
     /// True when this and `other` share storage.

@@ -8,10 +8,6 @@
 
 #include "dnn.h"
 
-enum { FMA_MATH = 3 };
-struct Conv {
-    int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1, groups = 1, math = 0;
-};
 
 API size_t cudnnGetVersion() { return 90100; }
 API Status cudnnCreate(Handle** h) { return create_handle(h); }
@@ -111,7 +107,6 @@ QUERIES(cudnnFindConvolutionBackwardDataAlgorithm, w, y, c, x, (*x, *w, *c, *y, 
 QUERIES(cudnnGetConvolutionBackwardFilterAlgorithm_v7, x, y, c, w, (*x, *w, *c, *y, n, count, out))
 QUERIES(cudnnFindConvolutionBackwardFilterAlgorithm, x, y, c, w, (*x, *w, *c, *y, n, count, out))
 
-enum Pass { FORWARD, DATA, FILTER };
 // A tensor's values as f32 in NCHW (KCRS) order, whatever its format.
 static std::vector<float> unpack(const Tensor& t, const void* p) {
     std::vector<float> v(t.size());
@@ -121,7 +116,7 @@ static std::vector<float> unpack(const Tensor& t, const void* p) {
                 for (int x = 0; x < t.w; x++) v[(((int64_t)a * t.c + b) * t.h + y) * t.w + x] = load(p, t.type, t.at(a, b, y, x));
     return v;
 }
-static void compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
+void conv_compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
                     const void* wp, const Conv& c, const Tensor& y, const void* yp) {
     // The two inputs as f32 NCHW; the result accumulated in f32 NCHW. f32 inputs are rounded
     // to TF32 unless the math type is FMA (exact f32), as tensor cores read them.
@@ -186,7 +181,7 @@ static Status run(Handle* h, Pass pass, const float* alpha, const float* beta, c
     if (!agree(x, w, c, y) || algo < 0 || algo > 1) return BAD_PARAM;
     if (algo == 1 && ws < (1u << 20)) return BAD_PARAM;
     float al = *alpha, be = *beta;
-    later(h->stream, [=] { compute(pass, al, be, x, xp, w, wp, c, y, yp); });
+    later(h->stream, [=] { conv_compute(pass, al, be, x, xp, w, wp, c, y, yp); });
     return SUCCESS;
 }
 API Status cudnnConvolutionForward(Handle* h, const float* alpha, const Tensor* xd, const void* x, const Tensor* wd,

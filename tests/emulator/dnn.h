@@ -1,6 +1,7 @@
 // What the emulated cuDNN's files share (dnn.cpp: handles, descriptors, convolutions;
-// dnn_norm.cpp: batch normalisation): status and type codes, the tensor descriptor, element
-// loads and stores by type code.
+// dnn_norm.cpp: batch normalisation; dnn_graph.cpp: the graph API): status and type codes,
+// the tensor and convolution descriptors, element loads and stores by type code, the
+// convolution itself.
 #pragma once
 #include "half.h"
 #include "queue.h"
@@ -31,3 +32,14 @@ static Kind kind(int type) { return type == FLOAT ? K_F32 : type == HALF ? K_F16
 static float load(const void* p, int type, int64_t i) { return load(p, kind(type), i); }
 static void store(void* p, int type, int64_t i, float v) { store(p, kind(type), i, v); }
 
+
+enum { FMA_MATH = 3 };
+struct Conv {
+    int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1, groups = 1, math = 0;
+};
+
+enum Pass { FORWARD, DATA, FILTER };
+// One pass of the convolution c, now, on the host (dnn.cpp): forward y = alpha conv(x, w) +
+// beta y, backward data into x, backward filter into w, f32 accumulation.
+void conv_compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
+                  const void* wp, const Conv& c, const Tensor& y, const void* yp);

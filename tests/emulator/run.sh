@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs tests against the emulated CUDA driver and NVRTC (driver.cpp, nvrtc.cpp): the CUDA
 # backend's host side and our kernels, on the CPU, without a GPU; cuBLAS(Lt) is emulated by a
-# naive GEMM (blas.cpp), cuDNN's convolutions by naive loops (dnn.cpp).
+# naive GEMM (blas.cpp), cuDNN's convolutions by naive loops (dnn.cpp), its batch norm
+# (dnn_norm.cpp) and the graph API's convolution with channel sums (dnn_graph.cpp).
 #   bash tests/emulator/run.sh [cargo test arguments]   (default: --test cuda_parity)
 #   bash tests/emulator/run.sh run [cargo run arguments]
 set -euo pipefail
@@ -24,7 +25,7 @@ for lib in libcublas libcublasLt; do
     done
 done
 "$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
-    "$root/tests/emulator/dnn_norm.cpp" \
+    "$root/tests/emulator/dnn_norm.cpp" "$root/tests/emulator/dnn_graph.cpp" \
     -o "$out/libcudnn.so.9"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -205,6 +205,7 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
                     running: Some((&mut crm, &mut crv)),
                     tracked: Some(&mut ctracked),
                     momentum: 0.3,
+                    sums: None,
                 },
                 eps: 1e-3,
             },
@@ -217,6 +218,38 @@ fn batch_norm_kernels_match_the_cpu_on_emulated_blocks() {
         near(&rm, &values(crm, c), &format!("{what}: running mean"));
         near(&rv, &values(crv, c), &format!("{what}: running var"));
         assert_eq!(tracked[0], 6, "{what}: the batch counted");
+
+        // Forward from the per-channel sums a convolution's epilogue made (mode 5, no
+        // partials): the same statistics and running statistics, the batch counted.
+        let mut sums64 = vec![0f64; 2 * c];
+        for (k, &v) in xs.iter().enumerate() {
+            let ch = (k / s.inner) % c;
+            sums64[ch] += f64::from(v);
+            sums64[c + ch] += f64::from(v) * f64::from(v);
+        }
+        let sums: Vec<f32> = sums64.iter().map(|&v| v as f32).collect();
+        let (mut rm5, mut rv5) = (rm0.to_vec::<f32>().unwrap(), rv0.to_vec::<f32>().unwrap());
+        let mut tracked5 = [5i64];
+        let mut stats5 = vec![f32::NAN; 5 * c];
+        let a = BnArgs {
+            mode: 5,
+            momentum: 0.3,
+            eps: 1e-3,
+            count,
+            weight: ptr(&ws),
+            bias: ptr(&bs),
+            running_mean: rm5.as_mut_ptr() as u64,
+            running_var: rv5.as_mut_ptr() as u64,
+            tracked: tracked5.as_mut_ptr() as u64,
+            stats: ptr(&sums),
+            out: stats5.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        run_finalize(None, a);
+        near(&stats5, &stats, &format!("{what}: statistics from sums"));
+        near(&rm5, &rm, &format!("{what}: running mean from sums"));
+        near(&rv5, &rv, &format!("{what}: running var from sums"));
+        assert_eq!(tracked5[0], 6, "{what}: the batch counted from sums");
 
         // Forward on the running statistics (eval): no partials.
         let mut eval_stats = vec![f32::NAN; 5 * c];

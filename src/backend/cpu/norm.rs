@@ -237,6 +237,7 @@ pub(crate) fn batch_norm_stats(
         running,
         tracked,
         momentum,
+        ..
     } = p.source
     {
         let count = (s.outer * s.inner) as f64;

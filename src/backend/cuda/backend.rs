@@ -179,6 +179,15 @@ impl ConvOps for CudaStorage {
     fn conv2d(&self, l: &Layout, w: &Self, lw: &Layout, d: &ConvDims) -> Result<Self> {
         conv::conv2d(self, l, w, lw, d)
     }
+    fn conv2d_with_sums(
+        &self,
+        l: &Layout,
+        w: &Self,
+        lw: &Layout,
+        d: &ConvDims,
+    ) -> Result<Option<(Self, Self)>> {
+        super::conv_stats::conv2d_with_sums(self, l, w, lw, d)
+    }
     fn conv2d_backward_input(
         &self,
         l: &Layout,

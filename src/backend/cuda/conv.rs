@@ -432,7 +432,7 @@ fn run_piece(
 }
 
 /// Multiply-adds times two of one pass (each pass does the forward's products).
-fn conv_flops(d: &ConvDims) -> u64 {
+pub(super) fn conv_flops(d: &ConvDims) -> u64 {
     let cpg = d.c / d.p.groups.max(1);
     [d.n, d.o, d.ho, d.wo, cpg, d.kh, d.kw, 2]
         .iter()
@@ -440,7 +440,7 @@ fn conv_flops(d: &ConvDims) -> u64 {
 }
 
 /// Bytes of the three tensors a pass reads or writes once each.
-fn conv_bytes(d: &ConvDims, dtype: DType) -> u64 {
+pub(super) fn conv_bytes(d: &ConvDims, dtype: DType) -> u64 {
     let cpg = d.c / d.p.groups.max(1);
     let elems = d.n * d.c * d.h * d.w + d.o * cpg * d.kh * d.kw + d.n * d.o * d.ho * d.wo;
     (elems * dtype.size_in_bytes()) as u64
@@ -519,7 +519,7 @@ fn pass(
 /// A pass's two operands, of one float dtype, dense in its order: NCHW / KCRS, or NHWC /
 /// KRSC when `d.channels_last` (a borrow when an operand already is, as the activations of a
 /// channels-last network are; the weights are reordered per call).
-fn operands<'a>(
+pub(super) fn operands<'a>(
     pass: Pass,
     (a, la): (&'a CudaStorage, &Layout),
     (b, lb): (&'a CudaStorage, &Layout),

@@ -289,6 +289,7 @@ pub(crate) fn batch_norm_stats(
             running,
             tracked,
             momentum,
+            sums,
         } => {
             a.momentum = momentum;
             if let Some((m, v)) = running {
@@ -298,8 +299,18 @@ pub(crate) fn batch_norm_stats(
             if let Some(t) = tracked {
                 a.tracked = tracked_ptr(op, t)?;
             }
-            let part = partial(op, x, lx, None, s)?;
-            finalize(x, Some(&part), a, s)?;
+            match sums {
+                // The moments from the sums another call made: bn_finalize alone.
+                Some(sums) => {
+                    a.mode = 5;
+                    a.stats = whole_f32(op, "channel sums", sums, 2 * c)?;
+                    finalize(x, None, a, s)?;
+                }
+                None => {
+                    let part = partial(op, x, lx, None, s)?;
+                    finalize(x, Some(&part), a, s)?;
+                }
+            }
         }
         BnSource::Running(m, v) => {
             a.mode = 1;

@@ -1,0 +1,327 @@
+//! cuDNN's graph (backend) API, the part the engine uses: descriptors made, given their
+//! attributes and finalized ([`Desc`]); an operation graph turned into an execution plan by
+//! cuDNN's heuristics ([`Plan::build`]: mode A, then the fallback list, the first engine
+//! configuration that finalizes wins); a plan run on a variant pack of device addresses
+//! ([`Plan::execute`]). cudarc wraps none of this safely, so this file holds the raw calls.
+//!
+//! A graph cuDNN cannot run (no engine, or none that finalizes for these operands) is
+//! [`Built::Declined`], not an error: the caller runs the unfused operations instead.
+
+use crate::{Device, Error, Result};
+use cudarc::cudnn::sys;
+use std::ffi::c_void;
+
+pub(super) use sys::cudnnBackendAttributeName_t as Attr;
+pub(super) use sys::cudnnBackendAttributeType_t as Ty;
+pub(super) use sys::cudnnBackendDescriptorType_t as Kind;
+
+const OK: sys::cudnnStatus_t = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+
+/// A backend descriptor, destroyed on drop.
+pub(super) struct Desc(sys::cudnnBackendDescriptor_t);
+
+// SAFETY: a backend descriptor is plain host data owned by this value; cuDNN allows it to be
+// used from any thread as long as uses do not overlap, which the owners' mutexes (the plan
+// cache, the runtime's cuDNN lock) ensure.
+unsafe impl Send for Desc {}
+// SAFETY: as above: shared references only reach cuDNN under the runtime's cuDNN lock.
+unsafe impl Sync for Desc {}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `Desc::new`, destroyed once, here.
+        let _ = unsafe { sys::cudnnBackendDestroyDescriptor(self.0) };
+    }
+}
+
+/// The status of a graph call as the error [`Desc`]'s methods return; `what` names the
+/// descriptor and attribute.
+fn status(what: impl FnOnce() -> String, s: sys::cudnnStatus_t) -> Result<()> {
+    if s == OK {
+        return Ok(());
+    }
+    Err(Error::CudaLibraryStatus {
+        lib: "cuDNN",
+        op: "cudnn graph",
+        device: Device::Cpu,
+        status: format!("{s:?}"),
+        what: what(),
+    })
+}
+
+impl Desc {
+    /// A new descriptor of `kind`, to be given its attributes.
+    pub(super) fn new(kind: Kind) -> Result<Desc> {
+        let mut d: sys::cudnnBackendDescriptor_t = std::ptr::null_mut();
+        // SAFETY: `d` is a valid place for the new descriptor's address.
+        let s = unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut d) };
+        status(|| format!("creating a {kind:?}"), s)?;
+        Ok(Desc(d))
+    }
+
+    /// Sets attribute `name` to the `vals` of type `ty`.
+    ///
+    /// # Safety
+    /// `T` must be the C type cuDNN reads for `ty` (i64 for `CUDNN_TYPE_INT64`, f32 for
+    /// `CUDNN_TYPE_FLOAT`, a `cudnnBackendDescriptor_t` for `CUDNN_TYPE_BACKEND_DESCRIPTOR`,
+    /// the enum's `u32` for an enum type, and so on).
+    unsafe fn set_raw<T>(&self, name: Attr, ty: Ty, vals: &[T]) -> Result<()> {
+        // SAFETY: `vals` holds `vals.len()` values of the type `ty` names (the caller's
+        // contract); cuDNN copies them before returning.
+        let s = unsafe {
+            sys::cudnnBackendSetAttribute(
+                self.0,
+                name,
+                ty,
+                vals.len() as i64,
+                vals.as_ptr() as *const c_void,
+            )
+        };
+        status(|| format!("setting {name:?}"), s)
+    }
+
+    /// Sets an `INT64` attribute.
+    pub(super) fn ints(&self, name: Attr, vals: &[i64]) -> Result<()> {
+        // SAFETY: i64 is CUDNN_TYPE_INT64's C type.
+        unsafe { self.set_raw(name, Ty::CUDNN_TYPE_INT64, vals) }
+    }
+
+    /// Sets a `FLOAT` attribute (a scalar such as a convolution's alpha).
+    pub(super) fn float(&self, name: Attr, v: f32) -> Result<()> {
+        // SAFETY: f32 is CUDNN_TYPE_FLOAT's C type.
+        unsafe { self.set_raw(name, Ty::CUDNN_TYPE_FLOAT, &[v]) }
+    }
+
+    /// Sets a `BOOLEAN` attribute (C `bool`, one byte).
+    pub(super) fn boolean(&self, name: Attr, v: bool) -> Result<()> {
+        // SAFETY: Rust's bool has C's bool layout, CUDNN_TYPE_BOOLEAN's type.
+        unsafe { self.set_raw(name, Ty::CUDNN_TYPE_BOOLEAN, &[v]) }
+    }
+
+    /// Sets an attribute of a `repr(u32)` enum type `ty` (data type, modes).
+    pub(super) fn enumerated<E: Copy>(&self, name: Attr, ty: Ty, v: E) -> Result<()> {
+        debug_assert_eq!(std::mem::size_of::<E>(), 4);
+        // SAFETY: the enums cuDNN reads are C enums (4 bytes, as asserted), passed as the
+        // bindings declare them.
+        unsafe { self.set_raw(name, ty, &[v]) }
+    }
+
+    /// Sets a `BACKEND_DESCRIPTOR` attribute to `descs`.
+    pub(super) fn descs(&self, name: Attr, descs: &[&Desc]) -> Result<()> {
+        let raw: Vec<sys::cudnnBackendDescriptor_t> = descs.iter().map(|d| d.0).collect();
+        // SAFETY: descriptor handles are CUDNN_TYPE_BACKEND_DESCRIPTOR's C type; each is
+        // alive (borrowed) for the call.
+        unsafe { self.set_raw(name, Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw) }
+    }
+
+    /// Sets the `HANDLE` attribute.
+    pub(super) fn handle(&self, name: Attr, h: sys::cudnnHandle_t) -> Result<()> {
+        // SAFETY: a cudnnHandle_t is CUDNN_TYPE_HANDLE's C type; the handle is alive.
+        unsafe { self.set_raw(name, Ty::CUDNN_TYPE_HANDLE, &[h]) }
+    }
+
+    /// Sets a `VOID_PTR` attribute (device addresses, a workspace).
+    pub(super) fn pointers(&self, name: Attr, ptrs: &[*mut c_void]) -> Result<()> {
+        // SAFETY: `void*` is CUDNN_TYPE_VOID_PTR's C type; cuDNN copies the addresses.
+        unsafe { self.set_raw(name, Ty::CUDNN_TYPE_VOID_PTR, ptrs) }
+    }
+
+    /// Finalizes the descriptor; `Err` with cuDNN's status where it refuses.
+    pub(super) fn finalize(&self) -> std::result::Result<(), sys::cudnnStatus_t> {
+        // SAFETY: the descriptor is alive.
+        match unsafe { sys::cudnnBackendFinalize(self.0) } {
+            OK => Ok(()),
+            s => Err(s),
+        }
+    }
+
+    /// Reads one `INT64` attribute.
+    fn get_int(&self, name: Attr) -> Result<i64> {
+        let (mut v, mut n) = (0i64, 0i64);
+        // SAFETY: room for one i64, as requested.
+        let s = unsafe {
+            sys::cudnnBackendGetAttribute(
+                self.0,
+                name,
+                Ty::CUDNN_TYPE_INT64,
+                1,
+                &mut n,
+                &mut v as *mut i64 as *mut c_void,
+            )
+        };
+        status(|| format!("reading {name:?}"), s)?;
+        Ok(v)
+    }
+}
+
+/// A tensor descriptor: `dims` and `strides` in NCHW order of the dims (`[1, c, 1, 1]` for a
+/// per-channel operand), the data type, the id the variant pack names it by, 16-byte
+/// alignment (what the tensor-core engines ask for; the caller checks the addresses).
+pub(super) fn tensor(
+    dtype: sys::cudnnDataType_t,
+    dims: [i64; 4],
+    strides: [i64; 4],
+    uid: i64,
+) -> Result<Desc> {
+    let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
+    t.enumerated(
+        Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
+        Ty::CUDNN_TYPE_DATA_TYPE,
+        dtype,
+    )?;
+    t.ints(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
+    t.ints(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
+    t.ints(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
+    t.ints(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
+    t.boolean(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL, false)?;
+    t.finalize().map_err(|s| Error::CudaLibrary {
+        lib: "cuDNN",
+        msg: format!("a tensor descriptor {dims:?} strides {strides:?}: {s:?}"),
+    })?;
+    Ok(t)
+}
+
+/// The dense channels-last strides of `[n, c, h, w]`, in NCHW order of the dims.
+pub(super) fn nhwc_strides([_, c, h, w]: [i64; 4]) -> [i64; 4] {
+    [h * w * c, 1, w * c, c]
+}
+
+/// What [`Plan::build`] gives.
+pub(super) enum Built {
+    Plan(Plan),
+    /// cuDNN has no engine that runs the graph for these operands; with its last status.
+    Declined(String),
+}
+
+/// A finalized execution plan with its workspace size, holding every descriptor it was
+/// built from (cuDNN's plan refers to the graph's descriptors).
+pub(super) struct Plan {
+    plan: Desc,
+    pub(super) workspace: usize,
+    _keep: Vec<Desc>,
+}
+
+impl Plan {
+    /// Builds the operation graph of the last `ops` descriptors of `descs` (the ones before
+    /// are the tensors and others they refer to) on handle `h`, and the first execution
+    /// plan that finalizes among the engine configurations cuDNN's heuristics list (mode A,
+    /// then the fallback list).
+    pub(super) fn build(h: sys::cudnnHandle_t, descs: Vec<Desc>, ops: usize) -> Result<Built> {
+        let graph = Desc::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+        graph.handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, h)?;
+        let first = descs.len().saturating_sub(ops);
+        let op_refs: Vec<&Desc> = descs[first..].iter().collect();
+        graph.descs(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_refs)?;
+        if let Err(s) = graph.finalize() {
+            return Ok(Built::Declined(format!("the operation graph: {s:?}")));
+        }
+        let mut last = String::from("no engine configuration");
+        for mode in [
+            sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+            sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
+        ] {
+            let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+            heur.descs(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
+            heur.enumerated(
+                Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
+                Ty::CUDNN_TYPE_HEUR_MODE,
+                mode,
+            )?;
+            if let Err(s) = heur.finalize() {
+                last = format!("heuristics {mode:?}: {s:?}");
+                continue;
+            }
+            for cfg in configs(&heur)? {
+                let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+                plan.handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?;
+                plan.descs(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?;
+                match plan.finalize() {
+                    Ok(()) => {
+                        let ws = plan.get_int(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+                        let mut keep = descs;
+                        keep.extend([graph, heur, cfg]);
+                        return Ok(Built::Plan(Plan {
+                            plan,
+                            workspace: usize::try_from(ws).unwrap_or(0),
+                            _keep: keep,
+                        }));
+                    }
+                    Err(s) => last = format!("an execution plan ({mode:?}): {s:?}"),
+                }
+            }
+        }
+        Ok(Built::Declined(last))
+    }
+
+    /// Runs the plan on handle `h` (whose stream orders the buffers' uses) over the device
+    /// addresses `ptrs` of the tensors `uids` and a workspace of at least `self.workspace`
+    /// bytes at `ws`.
+    ///
+    /// # Safety
+    /// Each address must hold the tensor its uid names in the graph (its dims, strides and
+    /// data type), on the handle's device, alive until the stream has run the plan; `ws`
+    /// likewise for the workspace.
+    pub(super) unsafe fn execute(
+        &self,
+        h: sys::cudnnHandle_t,
+        uids: &[i64],
+        ptrs: &[*mut c_void],
+        ws: *mut c_void,
+    ) -> std::result::Result<(), String> {
+        let pack =
+            Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR).map_err(|e| e.to_string())?;
+        let set = || -> Result<()> {
+            pack.ints(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids)?;
+            pack.pointers(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, ptrs)?;
+            pack.pointers(Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &[ws])
+        };
+        set().map_err(|e| e.to_string())?;
+        pack.finalize()
+            .map_err(|s| format!("the variant pack: {s:?}"))?;
+        // SAFETY: the plan and the pack are finalized; the addresses are the caller's.
+        match unsafe { sys::cudnnBackendExecute(h, self.plan.0, pack.0) } {
+            OK => Ok(()),
+            s => Err(format!("{s:?}")),
+        }
+    }
+}
+
+/// The engine configurations the finalized heuristics `heur` lists, best first.
+fn configs(heur: &Desc) -> Result<Vec<Desc>> {
+    let mut n = 0i64;
+    // SAFETY: a count query: no elements requested, none written.
+    let s = unsafe {
+        sys::cudnnBackendGetAttribute(
+            heur.0,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            0,
+            &mut n,
+            std::ptr::null_mut(),
+        )
+    };
+    status(|| "counting the heuristics' results".into(), s)?;
+    let cfgs = (0..n.clamp(0, 64))
+        .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<Result<Vec<_>>>()?;
+    if cfgs.is_empty() {
+        return Ok(cfgs);
+    }
+    let mut raw: Vec<sys::cudnnBackendDescriptor_t> = cfgs.iter().map(|d| d.0).collect();
+    let mut got = 0i64;
+    // SAFETY: `raw` holds `raw.len()` created ENGINECFG descriptors for cuDNN to fill.
+    let s = unsafe {
+        sys::cudnnBackendGetAttribute(
+            heur.0,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            raw.len() as i64,
+            &mut got,
+            raw.as_mut_ptr() as *mut c_void,
+        )
+    };
+    status(|| "reading the heuristics' results".into(), s)?;
+    let mut cfgs = cfgs;
+    cfgs.truncate(got.clamp(0, n) as usize);
+    Ok(cfgs)
+}
