@@ -1,7 +1,9 @@
 //! M2: the engine's elementwise kernels against the device-to-device copy, in GB/s of the
 //! bytes each must move: add, mul and relu forward, and relu's backward (which reads the saved
 //! output and the gradient and writes the input's gradient), in f16 and f32, contiguous and
-//! channels-last; and M5: ResNet-50's pooling and batch norm passes, in the same terms.
+//! channels-last; M5: ResNet-50's pooling and batch norm passes, in the same terms; M6: a
+//! convolution and the training batch norm after it, with and without the statistics made in
+//! the convolution's epilogue (`set_conv_bn_fusion`).
 
 use mantissa::nn::Module;
 use mantissa::*;
@@ -158,5 +160,73 @@ pub fn resnet_passes(d: Device, quick: bool) -> Result<String> {
             lines.push(line);
         }
     }
+    Ok(lines.join("\n"))
+}
+
+/// M6: f16 channels-last convolution + training batch norm forward at ResNet-50's shapes
+/// (`quick`: small ones), with the batch norm's statistics from a pass over the output
+/// (plain) and from the convolution's epilogue (`set_conv_bn_fusion`): milliseconds of each,
+/// whether cuDNN ran the fused graph (the profiler's `cudnn conv+stats`), and the outputs'
+/// norm-wise relative difference.
+pub fn conv_bn_fusion(d: Device, quick: bool) -> Result<String> {
+    use mantissa::backend::cuda::conv_stats::{conv_bn_fusion, set_conv_bn_fusion};
+    // ([n, c, h], o, kernel, stride): bottleneck convolutions of stages 1 and 3.
+    let shapes: &[([usize; 3], usize, usize, usize)] = if quick {
+        &[([2, 8, 12], 16, 1, 1), ([2, 16, 6], 16, 3, 1)]
+    } else {
+        &[
+            ([256, 64, 56], 64, 1, 1),
+            ([256, 64, 56], 256, 1, 1),
+            ([256, 64, 56], 64, 3, 1),
+            ([256, 256, 14], 256, 3, 1),
+            ([256, 256, 14], 1024, 1, 1),
+        ]
+    };
+    let was = conv_bn_fusion();
+    let mut gen = Generator::new(11);
+    let mut lines = vec!["M6 f16 channels-last conv + training batch norm forward: statistics from a pass (plain) or from the conv's epilogue (fused)".to_string()];
+    for &([n, c, h], o, k, stride) in shapes {
+        let cl = MemoryFormat::ChannelsLast;
+        let x = Tensor::randn_with(&[n, c, h, h], 0.0, 1.0, DType::F16, d, &mut gen)?
+            .to_memory_format(cl)?;
+        let w = Tensor::randn_with(&[o, c, k, k], 0.0, 0.1, DType::F16, d, &mut gen)?
+            .to_memory_format(cl)?;
+        let opts = Conv2dOptions {
+            stride: [stride, stride],
+            padding: [k / 2, k / 2],
+            ..Default::default()
+        };
+        let mut bn = nn::BatchNorm2d::new(o)?;
+        bn.to_device(d)?;
+        let step = || no_grad(|| bn.forward(&x.conv2d(&w, None, opts)?));
+        let mut ms = [0.0; 2];
+        let mut outs = Vec::new();
+        let mut fused_ran = false;
+        for (i, on) in [false, true].into_iter().enumerate() {
+            set_conv_bn_fusion(on);
+            ms[i] = time_ms(|| step().map(drop))?;
+            let (y, p) = profiler::profile(|_| step())?;
+            fused_ran |= on
+                && p.kernels()
+                    .iter()
+                    .any(|k| k.name.starts_with("cudnn conv+stats"));
+            outs.push(y?.to_dtype(DType::F32)?.to_vec::<f32>()?);
+        }
+        let (num, den) = outs[0]
+            .iter()
+            .zip(&outs[1])
+            .fold((0.0f64, 0.0f64), |(a, b), (p, f)| {
+                let (p, f) = (f64::from(*p), f64::from(*f));
+                (a + (p - f) * (p - f), b + p * p)
+            });
+        lines.push(format!(
+            "  [{n}, {c}, {h}, {h}] {k}x{k} -> {o} s{stride}: plain {:.3} ms, fused {:.3} ms ({:.2}x), cuDNN ran the fused graph: {fused_ran}, relative difference {:.1e}",
+            ms[0],
+            ms[1],
+            ms[0] / ms[1].max(1e-9),
+            (num / den.max(1e-30)).sqrt()
+        ));
+    }
+    set_conv_bn_fusion(was);
     Ok(lines.join("\n"))
 }

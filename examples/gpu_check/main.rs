@@ -2,8 +2,9 @@
 //! compiled by NVRTC for this GPU and loaded, a few kernels against the CPU backend, a GEMM
 //! TFLOP/s figure (cuBLAS), a host-to-device copy bandwidth, one training step against the
 //! CPU, a convolution timed in NCHW and channels-last, M2: elementwise forward and backward
-//! bandwidth beside the device-to-device copy, and M5: ResNet-50's pooling and batch norm
-//! passes at its own shapes, in the same terms.
+//! bandwidth beside the device-to-device copy, M5: ResNet-50's pooling and batch norm
+//! passes at its own shapes, in the same terms, and M6: its convolutions followed by training
+//! batch norm, with the statistics from a pass and from the convolution's epilogue.
 //!
 //! `cargo run --release --example gpu_check` (needs the `cuda` feature, on by default). On a
 //! machine without a usable GPU it says what is missing and exits with status 2 (nothing was
@@ -326,6 +327,7 @@ fn main() {
         println!("{}", engine::conv_formats(d, quick)?);
         println!("{}", bandwidth::elementwise(d, quick)?);
         println!("{}", bandwidth::resnet_passes(d, quick)?);
+        println!("{}", bandwidth::conv_bn_fusion(d, quick)?);
         Ok(())
     };
     if let Err(e) = run() {
