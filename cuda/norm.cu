@@ -654,3 +654,18 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
 PART(float, BN(float))
 PART(f16, BN(f16))
 PART(bf16, BN(bf16))
+
+// Batch norm's affine map alpha (x - center) + gamma, from coef = [alpha | center | gamma |
+// ...] (f32, [4, C] or longer), as f16 scale and bias, out = [alpha | gamma - alpha center]
+// ([2, C]): the map a convolution applies in its prologue in cuDNN's graph, whose operands
+// there are f16 (src/backend/cuda/conv_wgrad.rs). The bias is formed in f32, rounded once.
+#if PART_HAS_1
+extern "C" __global__ void bn_scale_bias_f16(const float* __restrict__ coef, f16* __restrict__ out,
+                                             i64 C) {
+    for (i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x; c < C; c += (i64)gridDim.x * blockDim.x) {
+        float a = coef[c];
+        out[c] = from_f32<f16>(a);
+        out[C + c] = from_f32<f16>(coef[2 * C + c] - a * coef[C + c]);
+    }
+}
+#endif

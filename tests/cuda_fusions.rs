@@ -454,3 +454,68 @@ fn convolution_sums_are_not_used_for_changed_or_other_views() {
     assert_close(&view(d), &view(Device::Cpu), band(DType::F16), "a view");
     set_conv_bn_fusion(false);
 }
+
+/// conv2d -> training batch norm -> ReLU -> conv2d in `x[0]`'s dtype, channels-last, with
+/// weights `x[1]`, `x[4]` (3x3, then 1x1) and batch norm parameters `x[2]`, `x[3]`.
+fn conv_bn_conv(x: &[Tensor]) -> Result<Tensor> {
+    let h = conv_bn(&x[..4], true, 1, 1)?;
+    let w = x[4].to_memory_format(MemoryFormat::ChannelsLast)?;
+    h.conv2d(&w, None, Conv2dOptions::default())
+}
+
+/// With `set_conv_bn_fusion(true)`, the second convolution's weight gradient applies the
+/// batch norm's map in its prologue (`cudnn wgrad+bn`, its f16 scale and bias from
+/// `bn_scale_bias_f16`) instead of making the batch norm's output again
+/// (`batch_norm.recompute`), where the problem is eligible (f16, channels in whole vectors);
+/// every case matches the CPU. Inputs near zero mean: the f16 scale and bias cost a relative
+/// error that grows with |mean| / std of the batch norm's input.
+#[test]
+fn weight_gradient_applies_batch_norm_in_its_prologue() {
+    use mantissa::backend::cuda::conv_stats::set_conv_bn_fusion;
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_conv_bn_fusion(true);
+    for dt in FLOATS {
+        for (c, m, o) in [(8, 16, 8), (8, 12, 8), (16, 8, 24)] {
+            let what = format!("{dt:?} {c} -> {m} -> {o}");
+            let x = input(&[2, c, 5, 4], dt, 150);
+            let w1 = input(&[m, c, 3, 3], dt, 151).mul(0.3).unwrap();
+            let (g, b) = (input(&[m], dt, 152), input(&[m], dt, 153));
+            let w2 = input(&[o, m, 1, 1], dt, 154).mul(0.3).unwrap();
+            let ins = [x, w1, g, b, w2];
+            parity(&what, d, &ins, conv_bn_conv);
+            let on: Vec<Tensor> = ins
+                .iter()
+                .map(|t| own(t, d).requires_grad(true).unwrap())
+                .collect();
+            let ((), p) = profiler::profile(|_| {
+                let y = conv_bn_conv(&on).unwrap();
+                y.sum_all().unwrap().backward().unwrap();
+                vals(&on[4].grad().unwrap());
+            })
+            .unwrap();
+            let names: Vec<(String, u64)> = p
+                .kernels()
+                .iter()
+                .map(|k| (k.name.clone(), k.count))
+                .collect();
+            let fused = (
+                count(&names, "cudnn wgrad+bn"),
+                count(&names, "bn_scale_bias"),
+                p.op("batch_norm.recompute").is_some(),
+            );
+            let eligible = dt == DType::F16 && m % 8 == 0;
+            if emulated(d) {
+                let want = if eligible {
+                    (1, 1, false)
+                } else {
+                    (0, 0, true)
+                };
+                assert_eq!(fused, want, "{what}: {names:?}");
+            } else if !eligible {
+                assert_eq!(fused.0, 0, "{what}: {names:?}");
+            }
+        }
+    }
+    set_conv_bn_fusion(false);
+}

@@ -31,9 +31,10 @@ pub struct RunFlags {
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_batch_norm: bool,
-    /// On a GPU: f16 channels-last convolutions also sum each output channel and its squares
-    /// in their epilogue (cuDNN's graph API), and the training batch norm after each takes its
-    /// statistics from those sums instead of a pass over the output (`set_conv_bn_fusion`).
+    /// On a GPU: batch norm folded into f16 channels-last convolutions through cuDNN's graph
+    /// API: their epilogues sum the output channels for the training batch norm after them
+    /// (no statistics pass of its own), and a convolution that reads a batch norm's output
+    /// applies its map in the weight gradient's prologue (`set_conv_bn_fusion`).
     #[arg(long)]
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub fuse_conv_bn: bool,

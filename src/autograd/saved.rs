@@ -5,9 +5,11 @@
 //! coefficients): a convolution that reads a batch norm's output then keeps nothing of its
 //! own between the passes, and the output is freed as soon as the forward has used it. In
 //! ResNet-50 that is two of every bottleneck's three convolution inputs, about a sixth of what
-//! a training step keeps, for one more pass over each in backward.
+//! a training step keeps, for one more pass over each in backward. Batch norm's recipe also
+//! names its parts (input, coefficients, ReLU): a convolution may apply that map in its
+//! weight gradient's prologue instead of having the output made (`conv_stats`'s switch).
 
-use crate::tensor::node::Recipe;
+use crate::tensor::node::{AffineParts, Recipe};
 use crate::{Device, Result, Tensor};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -89,6 +91,15 @@ impl Saved {
         match self {
             Saved::Kept(t) => Some(t),
             Saved::Recomputed(_) => None,
+        }
+    }
+
+    /// The parts of the affine map the recipe applies, where it is one (batch norm's): an
+    /// op may apply it itself instead of calling [`Saved::get`].
+    pub(crate) fn affine(&self) -> Option<&AffineParts> {
+        match self {
+            Saved::Recomputed(r) => r.affine.as_ref(),
+            Saved::Kept(_) => None,
         }
     }
 

@@ -41,6 +41,21 @@ pub(crate) trait ConvOps: BackendStorage {
     ) -> Result<Option<(Self, Self)>> {
         Ok(None)
     }
+    /// The weight's gradient where the convolution's input is `alpha[c] (x - center[c]) +
+    /// gamma[c]` of `self` (x), clamped below at 0 with `relu` (a batch norm's output), with
+    /// `coef = [alpha | center | gamma | ...]` (`[4, c]` f32), the map applied in the
+    /// convolution's prologue instead of its result made; `None` (the default) where the
+    /// backend has no such call for these operands, and nothing was run.
+    fn conv2d_backward_weight_affine(
+        &self,
+        _l: &Layout,
+        _coef: (&Self, &Layout),
+        _relu: bool,
+        _gy: (&Self, &Layout),
+        _d: &ConvDims,
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
     /// The weight's gradient from the input `self` and the output's gradient `gy`.
     fn conv2d_backward_weight(
         &self,
@@ -101,6 +116,22 @@ impl Storage {
         let device = super::common_device(op, &[&*self, gy, w])?;
         super::on_device!(device, B => {
             B::part_mut(self).conv2d_backward_input_acc((B::part(gy), lg), (B::part(w), lw), d)
+        })
+    }
+
+    /// See [`ConvOps::conv2d_backward_weight_affine`].
+    pub(crate) fn conv2d_backward_weight_affine(
+        &self,
+        l: &Layout,
+        (coef, lc): (&Storage, &Layout),
+        relu: bool,
+        (gy, lg): (&Storage, &Layout),
+        d: &ConvDims,
+    ) -> Result<Option<Storage>> {
+        on_backend!("conv2d_backward_weight", [self, coef, gy], B => {
+            let (c, g) = ((B::part(coef), lc), (B::part(gy), lg));
+            let out = B::part(self).conv2d_backward_weight_affine(l, c, relu, g, d)?;
+            Ok(out.map(|w| w.wrap()))
         })
     }
 

@@ -213,7 +213,7 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
                 .then(|| conv_bwd_input_onto(g, &ws, d))
                 .transpose()?;
             let gw = needs[1]
-                .then(|| conv_bwd_weight(&xs.get()?, g, d))
+                .then(|| conv_bwd_weight_saved(&xs, g, d))
                 .transpose()?;
             Ok(vec![gx, gw])
         },
@@ -274,6 +274,29 @@ fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
             Ok(vec![ggy, gw])
         },
     ))
+}
+
+/// The weight's gradient from the saved input: where it is a batch norm's output made again
+/// for backward, the backend may apply batch norm's map in the convolution's prologue
+/// (`ConvOps::conv2d_backward_weight_affine`) instead of making the output; otherwise the
+/// input is made (or was kept) and [`conv_bwd_weight`] runs.
+fn conv_bwd_weight_saved(xs: &Saved, gy: &Tensor, d: ConvDims) -> Result<Tensor> {
+    if let (Some(a), true) = (xs.affine(), d.n > 0 && gy.device() != crate::Device::Cpu) {
+        (a.unchanged)()?;
+        let (x, coef) = (&a.x, &a.coef);
+        let (cs, gs) = (coef.storage(), gy.storage());
+        let out = x.storage().conv2d_backward_weight_affine(
+            x.layout(),
+            (&cs, coef.layout()),
+            a.relu,
+            (&gs, gy.layout()),
+            &d,
+        )?;
+        if let Some(s) = out {
+            return activation(s, [d.o, d.c / d.p.groups, d.kh, d.kw], &d);
+        }
+    }
+    conv_bwd_weight(&xs.get()?, gy, d)
 }
 
 fn conv_bwd_weight(x: &Tensor, gy: &Tensor, d: ConvDims) -> Result<Tensor> {

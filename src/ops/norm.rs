@@ -7,7 +7,7 @@ use crate::backend::cpu::norm::stat_dtype;
 use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
 use crate::backend::ops::UnaryOp;
 use crate::layout::Layout;
-use crate::tensor::node::Recipe;
+use crate::tensor::node::{AffineParts, Recipe};
 use crate::{no_grad, Error, MemoryFormat, Result, Tensor};
 
 /// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
@@ -333,21 +333,33 @@ impl Tensor {
         let recipe = r.is_none().then(|| {
             let (xs, coef, seen) = (x.detach(), coef.clone(), x.version());
             let layout = y.layout().clone();
+            let x_read = xs.clone();
+            let unchanged = std::sync::Arc::new(move || {
+                if x_read.version() != seen {
+                    return Err(Error::Autograd(format!(
+                        "the input of `batch_norm` (shape {:?}, {:?}), from which its output \
+                         is made again for a backward that reads it, was modified in place \
+                         after the forward (version {seen}, now {}); write into a clone \
+                         instead, or make the change after backward()",
+                        x_read.shape(),
+                        x_read.dtype(),
+                        x_read.version()
+                    )));
+                }
+                Ok(())
+            });
+            let affine = AffineParts {
+                x: xs.clone(),
+                coef: coef.clone(),
+                relu: fused_relu,
+                unchanged: unchanged.clone(),
+            };
             move |of: u64| Recipe {
                 of,
+                affine: Some(affine),
                 make: std::sync::Arc::new(move || {
                     let _prof = crate::profiler::op("batch_norm.recompute");
-                    if xs.version() != seen {
-                        return Err(Error::Autograd(format!(
-                            "the input of `batch_norm` (shape {:?}, {:?}), from which its \
-                             output is made again for a backward that reads it, was modified \
-                             in place after the forward (version {seen}, now {}); write into \
-                             a clone instead, or make the change after backward()",
-                            xs.shape(),
-                            xs.dtype(),
-                            xs.version()
-                        )));
-                    }
+                    unchanged()?;
                     let (cs, cl) = (coef.storage(), coef.layout());
                     let fused = match fused_relu {
                         true => FusedRelu::Output,

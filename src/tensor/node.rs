@@ -58,6 +58,10 @@ impl Edge {
 pub(crate) struct Recipe {
     pub(crate) of: u64,
     pub(crate) make: Arc<dyn Fn() -> Result<Tensor> + Send + Sync>,
+    /// Where the output is a per-channel affine map of one tensor: its parts, so that the op
+    /// that reads the output can apply the map itself (a convolution's prologue) instead of
+    /// having the output made.
+    pub(crate) affine: Option<AffineParts>,
 }
 
 static NEXT_NODE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -148,4 +152,17 @@ impl Node {
         lock(&self.recipe).take();
         lock(&self.state).take()
     }
+}
+
+/// An output `alpha[c] (x - center[c]) + gamma[c]`, clamped below at 0 with `relu`:
+/// batch norm's, as its [`Recipe`] offers it.
+#[derive(Clone)]
+pub(crate) struct AffineParts {
+    /// The input, as the forward read it (`unchanged` checks that it still is).
+    pub(crate) x: Tensor,
+    /// `[alpha | center | gamma | beta]`, `[4, c]` in f32 (beta is not part of the map).
+    pub(crate) coef: Tensor,
+    pub(crate) relu: bool,
+    /// `Err` where `x` was written in place since the forward (the recipe's own check).
+    pub(crate) unchanged: Arc<dyn Fn() -> Result<()> + Send + Sync>,
 }

@@ -1,25 +1,32 @@
-// The emulated cuDNN's graph (backend) API, for the graph the engine builds: a forward
+// The emulated cuDNN's graph (backend) API, for the two graphs the engine builds: a forward
 // convolution whose output's per-channel sums and sums of squares come with it
-// (ConvolutionFwd -> GenStats, the pattern of cuDNN's ConvBNfprop engine). Descriptors keep
-// their attributes as set; finalizing checks what each kind needs and that the operands
-// agree, as the real library does. The heuristics offer one engine configuration for that
-// graph in f16, packed NHWC x and y, KRSC w, f32 [1, k, 1, 1] sums, without dilation, and
-// none for anything else, so that the backend's unfused path runs (engine_for).
-// A plan asks for a 64 KiB workspace, so the backend's workspace path runs; executing checks
-// that every tensor has an address, 16-byte aligned (what the engine asks for), and queues
-// the work on the handle's stream: the convolution (dnn.cpp), then the sums of the stored
-// output in f64, written as f32.
+// (ConvolutionFwd -> GenStats, the pattern of cuDNN's ConvBNfprop engine), and a weight
+// gradient whose input is x * scale + bias, clamped at 0 or not (Mul -> Add [-> ReLU] ->
+// ConvolutionBwdFilter, ConvBNwgrad's). Descriptors keep their attributes as set; finalizing
+// checks what each kind needs and that the operands agree, as the real library does. The
+// heuristics offer one engine configuration for either graph in f16 (f32 sums, f32 virtual
+// intermediates), packed NHWC activations and KRSC weights, without dilation, and none for
+// anything else, so that the backend's unfused path runs (match_graph; the dilation rule is
+// this emulator's assumption, not a published one of cuDNN's). A plan asks for a 64 KiB
+// workspace, so the backend's workspace path runs; executing checks that every tensor that is
+// not virtual has an address, 16-byte aligned (what the engines ask for), and queues the work
+// on the handle's stream: the convolution (dnn.cpp) and the sums of its stored output in f64
+// written as f32; or the prologue in f32 (scale and bias read as f16) rounded to f16, as the
+// convolution's f16 operand, then the weight's gradient.
 
 #include "dnn.h"
 #include <map>
 
 namespace {
 enum Kind {
+    POINTWISE = 0,
     CONVOLUTION = 1,
     ENGINECFG = 3,
     ENGINEHEUR = 4,
     EXECUTION_PLAN = 5,
     OP_CONV_FWD = 10,
+    OP_CONV_BWD_FILTER = 11,
+    OP_POINTWISE = 13,
     OP_GEN_STATS = 14,
     OPERATIONGRAPH = 15,
     VARIANT_PACK = 16,
@@ -35,10 +42,13 @@ enum Type {
     T_VOID_PTR = 6,
     T_CONVOLUTION_MODE = 7,
     T_HEUR_MODE = 8,
+    T_POINTWISE_MODE = 14,
     T_BACKEND_DESCRIPTOR = 15,
     T_GENSTATS_MODE = 16,
 };
 enum Attr {
+    PW_MODE = 0,
+    PW_PREC = 1,
     CONV_COMP_TYPE = 100,
     CONV_MODE = 101,
     CONV_DILATIONS = 102,
@@ -58,6 +68,16 @@ enum Attr {
     FWD_W = 703,
     FWD_X = 704,
     FWD_Y = 705,
+    WGRAD_ALPHA = 712,
+    WGRAD_BETA = 713,
+    WGRAD_CONV = 714,
+    WGRAD_DW = 715,
+    WGRAD_X = 716,
+    WGRAD_DY = 717,
+    OP_PW = 750,
+    OP_PW_X = 751,
+    OP_PW_B = 752,
+    OP_PW_Y = 753,
     STATS_MODE = 770,
     STATS_PREC = 771,
     STATS_X = 772,
@@ -76,6 +96,7 @@ enum Attr {
     PACK_WORKSPACE = 1003,
 };
 enum { CROSS_CORRELATION = 1, GENSTATS_SUM_SQSUM = 0 };
+enum { PW_ADD = 0, PW_MUL = 1, PW_RELU_FWD = 100 };
 constexpr int64_t WORKSPACE = 64 << 10;
 
 // Bytes of one element of an attribute type: pointers and 64-bit values 8, bool 1, enums 4.
@@ -99,7 +120,9 @@ struct Desc {
     // geometry; an engine configuration's graph (set by the heuristics).
     Tensor t;
     int64_t uid = 0;
+    bool virt = false;
     Conv conv;
+    int pw_mode = -1; // a pointwise descriptor's mode
     const Desc* graph = nullptr;
     bool supported = false; // an operation graph: the heuristics offer an engine for it
 
@@ -141,6 +164,9 @@ Status finalize_tensor(Desc& d) {
     else if (strides == std::vector<int64_t>{c * h * w, h * w, w, 1}) format = NCHW;
     d.t = Tensor{format, dt[0], (int)dims[0], (int)c, (int)h, (int)w};
     d.uid = uid[0];
+    auto it = d.attrs.find(TENSOR_VIRTUAL);
+    d.virt = it != d.attrs.end() && it->second.first == T_BOOLEAN && !it->second.second.empty() &&
+             it->second.second[0] != 0;
     return SUCCESS;
 }
 
@@ -160,20 +186,34 @@ Status finalize_conv(Desc& d) {
     return SUCCESS;
 }
 
-// A forward convolution: x, w, y and the geometry agree (one group), one data type.
+// The output size of convolution k over x with filter w agrees with y (one group).
+bool conv_agrees(const Tensor& x, const Tensor& w, const Conv& k, const Tensor& y) {
+    int ho = (x.h + 2 * k.pad_h - k.dil_h * (w.h - 1) - 1) / k.u + 1;
+    int wo = (x.w + 2 * k.pad_w - k.dil_w * (w.w - 1) - 1) / k.v + 1;
+    bool ok = x.c == w.c && y.n == x.n && y.c == w.n && y.h == ho && y.w == wo;
+    if (!ok) fprintf(stderr, "emulated cuDNN graph: the convolution's tensors do not agree\n");
+    return ok;
+}
+
+// A forward convolution: x, w, y and the geometry agree, one data type.
 Status finalize_conv_fwd(const Desc& d) {
     const Desc *x = d.desc(FWD_X, TENSOR), *w = d.desc(FWD_W, TENSOR), *y = d.desc(FWD_Y, TENSOR);
     const Desc* c = d.desc(FWD_CONV, CONVOLUTION);
     std::vector<float> alpha, beta;
     if (!x || !w || !y || !c || !d.get(FWD_ALPHA, T_FLOAT, alpha, 1) || !d.get(FWD_BETA, T_FLOAT, beta, 1))
         return BAD_PARAM;
-    const Conv& k = c->conv;
-    int ho = (x->t.h + 2 * k.pad_h - k.dil_h * (w->t.h - 1) - 1) / k.u + 1;
-    int wo = (x->t.w + 2 * k.pad_w - k.dil_w * (w->t.w - 1) - 1) / k.v + 1;
-    bool ok = x->t.type == w->t.type && w->t.type == y->t.type && x->t.c == w->t.c && y->t.n == x->t.n &&
-              y->t.c == w->t.n && y->t.h == ho && y->t.w == wo;
-    if (!ok) fprintf(stderr, "emulated cuDNN graph: the convolution's tensors do not agree\n");
+    bool ok = x->t.type == w->t.type && w->t.type == y->t.type && conv_agrees(x->t, w->t, c->conv, y->t);
     return ok ? SUCCESS : BAD_PARAM;
+}
+
+// A weight gradient: x (of any type: a virtual intermediate's is f32), dy and dw agree.
+Status finalize_wgrad(const Desc& d) {
+    const Desc *x = d.desc(WGRAD_X, TENSOR), *dy = d.desc(WGRAD_DY, TENSOR), *dw = d.desc(WGRAD_DW, TENSOR);
+    const Desc* c = d.desc(WGRAD_CONV, CONVOLUTION);
+    std::vector<float> alpha, beta;
+    if (!x || !dy || !dw || !c || !d.get(WGRAD_ALPHA, T_FLOAT, alpha, 1) || !d.get(WGRAD_BETA, T_FLOAT, beta, 1))
+        return BAD_PARAM;
+    return dy->t.type == dw->t.type && conv_agrees(x->t, dw->t, c->conv, dy->t) ? SUCCESS : BAD_PARAM;
 }
 
 // Per-channel sums of x: [1, c, 1, 1] f32 each.
@@ -187,38 +227,74 @@ Status finalize_stats(const Desc& d) {
     return mode[0] == GENSTATS_SUM_SQSUM && prec[0] == FLOAT ? SUCCESS : BAD_PARAM;
 }
 
-// The graph's forward convolution and statistics, when it is exactly that pair with the
-// statistics over the convolution's output.
-bool conv_and_stats(const Desc& g, const Desc** fwd, const Desc** stats) {
-    std::vector<Desc*> ops;
-    if (!g.get(GRAPH_OPS, T_BACKEND_DESCRIPTOR, ops, 2)) return false;
-    *fwd = *stats = nullptr;
-    for (Desc* o : ops) {
-        if (o->kind == OP_CONV_FWD) *fwd = o;
-        if (o->kind == OP_GEN_STATS) *stats = o;
-    }
-    return *fwd && *stats && (*fwd)->desc(FWD_Y, TENSOR) == (*stats)->desc(STATS_X, TENSOR);
+Status finalize_pointwise(Desc& d) {
+    std::vector<int> mode, prec;
+    if (!d.get(PW_MODE, T_POINTWISE_MODE, mode, 1) || !d.get(PW_PREC, T_DATA_TYPE, prec, 1)) return BAD_PARAM;
+    if (mode[0] != PW_ADD && mode[0] != PW_MUL && mode[0] != PW_RELU_FWD) return NOT_SUPPORTED;
+    d.pw_mode = mode[0];
+    return SUCCESS;
 }
 
-// Whether an engine runs the graph: the pair above in f16, packed NHWC x and y, KRSC w, f32
-// sums, distinct ids, no dilation. The last is this emulator's assumption, not a published
-// rule of cuDNN's: it makes a graph the backend builds be declined, so its fallback runs.
-bool engine_for(const Desc& g) {
-    const Desc *fwd, *stats;
-    if (!conv_and_stats(g, &fwd, &stats)) return false;
-    const Conv& k = fwd->desc(FWD_CONV, CONVOLUTION)->conv;
-    if (k.dil_h != 1 || k.dil_w != 1) return false;
-    const Desc *x = fwd->desc(FWD_X, TENSOR), *w = fwd->desc(FWD_W, TENSOR), *y = fwd->desc(FWD_Y, TENSOR);
-    const Desc *s = stats->desc(STATS_SUM, TENSOR), *q = stats->desc(STATS_SQSUM, TENSOR);
-    for (const Desc* v : {x, w, y})
-        if (v->t.type != HALF || v->t.format != NHWC) return false;
-    for (const Desc* v : {s, q})
-        if (v->t.type != FLOAT) return false;
-    int64_t ids[] = {x->uid, w->uid, y->uid, s->uid, q->uid};
-    for (int i = 0; i < 5; i++)
-        for (int j = 0; j < i; j++)
-            if (ids[i] == ids[j]) return false;
-    return true;
+// A pointwise operation: y as x; ADD and MUL with b, a [1, c, 1, 1] operand (never first).
+Status finalize_op_pointwise(const Desc& d) {
+    const Desc *pw = d.desc(OP_PW, POINTWISE), *x = d.desc(OP_PW_X, TENSOR), *y = d.desc(OP_PW_Y, TENSOR);
+    const Desc* b = d.desc(OP_PW_B, TENSOR);
+    if (!pw || !x || !y) return BAD_PARAM;
+    const Tensor &xt = x->t, &yt = y->t;
+    if (xt.n != yt.n || xt.c != yt.c || xt.h != yt.h || xt.w != yt.w) return BAD_PARAM;
+    if (pw->pw_mode == PW_RELU_FWD) return b ? BAD_PARAM : SUCCESS;
+    return b && b->t.n == 1 && b->t.c == xt.c && b->t.h == 1 && b->t.w == 1 ? SUCCESS : BAD_PARAM;
+}
+
+// The graphs an engine runs (see the top of the file), their operations.
+struct Match {
+    enum { NONE, FWD_STATS, WGRAD } kind = NONE;
+    const Desc *fwd = nullptr, *stats = nullptr, *mul = nullptr, *add = nullptr, *relu = nullptr,
+               *wgrad = nullptr;
+};
+
+bool half_nhwc(const Desc* t) { return t && !t->virt && t->t.type == HALF && t->t.format == NHWC; }
+bool f32_virtual(const Desc* t) { return t && t->virt && t->t.type == FLOAT; }
+bool no_dilation(const Desc* op, int attr) {
+    const Conv& k = op->desc(attr, CONVOLUTION)->conv;
+    return k.dil_h == 1 && k.dil_w == 1;
+}
+
+Match match_graph(const Desc& g) {
+    std::vector<Desc*> ops;
+    Match m;
+    if (!g.get(GRAPH_OPS, T_BACKEND_DESCRIPTOR, ops)) return m;
+    for (Desc* o : ops) {
+        if (o->kind == OP_CONV_FWD) m.fwd = o;
+        else if (o->kind == OP_GEN_STATS) m.stats = o;
+        else if (o->kind == OP_CONV_BWD_FILTER) m.wgrad = o;
+        else if (o->kind == OP_POINTWISE) {
+            int mode = o->desc(OP_PW, POINTWISE)->pw_mode;
+            (mode == PW_MUL ? m.mul : mode == PW_ADD ? m.add : m.relu) = o;
+        }
+    }
+    if (ops.size() == 2 && m.fwd && m.stats) {
+        const Desc *x = m.fwd->desc(FWD_X, TENSOR), *w = m.fwd->desc(FWD_W, TENSOR), *y = m.fwd->desc(FWD_Y, TENSOR);
+        const Desc *s = m.stats->desc(STATS_SUM, TENSOR), *q = m.stats->desc(STATS_SQSUM, TENSOR);
+        bool ok = m.stats->desc(STATS_X, TENSOR) == y && half_nhwc(x) && half_nhwc(w) && half_nhwc(y) &&
+                  s->t.type == FLOAT && q->t.type == FLOAT && !s->virt && !q->virt && no_dilation(m.fwd, FWD_CONV);
+        if (ok) m.kind = Match::FWD_STATS;
+        return m;
+    }
+    if (ops.size() == 3u + (m.relu ? 1u : 0u) && m.mul && m.add && m.wgrad) {
+        // x * scale -> + bias -> [ReLU] -> the weight gradient's x, the intermediates virtual.
+        const Desc *x = m.mul->desc(OP_PW_X, TENSOR), *t1 = m.mul->desc(OP_PW_Y, TENSOR);
+        const Desc *t2 = m.add->desc(OP_PW_Y, TENSOR), *in = m.wgrad->desc(WGRAD_X, TENSOR);
+        const Desc* last = m.relu ? m.relu->desc(OP_PW_Y, TENSOR) : t2;
+        bool ok = half_nhwc(x) && !m.mul->desc(OP_PW_B, TENSOR)->virt && m.mul->desc(OP_PW_B, TENSOR)->t.type == HALF &&
+                  !m.add->desc(OP_PW_B, TENSOR)->virt && m.add->desc(OP_PW_B, TENSOR)->t.type == HALF &&
+                  f32_virtual(t1) && m.add->desc(OP_PW_X, TENSOR) == t1 && f32_virtual(t2) &&
+                  (!m.relu || (m.relu->desc(OP_PW_X, TENSOR) == t2 && f32_virtual(last))) && in == last &&
+                  half_nhwc(m.wgrad->desc(WGRAD_DY, TENSOR)) && half_nhwc(m.wgrad->desc(WGRAD_DW, TENSOR)) &&
+                  no_dilation(m.wgrad, WGRAD_CONV);
+        if (ok) m.kind = Match::WGRAD;
+    }
+    return m;
 }
 
 Status finalize(Desc& d) {
@@ -226,7 +302,10 @@ Status finalize(Desc& d) {
     switch (d.kind) {
     case TENSOR: return finalize_tensor(d);
     case CONVOLUTION: return finalize_conv(d);
+    case POINTWISE: return finalize_pointwise(d);
     case OP_CONV_FWD: return finalize_conv_fwd(d);
+    case OP_CONV_BWD_FILTER: return finalize_wgrad(d);
+    case OP_POINTWISE: return finalize_op_pointwise(d);
     case OP_GEN_STATS: return finalize_stats(d);
     case OPERATIONGRAPH: {
         std::vector<Desc*> ops;
@@ -234,7 +313,7 @@ Status finalize(Desc& d) {
             return BAD_PARAM;
         for (Desc* o : ops)
             if (!o || !o->final) return BAD_PARAM;
-        d.supported = engine_for(d);
+        d.supported = match_graph(d).kind != Match::NONE;
         return SUCCESS;
     }
     case ENGINEHEUR: {
@@ -260,15 +339,90 @@ Status finalize(Desc& d) {
     default: return NOT_SUPPORTED;
     }
 }
+
+// The address the pack gives tensor t: 16-byte aligned, or null (said on stderr).
+void* address(const Desc* pack, const Desc* t) {
+    std::vector<int64_t> uids;
+    std::vector<void*> ptrs;
+    pack->get(PACK_UIDS, T_INT64, uids);
+    pack->get(PACK_POINTERS, T_VOID_PTR, ptrs);
+    for (size_t k = 0; k < uids.size(); k++)
+        if (uids[k] == t->uid && ptrs[k] && (uintptr_t)ptrs[k] % 16 == 0) return ptrs[k];
+    fprintf(stderr, "emulated cuDNN graph: tensor %lld has no 16-byte aligned address\n", (long long)t->uid);
+    return nullptr;
+}
+
+// Queues the forward convolution and its output's sums.
+Status run_fwd_stats(Handle* h, const Match& m, const Desc* pack) {
+    const Desc* ts[] = {m.fwd->desc(FWD_X, TENSOR), m.fwd->desc(FWD_W, TENSOR), m.fwd->desc(FWD_Y, TENSOR),
+                        m.stats->desc(STATS_SUM, TENSOR), m.stats->desc(STATS_SQSUM, TENSOR)};
+    void* at[5] = {};
+    for (int i = 0; i < 5; i++)
+        if (!(at[i] = address(pack, ts[i]))) return BAD_PARAM;
+    std::vector<float> alpha, beta;
+    m.fwd->get(FWD_ALPHA, T_FLOAT, alpha);
+    m.fwd->get(FWD_BETA, T_FLOAT, beta);
+    Tensor x = ts[0]->t, w = ts[1]->t, y = ts[2]->t;
+    Conv c = m.fwd->desc(FWD_CONV, CONVOLUTION)->conv;
+    float al = alpha[0], be = beta[0];
+    later(h->stream, [=] {
+        conv_compute(FORWARD, al, be, x, at[0], w, at[1], c, y, at[2]);
+        std::vector<double> s(y.c, 0.0), q(y.c, 0.0);
+        for (int a = 0; a < y.n; a++)
+            for (int b = 0; b < y.c; b++)
+                for (int yy = 0; yy < y.h; yy++)
+                    for (int xx = 0; xx < y.w; xx++) {
+                        double v = load(at[2], y.type, y.at(a, b, yy, xx));
+                        s[b] += v, q[b] += v * v;
+                    }
+        for (int b = 0; b < y.c; b++) ((float*)at[3])[b] = (float)s[b], ((float*)at[4])[b] = (float)q[b];
+    });
+    return SUCCESS;
+}
+
+// Queues the prologue (x * scale + bias, clamped with a ReLU, in f32, rounded to f16 as the
+// convolution's operand) and the weight's gradient.
+Status run_wgrad(Handle* h, const Match& m, const Desc* pack) {
+    const Desc* ts[] = {m.mul->desc(OP_PW_X, TENSOR), m.mul->desc(OP_PW_B, TENSOR), m.add->desc(OP_PW_B, TENSOR),
+                        m.wgrad->desc(WGRAD_DY, TENSOR), m.wgrad->desc(WGRAD_DW, TENSOR)};
+    void* at[5] = {};
+    for (int i = 0; i < 5; i++)
+        if (!(at[i] = address(pack, ts[i]))) return BAD_PARAM;
+    std::vector<float> alpha, beta;
+    m.wgrad->get(WGRAD_ALPHA, T_FLOAT, alpha);
+    m.wgrad->get(WGRAD_BETA, T_FLOAT, beta);
+    Tensor x = ts[0]->t, dy = ts[3]->t, dw = ts[4]->t;
+    Conv c = m.wgrad->desc(WGRAD_CONV, CONVOLUTION)->conv;
+    float al = alpha[0], be = beta[0];
+    bool relu = m.relu != nullptr;
+    later(h->stream, [=] {
+        std::vector<uint16_t> in(x.size());
+        for (int a = 0; a < x.n; a++)
+            for (int b = 0; b < x.c; b++) {
+                float sc = load(at[1], HALF, b), bi = load(at[2], HALF, b);
+                for (int yy = 0; yy < x.h; yy++)
+                    for (int xx = 0; xx < x.w; xx++) {
+                        int64_t i = x.at(a, b, yy, xx);
+                        float v = load(at[0], HALF, i) * sc + bi;
+                        store(in.data(), HALF, i, relu && v < 0.0f ? 0.0f : v);
+                    }
+            }
+        conv_compute(FILTER, al, be, x, in.data(), dw, at[4], c, dy, at[3]);
+    });
+    return SUCCESS;
+}
 } // namespace
 
 API Status cudnnBackendCreateDescriptor(int kind, Desc** d) {
     switch (kind) {
+    case POINTWISE:
     case CONVOLUTION:
     case ENGINECFG:
     case ENGINEHEUR:
     case EXECUTION_PLAN:
     case OP_CONV_FWD:
+    case OP_CONV_BWD_FILTER:
+    case OP_POINTWISE:
     case OP_GEN_STATS:
     case OPERATIONGRAPH:
     case VARIANT_PACK:
@@ -318,43 +472,13 @@ API Status cudnnBackendExecute(Handle* h, const Desc* plan, const Desc* pack) {
     if (!h || !plan || !pack || plan->kind != EXECUTION_PLAN || !plan->final || pack->kind != VARIANT_PACK ||
         !pack->final)
         return BAD_PARAM;
-    const Desc *fwd, *stats;
-    if (!conv_and_stats(*plan->graph, &fwd, &stats)) return BAD_PARAM;
-    std::vector<int64_t> uids;
-    std::vector<void*> ptrs, ws;
-    pack->get(PACK_UIDS, T_INT64, uids);
-    pack->get(PACK_POINTERS, T_VOID_PTR, ptrs);
+    std::vector<void*> ws;
     pack->get(PACK_WORKSPACE, T_VOID_PTR, ws);
-    if (!ws[0]) return BAD_PARAM;
-    const Desc* ts[] = {fwd->desc(FWD_X, TENSOR), fwd->desc(FWD_W, TENSOR), fwd->desc(FWD_Y, TENSOR),
-                        stats->desc(STATS_SUM, TENSOR), stats->desc(STATS_SQSUM, TENSOR)};
-    void* at[5] = {};
-    for (int i = 0; i < 5; i++) {
-        for (size_t k = 0; k < uids.size(); k++)
-            if (uids[k] == ts[i]->uid) at[i] = ptrs[k];
-        if (!at[i] || (uintptr_t)at[i] % 16 != 0) {
-            fprintf(stderr, "emulated cuDNN graph: tensor %lld has no 16-byte aligned address\n",
-                    (long long)ts[i]->uid);
-            return BAD_PARAM;
-        }
+    if (ws.empty() || !ws[0]) return BAD_PARAM;
+    Match m = match_graph(*plan->graph);
+    switch (m.kind) {
+    case Match::FWD_STATS: return run_fwd_stats(h, m, pack);
+    case Match::WGRAD: return run_wgrad(h, m, pack);
+    default: return BAD_PARAM;
     }
-    std::vector<float> alpha, beta;
-    fwd->get(FWD_ALPHA, T_FLOAT, alpha);
-    fwd->get(FWD_BETA, T_FLOAT, beta);
-    Tensor x = ts[0]->t, w = ts[1]->t, y = ts[2]->t;
-    Conv c = fwd->desc(FWD_CONV, CONVOLUTION)->conv;
-    float al = alpha[0], be = beta[0];
-    later(h->stream, [=] {
-        conv_compute(FORWARD, al, be, x, at[0], w, at[1], c, y, at[2]);
-        std::vector<double> s(y.c, 0.0), q(y.c, 0.0);
-        for (int a = 0; a < y.n; a++)
-            for (int b = 0; b < y.c; b++)
-                for (int yy = 0; yy < y.h; yy++)
-                    for (int xx = 0; xx < y.w; xx++) {
-                        double v = load(at[2], y.type, y.at(a, b, yy, xx));
-                        s[b] += v, q[b] += v * v;
-                    }
-        for (int b = 0; b < y.c; b++) ((float*)at[3])[b] = (float)s[b], ((float*)at[4])[b] = (float)q[b];
-    });
-    return SUCCESS;
 }

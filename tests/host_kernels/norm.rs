@@ -709,3 +709,37 @@ fn layer_norm_kernels_match_the_cpu_on_emulated_blocks() {
         );
     }
 }
+
+/// `bn_scale_bias_f16`: batch norm's map `alpha (x - center) + gamma` as an f16 scale and
+/// bias, `[alpha | gamma - alpha center]`, over more channels than the grid's threads (the
+/// loop strides), each within one f16 rounding of the f32 value.
+#[test]
+fn batch_norm_scale_and_bias_in_f16() {
+    let Some(lib) = library("norm") else {
+        return;
+    };
+    type ScaleBias = unsafe extern "C" fn(*const f32, *mut half::f16, i64) -> ();
+    let kernel: ScaleBias = function(lib, "bn_scale_bias_f16");
+    let c = 37;
+    let coef: Vec<f32> = randn(&[4 * c], 60)
+        .mul(3.0)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let mut out = vec![half::f16::NAN; 2 * c];
+    let (ka, oa) = (Addr::of(&coef), Addr::of_mut(&mut out));
+    run_grid(lib, 2, 8, || {
+        // SAFETY: coef holds 4 c values, out 2 c; each channel is written by one thread.
+        unsafe { kernel(ka.ptr(), oa.ptr(), c as i64) }
+    });
+    for k in 0..c {
+        let (a, m, g) = (coef[k], coef[c + k], coef[2 * c + k]);
+        for (got, want, what) in [(out[k], a, "scale"), (out[c + k], g - a * m, "bias")] {
+            let got = got.to_f32();
+            assert!(
+                (got - want).abs() <= want.abs() * 2f32.powi(-11) * 1.01 + 1e-7,
+                "{what} of channel {k}: {got} vs {want}"
+            );
+        }
+    }
+}

@@ -188,6 +188,16 @@ impl ConvOps for CudaStorage {
     ) -> Result<Option<(Self, Self)>> {
         super::conv_stats::conv2d_with_sums(self, l, w, lw, d)
     }
+    fn conv2d_backward_weight_affine(
+        &self,
+        l: &Layout,
+        coef: (&Self, &Layout),
+        relu: bool,
+        gy: (&Self, &Layout),
+        d: &ConvDims,
+    ) -> Result<Option<Self>> {
+        super::conv_wgrad::conv2d_backward_weight_affine(self, l, coef, relu, gy, d)
+    }
     fn conv2d_backward_input(
         &self,
         l: &Layout,

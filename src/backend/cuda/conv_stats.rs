@@ -13,24 +13,29 @@
 
 use super::conv::{conv_bytes, conv_flops, operands};
 use super::conv_desc::Pass;
-use super::dnn_graph::{nhwc_strides, tensor, Attr, Built, Desc, Kind, Plan, Ty};
+use super::dnn_graph::{
+    cached, conv_dims, convolution, op_ready, plan_for, tensor, Attr, Built, ConvKey, Desc, Kind,
+    Plan, Plans, Ty,
+};
 use super::limits::library_index_limit;
 use super::storage::CudaStorage;
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
-use crate::{DType, Device, Error, Result};
+use crate::{DType, Error, Result};
 use cudarc::cudnn::sys;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
 static ON: AtomicBool = AtomicBool::new(false);
 
-/// Has f16 channels-last convolutions on CUDA also sum each output channel and its squares
-/// in their epilogue (cuDNN's graph API), so that a training batch norm right after takes its
-/// statistics from those sums instead of reading the output once more. Off by default; where
-/// cuDNN declines the graph the convolution runs as before.
+/// Folds training batch norm into f16 channels-last convolutions on CUDA through cuDNN's
+/// graph API: a convolution also sums each output channel and its squares in its epilogue, so
+/// that a training batch norm right after takes its statistics from those sums instead of
+/// reading the output once more; and a convolution whose input is a batch norm's output
+/// applies batch norm's map in its weight gradient's prologue instead of having the output
+/// made again in backward (`conv_wgrad`). Off by default; where cuDNN declines a graph the
+/// operations run as before.
 ///
 /// ```
 /// use mantissa::backend::cuda::conv_stats::{conv_bn_fusion, set_conv_bn_fusion};
@@ -49,17 +54,6 @@ pub fn conv_bn_fusion() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// Everything a plan depends on: the device (its handle) and the problem.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Key {
-    device: Device,
-    dims: [usize; 9],
-    params: [usize; 6],
-}
-
-/// Plans by problem; `None`: cuDNN declined it (not asked again).
-type Plans = Mutex<HashMap<Key, Option<Arc<Plan>>>>;
-
 fn plans() -> &'static Plans {
     static PLANS: OnceLock<Plans> = OnceLock::new();
     PLANS.get_or_init(Default::default)
@@ -68,9 +62,10 @@ fn plans() -> &'static Plans {
 /// The variant pack's ids of x, w, y, the sums and the sums of squares.
 const UIDS: [i64; 5] = [1, 2, 3, 4, 5];
 
-/// Whether the problem is one the fused graph is asked for (f16, channels-last, one group,
-/// channels in whole 16-byte vectors, every tensor within cuDNN's 32-bit element limit).
-fn eligible(dtype: DType, d: &ConvDims) -> bool {
+/// Whether a problem is one the fused graphs are asked for (forward here, the weight's
+/// gradient in `conv_wgrad`): f16, channels-last, one group, channels in whole 16-byte
+/// vectors, every tensor within cuDNN's 32-bit element limit.
+pub(super) fn eligible(dtype: DType, d: &ConvDims) -> bool {
     let limit = library_index_limit();
     let fits = |dims: [usize; 4]| {
         dims.iter()
@@ -90,48 +85,19 @@ fn eligible(dtype: DType, d: &ConvDims) -> bool {
 /// The graph `y = conv(x, w); sum, sqsum = genstats(y)` for `d` (f16 NHWC / KRSC, f32
 /// sums), built into a plan on `h`.
 fn build(h: sys::cudnnHandle_t, d: &ConvDims) -> Result<Built> {
-    let i = |v: usize| v as i64;
     let half = sys::cudnnDataType_t::CUDNN_DATA_HALF;
     let float = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
-    let xd = [i(d.n), i(d.c), i(d.h), i(d.w)];
-    let wd = [i(d.o), i(d.c), i(d.kh), i(d.kw)];
-    let yd = [i(d.n), i(d.o), i(d.ho), i(d.wo)];
-    let sd = [1, i(d.o), 1, 1];
-    let x = tensor(half, xd, nhwc_strides(xd), UIDS[0])?;
-    let w = tensor(half, wd, nhwc_strides(wd), UIDS[1])?;
-    let y = tensor(half, yd, nhwc_strides(yd), UIDS[2])?;
-    let sum = tensor(float, sd, nhwc_strides(sd), UIDS[3])?;
-    let sqsum = tensor(float, sd, nhwc_strides(sd), UIDS[4])?;
-
-    let p = &d.p;
-    let conv = Desc::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
-    conv.enumerated(
-        Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
-        Ty::CUDNN_TYPE_DATA_TYPE,
-        float,
-    )?;
-    conv.enumerated(
-        Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
-        Ty::CUDNN_TYPE_CONVOLUTION_MODE,
-        sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-    )?;
-    conv.ints(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2])?;
-    let pad = [i(p.padding[0]), i(p.padding[1])];
-    conv.ints(Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &pad)?;
-    conv.ints(Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &pad)?;
-    conv.ints(
-        Attr::CUDNN_ATTR_CONVOLUTION_DILATIONS,
-        &[i(p.dilation[0]), i(p.dilation[1])],
-    )?;
-    conv.ints(
-        Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
-        &[i(p.stride[0]), i(p.stride[1])],
-    )?;
-    if let Err(s) = conv.finalize() {
-        return Ok(Built::Declined(format!(
-            "the convolution descriptor: {s:?}"
-        )));
-    }
+    let [xd, wd, yd] = conv_dims(d);
+    let sd = [1, yd[1], 1, 1];
+    let x = tensor(half, xd, UIDS[0], false)?;
+    let w = tensor(half, wd, UIDS[1], false)?;
+    let y = tensor(half, yd, UIDS[2], false)?;
+    let sum = tensor(float, sd, UIDS[3], false)?;
+    let sqsum = tensor(float, sd, UIDS[4], false)?;
+    let conv = match convolution(d)? {
+        Ok(conv) => conv,
+        Err(why) => return Ok(Built::Declined(why)),
+    };
 
     let fwd = Desc::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
     fwd.descs(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&x])?;
@@ -143,8 +109,8 @@ fn build(h: sys::cudnnHandle_t, d: &ConvDims) -> Result<Built> {
     )?;
     fwd.float(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, 1.0)?;
     fwd.float(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, 0.0)?;
-    if let Err(s) = fwd.finalize() {
-        return Ok(Built::Declined(format!("the convolution: {s:?}")));
+    if let Err(why) = op_ready(&fwd, "the convolution") {
+        return Ok(Built::Declined(why));
     }
 
     let stats = Desc::new(Kind::CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR)?;
@@ -161,8 +127,8 @@ fn build(h: sys::cudnnHandle_t, d: &ConvDims) -> Result<Built> {
     stats.descs(Attr::CUDNN_ATTR_OPERATION_GENSTATS_XDESC, &[&y])?;
     stats.descs(Attr::CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, &[&sum])?;
     stats.descs(Attr::CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, &[&sqsum])?;
-    if let Err(s) = stats.finalize() {
-        return Ok(Built::Declined(format!("the statistics: {s:?}")));
+    if let Err(why) = op_ready(&stats, "the statistics") {
+        return Ok(Built::Declined(why));
     }
     // The operations are the last two descriptors.
     Plan::build(h, vec![x, w, y, sum, sqsum, conv, fwd, stats], 2)
@@ -183,48 +149,17 @@ pub(crate) fn conv2d_with_sums(
         return Ok(None);
     }
     let (a, b) = operands(Pass::Forward, (x, lx), (w, lw), d)?;
-    if a.ptr() % 16 != 0 || b.ptr() % 16 != 0 {
-        return Ok(None);
-    }
-    let p = &d.p;
-    let key = Key {
-        device: x.rt().device(),
-        dims: [d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ho, d.wo],
-        params: [
-            p.stride[0],
-            p.stride[1],
-            p.padding[0],
-            p.padding[1],
-            p.dilation[0],
-            p.dilation[1],
-        ],
-    };
-    let lock = || plans().lock().unwrap_or_else(|e| e.into_inner());
-    let known = lock().get(&key).cloned();
-    if let Some(None) = known {
+    let key = ConvKey::new(x.rt().device(), d);
+    if a.ptr() % 16 != 0 || b.ptr() % 16 != 0 || matches!(cached(plans(), &key), Some(None)) {
         return Ok(None);
     }
     let rt = x.rt().clone();
-    let out_len = d.n * d.o * d.ho * d.wo;
-    let y = CudaStorage::alloc_on(&rt, DType::F16, out_len)?;
+    let y = CudaStorage::alloc_on(&rt, DType::F16, d.n * d.o * d.ho * d.wo)?;
     let sums = CudaStorage::alloc_on(&rt, DType::F32, 2 * d.o)?;
     let ran = rt.with_cudnn(|h| -> Result<bool> {
-        let plan = match known {
-            Some(Some(plan)) => plan,
-            _ => match build(h, d)? {
-                Built::Plan(plan) => {
-                    let plan = Arc::new(plan);
-                    lock().insert(key.clone(), Some(plan.clone()));
-                    plan
-                }
-                Built::Declined(why) => {
-                    if std::env::var_os("MANTISSA_DEBUG_FUSION").is_some() {
-                        eprintln!("mantissa: cuDNN declined conv + stats for {d:?}: {why}");
-                    }
-                    lock().insert(key.clone(), None);
-                    return Ok(false);
-                }
-            },
+        let what = "conv + stats";
+        let Some(plan) = plan_for(plans(), &key, what, || build(h, d))? else {
+            return Ok(false);
         };
         let ws = CudaStorage::alloc_on(&rt, DType::U8, plan.workspace.max(1))?;
         let prof = super::profile::library(
@@ -232,7 +167,7 @@ pub(crate) fn conv2d_with_sums(
             || {
                 format!(
                     "cudnn conv+stats n{} c{} {}x{} o{} k{}x{} s{} f16 nhwc",
-                    d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, p.stride[0]
+                    d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.p.stride[0]
                 )
             },
             conv_flops(d),
@@ -245,21 +180,17 @@ pub(crate) fn conv2d_with_sums(
         // sums two f32 runs of `o` values inside `sums` (2 o values); the workspace holds the
         // plan's size; the handle's stream is the runtime's, which orders these buffers' uses.
         let run = unsafe { plan.execute(h, &UIDS, &ptrs, ws.ptr() as *mut c_void) };
-        match run {
-            Ok(()) => {
-                if let Some(p) = prof {
-                    p.end();
-                }
-                Ok(true)
-            }
-            Err(status) => Err(Error::CudaLibraryStatus {
-                lib: "cuDNN",
-                op: "conv2d",
-                device: rt.device(),
-                status,
-                what: format!("convolution with channel sums, {d:?}"),
-            }),
+        run.map_err(|status| Error::CudaLibraryStatus {
+            lib: "cuDNN",
+            op: "conv2d",
+            device: rt.device(),
+            status,
+            what: format!("convolution with channel sums, {d:?}"),
+        })?;
+        if let Some(p) = prof {
+            p.end();
         }
+        Ok(true)
     })??;
     Ok(ran.then_some((y, sums)))
 }

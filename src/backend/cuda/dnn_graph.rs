@@ -7,9 +7,12 @@
 //! A graph cuDNN cannot run (no engine, or none that finalizes for these operands) is
 //! [`Built::Declined`], not an error: the caller runs the unfused operations instead.
 
+use crate::backend::spec::ConvDims;
 use crate::{Device, Error, Result};
 use cudarc::cudnn::sys;
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
 
 pub(super) use sys::cudnnBackendAttributeName_t as Attr;
 pub(super) use sys::cudnnBackendAttributeType_t as Ty;
@@ -154,15 +157,17 @@ impl Desc {
     }
 }
 
-/// A tensor descriptor: `dims` and `strides` in NCHW order of the dims (`[1, c, 1, 1]` for a
-/// per-channel operand), the data type, the id the variant pack names it by, 16-byte
-/// alignment (what the tensor-core engines ask for; the caller checks the addresses).
+/// A tensor descriptor: `dims` in NCHW order (`[1, c, 1, 1]` for a per-channel operand) with
+/// their dense channels-last strides, the data type, the id the variant pack names it by,
+/// 16-byte alignment (what the tensor-core engines ask for; the caller checks the addresses);
+/// `virt`: an intermediate that never reaches memory (no address in the variant pack).
 pub(super) fn tensor(
     dtype: sys::cudnnDataType_t,
     dims: [i64; 4],
-    strides: [i64; 4],
     uid: i64,
+    virt: bool,
 ) -> Result<Desc> {
+    let strides = nhwc_strides(dims);
     let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.enumerated(
         Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
@@ -173,7 +178,7 @@ pub(super) fn tensor(
     t.ints(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
     t.ints(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     t.ints(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
-    t.boolean(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL, false)?;
+    t.boolean(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL, virt)?;
     t.finalize().map_err(|s| Error::CudaLibrary {
         lib: "cuDNN",
         msg: format!("a tensor descriptor {dims:?} strides {strides:?}: {s:?}"),
@@ -182,8 +187,122 @@ pub(super) fn tensor(
 }
 
 /// The dense channels-last strides of `[n, c, h, w]`, in NCHW order of the dims.
-pub(super) fn nhwc_strides([_, c, h, w]: [i64; 4]) -> [i64; 4] {
+fn nhwc_strides([_, c, h, w]: [i64; 4]) -> [i64; 4] {
     [h * w * c, 1, w * c, c]
+}
+
+/// The activation, weight and output dims of `d`, in NCHW order: x, w, y.
+pub(super) fn conv_dims(d: &ConvDims) -> [[i64; 4]; 3] {
+    let i = |v: usize| v as i64;
+    [
+        [i(d.n), i(d.c), i(d.h), i(d.w)],
+        [i(d.o), i(d.c), i(d.kh), i(d.kw)],
+        [i(d.n), i(d.o), i(d.ho), i(d.wo)],
+    ]
+}
+
+/// The convolution descriptor of `d` (cross-correlation, f32 accumulation, one group), or
+/// what cuDNN said refusing it.
+pub(super) fn convolution(d: &ConvDims) -> Result<std::result::Result<Desc, String>> {
+    let i = |v: usize| v as i64;
+    let p = &d.p;
+    let conv = Desc::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
+    conv.enumerated(
+        Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
+        Ty::CUDNN_TYPE_DATA_TYPE,
+        sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+    )?;
+    conv.enumerated(
+        Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+        Ty::CUDNN_TYPE_CONVOLUTION_MODE,
+        sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+    )?;
+    conv.ints(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2])?;
+    let pad = [i(p.padding[0]), i(p.padding[1])];
+    conv.ints(Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &pad)?;
+    conv.ints(Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &pad)?;
+    conv.ints(
+        Attr::CUDNN_ATTR_CONVOLUTION_DILATIONS,
+        &[i(p.dilation[0]), i(p.dilation[1])],
+    )?;
+    conv.ints(
+        Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+        &[i(p.stride[0]), i(p.stride[1])],
+    )?;
+    Ok(conv
+        .finalize()
+        .map(|()| conv)
+        .map_err(|s| format!("the convolution descriptor: {s:?}")))
+}
+
+/// Finalizes an operation descriptor; `Err` with what cuDNN said, for [`Built::Declined`].
+pub(super) fn op_ready(op: &Desc, what: &str) -> std::result::Result<(), String> {
+    op.finalize().map_err(|s| format!("{what}: {s:?}"))
+}
+
+/// Everything a convolution graph's plan depends on: the device (its handle) and the
+/// problem.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct ConvKey {
+    device: Device,
+    dims: [usize; 9],
+    params: [usize; 6],
+}
+
+impl ConvKey {
+    pub(super) fn new(device: Device, d: &ConvDims) -> ConvKey {
+        let p = &d.p;
+        ConvKey {
+            device,
+            dims: [d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ho, d.wo],
+            params: [
+                p.stride[0],
+                p.stride[1],
+                p.padding[0],
+                p.padding[1],
+                p.dilation[0],
+                p.dilation[1],
+            ],
+        }
+    }
+}
+
+/// One graph's plans by problem; `None`: cuDNN declined the problem (not asked again).
+pub(super) type Plans = Mutex<HashMap<ConvKey, Option<Arc<Plan>>>>;
+
+/// What the cache holds for `key`: `Some(None)` where cuDNN declined it.
+pub(super) fn cached(plans: &Plans, key: &ConvKey) -> Option<Option<Arc<Plan>>> {
+    plans
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(key)
+        .cloned()
+}
+
+/// The plan for `key`: the cached one, or the one `build` makes (on the handle the caller
+/// holds), remembered either way; `None` where cuDNN declined the graph (`what` names it in
+/// what `MANTISSA_DEBUG_FUSION` prints).
+pub(super) fn plan_for(
+    plans: &Plans,
+    key: &ConvKey,
+    what: &str,
+    build: impl FnOnce() -> Result<Built>,
+) -> Result<Option<Arc<Plan>>> {
+    if let Some(known) = cached(plans, key) {
+        return Ok(known);
+    }
+    let plan = match build()? {
+        Built::Plan(plan) => Some(Arc::new(plan)),
+        Built::Declined(why) => {
+            if std::env::var_os("MANTISSA_DEBUG_FUSION").is_some() {
+                eprintln!("mantissa: cuDNN declined {what} for {key:?}: {why}");
+            }
+            None
+        }
+    };
+    let mut map = plans.lock().unwrap_or_else(|e| e.into_inner());
+    map.insert(key.clone(), plan.clone());
+    Ok(plan)
 }
 
 /// What [`Plan::build`] gives.

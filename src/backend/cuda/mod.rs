@@ -43,6 +43,7 @@ pub mod compile;
 pub mod conv;
 mod conv_desc;
 pub mod conv_stats;
+mod conv_wgrad;
 pub(crate) mod copy_list;
 mod dnn_graph;
 pub mod dnn_norm;
