@@ -519,3 +519,48 @@ fn weight_gradient_applies_batch_norm_in_its_prologue() {
     }
     set_conv_bn_fusion(false);
 }
+
+/// A graph whose plan cuDNN finalized but whose execution it refuses (NOT_SUPPORTED; the
+/// emulated cuDNN does so with MANTISSA_EMU_GRAPH_EXECUTE=not-supported) is remembered as
+/// declined: the plain convolutions and batch norm run, and the results match the CPU.
+#[test]
+fn graphs_refused_at_run_time_fall_back() {
+    use mantissa::backend::cuda::conv_stats::set_conv_bn_fusion;
+    let Some(d) = gpu() else { return };
+    if !emulated(d) {
+        eprintln!("skipped: the refusal is the emulated cuDNN's");
+        return;
+    }
+    let _serial = serial();
+    set_conv_bn_fusion(true);
+    std::env::set_var("MANTISSA_EMU_GRAPH_EXECUTE", "not-supported");
+    // Shapes no other test uses: the plans, and the refusal, are remembered per shape.
+    let dt = DType::F16;
+    let x = input(&[2, 24, 4, 3], dt, 160);
+    let w1 = input(&[16, 24, 3, 3], dt, 161).mul(0.3).unwrap();
+    let (g, b) = (input(&[16], dt, 162), input(&[16], dt, 163));
+    let w2 = input(&[32, 16, 1, 1], dt, 164).mul(0.3).unwrap();
+    let ins = [x, w1, g, b, w2];
+    parity("refused graphs", d, &ins, conv_bn_conv);
+    let on: Vec<Tensor> = ins
+        .iter()
+        .map(|t| own(t, d).requires_grad(true).unwrap())
+        .collect();
+    let ((), p) = profiler::profile(|_| {
+        let y = conv_bn_conv(&on).unwrap();
+        y.sum_all().unwrap().backward().unwrap();
+        vals(&on[4].grad().unwrap());
+    })
+    .unwrap();
+    std::env::remove_var("MANTISSA_EMU_GRAPH_EXECUTE");
+    set_conv_bn_fusion(false);
+    let names: Vec<(String, u64)> = p
+        .kernels()
+        .iter()
+        .map(|k| (k.name.clone(), k.count))
+        .collect();
+    let fused = count(&names, "cudnn conv+stats") + count(&names, "cudnn wgrad+bn");
+    assert_eq!(fused, 0, "{names:?}");
+    assert_eq!(count(&names, "bn_partial"), 2, "{names:?}");
+    assert!(p.op("batch_norm.recompute").is_some(), "{names:?}");
+}

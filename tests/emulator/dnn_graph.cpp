@@ -12,7 +12,8 @@
 // not virtual has an address, 16-byte aligned (what the engines ask for), and queues the work
 // on the handle's stream: the convolution (dnn.cpp) and the sums of its stored output in f64
 // written as f32; or the prologue in f32 (scale and bias read as f16) rounded to f16, as the
-// convolution's f16 operand, then the weight's gradient.
+// convolution's f16 operand, then the weight's gradient. With MANTISSA_EMU_GRAPH_EXECUTE=
+// not-supported every execution is refused (NOT_SUPPORTED), for the backend's fallback.
 
 #include "dnn.h"
 #include <map>
@@ -475,6 +476,9 @@ API Status cudnnBackendExecute(Handle* h, const Desc* plan, const Desc* pack) {
     std::vector<void*> ws;
     pack->get(PACK_WORKSPACE, T_VOID_PTR, ws);
     if (ws.empty() || !ws[0]) return BAD_PARAM;
+    // MANTISSA_EMU_GRAPH_EXECUTE=not-supported: every execution refused, as a cuDNN whose
+    // engine finalized a plan may still refuse operands at run time.
+    if (const char* e = getenv("MANTISSA_EMU_GRAPH_EXECUTE"); e && !strcmp(e, "not-supported")) return NOT_SUPPORTED;
     Match m = match_graph(*plan->graph);
     switch (m.kind) {
     case Match::FWD_STATS: return run_fwd_stats(h, m, pack);

@@ -14,8 +14,8 @@
 use super::conv::{conv_bytes, conv_flops, operands};
 use super::conv_desc::Pass;
 use super::dnn_graph::{
-    cached, conv_dims, convolution, op_ready, plan_for, tensor, Attr, Built, ConvKey, Desc, Kind,
-    Plan, Plans, Ty,
+    cached, conv_dims, convolution, op_ready, plan_for, ran, tensor, Attr, Built, ConvKey, Desc,
+    Kind, Plan, Plans, Ty,
 };
 use super::limits::library_index_limit;
 use super::storage::CudaStorage;
@@ -180,17 +180,17 @@ pub(crate) fn conv2d_with_sums(
         // sums two f32 runs of `o` values inside `sums` (2 o values); the workspace holds the
         // plan's size; the handle's stream is the runtime's, which orders these buffers' uses.
         let run = unsafe { plan.execute(h, &UIDS, &ptrs, ws.ptr() as *mut c_void) };
-        run.map_err(|status| Error::CudaLibraryStatus {
+        let done = ran(plans(), &key, what, run).map_err(|status| Error::CudaLibraryStatus {
             lib: "cuDNN",
             op: "conv2d",
             device: rt.device(),
             status,
             what: format!("convolution with channel sums, {d:?}"),
         })?;
-        if let Some(p) = prof {
+        if let (Some(p), true) = (prof, done) {
             p.end();
         }
-        Ok(true)
+        Ok(done)
     })??;
     Ok(ran.then_some((y, sums)))
 }

@@ -16,8 +16,8 @@ use super::conv::{conv_bytes, conv_flops, operands};
 use super::conv_desc::Pass;
 use super::conv_stats::{conv_bn_fusion, eligible};
 use super::dnn_graph::{
-    cached, conv_dims, convolution, op_ready, plan_for, tensor, Attr, Built, ConvKey, Desc, Kind,
-    Plan, Plans, Ty,
+    cached, conv_dims, convolution, op_ready, plan_for, ran, tensor, Attr, Built, ConvKey, Desc,
+    Kind, Plan, Plans, Ty,
 };
 use super::kernels::KernelFile;
 use super::profile::elems;
@@ -202,7 +202,7 @@ pub(crate) fn conv2d_backward_weight_affine(
     let sb = scale_bias(x, coef, lc, d.c)?;
     let dw = CudaStorage::alloc_on(&rt, DType::F16, d.o * d.c * d.kh * d.kw)?;
     let ws = CudaStorage::alloc_on(&rt, DType::U8, plan.workspace.max(1))?;
-    rt.with_cudnn(|h| -> Result<()> {
+    let done = rt.with_cudnn(|h| -> Result<bool> {
         let prof = super::profile::library(
             &rt,
             || {
@@ -222,17 +222,18 @@ pub(crate) fn conv2d_backward_weight_affine(
         // the workspace the plan's size; the handle's stream is the runtime's, which orders
         // these buffers' uses (the scale and bias kernel ran on it before).
         let run = unsafe { plan.execute(h, &UIDS, &ptrs, ws.ptr() as *mut c_void) };
-        run.map_err(|status| Error::CudaLibraryStatus {
-            lib: "cuDNN",
-            op: "conv2d_backward_weight",
-            device: rt.device(),
-            status,
-            what: format!("weight gradient with batch norm's map in its prologue, {d:?}"),
-        })?;
-        if let Some(p) = prof {
+        let done =
+            ran(plans(relu), &key, what, run).map_err(|status| Error::CudaLibraryStatus {
+                lib: "cuDNN",
+                op: "conv2d_backward_weight",
+                device: rt.device(),
+                status,
+                what: format!("weight gradient with batch norm's map in its prologue, {d:?}"),
+            })?;
+        if let (Some(p), true) = (prof, done) {
             p.end();
         }
-        Ok(())
+        Ok(done)
     })??;
-    Ok(Some(dw))
+    Ok(done.then_some(dw))
 }

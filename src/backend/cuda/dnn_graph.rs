@@ -267,6 +267,30 @@ impl ConvKey {
     }
 }
 
+/// What running a plan for `key` gave (`Plan::execute`): `Ok(true)` it ran; `Ok(false)` cuDNN
+/// refused these operands when it came to run them (`CUDNN_STATUS_NOT_SUPPORTED`), and the
+/// graph is now remembered as declined, so the caller runs the unfused operations; `Err` with
+/// cuDNN's status otherwise.
+pub(super) fn ran(
+    plans: &Plans,
+    key: &ConvKey,
+    what: &str,
+    run: std::result::Result<(), String>,
+) -> std::result::Result<bool, String> {
+    match run {
+        Ok(()) => Ok(true),
+        Err(status) if status.contains("NOT_SUPPORTED") => {
+            if std::env::var_os("MANTISSA_DEBUG_FUSION").is_some() {
+                eprintln!("mantissa: cuDNN refused to run {what} for {key:?}: {status}");
+            }
+            let mut map = plans.lock().unwrap_or_else(|e| e.into_inner());
+            map.insert(key.clone(), None);
+            Ok(false)
+        }
+        Err(status) => Err(status),
+    }
+}
+
 /// One graph's plans by problem; `None`: cuDNN declined the problem (not asked again).
 pub(super) type Plans = Mutex<HashMap<ConvKey, Option<Arc<Plan>>>>;
 
