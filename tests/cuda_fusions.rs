@@ -86,6 +86,11 @@ fn calls(case: Case, d: Device, x: &[Tensor]) -> Vec<(String, u64)> {
         vals(&ins[0].grad().unwrap());
     })
     .unwrap();
+    kernel_counts(&p)
+}
+
+/// The library calls and kernels a profile saw, by name, with their counts.
+fn kernel_counts(p: &profiler::Profile) -> Vec<(String, u64)> {
     p.kernels()
         .iter()
         .map(|k| (k.name.clone(), k.count))
@@ -388,11 +393,7 @@ fn convolution_sums_feed_the_next_batch_norm() {
                 vals(&on[0].grad().unwrap());
             })
             .unwrap();
-            let names: Vec<(String, u64)> = p
-                .kernels()
-                .iter()
-                .map(|k| (k.name.clone(), k.count))
-                .collect();
+            let names = kernel_counts(&p);
             let (fused, partials) = (
                 count(&names, "cudnn conv+stats"),
                 count(&names, "bn_partial"),
@@ -494,11 +495,7 @@ fn weight_gradient_applies_batch_norm_in_its_prologue() {
                 vals(&on[4].grad().unwrap());
             })
             .unwrap();
-            let names: Vec<(String, u64)> = p
-                .kernels()
-                .iter()
-                .map(|k| (k.name.clone(), k.count))
-                .collect();
+            let names = kernel_counts(&p);
             let fused = (
                 count(&names, "cudnn wgrad+bn"),
                 count(&names, "bn_scale_bias"),
@@ -554,11 +551,7 @@ fn graphs_refused_at_run_time_fall_back() {
     .unwrap();
     std::env::remove_var("MANTISSA_EMU_GRAPH_EXECUTE");
     set_conv_bn_fusion(false);
-    let names: Vec<(String, u64)> = p
-        .kernels()
-        .iter()
-        .map(|k| (k.name.clone(), k.count))
-        .collect();
+    let names = kernel_counts(&p);
     let fused = count(&names, "cudnn conv+stats") + count(&names, "cudnn wgrad+bn");
     assert_eq!(fused, 0, "{names:?}");
     assert_eq!(count(&names, "bn_partial"), 2, "{names:?}");

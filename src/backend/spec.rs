@@ -76,6 +76,26 @@ pub(crate) struct ConvDims {
 }
 
 impl ConvDims {
+    /// The sizes and geometry a cache of per-problem choices (cuDNN's algorithms and plans)
+    /// is keyed by: `[n, c, h, w, o, kh, kw, ho, wo]` and `[stride, padding, dilation,
+    /// groups]`.
+    pub(crate) fn key(&self) -> ([usize; 9], [usize; 7]) {
+        let p = &self.p;
+        (
+            [
+                self.n, self.c, self.h, self.w, self.o, self.kh, self.kw, self.ho, self.wo,
+            ],
+            [
+                p.stride[0],
+                p.stride[1],
+                p.padding[0],
+                p.padding[1],
+                p.dilation[0],
+                p.dilation[1],
+                p.groups,
+            ],
+        )
+    }
     /// Input channels per group.
     pub(crate) fn cg(&self) -> usize {
         self.c / self.p.groups

@@ -353,13 +353,19 @@ void* address(const Desc* pack, const Desc* t) {
     return nullptr;
 }
 
+// The addresses of the five tensors ts in the pack, all found and aligned (else false).
+bool addresses(const Desc* pack, const Desc* const (&ts)[5], void* (&at)[5]) {
+    for (int i = 0; i < 5; i++)
+        if (!(at[i] = address(pack, ts[i]))) return false;
+    return true;
+}
+
 // Queues the forward convolution and its output's sums.
 Status run_fwd_stats(Handle* h, const Match& m, const Desc* pack) {
     const Desc* ts[] = {m.fwd->desc(FWD_X, TENSOR), m.fwd->desc(FWD_W, TENSOR), m.fwd->desc(FWD_Y, TENSOR),
                         m.stats->desc(STATS_SUM, TENSOR), m.stats->desc(STATS_SQSUM, TENSOR)};
     void* at[5] = {};
-    for (int i = 0; i < 5; i++)
-        if (!(at[i] = address(pack, ts[i]))) return BAD_PARAM;
+    if (!addresses(pack, ts, at)) return BAD_PARAM;
     std::vector<float> alpha, beta;
     m.fwd->get(FWD_ALPHA, T_FLOAT, alpha);
     m.fwd->get(FWD_BETA, T_FLOAT, beta);
@@ -387,8 +393,7 @@ Status run_wgrad(Handle* h, const Match& m, const Desc* pack) {
     const Desc* ts[] = {m.mul->desc(OP_PW_X, TENSOR), m.mul->desc(OP_PW_B, TENSOR), m.add->desc(OP_PW_B, TENSOR),
                         m.wgrad->desc(WGRAD_DY, TENSOR), m.wgrad->desc(WGRAD_DW, TENSOR)};
     void* at[5] = {};
-    for (int i = 0; i < 5; i++)
-        if (!(at[i] = address(pack, ts[i]))) return BAD_PARAM;
+    if (!addresses(pack, ts, at)) return BAD_PARAM;
     std::vector<float> alpha, beta;
     m.wgrad->get(WGRAD_ALPHA, T_FLOAT, alpha);
     m.wgrad->get(WGRAD_BETA, T_FLOAT, beta);

@@ -271,20 +271,13 @@ fn run_piece(
     let tf32 = dtype == DType::F32 && cudnn_allow_tf32();
     let s = Descriptors::new(pass, device, dtype, tf32, d)?;
     let p = &d.p;
+    let (dims, params) = d.key();
     let key = Key {
         device,
         pass,
         dtype,
-        dims: [d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ho, d.wo],
-        params: [
-            p.stride[0],
-            p.stride[1],
-            p.padding[0],
-            p.padding[1],
-            p.dilation[0],
-            p.dilation[1],
-            p.groups,
-        ],
+        dims,
+        params,
         channels_last: d.channels_last,
         tf32,
         benchmark: cudnn_benchmark(),

@@ -18,6 +18,7 @@ use super::dnn_graph::{
     Kind, Plan, Plans, Ty,
 };
 use super::limits::library_index_limit;
+use super::runtime::CudaRuntime;
 use super::storage::CudaStorage;
 use crate::backend::spec::ConvDims;
 use crate::layout::Layout;
@@ -25,7 +26,7 @@ use crate::{DType, Error, Result};
 use cudarc::cudnn::sys;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 static ON: AtomicBool = AtomicBool::new(false);
 
@@ -148,49 +149,96 @@ pub(crate) fn conv2d_with_sums(
     if !conv_bn_fusion() || !eligible(x.dtype(), d) || w.dtype() != x.dtype() {
         return Ok(None);
     }
-    let (a, b) = operands(Pass::Forward, (x, lx), (w, lw), d)?;
     let key = ConvKey::new(x.rt().device(), d);
-    if a.ptr() % 16 != 0 || b.ptr() % 16 != 0 || matches!(cached(plans(), &key), Some(None)) {
+    if matches!(cached(plans(), &key), Some(None)) {
+        return Ok(None);
+    }
+    let (a, b) = operands(Pass::Forward, (x, lx), (w, lw), d)?;
+    if a.ptr() % 16 != 0 || b.ptr() % 16 != 0 {
         return Ok(None);
     }
     let rt = x.rt().clone();
     let y = CudaStorage::alloc_on(&rt, DType::F16, d.n * d.o * d.ho * d.wo)?;
     let sums = CudaStorage::alloc_on(&rt, DType::F32, 2 * d.o)?;
     let ran = rt.with_cudnn(|h| -> Result<bool> {
-        let what = "conv + stats";
+        let what = "convolution with channel sums";
         let Some(plan) = plan_for(plans(), &key, what, || build(h, d))? else {
             return Ok(false);
         };
-        let ws = CudaStorage::alloc_on(&rt, DType::U8, plan.workspace.max(1))?;
+        let sq = sums.ptr() + 4 * d.o as u64;
+        let ptrs = [a.ptr(), b.ptr(), y.ptr(), sums.ptr(), sq].map(|p| p as *mut c_void);
+        let fused = Fused {
+            plans: plans(),
+            key: &key,
+            what,
+            op: "conv2d",
+            label: "conv+stats",
+        };
+        // SAFETY: x, w and y are dense f16 NHWC / KRSC buffers of the graph's dims on this
+        // device (`operands` made them so; y allocated above with n o ho wo elements), the
+        // sums two f32 runs of `o` values inside `sums` (2 o values); the handle's stream is
+        // the runtime's, which orders these buffers' uses.
+        unsafe { fused.run(&rt, h, &plan, d, &UIDS, &ptrs) }
+    })??;
+    Ok(ran.then_some((y, sums)))
+}
+
+/// One fused convolution graph's run: its plan cache and problem, its name in messages
+/// (`what`), the op its errors name, and its profiler label (`cudnn {label} n.. c.. ..`).
+pub(super) struct Fused<'a> {
+    pub(super) plans: &'a Plans,
+    pub(super) key: &'a ConvKey,
+    pub(super) what: &'a str,
+    pub(super) op: &'static str,
+    pub(super) label: &'a str,
+}
+
+impl Fused<'_> {
+    /// Runs `plan` (for `d`) on handle `h` over the device addresses `ptrs` of the tensors
+    /// `uids`, with a workspace of the plan's size, as one profiled library call; `Ok(false)`
+    /// where cuDNN refused to run it (then remembered as declined: `dnn_graph::ran`), `Err`
+    /// naming the op for any other status.
+    ///
+    /// # Safety
+    /// As [`Plan::execute`]: each address holds the tensor its uid names, on `rt`'s device,
+    /// alive until the stream has run the plan; `h` is `rt`'s handle, on `rt`'s stream.
+    pub(super) unsafe fn run(
+        &self,
+        rt: &Arc<CudaRuntime>,
+        h: sys::cudnnHandle_t,
+        plan: &Plan,
+        d: &ConvDims,
+        uids: &[i64],
+        ptrs: &[*mut c_void],
+    ) -> Result<bool> {
+        let ws = CudaStorage::alloc_on(rt, DType::U8, plan.workspace.max(1))?;
         let prof = super::profile::library(
-            &rt,
+            rt,
             || {
                 format!(
-                    "cudnn conv+stats n{} c{} {}x{} o{} k{}x{} s{} f16 nhwc",
-                    d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.p.stride[0]
+                    "cudnn {} n{} c{} {}x{} o{} k{}x{} s{} f16 nhwc",
+                    self.label, d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.p.stride[0]
                 )
             },
             conv_flops(d),
             conv_bytes(d, DType::F16),
         );
-        let sq = sums.ptr() + 4 * d.o as u64;
-        let ptrs = [a.ptr(), b.ptr(), y.ptr(), sums.ptr(), sq].map(|p| p as *mut c_void);
-        // SAFETY: x, w and y are dense f16 NHWC / KRSC buffers of the graph's dims on this
-        // device (`operands` made them so; y allocated above with n o ho wo elements), the
-        // sums two f32 runs of `o` values inside `sums` (2 o values); the workspace holds the
-        // plan's size; the handle's stream is the runtime's, which orders these buffers' uses.
-        let run = unsafe { plan.execute(h, &UIDS, &ptrs, ws.ptr() as *mut c_void) };
-        let done = ran(plans(), &key, what, run).map_err(|status| Error::CudaLibraryStatus {
-            lib: "cuDNN",
-            op: "conv2d",
-            device: rt.device(),
-            status,
-            what: format!("convolution with channel sums, {d:?}"),
+        // SAFETY: the addresses are the caller's (this function's contract); the workspace
+        // holds the plan's size and lives until the stream has run it (the caching
+        // allocator reuses a block only in stream order).
+        let run = unsafe { plan.execute(h, uids, ptrs, ws.ptr() as *mut c_void) };
+        let done = ran(self.plans, self.key, self.what, run).map_err(|status| {
+            Error::CudaLibraryStatus {
+                lib: "cuDNN",
+                op: self.op,
+                device: rt.device(),
+                status,
+                what: format!("{}, {d:?}", self.what),
+            }
         })?;
         if let (Some(p), true) = (prof, done) {
             p.end();
         }
         Ok(done)
-    })??;
-    Ok(ran.then_some((y, sums)))
+    }
 }

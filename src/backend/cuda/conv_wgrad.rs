@@ -12,12 +12,12 @@
 //! grows with |mean| / std). Anything else, and any graph cuDNN declines (remembered per
 //! shape), makes the output and runs the plain weight gradient.
 
-use super::conv::{conv_bytes, conv_flops, operands};
+use super::conv::operands;
 use super::conv_desc::Pass;
-use super::conv_stats::{conv_bn_fusion, eligible};
+use super::conv_stats::{conv_bn_fusion, eligible, Fused};
 use super::dnn_graph::{
-    cached, conv_dims, convolution, op_ready, plan_for, ran, tensor, Attr, Built, ConvKey, Desc,
-    Kind, Plan, Plans, Ty,
+    cached, conv_dims, convolution, op_ready, plan_for, tensor, Attr, Built, ConvKey, Desc, Kind,
+    Plan, Plans, Ty,
 };
 use super::kernels::KernelFile;
 use super::profile::elems;
@@ -184,14 +184,17 @@ pub(crate) fn conv2d_backward_weight_affine(
     if !conv_bn_fusion() || !eligible(x.dtype(), d) || gy.dtype() != x.dtype() {
         return Ok(None);
     }
-    let (a, b) = operands(Pass::Filter, (x, lx), (gy, lg), d)?;
     let key = ConvKey::new(x.rt().device(), d);
     let known = cached(plans(relu), &key);
-    if a.ptr() % 16 != 0 || b.ptr() % 16 != 0 || matches!(known, Some(None)) {
+    if matches!(known, Some(None)) {
+        return Ok(None);
+    }
+    let (a, b) = operands(Pass::Filter, (x, lx), (gy, lg), d)?;
+    if a.ptr() % 16 != 0 || b.ptr() % 16 != 0 {
         return Ok(None);
     }
     let rt = x.rt().clone();
-    let what = "scale + bias + ReLU + weight gradient";
+    let what = "weight gradient with batch norm's map in its prologue";
     let plan = match known {
         Some(plan) => plan,
         None => rt.with_cudnn(|h| plan_for(plans(relu), &key, what, || build(h, d, relu)))??,
@@ -201,39 +204,20 @@ pub(crate) fn conv2d_backward_weight_affine(
     };
     let sb = scale_bias(x, coef, lc, d.c)?;
     let dw = CudaStorage::alloc_on(&rt, DType::F16, d.o * d.c * d.kh * d.kw)?;
-    let ws = CudaStorage::alloc_on(&rt, DType::U8, plan.workspace.max(1))?;
-    let done = rt.with_cudnn(|h| -> Result<bool> {
-        let prof = super::profile::library(
-            &rt,
-            || {
-                format!(
-                    "cudnn wgrad+bn n{} c{} {}x{} o{} k{}x{} s{} f16 nhwc",
-                    d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.p.stride[0]
-                )
-            },
-            conv_flops(d),
-            conv_bytes(d, DType::F16),
-        );
-        let bias = sb.ptr() + 2 * d.c as u64;
-        let ptrs = [a.ptr(), sb.ptr(), bias, b.ptr(), dw.ptr()].map(|p| p as *mut c_void);
-        // SAFETY: x and dy are dense f16 NHWC buffers of the graph's dims on this device
-        // (`operands` made them so), scale and bias two f16 runs of c values inside `sb` (2 c
-        // values; c % 8 == 0 keeps the second 16-byte aligned), dw holds o c kh kw f16 values,
-        // the workspace the plan's size; the handle's stream is the runtime's, which orders
-        // these buffers' uses (the scale and bias kernel ran on it before).
-        let run = unsafe { plan.execute(h, &UIDS, &ptrs, ws.ptr() as *mut c_void) };
-        let done =
-            ran(plans(relu), &key, what, run).map_err(|status| Error::CudaLibraryStatus {
-                lib: "cuDNN",
-                op: "conv2d_backward_weight",
-                device: rt.device(),
-                status,
-                what: format!("weight gradient with batch norm's map in its prologue, {d:?}"),
-            })?;
-        if let (Some(p), true) = (prof, done) {
-            p.end();
-        }
-        Ok(done)
-    })??;
+    let fused = Fused {
+        plans: plans(relu),
+        key: &key,
+        what,
+        op: "conv2d_backward_weight",
+        label: "wgrad+bn",
+    };
+    let bias = sb.ptr() + 2 * d.c as u64;
+    let ptrs = [a.ptr(), sb.ptr(), bias, b.ptr(), dw.ptr()].map(|p| p as *mut c_void);
+    // SAFETY: x and dy are dense f16 NHWC buffers of the graph's dims on this device
+    // (`operands` made them so), scale and bias two f16 runs of c values inside `sb` (2 c
+    // values; c % 8 == 0 keeps the second 16-byte aligned), dw holds o c kh kw f16 values;
+    // the handle's stream is the runtime's, which orders these buffers' uses (the scale and
+    // bias kernel ran on it before).
+    let done = rt.with_cudnn(|h| unsafe { fused.run(&rt, h, &plan, d, &UIDS, &ptrs) })??;
     Ok(done.then_some(dw))
 }

@@ -246,23 +246,16 @@ pub(super) fn op_ready(op: &Desc, what: &str) -> std::result::Result<(), String>
 pub(super) struct ConvKey {
     device: Device,
     dims: [usize; 9],
-    params: [usize; 6],
+    params: [usize; 7],
 }
 
 impl ConvKey {
     pub(super) fn new(device: Device, d: &ConvDims) -> ConvKey {
-        let p = &d.p;
+        let (dims, params) = d.key();
         ConvKey {
             device,
-            dims: [d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ho, d.wo],
-            params: [
-                p.stride[0],
-                p.stride[1],
-                p.padding[0],
-                p.padding[1],
-                p.dilation[0],
-                p.dilation[1],
-            ],
+            dims,
+            params,
         }
     }
 }
