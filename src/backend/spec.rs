@@ -79,6 +79,7 @@ impl ConvDims {
     /// The sizes and geometry a cache of per-problem choices (cuDNN's algorithms and plans)
     /// is keyed by: `[n, c, h, w, o, kh, kw, ho, wo]` and `[stride, padding, dilation,
     /// groups]`.
+    #[cfg(feature = "cuda-backend")]
     pub(crate) fn key(&self) -> ([usize; 9], [usize; 7]) {
         let p = &self.p;
         (
