@@ -119,8 +119,12 @@ __device__ void optim_list(OptimArgs a, const OptimList& L, const float* found_i
     }
 }
 
+// `hyper` (else null): [lr, decay] in device memory, which a CUDA graph's replay writes
+// before it runs (src/graph), in place of the values captured in `a`.
 #define OPTIM(name, P, G, W)                                                                 \
-    extern "C" __global__ void name(OptimArgs a, OptimList list, const float* found_inf) {   \
+    extern "C" __global__ void name(OptimArgs a, OptimList list, const float* found_inf,     \
+                                    const float* hyper) {                                    \
+        if (hyper) a.lr = hyper[0], a.decay = hyper[1];                                      \
         optim_list<P, G, W>(a, list, found_inf);                                             \
     }
 

@@ -5,9 +5,12 @@
 // i % 4 of block start + i / 4 of the stream keyed by `seed` is at least `threshold`, else 0.
 // One thread per block of four words. `threshold` is p * 2^32 rounded up; it may be 2^32
 // (nothing kept), hence 64 bits.
+// In a CUDA graph the generator's state is read when the replay runs: `state` (else null)
+// points at its [seed, offset], and `start` is then the draw's offset within the step.
 #define DROPOUT(T)                                                                             \
     extern "C" __global__ void dropout_mask_##T(u64 seed, u64 start, u64 threshold,            \
-                                                float scale, T* out, i64 n) {                   \
+                                                float scale, T* out, i64 n, const u64* state) {   \
+        if (state) seed = state[0], start += state[1];                                      \
         T keep = from_f32<T>(scale), drop = from_f32<T>(0.0f);                                 \
         uint2 key = make_uint2((u32)seed, (u32)(seed >> 32));                                  \
         FOR_EACH(b, (n + 3) / 4) {                                                             \
@@ -28,7 +31,7 @@ PART(bf16, DROPOUT(bf16))
 // Normal draws (src/backend/cpu/random.rs, normal; src/random.rs, box_muller): elements 2j
 // and 2j + 1 are mean + std * (r cos t, r sin t) with r = sqrt(-2 ln(1 - u0)), t = 2 pi u1,
 // where u0 and u1 are the 53-bit uniforms of words (0, 1) and (2, 3) of block start + j. In
-// f64 as on the host, rounded once to T. One thread per block.
+// f64 as on the host, rounded once to T. One thread per block. `state` as for dropout.
 __device__ __forceinline__ double unit53(u32 hi, u32 lo) {
     return (double)((((u64)hi << 21) ^ ((u64)lo >> 11)) & ((1ull << 53) - 1)) *
            1.1102230246251565e-16;  // 2^-53
@@ -36,7 +39,8 @@ __device__ __forceinline__ double unit53(u32 hi, u32 lo) {
 
 #define NORMAL(T)                                                                              \
     extern "C" __global__ void normal_##T(u64 seed, u64 start, double mean, double std_,       \
-                                          T* out, i64 n) {                                     \
+                                          T* out, i64 n, const u64* state) {                   \
+        if (state) seed = state[0], start += state[1];                                      \
         uint2 key = make_uint2((u32)seed, (u32)(seed >> 32));                                  \
         FOR_EACH(b, (n + 1) / 2) {                                                             \
             u64 ctr = start + (u64)b;                                                          \

@@ -44,6 +44,16 @@ pub enum Error {
         lhs: Device,
         rhs: Device,
     },
+    /// Work that cannot go into a CUDA graph was asked for while one was being captured (a
+    /// host read such as `item()`, an upload from host memory, a host fallback, a draw from
+    /// a generator the replay cannot advance...): `op` names it. The capture fails; nothing
+    /// is replayed.
+    #[error("not capturable: {op} on {device}: {why}")]
+    NotCapturable {
+        op: String,
+        device: Device,
+        why: String,
+    },
     /// The CUDA backend is not available in this build or on this machine.
     #[error("CUDA backend not available ({device}): {reason}")]
     CudaUnavailable { device: Device, reason: String },

@@ -28,6 +28,7 @@ mod error;
 mod frames;
 mod fs;
 mod grad_mode;
+pub mod graph;
 pub mod layout;
 mod memory_format;
 pub mod nn;

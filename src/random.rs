@@ -178,9 +178,33 @@ pub fn with_default_generator<R>(f: impl FnOnce(&mut Generator) -> R) -> R {
 /// reserved under a borrow that ends before anything else runs.
 pub(crate) fn default_stream(blocks: u64) -> (u64, u64) {
     let seed = DEFAULT.with(|d| d.borrow().seed);
-    crate::frames::draw(seed, blocks, || {
+    let (seed, start) = crate::frames::draw(seed, blocks, || {
         DEFAULT.with(|d| d.borrow_mut().reserve(blocks))
-    })
+    });
+    crate::graph::scope::draw(&crate::graph::scope::GenSource::Default, seed, start);
+    (seed, start)
+}
+
+/// This thread's default generator as it stands.
+pub(crate) fn default_generator() -> Generator {
+    DEFAULT.with(|d| d.borrow().clone())
+}
+
+/// Puts this thread's default generator at `g`'s state.
+pub(crate) fn set_default_generator(g: Generator) {
+    DEFAULT.with(|d| *d.borrow_mut() = g);
+}
+
+/// The `(seed, first block)` of `blocks` blocks of the generator whose state the tensor
+/// `state` holds (two i64 on the host, as modules keep it), advanced past them; a capture is
+/// told, so that each replay advances the state too.
+pub(crate) fn state_stream(state: &crate::Tensor, blocks: u64) -> crate::Result<(u64, u64)> {
+    let mut gen = Generator::from_tensor(state)?;
+    let (seed, start) = gen.stream(blocks);
+    crate::no_grad(|| state.copy_(&gen.state_tensor()))?;
+    let source = crate::graph::scope::GenSource::State(state.clone());
+    crate::graph::scope::draw(&source, seed, start);
+    Ok((seed, start))
 }
 
 #[cfg(test)]

@@ -136,6 +136,41 @@ impl OptimUpdate {
         }
     }
 
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
+        match *self {
+            OptimUpdate::Sgd { lr, .. }
+            | OptimUpdate::Adam { lr, .. }
+            | OptimUpdate::Adadelta { lr, .. } => lr,
+        }
+    }
+
+    /// The same update with learning rate `lr`.
+    pub fn with_lr(mut self, new: f64) -> OptimUpdate {
+        match &mut self {
+            OptimUpdate::Sgd { lr, .. }
+            | OptimUpdate::Adam { lr, .. }
+            | OptimUpdate::Adadelta { lr, .. } => *lr = new,
+        }
+        self
+    }
+
+    /// What the CUDA kernel takes of the learning rate: `lr` and AdamW's decay `1 - lr wd`
+    /// (1 for the others), each rounded once from f64 to f32. A CUDA graph's replay writes
+    /// these into device memory for the captured kernel to read.
+    pub fn lr_words(&self) -> [f32; 2] {
+        let decay = match *self {
+            OptimUpdate::Adam {
+                lr,
+                weight_decay,
+                decoupled: true,
+                ..
+            } => 1.0 - lr * weight_decay,
+            _ => 1.0,
+        };
+        [self.lr() as f32, decay as f32]
+    }
+
     /// The constants of the update in the arithmetic type, for a parameter that has already
     /// taken `steps` updates (the kernel reads the count from the step state).
     pub fn prepare<A: Float>(&self, steps: f64) -> Prepared<A> {

@@ -2,7 +2,7 @@
 
 use super::{join, Module, TensorKind, Visitor, VisitorMut};
 use crate::sync::lock;
-use crate::{no_grad, DType, Device, Generator, Result, Tensor};
+use crate::{DType, Device, Generator, Result, Tensor};
 use std::sync::Mutex;
 
 /// Batch normalisation over `[n, c, h, w]` (`nn.BatchNorm2d`): affine weight 1 and bias 0,
@@ -202,10 +202,7 @@ impl Module for Dropout {
         // task this thread runs while the mask's kernel waits may use this module too.
         x.dropout_from(self.p, true, |blocks| {
             let _drawing = lock(&self.drawing);
-            let mut gen = Generator::from_tensor(&self.generator)?;
-            let stream = gen.stream(blocks);
-            no_grad(|| self.generator.copy_(&gen.state_tensor()))?;
-            Ok(stream)
+            crate::random::state_stream(&self.generator, blocks)
         })
     }
     fn visit(&self, p: &str, f: &mut Visitor) {

@@ -48,6 +48,24 @@ pub struct ParamGroup {
     /// With fp32 master weights on, how working copies are rounded (see
     /// [`Optimizer::use_master_weights`]).
     pub(crate) masters: Option<Rounding>,
+    /// The learning rate as [`Optimizer::set_lr`] last set it (or the last step used),
+    /// shared with the CUDA graphs that captured a step, whose replays read it.
+    pub(crate) lr: LrCell,
+}
+
+/// A learning rate shared between an optimizer and the captured steps that read it.
+#[derive(Clone, Default)]
+pub(crate) struct LrCell(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl LrCell {
+    pub(crate) fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn set(&self, lr: f64) {
+        self.0
+            .store(lr.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl ParamGroup {
@@ -57,6 +75,7 @@ impl ParamGroup {
             params,
             states,
             masters: None,
+            lr: LrCell::default(),
         }
     }
 
@@ -68,6 +87,23 @@ impl ParamGroup {
         u: OptimUpdate,
         found_inf: Option<&Tensor>,
     ) -> Result<()> {
+        self.lr.set(u.lr());
+        // Captured, the kernels read the learning rate from the replay's prologue, which
+        // each replay fills from the rate set then (a schedule needs no re-capture).
+        let hyper = match crate::graph::scope::active() {
+            true => {
+                let lr = self.lr.clone();
+                let fill = move |b: &mut [u8]| {
+                    let w = u.with_lr(lr.get()).lr_words();
+                    b[..4].copy_from_slice(&w[0].to_le_bytes());
+                    b[4..8].copy_from_slice(&w[1].to_le_bytes());
+                    Ok(())
+                };
+                Some(crate::graph::scope::slot(8, Box::new(fill))?)
+            }
+            false => None,
+        };
+        let _hyper = crate::graph::scope::HyperGuard::set(hyper);
         crate::no_grad(|| {
             let mut items = Vec::with_capacity(self.params.len());
             for i in 0..self.params.len() {

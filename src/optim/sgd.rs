@@ -96,6 +96,7 @@ impl Optimizer for Sgd {
     }
     fn set_lr(&mut self, lr: f64) {
         self.config.lr = lr;
+        self.group.lr.set(lr);
     }
 }
 
@@ -105,7 +106,9 @@ impl Optimizer for Sgd {
 pub struct Sgld {
     inner: Sgd,
     pub temperature: f64,
-    gen: Generator,
+    /// The noise generator's state (two i64 on the host), kept as a tensor so that a CUDA
+    /// graph of the step can advance it at each replay.
+    gen: Tensor,
 }
 
 impl Sgld {
@@ -119,7 +122,7 @@ impl Sgld {
         Ok(Sgld {
             inner: Sgd::new(params, config)?,
             temperature,
-            gen: Generator::new(seed),
+            gen: Generator::new(seed).state_tensor(),
         })
     }
 }
@@ -129,6 +132,15 @@ impl Optimizer for Sgld {
         let _prof = crate::profiler::op("sgld.step");
         let cfg = self.inner.config;
         let std = (2.0 * cfg.lr * self.temperature).sqrt();
+        // The noise scale is frozen into a captured step: a replay after it changed (a
+        // learning-rate schedule) captures the step again.
+        if crate::graph::scope::active() {
+            let (lr, temperature) = (self.inner.group.lr.clone(), self.temperature);
+            crate::graph::scope::watch(
+                "SGLD's noise scale (learning rate)",
+                Box::new(move || (2.0 * lr.get() * temperature).sqrt() == std),
+            );
+        }
         self.inner.step_unless(found_inf)?;
         // The noise is masked by the flag too, so a skipped step adds none.
         let keep = found_inf.map(|f| f.rsub(1.0)).transpose()?;
@@ -140,8 +152,11 @@ impl Optimizer for Sgld {
                 }
                 // With master weights the noise goes into the master, then the working copy.
                 let (p, working) = group.target(i)?;
+                let gen = &self.gen;
                 let mut noise =
-                    Tensor::randn_with(p.shape(), 0.0, std, p.dtype(), p.device(), &mut self.gen)?;
+                    Tensor::randn_from(p.shape(), 0.0, std, p.dtype(), p.device(), |b| {
+                        crate::random::state_stream(gen, b)
+                    })?;
                 if let Some(k) = &keep {
                     noise = noise.mul(&k.to_dtype(p.dtype())?)?;
                 }
@@ -154,10 +169,14 @@ impl Optimizer for Sgld {
         })
     }
     fn generator(&self) -> Option<Generator> {
-        Some(self.gen.clone())
+        // The state tensor is always two i64 on the host.
+        Generator::from_tensor(&self.gen).ok()
     }
     fn set_generator(&mut self, gen: Generator) {
-        self.gen = gen;
+        // Written in place: a captured step holding the state sees the new one.
+        if no_grad(|| self.gen.copy_(&gen.state_tensor())).is_err() {
+            self.gen = gen.state_tensor();
+        }
     }
     fn group(&self) -> &ParamGroup {
         &self.inner.group
@@ -169,6 +188,6 @@ impl Optimizer for Sgld {
         self.inner.config.lr
     }
     fn set_lr(&mut self, lr: f64) {
-        self.inner.config.lr = lr;
+        self.inner.set_lr(lr);
     }
 }

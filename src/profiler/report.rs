@@ -240,6 +240,10 @@ fn op_stats(s: &Session, trace_ops: &[TraceOp], work: &[TraceWork]) -> Vec<OpSta
             match w.work {
                 DeviceWork::Kernel => launches[i] += 1,
                 DeviceWork::Library => calls[i] += 1,
+                DeviceWork::Graph { kernels, calls: c } => {
+                    launches[i] += u64::from(kernels);
+                    calls[i] += u64::from(c);
+                }
                 _ => {}
             }
             at = s.ops[i].parent;
@@ -357,6 +361,10 @@ fn step_stats(s: &Session, work: &[TraceWork]) -> Vec<StepStat> {
                 st.d2h_bytes += bytes;
             }
             DeviceWork::DeviceToDevice => {}
+            DeviceWork::Graph { kernels, calls } => {
+                st.launches += u64::from(kernels);
+                st.library_calls += u64::from(calls);
+            }
         }
         if let Some(d) = w.on_device {
             busy[r.step].push(d);

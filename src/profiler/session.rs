@@ -30,6 +30,9 @@ pub enum DeviceWork {
     DeviceToHost,
     /// A copy within the device.
     DeviceToDevice,
+    /// A CUDA graph's replay ([`crate::graph::CapturedStep`]): one record for the whole
+    /// step, with the kernel launches and library calls it holds.
+    Graph { kernels: u32, calls: u32 },
 }
 
 impl DeviceWork {
@@ -40,6 +43,7 @@ impl DeviceWork {
             DeviceWork::HostToDevice => "copy HtoD",
             DeviceWork::DeviceToHost => "copy DtoH",
             DeviceWork::DeviceToDevice => "copy DtoD",
+            DeviceWork::Graph { .. } => "graph replay",
         }
     }
 }

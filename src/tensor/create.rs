@@ -162,18 +162,18 @@ impl Tensor {
         device: Device,
         gen: &mut Generator,
     ) -> Result<Tensor> {
-        Tensor::randn_from(shape, mean, std, dtype, device, |b| gen.stream(b))
+        Tensor::randn_from(shape, mean, std, dtype, device, |b| Ok(gen.stream(b)))
     }
 
     /// [`Tensor::randn_with`] from the stream `draw(blocks)` gives, taken once the arguments
     /// are checked.
-    fn randn_from(
+    pub(crate) fn randn_from(
         shape: &[usize],
         mean: f64,
         std: f64,
         dtype: DType,
         device: Device,
-        draw: impl FnOnce(u64) -> (u64, u64),
+        draw: impl FnOnce(u64) -> Result<(u64, u64)>,
     ) -> Result<Tensor> {
         if std.is_nan() || std < 0.0 || !mean.is_finite() || !std.is_finite() {
             return Err(Error::invalid(
@@ -192,7 +192,7 @@ impl Tensor {
         }
         // Drawn where the tensor lives, a pair per block, as `gen.normal(n)` would draw them.
         let device = device.check_available()?;
-        let stream = draw(n.div_ceil(2) as u64);
+        let stream = draw(n.div_ceil(2) as u64)?;
         let storage = Storage::normal(device, n, mean, std, stream, dtype)?;
         Ok(Tensor::from_storage(storage, shape))
     }
@@ -204,7 +204,7 @@ impl Tensor {
 
     /// N(0, 1) values from this thread's default generator (see [`crate::manual_seed`]).
     pub fn randn(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::randn_from(shape, 0.0, 1.0, dtype, device, default_stream)
+        Tensor::randn_from(shape, 0.0, 1.0, dtype, device, |b| Ok(default_stream(b)))
     }
 
     /// This tensor converted to `dtype`. Differentiable between float dtypes: the gradient is

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 typedef int CUresult;
@@ -44,6 +45,11 @@ enum {
     NOT_FOUND = 500,
     NOT_READY = 600,
     NOT_SUPPORTED = 801,
+    ILLEGAL_STATE = 401,
+    CAPTURE_UNSUPPORTED = 900,
+    CAPTURE_INVALIDATED = 901,
+    CAPTURE_ISOLATION = 905,
+    CAPTURE_IMPLICIT = 906,
 };
 
 static std::mutex mu;
@@ -148,9 +154,11 @@ API CUresult cuCtxGetFlags(unsigned* f) {
 // queued work runs first (as far as its own waits allow), so that work the host did not
 // order after the stream runs before it; the default runs only what the wait needs, so that
 // work the host did not order before it has not run yet.
+struct Graph;
 struct Stream {
     std::deque<std::function<void()>> q;
     bool blocking; // synchronises with the legacy stream (not CU_STREAM_NON_BLOCKING)
+    Graph* capture = nullptr; // while a capture records this stream's work (see "Graphs")
 };
 // One event record: done once the work queued before it has run.
 struct Marker {
@@ -160,6 +168,7 @@ struct Marker {
 struct Event {
     Stream* stream = nullptr; // of the latest record
     std::shared_ptr<Marker> last;
+    Graph* captured = nullptr; // the capture its latest record went into, if any
 };
 static std::recursive_mutex run_mu; // every queue, and running queued work
 // MANTISSA_EMU_TRACE=1: launches (as they are queued), host waits and event queries on stderr.
@@ -167,7 +176,7 @@ static bool trace() {
     static bool on = getenv("MANTISSA_EMU_TRACE") != nullptr;
     return on;
 }
-static Stream legacy{{}, true};
+static Stream legacy{{}, true, nullptr};
 static std::set<Stream*> streams = {&legacy};
 
 static Stream* S(CUstream s) { // 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the legacy stream
@@ -215,9 +224,14 @@ static void host_waits(Stream* s, const std::shared_ptr<Marker>& m = nullptr) {
         drain(s);
     }
 }
+static void record(Graph* g, std::function<void()> f);
 static void enqueue(CUstream s, std::function<void()> f) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
     Stream* st = S(s);
+    if (st->capture) {
+        record(st->capture, std::move(f));
+        return;
+    }
     if (st == &legacy) {
         legacy_waits();
         f();
@@ -225,16 +239,154 @@ static void enqueue(CUstream s, std::function<void()> f) {
     }
     st->q.push_back(std::move(f));
 }
-// For the emulated cuBLAS and cuDNN: queue run(ctx) on stream s.
-API int emu_enqueue(CUstream s, void (*run)(void*), void* ctx) {
-    enqueue(s, [run, ctx] { run(ctx); });
+// For the emulated cuBLAS and cuDNN: queue run(ctx) on stream s; drop(ctx) once no queue or
+// graph holds it any more (a captured call runs at every replay).
+API int emu_enqueue(CUstream s, void (*run)(void*), void* ctx, void (*drop)(void*)) {
+    std::shared_ptr<void> held(ctx, drop);
+    enqueue(s, [run, held] { run(held.get()); });
     return 0;
 }
 // Runs now, after the legacy stream's queued work: a synchronous call.
 static void now(std::function<void()> f) { enqueue(nullptr, std::move(f)); }
 
+// Graphs. A stream being captured (cuStreamBeginCapture) records the work queued on it into a
+// graph instead of running it; an instantiated graph launched on a stream queues the recorded
+// work again, in order, each launch (kernel arguments and library calls as they were given at
+// capture). What a GPU refuses during a capture is refused here too, and invalidates the
+// capture (cuStreamEndCapture then fails, as the driver's does): synchronising the capturing
+// stream or the context, querying or waiting on the host for captured work, a wait on an event
+// recorded outside the capture, a free of memory the graph may use, and the "potentially
+// unsafe" calls (cuMemAlloc, cuMemFree, pinned allocations, synchronous copies and fills)
+// unless the calling thread's capture mode is relaxed (cuThreadExchangeStreamCaptureMode), as
+// the caching allocators of PyTorch and this engine set it around cuMemAlloc. Stricter than
+// the GPU, where the driver's behaviour is not documented: a copy from pageable host memory
+// into a captured stream (the graph would read the buffer at every launch) is refused, and
+// one capture records one stream (no fork into another stream through an event).
+struct Graph {
+    std::vector<std::function<void()>> nodes;
+    bool invalidated = false;
+    int mode = 0; // CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed
+    Stream* origin = nullptr;
+    std::thread::id thread; // that began it
+};
+struct Exec {
+    std::vector<std::function<void()>> nodes;
+};
+static std::set<Graph*> capturing; // the open captures
+static thread_local int thread_mode = 0;
+static void record(Graph* g, std::function<void()> f) {
+    if (!g->invalidated) g->nodes.push_back(std::move(f));
+}
+static void invalidate(const char* why) {
+    for (Graph* g : capturing) {
+        if (!g->invalidated) fprintf(stderr, "emulated driver: %s during a stream capture invalidates it\n", why);
+        g->invalidated = true;
+    }
+}
+// A call the driver refuses while a capture is open (see above): CAPTURE_UNSUPPORTED, and the
+// open captures are invalidated; OK when none is open, or when relaxed.
+static CUresult unsafe_call(const char* what) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (capturing.empty() || thread_mode == 2) return OK;
+    // A global capture forbids them to every thread, a thread-local one to its own.
+    for (Graph* c : capturing) {
+        if (c->mode == 0 || (c->mode == 1 && c->thread == std::this_thread::get_id())) {
+            invalidate(what);
+            return CAPTURE_UNSUPPORTED;
+        }
+    }
+    return OK;
+}
+// A call that is refused, whatever the mode, on a stream being captured.
+static CUresult on_captured(Stream* st, const char* what) {
+    if (!st->capture) return OK;
+    invalidate(what);
+    return CAPTURE_UNSUPPORTED;
+}
+
+API CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+    int old = thread_mode;
+    thread_mode = *mode;
+    *mode = old;
+    return OK;
+}
+API CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Stream* st = S(s);
+    if (st == &legacy) return CAPTURE_IMPLICIT;
+    if (st->capture) return ILLEGAL_STATE;
+    st->capture = new Graph;
+    st->capture->mode = mode;
+    st->capture->origin = st;
+    st->capture->thread = std::this_thread::get_id();
+    capturing.insert(st->capture);
+    if (trace()) fprintf(stderr, "begin capture on stream %p\n", (void*)st);
+    return OK;
+}
+API CUresult cuStreamBeginCapture(CUstream s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+API CUresult cuStreamEndCapture(CUstream s, void** graph) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Stream* st = S(s);
+    *graph = nullptr;
+    if (!st->capture) return ILLEGAL_STATE;
+    Graph* c = st->capture;
+    st->capture = nullptr;
+    capturing.erase(c);
+    if (trace()) fprintf(stderr, "end capture on stream %p: %zu nodes%s\n", (void*)st, c->nodes.size(), c->invalidated ? " (invalidated)" : "");
+    if (c->invalidated) {
+        delete c;
+        return CAPTURE_INVALIDATED;
+    }
+    *graph = c;
+    return OK;
+}
+// 0: not capturing, 1: active, 2: invalidated.
+API CUresult cuStreamIsCapturing(CUstream s, int* status) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Graph* c = S(s)->capture;
+    *status = !c ? 0 : c->invalidated ? 2 : 1;
+    return OK;
+}
+API CUresult cuGraphGetNodes(void* graph, void** nodes, size_t* n) {
+    Graph* g = (Graph*)graph;
+    if (nodes) {
+        for (size_t i = 0; i < *n && i < g->nodes.size(); i++) nodes[i] = (void*)(i + 1);
+    }
+    *n = g->nodes.size();
+    return OK;
+}
+API CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+    if (!graph) return INVALID_VALUE;
+    *exec = new Exec{((Graph*)graph)->nodes};
+    return OK;
+}
+API CUresult cuGraphUpload(void*, CUstream) { return OK; }
+API CUresult cuGraphLaunch(void* exec, CUstream s) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    Exec* e = (Exec*)exec;
+    if (trace()) fprintf(stderr, "graph launch: %zu nodes\n", e->nodes.size());
+    for (auto& f : e->nodes) enqueue(s, f);
+    return OK;
+}
+// The recorded work holds its arguments until the last graph and exec holding it are gone;
+// queued launches keep their own copies.
+API CUresult cuGraphExecDestroy(void* exec) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    delete (Exec*)exec;
+    return OK;
+}
+API CUresult cuGraphDestroy(void* graph) {
+    std::lock_guard<std::recursive_mutex> g(run_mu);
+    delete (Graph*)graph;
+    return OK;
+}
+
 API CUresult cuCtxSynchronize() {
     std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (!capturing.empty()) {
+        invalidate("cuCtxSynchronize");
+        return CAPTURE_UNSUPPORTED;
+    }
     drain_all();
     return OK;
 }
@@ -255,6 +407,7 @@ API CUresult cuStreamDestroy_v2(CUstream s) { // its queued work still runs
     std::lock_guard<std::recursive_mutex> g(run_mu);
     Stream* st = S(s);
     if (st == &legacy) return INVALID_HANDLE;
+    if (st->capture) return ILLEGAL_STATE;
     drain(st);
     streams.erase(st);
     delete st;
@@ -262,6 +415,7 @@ API CUresult cuStreamDestroy_v2(CUstream s) { // its queued work still runs
 }
 API CUresult cuStreamSynchronize(CUstream s) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (CUresult r = on_captured(S(s), "cuStreamSynchronize")) return r;
     host_waits(S(s));
     return OK;
 }
@@ -269,6 +423,7 @@ API CUresult cuStreamSynchronize(CUstream s) {
 API CUresult cuStreamQuery(CUstream s) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
     Stream* st = S(s);
+    if (CUresult r = on_captured(st, "cuStreamQuery")) return r;
     if (st->q.empty()) return OK;
     run_front(st);
     return st->q.empty() ? OK : NOT_READY;
@@ -289,6 +444,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     auto m = std::make_shared<Marker>();
     ev->stream = S(s);
     ev->last = m;
+    ev->captured = S(s)->capture;
     enqueue(s, [m] {
         m->at = Clock::now();
         m->done = true;
@@ -304,6 +460,15 @@ API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
     Event* ev = (Event*)e;
     if (!ev->last) return OK; // never recorded: nothing to wait for
+    Stream* waiter = S(s);
+    if (waiter->capture && ev->captured != waiter->capture) {
+        invalidate("a wait on an event recorded outside the capture");
+        return CAPTURE_ISOLATION;
+    }
+    if (!waiter->capture && ev->captured && capturing.count(ev->captured)) {
+        invalidate("a wait joining another stream to the capture (one stream per capture here)");
+        return CAPTURE_UNSUPPORTED;
+    }
     Stream* from = ev->stream;
     auto m = ev->last;
     enqueue(s, [from, m] { reach(from, m); });
@@ -312,12 +477,20 @@ API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
 API CUresult cuEventSynchronize(CUevent e) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
     Event* ev = (Event*)e;
+    if (ev->captured && capturing.count(ev->captured)) {
+        invalidate("cuEventSynchronize on a captured event");
+        return CAPTURE_UNSUPPORTED;
+    }
     if (ev->last) host_waits(ev->stream, ev->last);
     return OK;
 }
 API CUresult cuEventQuery(CUevent e) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
     Event* ev = (Event*)e;
+    if (ev->captured && capturing.count(ev->captured)) {
+        invalidate("cuEventQuery on a captured event");
+        return CAPTURE_UNSUPPORTED;
+    }
     if (trace()) fprintf(stderr, "query event %p: %s, %zu queued\n", e, !ev->last ? "unrecorded" : ev->last->done ? "done" : "pending", ev->stream ? ev->stream->q.size() : 0);
     if (!ev->last || ev->last->done) return OK;
     run_front(ev->stream);
@@ -336,6 +509,7 @@ API CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) { return cuE
 // Memory: 256-byte aligned host blocks, counted against the budget in whole 256 bytes.
 static size_t counted(size_t bytes) { return bytes == 0 ? 256 : (bytes + 255) / 256 * 256; }
 API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+    if (CUresult r = unsafe_call("cuMemAlloc")) return r;
     std::lock_guard<std::mutex> g(mu);
     size_t size = counted(bytes);
     if (used + size > budget()) return OUT_OF_MEMORY;
@@ -369,11 +543,19 @@ static CUresult release(CUdeviceptr p) {
 }
 API CUresult cuMemFree_v2(CUdeviceptr p) { // waits for all queued work, as the GPU's does
     std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (!capturing.empty()) { // memory a graph may use is never freed under its capture
+        invalidate("cuMemFree");
+        return CAPTURE_UNSUPPORTED;
+    }
     drain_all();
     return release(p);
 }
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (S(s)->capture) { // not a graph allocation: a free node cannot take it
+        invalidate("cuMemFreeAsync of memory not allocated in the graph");
+        return INVALID_VALUE;
+    }
     drain(S(s));
     return release(p);
 }
@@ -400,6 +582,7 @@ static bool is_pinned(const void* h, size_t n) {
 }
 
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) {
+    if (CUresult r = unsafe_call("cuMemcpyHtoD")) return r;
     if (!inside(d, n, "cuMemcpyHtoD")) return INVALID_VALUE;
     now([=] { memcpy((void*)d, h, n); });
     return OK;
@@ -408,6 +591,11 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) {
 // stages it first, so the buffer is free again on return.
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, CUstream s) {
     if (!inside(d, n, "cuMemcpyHtoDAsync")) return INVALID_VALUE;
+    if (S(s)->capture && !is_pinned(h, n)) {
+        std::lock_guard<std::recursive_mutex> g(run_mu);
+        invalidate("a copy from pageable host memory into a captured stream");
+        return CAPTURE_UNSUPPORTED;
+    }
     if (is_pinned(h, n)) {
         enqueue(s, [=] { memcpy((void*)d, h, n); });
     } else {
@@ -417,6 +605,7 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, CUstre
     return OK;
 }
 API CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) {
+    if (CUresult r = unsafe_call("cuMemcpyDtoH")) return r;
     if (!inside(d, n, "cuMemcpyDtoH")) return INVALID_VALUE;
     now([=] { memcpy(h, (void*)d, n); });
     return OK;
@@ -426,11 +615,15 @@ API CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) {
 API CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, CUstream s) {
     if (!inside(d, n, "cuMemcpyDtoHAsync")) return INVALID_VALUE;
     std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (!is_pinned(h, n)) {
+        if (CUresult r = on_captured(S(s), "a copy into pageable host memory (the host waits for it)")) return r;
+    }
     enqueue(s, [=] { memcpy(h, (void*)d, n); });
     if (!is_pinned(h, n)) host_waits(S(s));
     return OK;
 }
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr src, size_t n) {
+    if (CUresult r = unsafe_call("cuMemcpyDtoD")) return r;
     if (!inside(d, n, "cuMemcpyDtoD (dst)") || !inside(src, n, "cuMemcpyDtoD (src)")) return INVALID_VALUE;
     now([=] { memmove((void*)d, (void*)src, n); });
     return OK;
@@ -443,6 +636,9 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, CUst
 }
 // Fills of 1, 2 or 4 bytes.
 template <typename T> static CUresult fill(CUdeviceptr d, T v, size_t n, CUstream s, bool sync, const char* what) {
+    if (sync) {
+        if (CUresult r = unsafe_call(what)) return r;
+    }
     if (!inside(d, sizeof(T) * n, what)) return INVALID_VALUE;
     auto run = [=] {
         for (size_t i = 0; i < n; i++) ((T*)d)[i] = v;
@@ -460,7 +656,19 @@ API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstrea
 API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream s) {
     return fill(d, v, n, s, false, "cuMemsetD32Async");
 }
+// `height` rows of `width` 4-byte words, `pitch` bytes apart.
+API CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned v, size_t width, size_t height, CUstream s) {
+    if (height == 0 || width == 0) return OK;
+    if (pitch < 4 * width || !inside(d, pitch * (height - 1) + 4 * width, "cuMemsetD2D32Async")) return INVALID_VALUE;
+    enqueue(s, [=] {
+        for (size_t r = 0; r < height; r++) {
+            for (size_t c = 0; c < width; c++) ((unsigned*)(d + r * pitch))[c] = v;
+        }
+    });
+    return OK;
+}
 API CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+    if (CUresult r = unsafe_call("cuMemHostAlloc")) return r;
     size_t size = (bytes + 4095) / 4096 * 4096;
     *p = aligned_alloc(4096, size ? size : 4096);
     if (!*p) return OUT_OF_MEMORY;
@@ -471,6 +679,10 @@ API CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
 API CUresult cuMemAllocHost_v2(void** p, size_t bytes) { return cuMemHostAlloc(p, bytes, 0); }
 API CUresult cuMemFreeHost(void* p) { // waits for all queued work, as the GPU's does
     std::lock_guard<std::recursive_mutex> g(run_mu);
+    if (!capturing.empty()) {
+        invalidate("cuMemFreeHost");
+        return CAPTURE_UNSUPPORTED;
+    }
     drain_all();
     std::lock_guard<std::mutex> m(mu);
     if (pinned.erase((uintptr_t)p) == 0) return INVALID_VALUE;
@@ -532,8 +744,9 @@ API CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, uns
     Function* f = (Function*)fp;
     if (trace()) fprintf(stderr, "launch %s grid %u block %u%s\n", f->name.c_str(), gx, bx, f->cooperative ? " (cooperative)" : "");
     // The arguments are copied now, as the driver does; the grid runs when the stream does.
-    void* args = f->bind(params);
-    enqueue(s, [f, args, gx, bx] {
+    std::shared_ptr<void> held(f->bind(params), f->release);
+    enqueue(s, [f, held, gx, bx] {
+        void* args = held.get();
         if (!f->cooperative) {
             for (unsigned b = 0; b < gx; b++) {
                 for (unsigned t = 0; t < bx; t++) {
@@ -553,7 +766,6 @@ API CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, uns
                 abort();
             }
         }
-        f->release(args);
     });
     return OK;
 }

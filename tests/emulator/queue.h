@@ -18,8 +18,10 @@ static int destroy_handle(Handle* h) { return delete h, 0; }
 static int set_handle_stream(Handle* h, void* stream) { return h->stream = stream, 0; }
 
 // Queues `f` (a callable that owns copies of everything it reads on the host) on `stream`.
+// A stream being captured records it into the graph instead, which may run it many times:
+// the driver frees the copy of `f` when the last queue or graph holding it is done with it.
 template <typename F> static void later(void* stream, F f) {
-    typedef int (*Enqueue)(void*, void (*)(void*), void*);
+    typedef int (*Enqueue)(void*, void (*)(void*), void*, void (*)(void*));
     static Enqueue enqueue = [] {
         void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         void* sym = driver ? dlsym(driver, "emu_enqueue") : nullptr;
@@ -29,10 +31,7 @@ template <typename F> static void later(void* stream, F f) {
         }
         return (Enqueue)sym;
     }();
-    auto run = [](void* c) {
-        F* g = (F*)c;
-        (*g)();
-        delete g;
-    };
-    enqueue(stream, run, new F(std::move(f)));
+    auto run = [](void* c) { (*(F*)c)(); };
+    auto drop = [](void* c) { delete (F*)c; };
+    enqueue(stream, run, new F(std::move(f)), drop);
 }

@@ -11,7 +11,7 @@ use crate::backend::Storage;
 use crate::{DType, Tensor};
 use std::ffi::c_void;
 
-type Update = unsafe extern "C" fn(OptimArgs, OptimList, *const f32) -> ();
+type Update = unsafe extern "C" fn(OptimArgs, OptimList, *const f32, *const f32) -> ();
 type Count = unsafe extern "C" fn(OptimList, *const f32) -> ();
 
 /// A tensor's storage, for the CPU update to write in place.
@@ -139,7 +139,14 @@ fn optimizer_kernel_matches_the_cpu_update() {
                 // SAFETY: every listed buffer holds its tensor's n elements of the kernel's
                 // types, each step count one f32; no overflow flag. Called directly the update
                 // runs as one thread over every chunk; the count needs a thread per tensor.
-                unsafe { f(a, list, std::ptr::null()) };
+                // The second step reads the learning rate from memory, as a CUDA graph's
+                // replay has it, over arguments that carry another.
+                let hyper = u.lr_words();
+                let (a, hp) = match step {
+                    0 => (a, std::ptr::null()),
+                    _ => (args(&u.with_lr(9.0), work.map(|w| w.1)), hyper.as_ptr()),
+                };
+                unsafe { f(a, list, std::ptr::null(), hp) };
                 run_grid(lib, 1, 64, || unsafe { count(list, std::ptr::null()) });
             }
             let tol = if pd == F32 { 1e-6 } else { 1e-3 };

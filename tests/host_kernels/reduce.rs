@@ -90,7 +90,7 @@ fn reduction_kernels_match_the_cpu_with_nan_and_ties() {
 #[test]
 fn dropout_kernels_draw_the_cpus_mask() {
     let Some(lib) = library("random") else { return };
-    type Mask<T> = unsafe extern "C" fn(u64, u64, u64, f32, *mut T, i64) -> ();
+    type Mask<T> = unsafe extern "C" fn(u64, u64, u64, f32, *mut T, i64, *const u64) -> ();
     fn check<T: WithDType + PartialEq>(lib: &Library, t: &str, dtype: DType) {
         let f: Mask<T> = function(lib, &format!("dropout_mask_{t}"));
         // A length that is not a multiple of 4 (the last block is cut), a stream that does
@@ -114,9 +114,30 @@ fn dropout_kernels_draw_the_cpus_mask() {
                     scale as f32,
                     out.as_mut_ptr(),
                     n as i64,
+                    std::ptr::null(),
                 )
             };
             assert!(out == want, "dropout p={p} ({t})");
+            // A graph's replay: the state read from memory, `start` the draw's offset in
+            // the step (3 blocks past the state's offset here).
+            let state = [seed, start.wrapping_sub(3)];
+            let mut replayed = vec![T::zero(); n];
+            // SAFETY: as above; `state` holds the two words the kernel reads.
+            unsafe {
+                f(
+                    0,
+                    3,
+                    threshold,
+                    scale as f32,
+                    replayed.as_mut_ptr(),
+                    n as i64,
+                    state.as_ptr(),
+                )
+            };
+            assert!(
+                replayed == want,
+                "dropout p={p} ({t}) from a state in memory"
+            );
             if p == 0.3 {
                 let kept = out.iter().filter(|v| v.to_f64() != 0.0).count();
                 assert!(
@@ -134,7 +155,7 @@ fn dropout_kernels_draw_the_cpus_mask() {
 #[test]
 fn normal_kernels_draw_the_cpus_values() {
     let Some(lib) = library("random") else { return };
-    type Normal<T> = unsafe extern "C" fn(u64, u64, f64, f64, *mut T, i64) -> ();
+    type Normal<T> = unsafe extern "C" fn(u64, u64, f64, f64, *mut T, i64, *const u64) -> ();
     fn check<T: WithDType>(lib: &Library, t: &str, dtype: DType) {
         let f: Normal<T> = function(lib, &format!("normal_{t}"));
         // An odd length (the last pair is cut) and a stream that does not start at 0.
@@ -143,7 +164,39 @@ fn normal_kernels_draw_the_cpus_values() {
         let want = Tensor::from_storage(want, &[n]).to_vec_f64().unwrap();
         let mut out = vec![T::zero(); n];
         // SAFETY: `out` holds n elements; run as one thread, which loops over every pair.
-        unsafe { f(seed, start, mean, std, out.as_mut_ptr(), n as i64) };
+        unsafe {
+            f(
+                seed,
+                start,
+                mean,
+                std,
+                out.as_mut_ptr(),
+                n as i64,
+                std::ptr::null(),
+            )
+        };
+        // The same draw from a state in memory (a graph's replay), 2 blocks into the step.
+        let state = [seed, start - 2];
+        let mut replayed = vec![T::zero(); n];
+        // SAFETY: as above; `state` holds the two words the kernel reads.
+        unsafe {
+            f(
+                1,
+                2,
+                mean,
+                std,
+                replayed.as_mut_ptr(),
+                n as i64,
+                state.as_ptr(),
+            )
+        };
+        assert!(
+            replayed
+                .iter()
+                .zip(&out)
+                .all(|(a, b)| a.to_f64() == b.to_f64()),
+            "normal_{t} from a state in memory"
+        );
         let got: Vec<f64> = out.iter().map(|v| v.to_f64()).collect();
         // The kernel rounds through f32 where the host rounds f64 to T once: equal up to a
         // double rounding's last bit of T.

@@ -142,6 +142,9 @@ struct Block {
     stream: u64,
     pool: Pool,
     state: State,
+    /// The allocator's request count when the block was last handed out
+    /// ([`CachingAllocator::born`]).
+    born: u64,
 }
 
 /// A cached block as the best-fit search orders it: stream, pool, size, address.
@@ -163,6 +166,11 @@ pub struct CachingAllocator<M: RawMemory> {
     /// Off: every block is exactly the size asked for and goes back to the raw allocator
     /// when freed ([`CachingAllocator::with_caching`]).
     caching: bool,
+    /// Streams whose segments stay reserved whatever happens (the private pools of CUDA
+    /// graphs: [`CachingAllocator::hold_stream`]).
+    held: BTreeSet<u64>,
+    /// No segment goes back to the raw allocator (a stream capture is open).
+    keep_segments: bool,
 }
 
 impl<M: RawMemory> CachingAllocator<M> {
@@ -176,6 +184,8 @@ impl<M: RawMemory> CachingAllocator<M> {
             fences: Vec::new(),
             stats: MemoryStats::default(),
             caching: true,
+            held: BTreeSet::new(),
+            keep_segments: false,
         }
     }
 
@@ -232,6 +242,12 @@ impl<M: RawMemory> CachingAllocator<M> {
                     seg.ok_or_else(|| too_large("no segment that large".into(), self.stats))?;
                 let (addr, seg) = match self.raw.alloc(seg) {
                     Ok(a) => (a, seg),
+                    Err(why) if self.keep_segments => {
+                        return Err(too_large(
+                            format!("{why}; the cache is not emptied during a capture"),
+                            self.stats,
+                        ))
+                    }
                     Err(_) => {
                         self.stats.retries += 1;
                         self.empty_cache();
@@ -248,6 +264,7 @@ impl<M: RawMemory> CachingAllocator<M> {
                     stream,
                     pool,
                     state: State::Free,
+                    born: 0,
                 };
                 self.blocks.insert(addr, block);
                 addr
@@ -280,6 +297,7 @@ impl<M: RawMemory> CachingAllocator<M> {
         });
         let block = self.blocks.get_mut(&addr).expect("listed above");
         block.state = State::Live(owner.flatten());
+        block.born = self.stats.requests;
         Ok((addr, size))
     }
 
@@ -328,7 +346,7 @@ impl<M: RawMemory> CachingAllocator<M> {
             let st = self.stats;
             profiler::memory_free(self.device, block.size, owner, st.allocated, st.reserved);
         }
-        if !self.caching {
+        if !self.caching && !self.keep_segments && !self.held.contains(&block.stream) {
             self.blocks.remove(&addr);
             self.segments.remove(&addr);
             self.raw.free(addr);
@@ -419,6 +437,9 @@ impl<M: RawMemory> CachingAllocator<M> {
     /// Gives every wholly free segment back to the raw allocator; pending blocks whose
     /// fences report done are freed first, the others stay, and so do their segments.
     pub fn empty_cache(&mut self) {
+        if self.keep_segments {
+            return;
+        }
         // A failed fence keeps its block: it is neither cached nor freed.
         let _ = self.collect_pending();
         let whole: Vec<(u64, usize)> = self
@@ -426,7 +447,9 @@ impl<M: RawMemory> CachingAllocator<M> {
             .iter()
             .filter(|&(a, &size)| {
                 let b = self.blocks.get(a);
-                b.is_some_and(|b| b.state == State::Free && b.size == size)
+                b.is_some_and(|b| {
+                    b.state == State::Free && b.size == size && !self.held.contains(&b.stream)
+                })
             })
             .map(|(&a, &s)| (a, s))
             .collect();
@@ -441,6 +464,46 @@ impl<M: RawMemory> CachingAllocator<M> {
 
     pub fn stats(&self) -> MemoryStats {
         self.stats
+    }
+
+    /// The request count when the live block at `addr` was handed out, and its stream: a
+    /// block born before a mark ([`MemoryStats::requests`] then) existed at that time.
+    pub fn born(&self, addr: u64) -> Option<(u64, u64)> {
+        let b = self.blocks.get(&addr)?;
+        matches!(b.state, State::Live(_)).then_some((b.born, b.stream))
+    }
+
+    /// While `on`, no segment goes back to the raw allocator (neither by
+    /// [`CachingAllocator::empty_cache`] nor on a failed request): for a stream capture,
+    /// during which a free of device memory is refused.
+    pub fn keep_segments(&mut self, on: bool) {
+        self.keep_segments = on;
+    }
+
+    /// Keeps the segments of `stream` (a graph's private pool) reserved until
+    /// [`CachingAllocator::release_stream`]: its blocks serve its own requests only.
+    pub fn hold_stream(&mut self, stream: u64) {
+        self.held.insert(stream);
+    }
+
+    /// Gives `stream`'s blocks to stream 0, the general cache: its free blocks serve anyone
+    /// from now on and its live ones go there when freed.
+    pub fn release_stream(&mut self, stream: u64) {
+        self.held.remove(&stream);
+        let addrs: Vec<u64> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.stream == stream)
+            .map(|(&a, _)| a)
+            .collect();
+        for a in addrs {
+            let b = self.blocks.get_mut(&a).expect("listed above");
+            if b.state == State::Free {
+                self.free.remove(&(stream, b.pool, b.size, a));
+                self.free.insert((0, b.pool, b.size, a));
+            }
+            b.stream = 0;
+        }
     }
 
     /// Starts the peaks again from the current values.

@@ -30,6 +30,63 @@ pub(crate) struct Faults {
     pending: Vec<Pending>,
     /// Faults found by one thread's check in another thread's launch, kept for that thread.
     found: HashMap<ThreadId, Error>,
+    /// While a step is captured: the graph's own words and slots (see [`GraphFaults`]).
+    capture: Option<GraphFaults>,
+}
+
+/// The fault words of a CUDA graph's checked launches: a replay writes them, never the
+/// device's shared array, whose slots are handed to other launches meanwhile. The runtime
+/// reads them at each synchronisation after a replay.
+pub(crate) struct GraphFaults {
+    words: sys::CUdeviceptr,
+    pending: Vec<Pending>,
+    ctx: Arc<CudaContext>,
+}
+
+impl GraphFaults {
+    /// Reads and clears the words after a replay (the stream must be synchronised); `Err`
+    /// for the first fault, naming the op and that it ran in a graph.
+    pub(crate) fn check(&self, stream: &Arc<CudaStream>, device: Device) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let driver = |e: cudarc::driver::DriverError| Error::CudaDriver {
+            op: "reading a graph's fault flags",
+            device,
+            msg: e.to_string(),
+        };
+        let mut v = vec![0i32; self.pending.len()];
+        // SAFETY: `words` holds MAX_PENDING >= v.len() words; copy, reset and the
+        // synchronisation are ordered on the stream before `v` is read.
+        unsafe {
+            result::memcpy_dtoh_async(&mut v, self.words, stream.cu_stream()).map_err(driver)?;
+            result::memset_d8_async(self.words, 0, 4 * v.len(), stream.cu_stream())
+                .map_err(driver)?;
+        }
+        stream.synchronize().map_err(driver)?;
+        match v.iter().position(|&c| c != 0) {
+            None => Ok(()),
+            Some(i) => {
+                let p = &self.pending[i];
+                let msg = format!(
+                    "{} on {device} (found by the kernel in a CUDA graph's replay, reported \
+                     at this read)",
+                    p.msg
+                );
+                Err(Error::invalid(p.op, msg))
+            }
+        }
+    }
+}
+
+impl Drop for GraphFaults {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `words` came from `malloc_sync` in `begin_capture` and is freed once;
+            // the synchronous free waits for any replay still writing it.
+            let _ = unsafe { result::free_sync(self.words) };
+        }
+    }
 }
 
 struct Pending {
@@ -51,6 +108,24 @@ impl Faults {
         op: &'static str,
         msg: String,
     ) -> Result<(sys::CUdeviceptr, i32)> {
+        if let Some(c) = self.capture.as_mut() {
+            if c.pending.len() >= MAX_PENDING {
+                return Err(Error::NotCapturable {
+                    op: op.to_string(),
+                    device,
+                    why: format!("more than {MAX_PENDING} checked launches in one step"),
+                });
+            }
+            c.pending.push(Pending {
+                op,
+                msg,
+                thread: thread::current().id(),
+            });
+            return Ok((
+                c.words + 4 * (c.pending.len() as u64 - 1),
+                c.pending.len() as i32,
+            ));
+        }
         if self.pending.len() >= MAX_PENDING {
             self.check(stream, device)?;
         }
@@ -82,8 +157,47 @@ impl Faults {
         Ok((word, self.pending.len() as i32))
     }
 
+    /// Diverts the slots to words of a graph's own, zeroed, until [`Faults::end_capture`]:
+    /// called before the capture begins (it allocates).
+    pub(crate) fn begin_capture(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        device: Device,
+    ) -> Result<()> {
+        let driver = |e: cudarc::driver::DriverError| Error::CudaDriver {
+            op: "allocating a graph's fault flags",
+            device,
+            msg: e.to_string(),
+        };
+        let bytes = 4 * MAX_PENDING;
+        ctx.bind_to_thread().map_err(driver)?;
+        // SAFETY: the context is current; `GraphFaults` frees the words once, on drop.
+        let words = unsafe { result::malloc_sync(bytes) }.map_err(driver)?;
+        let faults = GraphFaults {
+            words,
+            pending: Vec::new(),
+            ctx: ctx.clone(),
+        };
+        // SAFETY: `words` holds `bytes` bytes; zeroed on the stream before the graph runs.
+        unsafe { result::memset_d8_async(words, 0, bytes, stream.cu_stream()) }.map_err(driver)?;
+        self.capture = Some(faults);
+        Ok(())
+    }
+
+    /// The graph's words and slots, back to the shared array for later launches.
+    pub(crate) fn end_capture(&mut self) -> Option<GraphFaults> {
+        self.capture.take()
+    }
+
     /// Takes back the last slot given, whose launch failed (the kernel never ran).
     pub(crate) fn unslot(&mut self, slot: i32) {
+        if let Some(c) = self.capture.as_mut() {
+            if usize::try_from(slot) == Ok(c.pending.len()) {
+                c.pending.pop();
+            }
+            return;
+        }
         if usize::try_from(slot) == Ok(self.pending.len()) {
             self.pending.pop();
         }

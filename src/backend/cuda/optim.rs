@@ -37,6 +37,7 @@ pub(super) struct OptimArgs {
 unsafe impl DeviceRepr for OptimArgs {}
 
 pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
+    let [lr, decay] = u.lr_words();
     let stochastic = matches!(rounding, Some(Rounding::Stochastic { .. })) as i32;
     let base = OptimArgs {
         kind: 0,
@@ -65,7 +66,7 @@ pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
     };
     match *u {
         OptimUpdate::Sgd {
-            lr,
+            lr: _,
             momentum,
             dampening,
             weight_decay,
@@ -75,13 +76,13 @@ pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
             dampening,
             OptimArgs {
                 flags: nesterov as i32 | if momentum != 0.0 { 4 } else { 0 },
-                lr: lr as f32,
+                lr,
                 wd: weight_decay as f32,
                 ..base
             },
         ),
         OptimUpdate::Adam {
-            lr,
+            lr: _,
             beta1,
             beta2,
             eps,
@@ -93,15 +94,15 @@ pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
             OptimArgs {
                 kind: 1,
                 flags: if decoupled { 2 } else { 0 },
-                lr: lr as f32,
+                lr,
                 eps: eps as f32,
                 wd: weight_decay as f32,
-                decay: (1.0 - lr * weight_decay) as f32,
+                decay,
                 ..base
             },
         ),
         OptimUpdate::Adadelta {
-            lr,
+            lr: _,
             rho,
             eps,
             weight_decay,
@@ -110,7 +111,7 @@ pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
             0.0,
             OptimArgs {
                 kind: 2,
-                lr: lr as f32,
+                lr,
                 eps: eps as f32,
                 wd: weight_decay as f32,
                 ..base
@@ -311,6 +312,8 @@ pub(crate) fn optim_update_many(
     };
     let s = &*first.param;
     let fp = found_inf.map_or(0u64, |f| f.ptr());
+    // In a captured step the learning rate is read from the replay's prologue.
+    let hyper = crate::graph::scope::hyper();
     for ((name, sr), entries) in groups {
         let a = args(u, sr.then_some(Rounding::Stochastic { seed: 0 }));
         for (list, part) in lists(&entries).iter().zip(entries.chunks(LIST)) {
@@ -326,7 +329,7 @@ pub(crate) fn optim_update_many(
                 .sum();
             // A block of 256 threads per chunk (the kernel strides past 65,535).
             let cfg = rows_grid(list.chunks as usize);
-            launch!(bytes = bytes; s, KernelFile::Optim, name.to_string(), cfg, &a, list, &fp);
+            launch!(bytes = bytes; s, KernelFile::Optim, name.to_string(), cfg, &a, list, &fp, &hyper);
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
                 block_dim: (LIST as u32, 1, 1),

@@ -81,6 +81,11 @@ pub(crate) fn kernel(
     cfg: &LaunchConfig,
     bytes: Option<u64>,
 ) -> Option<Timed> {
+    // Captured work is profiled as its graph's replays.
+    if rt.capturing() {
+        rt.count_captured(false);
+        return None;
+    }
     begin(rt, rt.stream(), || Launch {
         name: name(),
         work: DeviceWork::Kernel,
@@ -116,6 +121,10 @@ pub(crate) fn library(
     flops: u64,
     bytes: u64,
 ) -> Option<Timed> {
+    if rt.capturing() {
+        rt.count_captured(true);
+        return None;
+    }
     begin(rt, rt.stream(), || Launch {
         name: name(),
         work: DeviceWork::Library,
@@ -133,6 +142,9 @@ pub(crate) fn copy(
     work: DeviceWork,
     bytes: usize,
 ) -> Option<Timed> {
+    if rt.capturing() {
+        return None;
+    }
     begin(rt, stream, || Launch {
         name: format!("memcpy {}", work.label().trim_start_matches("copy ")),
         work,

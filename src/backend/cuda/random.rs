@@ -17,6 +17,7 @@ pub(crate) fn dropout_mask(
     let t = float_kname("dropout", dtype)?;
     let out = CudaStorage::alloc(ordinal, dtype, n)?;
     let (dst, n64, sc) = (out.ptr(), n as i64, scale as f32);
+    let (seed, start, state) = in_graph(seed, start)?;
     let name = format!("dropout_mask_{t}");
     launch!(
         out,
@@ -28,9 +29,20 @@ pub(crate) fn dropout_mask(
         &threshold,
         &sc,
         &dst,
-        &n64
+        &n64,
+        &state
     );
     Ok(out)
+}
+
+/// The kernels' `(seed, start, philox)`: under a capture, the generator's state is read from
+/// the replay's prologue and `start` is the draw's offset within the step (see
+/// `crate::graph`); else the values as they are and a null pointer.
+fn in_graph(seed: u64, start: u64) -> Result<(u64, u64, u64)> {
+    Ok(match crate::graph::scope::rng_arg(seed, start)? {
+        Some((state, intra)) => (0, intra, state),
+        None => (seed, start, 0),
+    })
 }
 
 /// `n` draws from N(`mean`, `std`²) from the Philox stream (the CPU's definition, element for
@@ -46,6 +58,7 @@ pub(crate) fn normal(
     let t = float_kname("randn", dtype)?;
     let out = CudaStorage::alloc(ordinal, dtype, n)?;
     let (dst, n64) = (out.ptr(), n as i64);
+    let (seed, start, state) = in_graph(seed, start)?;
     let name = format!("normal_{t}");
     launch!(
         out,
@@ -57,7 +70,8 @@ pub(crate) fn normal(
         &mean,
         &std,
         &dst,
-        &n64
+        &n64,
+        &state
     );
     Ok(out)
 }

@@ -3,7 +3,8 @@
 //! `compile.rs`), and the caching allocator over the device's memory (`cuMemAlloc` /
 //! `cuMemFree` underneath).
 
-use super::faults::Faults;
+use super::faults::{Faults, GraphFaults};
+use super::graph::{CaptureCounts, OpenCapture};
 use super::handles::{DnnHandle, LtHandle, PinnedMemory};
 // The device memory source of the runtime's caching allocator, public here as before.
 pub use super::handles::DriverMemory;
@@ -16,7 +17,8 @@ use cudarc::cublas::{sys as bs, CudaBlas};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A device's context, stream, loaded kernels and memory.
 pub struct CudaRuntime {
@@ -42,6 +44,14 @@ pub struct CudaRuntime {
     lt: Mutex<Option<LtHandle>>,
     /// Faults kernels found, reported at the next synchronisation.
     faults: Mutex<Faults>,
+    /// The stream capture open on the compute stream, if any (`graph.rs`).
+    capture: Mutex<Option<OpenCapture>>,
+    capturing: AtomicBool,
+    /// The live graphs: the allocator's request count when each began its capture (blocks
+    /// handed out before it may be used by its replays), and its life token.
+    graphs: Mutex<Vec<(u64, Weak<()>)>>,
+    /// The fault words of the live graphs replayed since the last synchronisation.
+    replayed: Mutex<Vec<Weak<GraphFaults>>>,
 }
 
 /// `MANTISSA_NO_CUDA_MEMORY_CACHING=1` (as PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING`): device
@@ -100,6 +110,10 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         dnn: Mutex::new(None),
         lt: Mutex::new(None),
         faults: Mutex::new(Faults::default()),
+        capture: Mutex::new(None),
+        capturing: AtomicBool::new(false),
+        graphs: Mutex::new(Vec::new()),
+        replayed: Mutex::new(Vec::new()),
     });
     // Every run makes f32 tensors: the f32 and integer part of the kernel files starts
     // compiling now, in the background, while the caller builds its model.
@@ -186,15 +200,38 @@ impl CudaRuntime {
     /// stream; [`Error::OutOfMemory`] (naming the request and the statistics) when even an
     /// emptied cache cannot serve it.
     pub fn alloc(&self, bytes: usize) -> Result<(sys::CUdeviceptr, usize)> {
-        lock(&self.memory).alloc(bytes, 0)
+        if !self.capturing() {
+            return lock(&self.memory).alloc(bytes, 0);
+        }
+        // During a capture, from the graph's private pool; a new segment's cuMemAlloc is
+        // made in relaxed capture mode (it is not stream work; the graph keeps the block).
+        let pool = lock(&self.capture).as_ref().map_or(0, |c| c.pool);
+        let _relaxed = super::graph::Relaxed::new();
+        lock(&self.memory).alloc(bytes, pool)
     }
 
     /// Returns a block from [`CudaRuntime::alloc`] to the cache. Work on the stream that
     /// still reads it is ordered before any later use of the block, since every op runs on
     /// the compute stream (an upload on the copy stream first waits for the compute work
     /// queued before it).
+    ///
+    /// While a CUDA graph lives, a block handed out before its capture began goes back to
+    /// the cache only when the graph is gone: its replays may still read or write it.
     pub fn free(&self, ptr: sys::CUdeviceptr) -> Result<()> {
-        lock(&self.memory).free(ptr)
+        let graphs = lock(&self.graphs);
+        let mut memory = lock(&self.memory);
+        let holders: Vec<Weak<()>> = match (graphs.is_empty(), memory.born(ptr)) {
+            (false, Some((born, 0))) => graphs
+                .iter()
+                .filter(|(epoch, t)| born <= *epoch && t.strong_count() > 0)
+                .map(|(_, t)| t.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        match holders.is_empty() {
+            true => memory.free(ptr),
+            false => memory.free_after(ptr, Box::new(super::graph::GraphsGone(holders))),
+        }
     }
 
     /// Allocated, reserved and peak bytes, as `torch.cuda.memory_stats` counts them.
@@ -209,6 +246,7 @@ impl CudaRuntime {
     /// Gives the cached blocks back to the driver (`torch.cuda.empty_cache`), after the
     /// streams have finished with them; cached pinned host blocks go too.
     pub fn empty_cache(&self) -> Result<()> {
+        self.refuse_in_capture("empty_cache", "it frees device memory")?;
         self.synchronize()?;
         if let Some(copy) = lock(&self.copy_stream).as_ref() {
             copy.synchronize()
@@ -263,6 +301,7 @@ impl CudaRuntime {
         if let Some(s) = copy.as_ref() {
             return Ok(s.clone());
         }
+        self.refuse_in_capture("creating the copy stream", "it synchronises the device")?;
         let s = self
             .ctx
             .new_stream()
@@ -338,10 +377,136 @@ impl CudaRuntime {
     /// input meanwhile (an index or class target out of range: the kernels record it on the
     /// device and this reports it, naming the op).
     pub fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture(
+            "a host synchronisation",
+            "the host would wait for work that has not run (item, to_vec, a host read)",
+        )?;
         self.stream
             .synchronize()
             .map_err(|e| self.driver("synchronize", e))?;
-        lock(&self.faults).check(&self.stream, self.device)
+        lock(&self.faults).check(&self.stream, self.device)?;
+        let replayed = std::mem::take(&mut *lock(&self.replayed));
+        for g in replayed.iter().filter_map(Weak::upgrade) {
+            g.check(&self.stream, self.device)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a stream capture is open on the compute stream.
+    pub(crate) fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Relaxed)
+    }
+
+    /// `Err` ([`Error::NotCapturable`], naming `op`) while a capture is open: for work that
+    /// cannot go into a graph. The capture then fails.
+    pub(crate) fn refuse_in_capture(&self, op: &str, why: &str) -> Result<()> {
+        match self.capturing() {
+            false => Ok(()),
+            true => Err(crate::graph::scope::refuse(op, why)),
+        }
+    }
+
+    /// Counts a launch or library call into the open capture (for the replay's profile).
+    pub(crate) fn count_captured(&self, library: bool) {
+        if let Some(c) = lock(&self.capture).as_mut() {
+            match library {
+                true => c.counts.calls += 1,
+                false => c.counts.kernels += 1,
+            }
+        }
+    }
+
+    /// Opens a capture of the compute stream (`graph.rs`): after the queued work and its
+    /// faults are checked, blocks come from a new private pool, no segment is given back,
+    /// and checked launches get the graph's own fault words. Returns the pool and the
+    /// graph's life token.
+    pub(crate) fn open_capture(&self) -> Result<(u64, Arc<()>)> {
+        if no_caching() {
+            return Err(Error::NotCapturable {
+                op: "a CUDA graph".into(),
+                device: self.device,
+                why: "MANTISSA_NO_CUDA_MEMORY_CACHING=1 frees every block at once, which a \
+                      captured step's memory cannot allow"
+                    .into(),
+            });
+        }
+        self.synchronize()?;
+        let mut capture = lock(&self.capture);
+        if capture.is_some() {
+            return Err(Error::invalid(
+                "CapturedStep",
+                format!("a capture is already open on {}", self.device),
+            ));
+        }
+        let pool = super::graph::next_pool();
+        let token = Arc::new(());
+        let epoch = {
+            let mut memory = lock(&self.memory);
+            memory.hold_stream(pool);
+            memory.keep_segments(true);
+            memory.stats().requests
+        };
+        // Locked after the allocator is released: `free` takes the two the other way round.
+        lock(&self.graphs).push((epoch, Arc::downgrade(&token)));
+        let begun = lock(&self.faults)
+            .begin_capture(&self.ctx, &self.stream, self.device)
+            .and_then(|()| {
+                self.stream
+                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(|e| self.driver("beginning a stream capture", e))
+            });
+        if let Err(e) = begun {
+            lock(&self.faults).end_capture();
+            self.release_pool(pool);
+            return Err(e);
+        }
+        *capture = Some(OpenCapture {
+            pool,
+            counts: CaptureCounts::default(),
+        });
+        self.capturing.store(true, Ordering::Relaxed);
+        Ok((pool, token))
+    }
+
+    /// Ends the open capture: the instantiated graph (None when the driver refused it; the
+    /// error says why), the graph's fault words and the launches it holds.
+    pub(crate) fn close_capture(
+        &self,
+    ) -> (
+        Result<cudarc::driver::CudaGraph>,
+        Option<GraphFaults>,
+        CaptureCounts,
+    ) {
+        let open = lock(&self.capture).take();
+        self.capturing.store(false, Ordering::Relaxed);
+        lock(&self.memory).keep_segments(false);
+        let faults = lock(&self.faults).end_capture();
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| self.driver("ending a stream capture", e))
+            .and_then(|g| {
+                g.ok_or_else(|| Error::NotCapturable {
+                    op: "a CUDA graph".into(),
+                    device: self.device,
+                    why: "the step queued no device work".into(),
+                })
+            });
+        (graph, faults, open.map(|o| o.counts).unwrap_or_default())
+    }
+
+    /// Gives a graph's private pool to the general cache (the graph is gone).
+    pub(crate) fn release_pool(&self, pool: u64) {
+        lock(&self.memory).release_stream(pool);
+        lock(&self.graphs).retain(|(_, t)| t.strong_count() > 0);
+    }
+
+    /// Notes a replay, whose fault words the next synchronisation reads.
+    pub(crate) fn replayed(&self, faults: &Arc<GraphFaults>) {
+        let mut r = lock(&self.replayed);
+        if !r.iter().any(|w| w.as_ptr() == Arc::as_ptr(faults)) {
+            r.push(Arc::downgrade(faults));
+        }
     }
 
     /// Queues a launch whose kernel checks its input on the device (`op` and `msg` say what

@@ -246,6 +246,11 @@ impl CudaStorage {
     /// pageable path.
     pub(crate) fn from_cpu(s: &CpuStorage, l: &Layout, ordinal: usize) -> Result<CudaStorage> {
         let rt = runtime(ordinal)?;
+        rt.refuse_in_capture(
+            "an upload from host memory (from_vec, to_device, a host fallback's result)",
+            "a graph would read the host buffer at every replay; copy each batch into the \
+             step's static inputs before replaying instead",
+        )?;
         let host = if l.is_contiguous() && l.offset() == 0 && l.numel() == s.len() {
             std::borrow::Cow::Borrowed(s)
         } else {
@@ -291,6 +296,11 @@ impl CudaStorage {
         len: usize,
     ) -> Result<CudaStorage> {
         kname("to_device", dtype)?;
+        buf.runtime().refuse_in_capture(
+            "an upload from a pinned buffer",
+            "the buffer is reused for the next batch while the graph would read it at every \
+             replay",
+        )?;
         let out = Self::alloc_on(buf.runtime(), dtype, len)?;
         if len > 0 {
             buf.upload(out.ptr(), len * dtype.size_in_bytes(), out.rt().stream())?;
@@ -309,10 +319,6 @@ impl CudaStorage {
             8 => (&one[..4], &one[4..]),
             _ => (&one[..], &one[..]),
         };
-        if lo != hi {
-            let host = CpuStorage::full(value, n, dtype)?;
-            return Self::from_cpu(&host, &Layout::contiguous(&[n]), ordinal);
-        }
         let rt = runtime(ordinal)?;
         let out = Self::alloc_on(&rt, dtype, n)?;
         if n == 0 {
@@ -323,10 +329,18 @@ impl CudaStorage {
             .map_err(|e| out.driver("binding the context", e))?;
         let (ptr, stream) = (out.ptr(), rt.stream().cu_stream());
         let bytes = n * dtype.size_in_bytes();
-        // SAFETY: `out` holds `bytes` bytes on this device; the memset is ordered on the
-        // stream before any use of `out`.
+        let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        // SAFETY: `out` holds `bytes` bytes on this device; the memsets are ordered on the
+        // stream before any use of `out`. An 8-byte value whose halves differ is two strided
+        // fills of 4-byte words (n rows 8 bytes apart, one word each): no host buffer, so a
+        // CUDA graph can hold it.
         let r = unsafe {
             match lo.len() {
+                _ if lo != hi => sys::cuMemsetD2D32Async(ptr, 8, word(lo), 1, n, stream)
+                    .result()
+                    .and_then(|()| {
+                        sys::cuMemsetD2D32Async(ptr + 4, 8, word(hi), 1, n, stream).result()
+                    }),
                 1 => result::memset_d8_async(ptr, lo[0], bytes, stream),
                 2 => sys::cuMemsetD16Async(
                     ptr,
@@ -335,10 +349,7 @@ impl CudaStorage {
                     stream,
                 )
                 .result(),
-                _ => {
-                    let word = u32::from_le_bytes([lo[0], lo[1], lo[2], lo[3]]);
-                    sys::cuMemsetD32Async(ptr, word, bytes / 4, stream).result()
-                }
+                _ => sys::cuMemsetD32Async(ptr, word(lo), bytes / 4, stream).result(),
             }
         };
         r.map_err(|e| out.driver("filling", e))?;
@@ -347,6 +358,10 @@ impl CudaStorage {
 
     /// The selected elements, row-major, copied to the host (waits for the stream).
     pub(crate) fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
+        self.rt().refuse_in_capture(
+            "a read into host memory (item, to_vec, to_device(cpu), a host fallback)",
+            "the graph runs after the capture: the value does not exist yet",
+        )?;
         // Every read of device data counts, the engine's own included (`host_reads`).
         crate::counters::count_host_read();
         let dense = self.contiguous(l)?;
