@@ -43,6 +43,11 @@ pub struct RunFlags {
     /// each such output; `autograd::set_recompute`).
     #[arg(long)]
     pub keep_activations: bool,
+    /// On a GPU: capture the whole training step (forward, backward, scaler, optimizer) as a
+    /// CUDA graph after a few eager steps and replay it for every full batch
+    /// (`mantissa::graph::CapturedStep`); the losses are those of the eager run.
+    #[arg(long)]
+    pub cuda_graph: bool,
     /// Gradient accumulation: an optimizer step every N batches, each batch's loss divided
     /// by N (the update of a batch N times as large, in the memory of one).
     #[arg(long, default_value_t = 1)]
