@@ -185,12 +185,14 @@ pub(crate) fn default_stream(blocks: u64) -> (u64, u64) {
     (seed, start)
 }
 
-/// This thread's default generator as it stands.
+/// This thread's default generator as it stands (for a CUDA graph's replay).
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 pub(crate) fn default_generator() -> Generator {
     DEFAULT.with(|d| d.borrow().clone())
 }
 
-/// Puts this thread's default generator at `g`'s state.
+/// Puts this thread's default generator at `g`'s state (for a CUDA graph's replay).
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 pub(crate) fn set_default_generator(g: Generator) {
     DEFAULT.with(|d| *d.borrow_mut() = g);
 }
