@@ -111,6 +111,27 @@ fn progress_reads_device_sums_every_few_steps() {
     assert_eq!(host.accuracy(), dev.accuracy());
 }
 
+/// The sums kept on the device are the bar's own: a loss or count tensor the caller writes
+/// in place afterwards (a CUDA graph's outputs are rewritten by each replay) counts as it was
+/// at its step.
+#[test]
+fn device_sums_do_not_alias_the_step_outputs() {
+    use mantissa::train::EpochProgress;
+    use mantissa::{no_grad, DType, Device, Tensor};
+    let mut bar = EpochProgress::new("epoch", 2);
+    let l = Tensor::scalar(0.5, DType::F32, Device::Cpu).unwrap();
+    let h = Tensor::scalar(3.0, DType::F32, Device::Cpu).unwrap();
+    bar.step_tensors(4, &l, &h).unwrap();
+    no_grad(|| {
+        l.copy_(&Tensor::scalar(1.5, DType::F32, Device::Cpu)?)?;
+        h.copy_(&Tensor::scalar(1.0, DType::F32, Device::Cpu)?)
+    })
+    .unwrap();
+    bar.step_tensors(4, &l, &h).unwrap();
+    bar.finish().unwrap();
+    assert_eq!((bar.loss(), bar.accuracy()), (1.0, 0.5));
+}
+
 /// Plots `log` on another thread: the PNG's bytes, or a failure after 60 s (a plot that
 /// spins must fail the test, not hang it).
 #[cfg(feature = "train-ui")]

@@ -167,7 +167,9 @@ impl EpochProgress {
         let correct = correct.detach().to_dtype(crate::DType::F32)?;
         let pending = match self.pending.take() {
             Some((l, c, steps, n)) => (l.add(&weighted)?, c.add(&correct)?, steps + 1, n + batch),
-            None => (weighted, correct, 1, batch),
+            // A sum of its own: `correct` may be a tensor the caller overwrites (a CUDA
+            // graph's output, rewritten by the next replay).
+            None => (weighted, correct.copy()?, 1, batch),
         };
         self.samples += batch;
         self.batches += 1;
