@@ -18,6 +18,7 @@
 use clap::Parser;
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, SampleMut};
+use mantissa::graph::StepGraph;
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{autocast_maybe, plot_metrics, step_fits, EpochProgress, MetricsLog};
@@ -296,6 +297,7 @@ fn run(mut args: Args) -> Result<()> {
         args.run.precision,
         rayon::current_num_threads()
     );
+    let graph = common::step_graph(&args.run, device, &net.parameters(), "lstm")?;
     let mut run = Run {
         args: &args,
         net: &mut net,
@@ -303,6 +305,7 @@ fn run(mut args: Args) -> Result<()> {
         scaler: &mut scaler,
         device,
         low,
+        graph,
     };
     if args.synthetic {
         return run.synthetic(&mut g);
@@ -320,11 +323,29 @@ struct Run<'a> {
     scaler: &'a mut GradScaler,
     device: Device,
     low: Option<DType>,
+    /// With --cuda-graph: the step captured after a few eager ones and replayed for every
+    /// full batch.
+    graph: Option<StepGraph>,
 }
 
 impl Run<'_> {
     fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
-        train_step(self.net, self.opt, self.scaler, self.low, (x, y))
+        let (net, opt, scaler, low) = (&*self.net, &mut *self.opt, &mut *self.scaler, self.low);
+        // A short last batch runs eagerly: its shape would capture again.
+        match self
+            .graph
+            .as_mut()
+            .filter(|_| x.shape()[0] == self.args.batch)
+        {
+            Some(g) => {
+                let out = g.run(&[x.clone(), y.clone()], &mut |b| {
+                    let (loss, logits) = train_step(net, opt, scaler, low, (&b[0], &b[1]))?;
+                    Ok(vec![loss, logits])
+                })?;
+                Ok((out[0].clone(), out[1].clone()))
+            }
+            None => train_step(net, opt, scaler, low, (x, y)),
+        }
     }
 
     /// Tokens/s of --steps training steps on one fixed batch of random tokens on the device,

@@ -8,7 +8,6 @@ use clap::{Parser, ValueEnum};
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::mnist::{locate_or_fetch, Mnist};
 use mantissa::data::{DataLoader, DataLoaderConfig, Dataset};
-use mantissa::graph::CapturedStep;
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
@@ -16,7 +15,6 @@ use mantissa::train::{
     Accumulation, EpochProgress, MetricsLog,
 };
 use mantissa::*;
-use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -269,41 +267,16 @@ fn run(args: Args) -> Result<()> {
             ..DataLoaderConfig::new(1000)
         },
     )?;
-    if args.run.cuda_graph && (device == Device::Cpu || args.run.accumulate != 1) {
-        return Err(Error::Invalid {
-            op: "mnist",
-            msg: "--cuda-graph needs a CUDA device and one optimizer step per batch (no \
-                  --accumulate)"
-                .into(),
-        });
-    }
+    // With --cuda-graph the step is captured after a few eager ones and replayed for every
+    // full batch (a short last batch runs eagerly: its shape would capture again).
+    let mut graph = common::step_graph(&args.run, device, &net.parameters(), "mnist")?;
     let cycle = OneCycle::new(lr, epochs * train_dl.len());
     let mut profile = common::StepProfile::new(&args.run, &out)?;
     let mut acc = Accumulation::new(args.run.accumulate)?;
     let steps = train_dl.len();
-    // With --cuda-graph the step is a closure over shared optimizer and scaler, replayed for
-    // every full batch (a short last batch runs it eagerly: its shape would re-capture).
-    let opt = RefCell::new(opt);
-    let scaler = RefCell::new(scaler);
-    let net = RefCell::new(net);
-    let mut step_fn = |b: &[Tensor]| -> Result<Vec<Tensor>> {
-        let (loss, hits) = classify_step(
-            &*net.borrow(),
-            opt.borrow_mut().as_mut(),
-            &mut scaler.borrow_mut(),
-            low,
-            &b[0],
-            &b[1],
-        )?;
-        Ok(vec![loss, hits])
-    };
-    let mut graphed = match args.run.cuda_graph {
-        true => Some(CapturedStep::new(device, &mut step_fn)?.watch(&net.borrow().parameters())),
-        false => None,
-    };
     for epoch in start_epoch..epochs {
-        opt.borrow_mut().set_lr(epoch_schedule.lr(epoch));
-        net.borrow_mut().train();
+        opt.set_lr(epoch_schedule.lr(epoch));
+        net.train();
         let mut bar = EpochProgress::new(
             &format!("epoch {}/{epochs} {precision}", epoch + 1),
             train_dl.len(),
@@ -313,29 +286,29 @@ fn run(args: Args) -> Result<()> {
         for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
             let b = b?;
             if one_cycle {
-                opt.borrow_mut().set_lr(cycle.lr(first_step + k));
+                opt.set_lr(cycle.lr(first_step + k));
             }
             let (x, y) = (b.x.to_memory_format(format)?, b.y);
             let last = k + 1 == steps;
-            let (loss, hits) = match graphed.as_mut() {
+            let (loss, hits) = match graph.as_mut().filter(|_| y.numel() == batch_size) {
                 Some(g) => {
-                    let out = match y.numel() == batch_size {
-                        true => g.run(&[x, y.clone()])?,
-                        false => g.run_eagerly(&[x, y.clone()])?,
-                    };
+                    let out = g.run(&[x, y.clone()], &mut |b| {
+                        let (loss, hits) =
+                            classify_step(&net, opt.as_mut(), &mut scaler, low, &b[0], &b[1])?;
+                        Ok(vec![loss, hits])
+                    })?;
                     (out[0].clone(), out[1].clone())
                 }
                 None => classify_micro_step(
-                    &*net.borrow(),
-                    opt.borrow_mut().as_mut(),
-                    &mut scaler.borrow_mut(),
+                    &net,
+                    opt.as_mut(),
+                    &mut scaler,
                     low,
                     (&x, &y),
                     &mut acc,
                     last,
                 )?,
             };
-            let scaler = scaler.borrow();
             if scaler.is_enabled() && k % 50 == 0 {
                 bar.set_extra(format!("scale {}", scaler.current_scale()?.unwrap_or(0.0)));
             }
@@ -344,10 +317,9 @@ fn run(args: Args) -> Result<()> {
             profile.step()?;
         }
         bar.finish()?;
-        net.borrow_mut().eval();
-        let (test_loss, test_acc) =
-            evaluate_classifier(&*net.borrow(), &mut test_dl, device, low, format)?;
-        let m = bar.metrics(epoch + 1, (test_loss, test_acc), opt.borrow().lr());
+        net.eval();
+        let (test_loss, test_acc) = evaluate_classifier(&net, &mut test_dl, device, low, format)?;
+        let m = bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr());
         println!(
             "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} samples/s",
             m.epoch,
@@ -363,15 +335,14 @@ fn run(args: Args) -> Result<()> {
         plot_metrics(&log, &out.join("curves.png"))?;
         if let Some(path) = &args.checkpoint {
             let extra: Vec<(String, Tensor)> = scaler
-                .borrow()
                 .state_dict()?
                 .into_iter()
                 .map(|(n, t)| (format!("scaler.{n}"), t))
                 .collect();
             checkpoint::save_with(
                 path,
-                &*net.borrow(),
-                Some(opt.borrow().as_ref()),
+                &net,
+                Some(opt.as_ref()),
                 &extra,
                 &[("epoch", (epoch + 1).to_string())],
             )?;

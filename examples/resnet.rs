@@ -14,6 +14,7 @@ use clap::{Parser, ValueEnum};
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::data::mnist::{locate_or_fetch, Mnist};
 use mantissa::data::{DataLoader, DataLoaderConfig};
+use mantissa::graph::StepGraph;
 use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
@@ -124,14 +125,6 @@ fn optimizer(net: &Sequential, lr: f64) -> Result<Sgd> {
 
 fn run(mut args: Args) -> Result<()> {
     let (device, low, format) = args.run.open()?;
-    if args.run.cuda_graph {
-        return Err(Error::Invalid {
-            op: "resnet",
-            msg: "--cuda-graph is not wired into this example yet (mnist has it; \
-                  mantissa::graph::CapturedStep captures any step)"
-                .into(),
-        });
-    }
     if args.width == 0 {
         return Err(Error::Invalid {
             op: "resnet",
@@ -220,6 +213,8 @@ fn train_mnist(
     };
     let mut test_dl = DataLoader::new(Arc::new(test), test_cfg)?;
     let steps = train_dl.len();
+    // With --cuda-graph, every full batch's step replays the captured one.
+    let mut graph = common::step_graph(&args.run, device, &net.parameters(), "resnet")?;
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
     let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR))?;
     let mut acc = Accumulation::new(args.run.accumulate)?;
@@ -234,8 +229,10 @@ fn train_mnist(
             opt.set_lr(cycle.lr(epoch * steps + k));
             let (x, y) = (b.x.to_memory_format(format)?, b.y);
             let last = k + 1 == steps;
-            let (loss, hits) =
-                classify_micro_step(net, opt, scaler, low, (&x, &y), &mut acc, last)?;
+            let (loss, hits) = match graph.as_mut().filter(|_| y.numel() == args.batch) {
+                Some(g) => graphed(g, net, opt, scaler, low, &x, &y)?,
+                None => classify_micro_step(net, opt, scaler, low, (&x, &y), &mut acc, last)?,
+            };
             bar.step_tensors(y.numel(), &loss, &hits)?;
             profile.step()?;
         }
@@ -306,8 +303,15 @@ fn throughput(
     let mut last = 0.0;
     // Profiled steps run after the timed ones: profiling adds an event pair per launch.
     let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR))?;
+    // With --cuda-graph the steps replay the captured one (captured in the warm-up when
+    // --warmup is above 3).
+    let mut graph = common::step_graph(&args.run, device, &net.parameters(), "resnet")?;
+    let mut step_on = |graph: &mut Option<StepGraph>| match graph.as_mut() {
+        Some(g) => graphed(g, net, opt, scaler, low, &x, &y),
+        None => classify_step(net, opt, scaler, low, &x, &y),
+    };
     for step in 0..args.warmup + args.steps {
-        let (loss, _) = classify_step(net, opt, scaler, low, &x, &y)?;
+        let (loss, _) = step_on(&mut graph)?;
         // Reading the loss waits for the device: the clock starts after the warm-up's work.
         if step + 1 == args.warmup {
             loss.item()?;
@@ -330,11 +334,28 @@ fn throughput(
     if args.run.profile > 0 {
         // The profile's own warm-up steps, then the profiled ones.
         for _ in 0..args.run.profile_warmup + args.run.profile {
-            classify_step(net, opt, scaler, low, &x, &y)?;
+            step_on(&mut graph)?;
             profile.step()?;
         }
     }
     profile.finish()
+}
+
+/// [`classify_step`] through `graph`: eager during its warm-up, then replayed.
+fn graphed(
+    graph: &mut StepGraph,
+    net: &Sequential,
+    opt: &mut Sgd,
+    scaler: &mut GradScaler,
+    low: Option<DType>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let out = graph.run(&[x.clone(), y.clone()], &mut |b| {
+        let (loss, hits) = classify_step(net, opt, scaler, low, &b[0], &b[1])?;
+        Ok(vec![loss, hits])
+    })?;
+    Ok((out[0].clone(), out[1].clone()))
 }
 
 /// Where `metrics.csv`, `curves.png` and `--profile`'s `trace.json` go.

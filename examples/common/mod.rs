@@ -4,7 +4,7 @@
 use clap::Args;
 use mantissa::profiler::{Profiler, SortBy};
 use mantissa::train::parse_precision;
-use mantissa::{DType, Device, MemoryFormat, Result};
+use mantissa::{DType, Device, Error, MemoryFormat, Result, Tensor};
 use std::path::{Path, PathBuf};
 
 /// Flags every training example takes (`#[command(flatten)]`).
@@ -105,6 +105,29 @@ impl RunFlags {
         };
         Ok((device, low, format))
     }
+}
+
+/// With --cuda-graph: the graph the example's training step is captured into and replayed
+/// from (`mantissa::graph::StepGraph`, watching the parameters), else `None`. An error on the
+/// CPU and with --accumulate (a graph holds one whole optimizer step).
+pub fn step_graph(
+    flags: &RunFlags,
+    device: Device,
+    params: &[Tensor],
+    example: &'static str,
+) -> Result<Option<mantissa::graph::StepGraph>> {
+    if !flags.cuda_graph {
+        return Ok(None);
+    }
+    if device == Device::Cpu || flags.accumulate != 1 {
+        return Err(Error::Invalid {
+            op: example,
+            msg: "--cuda-graph needs a CUDA device and one optimizer step per batch (no \
+                  --accumulate)"
+                .into(),
+        });
+    }
+    Ok(Some(mantissa::graph::StepGraph::new(device)?.watch(params)))
 }
 
 /// An example's `main`: parses its flags, runs `run` on the compute pool with freed host

@@ -61,9 +61,77 @@ struct Signature {
     watched: Vec<(usize, Vec<usize>, DType)>,
 }
 
-/// A training step captured as a CUDA graph and replayed (see the [module](self)).
+/// A training step captured as a CUDA graph and replayed (see the [module](self)), the step
+/// given as a closure it owns.
 pub struct CapturedStep<F> {
     step: F,
+    graph: StepGraph,
+}
+
+impl<F> CapturedStep<F>
+where
+    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    /// A step on CUDA device `device`, with three warm-up calls (as PyTorch's
+    /// `make_graphed_callables`). Errors on a device that is not CUDA or not available.
+    pub fn new(device: Device, step: F) -> Result<CapturedStep<F>> {
+        Ok(CapturedStep {
+            step,
+            graph: StepGraph::new(device)?,
+        })
+    }
+
+    /// Eager calls before each capture (at least 1: lazily created state must exist first).
+    pub fn with_warmup(mut self, calls: usize) -> CapturedStep<F> {
+        self.graph = self.graph.with_warmup(calls);
+        self
+    }
+
+    /// See [`StepGraph::watch`].
+    pub fn watch(mut self, tensors: &[Tensor]) -> CapturedStep<F> {
+        self.graph = self.graph.watch(tensors);
+        self
+    }
+
+    /// Runs the step on `batch`: eagerly during warm-up, else by replaying the graph
+    /// (captured first when there is none for this batch's signature). Returns the step's
+    /// outputs; a replay's are the graph's own tensors, overwritten by the next replay.
+    pub fn run(&mut self, batch: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.graph.run(batch, &mut self.step)
+    }
+
+    /// Runs the step eagerly on `batch`, neither capturing nor replaying (an evaluation
+    /// pass, a short last batch, or a reference run to compare a replay with).
+    pub fn run_eagerly(&mut self, batch: &[Tensor]) -> Result<Vec<Tensor>> {
+        (self.step)(batch)
+    }
+
+    /// The graph and its counters.
+    pub fn graph(&self) -> &StepGraph {
+        &self.graph
+    }
+
+    /// Graphs captured so far.
+    pub fn captures(&self) -> usize {
+        self.graph.captures
+    }
+
+    /// Replays so far.
+    pub fn replays(&self) -> usize {
+        self.graph.replays
+    }
+
+    /// See [`StepGraph::graph_size`].
+    pub fn graph_size(&self) -> (u32, u32) {
+        self.graph.graph_size()
+    }
+}
+
+/// The graph of a training step, the step given at each call ([`StepGraph::run`]): for a
+/// loop whose model, optimizer and scaler are also used between steps (learning rates set,
+/// evaluation, checkpoints), where a closure owning them would be in the way. The step passed
+/// must be the same at every call: it runs only for warm-up and capture.
+pub struct StepGraph {
     device: Device,
     warmup: usize,
     /// Eager calls left before the next capture.
@@ -78,13 +146,10 @@ pub struct CapturedStep<F> {
     replays: usize,
 }
 
-impl<F> CapturedStep<F>
-where
-    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
-{
-    /// A step on CUDA device `device`, with three warm-up calls (as PyTorch's
-    /// `make_graphed_callables`). Errors on a device that is not CUDA or not available.
-    pub fn new(device: Device, step: F) -> Result<CapturedStep<F>> {
+impl StepGraph {
+    /// A graph for steps on CUDA device `device`, with three warm-up calls. Errors on a
+    /// device that is not CUDA or not available.
+    pub fn new(device: Device) -> Result<StepGraph> {
         if !matches!(device, Device::Cuda(_)) {
             return Err(Error::invalid(
                 "CapturedStep::new",
@@ -92,8 +157,7 @@ where
             ));
         }
         device.check_available()?;
-        Ok(CapturedStep {
-            step,
+        Ok(StepGraph {
             device,
             warmup: 3,
             eager_left: 3,
@@ -109,7 +173,7 @@ where
     }
 
     /// Eager calls before each capture (at least 1: lazily created state must exist first).
-    pub fn with_warmup(mut self, calls: usize) -> CapturedStep<F> {
+    pub fn with_warmup(mut self, calls: usize) -> StepGraph {
         self.warmup = calls.max(1);
         self.eager_left = self.warmup;
         self
@@ -119,7 +183,7 @@ where
     /// one of them is replaced by another storage, shape or dtype (a module rebuilt, moved,
     /// or loaded into new tensors), the next call captures again instead of replaying into
     /// the old storage.
-    pub fn watch(mut self, tensors: &[Tensor]) -> CapturedStep<F> {
+    pub fn watch(mut self, tensors: &[Tensor]) -> StepGraph {
         self.watched = tensors.to_vec();
         self
     }
@@ -143,10 +207,14 @@ where
         (0, 0)
     }
 
-    /// Runs the step on `batch`: eagerly during warm-up, else by replaying the graph
-    /// (captured first when there is none for this batch's signature). Returns the step's
-    /// outputs; a replay's are the graph's own tensors, overwritten by the next replay.
-    pub fn run(&mut self, batch: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// Runs `step` on `batch` during warm-up, else replays its graph (captured first when
+    /// there is none for this batch's signature). Returns the step's outputs; a replay's are
+    /// the graph's own tensors, overwritten by the next replay.
+    pub fn run(
+        &mut self,
+        batch: &[Tensor],
+        step: &mut dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
         let sig = self.signature_of(batch)?;
         if self.signature.as_ref() != Some(&sig) {
             self.drop_graph();
@@ -155,15 +223,9 @@ where
         }
         if self.eager_left > 0 {
             self.eager_left -= 1;
-            return (self.step)(batch);
+            return step(batch);
         }
-        self.replay(batch)
-    }
-
-    /// Runs the step eagerly on `batch`, neither capturing nor replaying (an evaluation
-    /// pass, or a reference run to compare a replay with).
-    pub fn run_eagerly(&mut self, batch: &[Tensor]) -> Result<Vec<Tensor>> {
-        (self.step)(batch)
+        self.replay(batch, step)
     }
 
     fn signature_of(&self, batch: &[Tensor]) -> Result<Signature> {
@@ -197,7 +259,11 @@ where
     }
 
     #[cfg(not(feature = "cuda-backend"))]
-    fn replay(&mut self, _batch: &[Tensor]) -> Result<Vec<Tensor>> {
+    fn replay(
+        &mut self,
+        _batch: &[Tensor],
+        _step: &mut dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
         Err(Error::CudaUnavailable {
             device: self.device,
             reason: "this build has no CUDA backend".into(),
@@ -205,7 +271,11 @@ where
     }
 
     #[cfg(feature = "cuda-backend")]
-    fn replay(&mut self, batch: &[Tensor]) -> Result<Vec<Tensor>> {
+    fn replay(
+        &mut self,
+        batch: &[Tensor],
+        step: &mut dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
         let stale = self
             .graph
             .as_ref()
@@ -215,7 +285,7 @@ where
             self.graph = None;
         }
         if self.graph.is_none() {
-            self.capture(batch)?;
+            self.capture(batch, step)?;
         } else {
             crate::no_grad(|| -> Result<()> {
                 for (dst, src) in self.inputs.iter().zip(batch) {
@@ -232,13 +302,16 @@ where
 
     /// Captures the step on static copies of `batch`.
     #[cfg(feature = "cuda-backend")]
-    fn capture(&mut self, batch: &[Tensor]) -> Result<()> {
+    fn capture(
+        &mut self,
+        batch: &[Tensor],
+        step: &mut dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<()> {
         let Device::Cuda(ordinal) = self.device else {
             unreachable!("checked in new")
         };
         let rt = crate::backend::cuda::runtime::runtime(ordinal)?;
         let inputs = crate::no_grad(|| batch.iter().map(Tensor::copy).collect::<Result<Vec<_>>>())?;
-        let step = &mut self.step;
         let (graph, prologue, outputs) = DeviceGraph::capture(&rt, || step(&inputs))?;
         self.inputs = inputs;
         self.outputs = outputs;
