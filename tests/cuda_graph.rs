@@ -20,6 +20,14 @@ use mantissa::*;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+/// Held by each test: a capture records everything queued on the device's one compute
+/// stream, whichever thread queues it, so one thread drives the device while it is open.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One training configuration.
 #[derive(Clone, Copy, Default)]
 struct Setup {
@@ -166,6 +174,7 @@ fn stepper_eager<F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>>(
 }
 
 fn same_as_eager(what: &str, s: Setup) {
+    let _serial = serial();
     let Some(d) = gpu() else { return };
     let eager = train(d, s, false);
     let graphed = train(d, s, true);
@@ -244,7 +253,6 @@ fn a_learning_rate_schedule_needs_no_recapture() {
 
 #[test]
 fn sgld_noise_replays_and_its_scale_recaptures() {
-    let Some(d) = gpu() else { return };
     same_as_eager(
         "sgld",
         Setup {
@@ -254,6 +262,8 @@ fn sgld_noise_replays_and_its_scale_recaptures() {
     );
     // A schedule changes SGLD's noise scale, frozen in the graph: captured again, still
     // the eager run's numbers.
+    let _serial = serial();
+    let Some(d) = gpu() else { return };
     let s = Setup {
         sgld: true,
         schedule: true,
@@ -284,6 +294,7 @@ fn refused(d: Device, needle: &str, step: impl FnMut(&[Tensor]) -> Result<Vec<Te
 
 #[test]
 fn host_reads_uploads_and_value_generators_are_refused() {
+    let _serial = serial();
     let Some(d) = gpu() else { return };
     refused(d, "read into host memory", |b| {
         let v = b[0].sum_all()?.item()?;
@@ -304,6 +315,7 @@ fn host_reads_uploads_and_value_generators_are_refused() {
 
 #[test]
 fn replays_allocate_nothing_and_profile_as_one_record() {
+    let _serial = serial();
     let Some(d) = gpu() else { return };
     let mut g = Generator::new(2);
     let net = Linear::new(12, 5, true, &mut g).unwrap();
@@ -358,4 +370,37 @@ fn replays_allocate_nothing_and_profile_as_one_record() {
         u64::from(kernels),
         "the step's launches are the graph's"
     );
+}
+
+#[test]
+fn a_fault_found_in_a_replay_is_reported_at_the_next_read() {
+    let _serial = serial();
+    let Some(d) = gpu() else { return };
+    let mut g = Generator::new(3);
+    let mut net = Linear::new(12, 5, true, &mut g).unwrap();
+    net.to_device(d).unwrap();
+    let mut step = CapturedStep::new(d, move |b: &[Tensor]| {
+        let loss = net
+            .forward(&b[0])?
+            .cross_entropy(&b[1], CrossEntropyOptions::default())?;
+        Ok(vec![loss])
+    })
+    .unwrap()
+    .with_warmup(1);
+    for k in 0..2 {
+        step.run(&batch(k, d, false)).unwrap();
+    }
+    assert_eq!(step.replays(), 1);
+    // Class 7 of 5: the replayed cross-entropy kernel flags it on the device.
+    let [x, _] = batch(2, d, false);
+    let y = Tensor::from_vec(vec![7i64; 16], &[16], Device::Cpu)
+        .unwrap()
+        .to_device(d)
+        .unwrap();
+    let out = step.run(&[x, y]).unwrap();
+    let e = out[0].item().unwrap_err().to_string();
+    assert!(e.contains("CUDA graph's replay"), "{e}");
+    // Reported once: a clean replay reads clean.
+    let out = step.run(&batch(3, d, false)).unwrap();
+    assert!(out[0].item().unwrap().is_finite());
 }

@@ -392,9 +392,11 @@ impl CudaRuntime {
         Ok(())
     }
 
-    /// Whether a stream capture is open on the compute stream.
+    /// Whether a stream capture is open on the compute stream and this thread is the one
+    /// capturing (its capture scope is open): other threads (a loader's workers) allocate
+    /// from the general cache and upload as ever meanwhile.
     pub(crate) fn capturing(&self) -> bool {
-        self.capturing.load(Ordering::Relaxed)
+        self.capturing.load(Ordering::Relaxed) && crate::graph::scope::active()
     }
 
     /// `Err` ([`Error::NotCapturable`], naming `op`) while a capture is open: for work that
