@@ -17,8 +17,11 @@
 
 pub mod amp;
 mod autocast_state;
+// Read by the CUDA backend's launchers and graphs; without it only the ops' side is built.
 pub mod autograd;
 pub mod backend;
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+mod capture;
 pub mod checkpoint;
 mod counters;
 pub mod data;

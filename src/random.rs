@@ -181,32 +181,29 @@ pub(crate) fn default_stream(blocks: u64) -> (u64, u64) {
     let (seed, start) = crate::frames::draw(seed, blocks, || {
         DEFAULT.with(|d| d.borrow_mut().reserve(blocks))
     });
-    crate::graph::scope::draw(&crate::graph::scope::GenSource::Default, seed, start);
+    crate::capture::draw(|| Box::new(DefaultGenerator), seed, start);
     (seed, start)
 }
 
-/// This thread's default generator as it stands (for a CUDA graph's replay).
-#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
-pub(crate) fn default_generator() -> Generator {
-    DEFAULT.with(|d| d.borrow().clone())
-}
+/// This thread's default generator, for a CUDA graph's replay to read and advance.
+struct DefaultGenerator;
 
-/// Puts this thread's default generator at `g`'s state (for a CUDA graph's replay).
-#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
-pub(crate) fn set_default_generator(g: Generator) {
-    DEFAULT.with(|d| *d.borrow_mut() = g);
-}
+impl crate::capture::GenState for DefaultGenerator {
+    fn state(&self) -> crate::Result<(u64, u64)> {
+        Ok(DEFAULT.with(|d| {
+            let d = d.borrow();
+            (d.seed, d.offset)
+        }))
+    }
 
-/// The `(seed, first block)` of `blocks` blocks of the generator whose state the tensor
-/// `state` holds (two i64 on the host, as modules keep it), advanced past them; a capture is
-/// told, so that each replay advances the state too.
-pub(crate) fn state_stream(state: &crate::Tensor, blocks: u64) -> crate::Result<(u64, u64)> {
-    let mut gen = Generator::from_tensor(state)?;
-    let (seed, start) = gen.stream(blocks);
-    crate::no_grad(|| state.copy_(&gen.state_tensor()))?;
-    let source = crate::graph::scope::GenSource::State(state.clone());
-    crate::graph::scope::draw(&source, seed, start);
-    Ok((seed, start))
+    fn set_state(&self, (seed, offset): (u64, u64)) -> crate::Result<()> {
+        DEFAULT.with(|d| *d.borrow_mut() = Generator::at(seed, offset));
+        Ok(())
+    }
+
+    fn key(&self) -> usize {
+        0
+    }
 }
 
 #[cfg(test)]

@@ -44,9 +44,8 @@
 //! # Ok::<(), mantissa::Error>(())
 //! ```
 
-// Read by the CUDA backend's launchers and graph; without it only the ops' side is built.
-#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
-pub(crate) mod scope;
+#[cfg(feature = "cuda-backend")]
+use crate::capture as scope;
 
 use crate::{DType, Device, Error, Result, Tensor};
 

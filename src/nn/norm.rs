@@ -202,7 +202,7 @@ impl Module for Dropout {
         // task this thread runs while the mask's kernel waits may use this module too.
         x.dropout_from(self.p, true, |blocks| {
             let _drawing = lock(&self.drawing);
-            crate::random::state_stream(&self.generator, blocks)
+            crate::tensor::state_stream(&self.generator, blocks)
         })
     }
     fn visit(&self, p: &str, f: &mut Visitor) {

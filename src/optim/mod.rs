@@ -90,7 +90,7 @@ impl ParamGroup {
         self.lr.set(u.lr());
         // Captured, the kernels read the learning rate from the replay's prologue, which
         // each replay fills from the rate set then (a schedule needs no re-capture).
-        let hyper = match crate::graph::scope::active() {
+        let hyper = match crate::capture::active() {
             true => {
                 let lr = self.lr.clone();
                 let fill = move |b: &mut [u8]| {
@@ -99,11 +99,11 @@ impl ParamGroup {
                     b[4..8].copy_from_slice(&w[1].to_le_bytes());
                     Ok(())
                 };
-                Some(crate::graph::scope::slot(8, Box::new(fill))?)
+                Some(crate::capture::slot(8, Box::new(fill))?)
             }
             false => None,
         };
-        let _hyper = crate::graph::scope::HyperGuard::set(hyper);
+        let _hyper = crate::capture::HyperGuard::set(hyper);
         crate::no_grad(|| {
             let mut items = Vec::with_capacity(self.params.len());
             for i in 0..self.params.len() {

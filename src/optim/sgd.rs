@@ -134,9 +134,9 @@ impl Optimizer for Sgld {
         let std = (2.0 * cfg.lr * self.temperature).sqrt();
         // The noise scale is frozen into a captured step: a replay after it changed (a
         // learning-rate schedule) captures the step again.
-        if crate::graph::scope::active() {
+        if crate::capture::active() {
             let (lr, temperature) = (self.inner.group.lr.clone(), self.temperature);
-            crate::graph::scope::watch(
+            crate::capture::watch(
                 "SGLD's noise scale (learning rate)",
                 Box::new(move || (2.0 * lr.get() * temperature).sqrt() == std),
             );
@@ -155,7 +155,7 @@ impl Optimizer for Sgld {
                 let gen = &self.gen;
                 let mut noise =
                     Tensor::randn_from(p.shape(), 0.0, std, p.dtype(), p.device(), |b| {
-                        crate::random::state_stream(gen, b)
+                        crate::tensor::state_stream(gen, b)
                     })?;
                 if let Some(k) = &keep {
                     noise = noise.mul(&k.to_dtype(p.dtype())?)?;

@@ -52,3 +52,32 @@ impl Generator {
         Ok(Generator::at(v[0] as u64, v[1] as u64))
     }
 }
+
+/// The `(seed, first block)` of `blocks` blocks of the generator whose state the tensor
+/// `state` holds (two i64 on the host, as modules keep it), advanced past them; an open CUDA
+/// graph capture is told, so that each replay advances the state too.
+pub(crate) fn state_stream(state: &Tensor, blocks: u64) -> Result<(u64, u64)> {
+    let mut gen = Generator::from_tensor(state)?;
+    let (seed, start) = gen.stream(blocks);
+    crate::no_grad(|| state.copy_(&gen.state_tensor()))?;
+    crate::capture::draw(|| Box::new(StateTensor(state.clone())), seed, start);
+    Ok((seed, start))
+}
+
+/// A generator state kept as a tensor, for a CUDA graph's replay to read and advance.
+struct StateTensor(Tensor);
+
+impl crate::capture::GenState for StateTensor {
+    fn state(&self) -> Result<(u64, u64)> {
+        let g = Generator::from_tensor(&self.0)?;
+        Ok((g.seed(), g.offset()))
+    }
+
+    fn set_state(&self, (seed, offset): (u64, u64)) -> Result<()> {
+        crate::no_grad(|| self.0.copy_(&Generator::at(seed, offset).state_tensor()))
+    }
+
+    fn key(&self) -> usize {
+        self.0.storage_addr()
+    }
+}

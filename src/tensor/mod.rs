@@ -2,6 +2,7 @@
 
 mod create;
 mod generator_state;
+pub(crate) use generator_state::state_stream;
 pub(crate) mod node;
 mod view;
 

@@ -6,7 +6,7 @@
 // caching allocator, copies, fault flags, out-of-memory paths, and that the host waits for
 // the work whose results it reads. What it cannot: speed, the GPU's memory model, work of two
 // streams running at once. cuBLAS(Lt) and cuDNN are emulated apart (blas.cpp, dnn.cpp) and
-// queue their work here (emu_enqueue).
+// queue their work here (emu_enqueue). Stream capture and graph replay are in graph.inc.
 //
 // One device, reported as compute capability 9.0 with 132 SMs. MANTISSA_EMU_MEM_BYTES caps
 // device memory (default 8 GiB) so that out-of-memory paths can be reached.
@@ -249,137 +249,7 @@ API int emu_enqueue(CUstream s, void (*run)(void*), void* ctx, void (*drop)(void
 // Runs now, after the legacy stream's queued work: a synchronous call.
 static void now(std::function<void()> f) { enqueue(nullptr, std::move(f)); }
 
-// Graphs. A stream being captured (cuStreamBeginCapture) records the work queued on it into a
-// graph instead of running it; an instantiated graph launched on a stream queues the recorded
-// work again, in order, each launch (kernel arguments and library calls as they were given at
-// capture). What a GPU refuses during a capture is refused here too, and invalidates the
-// capture (cuStreamEndCapture then fails, as the driver's does): synchronising the capturing
-// stream or the context, querying or waiting on the host for captured work, a wait on an event
-// recorded outside the capture, a free of memory the graph may use, and the "potentially
-// unsafe" calls (cuMemAlloc, cuMemFree, pinned allocations, synchronous copies and fills)
-// unless the calling thread's capture mode is relaxed (cuThreadExchangeStreamCaptureMode), as
-// the caching allocators of PyTorch and this engine set it around cuMemAlloc. Stricter than
-// the GPU, where the driver's behaviour is not documented: a copy from pageable host memory
-// into a captured stream (the graph would read the buffer at every launch) is refused, and
-// one capture records one stream (no fork into another stream through an event).
-struct Graph {
-    std::vector<std::function<void()>> nodes;
-    bool invalidated = false;
-    int mode = 0; // CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed
-    Stream* origin = nullptr;
-    std::thread::id thread; // that began it
-};
-struct Exec {
-    std::vector<std::function<void()>> nodes;
-};
-static std::set<Graph*> capturing; // the open captures
-static thread_local int thread_mode = 0;
-static void record(Graph* g, std::function<void()> f) {
-    if (!g->invalidated) g->nodes.push_back(std::move(f));
-}
-static void invalidate(const char* why) {
-    for (Graph* g : capturing) {
-        if (!g->invalidated) fprintf(stderr, "emulated driver: %s during a stream capture invalidates it\n", why);
-        g->invalidated = true;
-    }
-}
-// A call the driver refuses while a capture is open (see above): CAPTURE_UNSUPPORTED, and the
-// open captures are invalidated; OK when none is open, or when relaxed.
-static CUresult unsafe_call(const char* what) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    if (capturing.empty() || thread_mode == 2) return OK;
-    // A global capture forbids them to every thread, a thread-local one to its own.
-    for (Graph* c : capturing) {
-        if (c->mode == 0 || (c->mode == 1 && c->thread == std::this_thread::get_id())) {
-            invalidate(what);
-            return CAPTURE_UNSUPPORTED;
-        }
-    }
-    return OK;
-}
-// A call that is refused, whatever the mode, on a stream being captured.
-static CUresult on_captured(Stream* st, const char* what) {
-    if (!st->capture) return OK;
-    invalidate(what);
-    return CAPTURE_UNSUPPORTED;
-}
-
-API CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
-    int old = thread_mode;
-    thread_mode = *mode;
-    *mode = old;
-    return OK;
-}
-API CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    Stream* st = S(s);
-    if (st == &legacy) return CAPTURE_IMPLICIT;
-    if (st->capture) return ILLEGAL_STATE;
-    st->capture = new Graph;
-    st->capture->mode = mode;
-    st->capture->origin = st;
-    st->capture->thread = std::this_thread::get_id();
-    capturing.insert(st->capture);
-    if (trace()) fprintf(stderr, "begin capture on stream %p\n", (void*)st);
-    return OK;
-}
-API CUresult cuStreamBeginCapture(CUstream s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
-API CUresult cuStreamEndCapture(CUstream s, void** graph) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    Stream* st = S(s);
-    *graph = nullptr;
-    if (!st->capture) return ILLEGAL_STATE;
-    Graph* c = st->capture;
-    st->capture = nullptr;
-    capturing.erase(c);
-    if (trace()) fprintf(stderr, "end capture on stream %p: %zu nodes%s\n", (void*)st, c->nodes.size(), c->invalidated ? " (invalidated)" : "");
-    if (c->invalidated) {
-        delete c;
-        return CAPTURE_INVALIDATED;
-    }
-    *graph = c;
-    return OK;
-}
-// 0: not capturing, 1: active, 2: invalidated.
-API CUresult cuStreamIsCapturing(CUstream s, int* status) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    Graph* c = S(s)->capture;
-    *status = !c ? 0 : c->invalidated ? 2 : 1;
-    return OK;
-}
-API CUresult cuGraphGetNodes(void* graph, void** nodes, size_t* n) {
-    Graph* g = (Graph*)graph;
-    if (nodes) {
-        for (size_t i = 0; i < *n && i < g->nodes.size(); i++) nodes[i] = (void*)(i + 1);
-    }
-    *n = g->nodes.size();
-    return OK;
-}
-API CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
-    if (!graph) return INVALID_VALUE;
-    *exec = new Exec{((Graph*)graph)->nodes};
-    return OK;
-}
-API CUresult cuGraphUpload(void*, CUstream) { return OK; }
-API CUresult cuGraphLaunch(void* exec, CUstream s) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    Exec* e = (Exec*)exec;
-    if (trace()) fprintf(stderr, "graph launch: %zu nodes\n", e->nodes.size());
-    for (auto& f : e->nodes) enqueue(s, f);
-    return OK;
-}
-// The recorded work holds its arguments until the last graph and exec holding it are gone;
-// queued launches keep their own copies.
-API CUresult cuGraphExecDestroy(void* exec) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    delete (Exec*)exec;
-    return OK;
-}
-API CUresult cuGraphDestroy(void* graph) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
-    delete (Graph*)graph;
-    return OK;
-}
+#include "graph.inc" // Graphs: stream capture and replay
 
 API CUresult cuCtxSynchronize() {
     std::lock_guard<std::recursive_mutex> g(run_mu);

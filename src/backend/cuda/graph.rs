@@ -8,65 +8,16 @@
 //! dropped; a block handed out before the capture and freed while the graph lives waits for
 //! the graph to go ([`GraphsGone`]); no segment is given back to the driver during the
 //! capture; the checked launches write fault words of the graph's own. A replay first uploads
-//! its prologue (`crate::graph::scope`: generator states and learning rates), then launches.
+//! its prologue (`crate::capture`: generator states and learning rates), then launches.
 
+use super::capturing::CaptureCounts;
 use super::faults::GraphFaults;
 use super::runtime::CudaRuntime;
-use crate::backend::caching::Fence;
-use crate::graph::scope;
+use crate::capture as scope;
 use crate::profiler::{DeviceWork, Launch};
 use crate::{Error, Result};
-use cudarc::driver::{result, sys, CudaGraph};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-
-/// The launches and library calls a capture recorded.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct CaptureCounts {
-    pub(crate) kernels: u32,
-    pub(crate) calls: u32,
-}
-
-/// The capture open on a runtime's compute stream.
-pub(crate) struct OpenCapture {
-    pub(crate) pool: u64,
-    pub(crate) counts: CaptureCounts,
-}
-
-/// A new private pool key (the caching allocator's stream key; 0 is the general cache).
-pub(crate) fn next_pool() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// This thread in relaxed capture mode while it lives: `cuMemAlloc` is then allowed during
-/// the thread's capture (a new segment for the graph's pool), as PyTorch's allocator does.
-pub(crate) struct Relaxed(sys::CUstreamCaptureMode);
-
-impl Relaxed {
-    pub(crate) fn new() -> Relaxed {
-        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: exchanges this thread's mode through a valid pointer; restored on drop.
-        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        Relaxed(mode)
-    }
-}
-
-impl Drop for Relaxed {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`, putting back the mode found there.
-        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
-    }
-}
-
-/// Open once every graph that may use a freed block is gone.
-pub(crate) struct GraphsGone(pub(crate) Vec<Weak<()>>);
-
-impl Fence for GraphsGone {
-    fn is_done(&self) -> std::result::Result<bool, String> {
-        Ok(self.0.iter().all(|t| t.strong_count() == 0))
-    }
-}
+use cudarc::driver::{result, CudaGraph};
+use std::sync::Arc;
 
 /// An instantiated graph of a captured step and what it holds: its pool, its prologue buffer
 /// and its fault words. Not `Send` (cudarc's graph is not).
@@ -145,12 +96,31 @@ impl DeviceGraph {
             bytes: None,
             flops: None,
         });
-        if !values.is_empty() {
-            // SAFETY: the prologue buffer holds PROLOGUE_BYTES >= values.len() bytes (the
-            // scope hands out no more); a pageable source is staged by the driver before
-            // the call returns.
-            unsafe { result::memcpy_htod_async(self.prologue, values, stream.cu_stream()) }
-                .map_err(|e| driver(rt, "uploading a replay's values", e))?;
+        if values.len() > PROLOGUE_BYTES {
+            return Err(Error::invalid(
+                "CapturedStep",
+                format!(
+                    "{} bytes of replay values for a buffer of {PROLOGUE_BYTES}",
+                    values.len()
+                ),
+            ));
+        }
+        // Through a pinned block, so that the host does not wait (a copy from pageable memory
+        // waits for the stream first); from pageable memory when pinned memory runs out.
+        let staged = match values.is_empty() {
+            true => Ok(()),
+            false => super::pinned::staged(rt, values)
+                .and_then(|mut b| b.upload(self.prologue, values.len(), stream)),
+        };
+        match staged {
+            Ok(()) => {}
+            Err(Error::OutOfMemory { .. }) => {
+                // SAFETY: the prologue buffer holds PROLOGUE_BYTES >= values.len() bytes
+                // (checked above); a pageable source is staged before the call returns.
+                unsafe { result::memcpy_htod_async(self.prologue, values, stream.cu_stream()) }
+                    .map_err(|e| driver(rt, "uploading a replay's values", e))?;
+            }
+            Err(e) => return Err(e),
         }
         graph
             .launch()

@@ -39,6 +39,7 @@ macro_rules! launch {
 pub(crate) mod amp;
 mod backend;
 mod blaslt;
+mod capturing;
 pub mod compile;
 pub mod conv;
 mod conv_desc;

@@ -313,7 +313,7 @@ pub(crate) fn optim_update_many(
     let s = &*first.param;
     let fp = found_inf.map_or(0u64, |f| f.ptr());
     // In a captured step the learning rate is read from the replay's prologue.
-    let hyper = crate::graph::scope::hyper();
+    let hyper = crate::capture::hyper();
     for ((name, sr), entries) in groups {
         let a = args(u, sr.then_some(Rounding::Stochastic { seed: 0 }));
         for (list, part) in lists(&entries).iter().zip(entries.chunks(LIST)) {

@@ -39,7 +39,7 @@ pub(crate) fn dropout_mask(
 /// the replay's prologue and `start` is the draw's offset within the step (see
 /// `crate::graph`); else the values as they are and a null pointer.
 fn in_graph(seed: u64, start: u64) -> Result<(u64, u64, u64)> {
-    Ok(match crate::graph::scope::rng_arg(seed, start)? {
+    Ok(match crate::capture::rng_arg(seed, start)? {
         Some((state, intra)) => (0, intra, state),
         None => (seed, start, 0),
     })

@@ -3,8 +3,8 @@
 //! `compile.rs`), and the caching allocator over the device's memory (`cuMemAlloc` /
 //! `cuMemFree` underneath).
 
+use super::capturing::{CaptureCounts, OpenCapture};
 use super::faults::{Faults, GraphFaults};
-use super::graph::{CaptureCounts, OpenCapture};
 use super::handles::{DnnHandle, LtHandle, PinnedMemory};
 // The device memory source of the runtime's caching allocator, public here as before.
 pub use super::handles::DriverMemory;
@@ -206,7 +206,7 @@ impl CudaRuntime {
         // During a capture, from the graph's private pool; a new segment's cuMemAlloc is
         // made in relaxed capture mode (it is not stream work; the graph keeps the block).
         let pool = lock(&self.capture).as_ref().map_or(0, |c| c.pool);
-        let _relaxed = super::graph::Relaxed::new();
+        let _relaxed = super::capturing::Relaxed::new();
         lock(&self.memory).alloc(bytes, pool)
     }
 
@@ -230,7 +230,7 @@ impl CudaRuntime {
         };
         match holders.is_empty() {
             true => memory.free(ptr),
-            false => memory.free_after(ptr, Box::new(super::graph::GraphsGone(holders))),
+            false => memory.free_after(ptr, Box::new(super::capturing::GraphsGone(holders))),
         }
     }
 
@@ -396,7 +396,7 @@ impl CudaRuntime {
     /// capturing (its capture scope is open): other threads (a loader's workers) allocate
     /// from the general cache and upload as ever meanwhile.
     pub(crate) fn capturing(&self) -> bool {
-        self.capturing.load(Ordering::Relaxed) && crate::graph::scope::active()
+        self.capturing.load(Ordering::Relaxed) && crate::capture::active()
     }
 
     /// `Err` ([`Error::NotCapturable`], naming `op`) while a capture is open: for work that
@@ -404,7 +404,7 @@ impl CudaRuntime {
     pub(crate) fn refuse_in_capture(&self, op: &str, why: &str) -> Result<()> {
         match self.capturing() {
             false => Ok(()),
-            true => Err(crate::graph::scope::refuse(op, why)),
+            true => Err(crate::capture::refuse(op, why)),
         }
     }
 
@@ -440,7 +440,7 @@ impl CudaRuntime {
                 format!("a capture is already open on {}", self.device),
             ));
         }
-        let pool = super::graph::next_pool();
+        let pool = super::capturing::next_pool();
         let token = Arc::new(());
         let epoch = {
             let mut memory = lock(&self.memory);

@@ -1,6 +1,8 @@
-//! What the ops tell an open capture (this thread's, while [`super::CapturedStep`] records a
-//! step): the values a replay must read from device memory instead of the kernel arguments
-//! frozen at capture, and the work that cannot be captured.
+//! What the ops tell an open CUDA graph capture (this thread's, while
+//! [`crate::graph::StepGraph`] records a step): the values a replay must read from device
+//! memory instead of the kernel arguments frozen at capture, and the work that cannot be
+//! captured. A leaf: the ops, the generators and the CUDA backend import it, it imports none
+//! of them (a generator's state is reached through [`GenState`]).
 //!
 //! A replay starts with a *prologue*: one upload, on the compute stream before the graph's
 //! launch, of a small device buffer the captured kernels read. It holds, per generator the
@@ -11,43 +13,18 @@
 //! frozen in the graph and may change between steps (SGLD's noise scale) are *watched*: a
 //! replay after one changed captures the step again.
 
-use crate::{Device, Error, Generator, Result, Tensor};
+use crate::{Device, Error, Result};
 use std::cell::RefCell;
 
-/// Where a generator's state lives, so that a replay can read and advance it.
-#[derive(Clone)]
-pub(crate) enum GenSource {
-    /// This thread's default generator ([`crate::manual_seed`]).
-    Default,
-    /// A state tensor (two i64 on the host) a module or optimizer keeps, shared by clones.
-    State(Tensor),
-}
-
-impl GenSource {
-    fn same(&self, other: &GenSource) -> bool {
-        match (self, other) {
-            (GenSource::Default, GenSource::Default) => true,
-            (GenSource::State(a), GenSource::State(b)) => a.shares_storage(b),
-            _ => false,
-        }
-    }
-
-    pub(crate) fn get(&self) -> Result<Generator> {
-        match self {
-            GenSource::Default => Ok(crate::random::default_generator()),
-            GenSource::State(t) => Generator::from_tensor(t),
-        }
-    }
-
-    pub(crate) fn set(&self, g: &Generator) -> Result<()> {
-        match self {
-            GenSource::Default => {
-                crate::random::set_default_generator(g.clone());
-                Ok(())
-            }
-            GenSource::State(t) => crate::no_grad(|| t.copy_(&g.state_tensor())),
-        }
-    }
+/// Where a generator's state lives, so that a replay can read and advance it: this thread's
+/// default generator, or a state tensor a module or optimizer keeps (shared by clones).
+pub(crate) trait GenState {
+    /// `(seed, offset)` as it stands.
+    fn state(&self) -> Result<(u64, u64)>;
+    /// Puts the generator at `(seed, offset)`.
+    fn set_state(&self, state: (u64, u64)) -> Result<()>;
+    /// Equal for two handles on the same generator.
+    fn key(&self) -> usize;
 }
 
 /// Writes a replay-time value into its bytes of the prologue.
@@ -56,8 +33,9 @@ pub(crate) type Fill = Box<dyn Fn(&mut [u8]) -> Result<()>>;
 /// One generator the step draws from: its state before the step's first draw, and where the
 /// prologue puts `[seed, offset]`.
 struct Rng {
-    source: GenSource,
-    before: Generator,
+    source: Box<dyn GenState>,
+    /// `(seed, offset)` at the step's first draw.
+    before: (u64, u64),
     at: usize,
 }
 
@@ -136,9 +114,9 @@ pub(crate) fn close() -> Result<Prologue> {
     };
     let mut rngs = Vec::with_capacity(s.rngs.len());
     for r in s.rngs {
-        let now = r.source.get()?;
-        let per_step = now.offset().wrapping_sub(r.before.offset());
-        r.source.set(&r.before)?;
+        let (_, now) = r.source.state()?;
+        let per_step = now.wrapping_sub(r.before.1);
+        r.source.set_state(r.before)?;
         rngs.push((r.source, r.at, per_step));
     }
     if let Some(e) = s.refused {
@@ -216,12 +194,14 @@ pub(crate) fn watch(what: impl Into<String>, same: Box<dyn Fn() -> bool>) {
     });
 }
 
-/// Notes a draw of `blocks` from `source` at `(seed, start)` made during the capture.
-pub(crate) fn draw(source: &GenSource, seed: u64, start: u64) {
+/// Notes a draw from the generator `source` at `(seed, start)` made during the capture
+/// (`source` is made only then).
+pub(crate) fn draw(source: impl FnOnce() -> Box<dyn GenState>, seed: u64, start: u64) {
     OPEN.with(|o| {
         let mut o = o.borrow_mut();
         let Some(s) = o.as_mut() else { return };
-        let k = match s.rngs.iter().position(|r| r.source.same(source)) {
+        let source = source();
+        let k = match s.rngs.iter().position(|r| r.source.key() == source.key()) {
             Some(k) => k,
             None => {
                 let at = s.used.next_multiple_of(8);
@@ -235,14 +215,14 @@ pub(crate) fn draw(source: &GenSource, seed: u64, start: u64) {
                 }
                 s.used = at + 16;
                 s.rngs.push(Rng {
-                    source: source.clone(),
-                    before: Generator::at(seed, start),
+                    source,
+                    before: (seed, start),
                     at,
                 });
                 s.rngs.len() - 1
             }
         };
-        let intra = start.wrapping_sub(s.rngs[k].before.offset());
+        let intra = start.wrapping_sub(s.rngs[k].before.1);
         s.draws.push((seed, start, k, intra));
     });
 }
@@ -275,7 +255,7 @@ pub(crate) fn rng_arg(seed: u64, start: u64) -> Result<Option<(u64, u64)>> {
 /// What a replay does before launching the graph.
 pub(crate) struct Prologue {
     pub(crate) bytes: usize,
-    rngs: Vec<(GenSource, usize, u64)>,
+    rngs: Vec<(Box<dyn GenState>, usize, u64)>,
     fills: Vec<(usize, Fill)>,
     watched: Vec<(String, Box<dyn Fn() -> bool>)>,
 }
@@ -294,10 +274,10 @@ impl Prologue {
     pub(crate) fn fill(&self) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; self.bytes];
         for (source, at, per_step) in &self.rngs {
-            let g = source.get()?;
-            buf[*at..at + 8].copy_from_slice(&g.seed().to_le_bytes());
-            buf[at + 8..at + 16].copy_from_slice(&g.offset().to_le_bytes());
-            source.set(&Generator::at(g.seed(), g.offset().wrapping_add(*per_step)))?;
+            let (seed, offset) = source.state()?;
+            buf[*at..at + 8].copy_from_slice(&seed.to_le_bytes());
+            buf[at + 8..at + 16].copy_from_slice(&offset.to_le_bytes());
+            source.set_state((seed, offset.wrapping_add(*per_step)))?;
         }
         for (at, fill) in &self.fills {
             fill(&mut buf[*at..])?;
