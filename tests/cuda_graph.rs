@@ -308,6 +308,9 @@ fn host_reads_uploads_and_value_generators_are_refused() {
     refused(d, "Generator value", move |b| {
         Ok(vec![b[0].dropout_with(0.5, true, &mut g)?])
     });
+    refused(d, "queued no work on this device", |_| {
+        Ok(vec![Tensor::ones(&[2], DType::F32, Device::Cpu)?])
+    });
     // CapturedStep is for CUDA devices.
     let e = CapturedStep::new(Device::Cpu, |b: &[Tensor]| Ok(b.to_vec())).err();
     assert!(e.is_some_and(|e| e.to_string().contains("CUDA device")));

@@ -385,11 +385,16 @@ impl CudaRuntime {
             .synchronize()
             .map_err(|e| self.driver("synchronize", e))?;
         lock(&self.faults).check(&self.stream, self.device)?;
+        // Every replayed graph's words are read (and cleared); the first fault is reported.
         let replayed = std::mem::take(&mut *lock(&self.replayed));
+        let mut first = Ok(());
         for g in replayed.iter().filter_map(Weak::upgrade) {
-            g.check(&self.stream, self.device)?;
+            let r = g.check(&self.stream, self.device);
+            if first.is_ok() {
+                first = r;
+            }
         }
-        Ok(())
+        first
     }
 
     /// Whether a stream capture is open on the compute stream and this thread is the one
@@ -459,6 +464,7 @@ impl CudaRuntime {
             });
         if let Err(e) = begun {
             lock(&self.faults).end_capture();
+            lock(&self.memory).keep_segments(false);
             self.release_pool(pool);
             return Err(e);
         }
@@ -487,14 +493,29 @@ impl CudaRuntime {
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(|e| self.driver("ending a stream capture", e))
+            .and_then(|g| g.ok_or_else(|| self.empty_capture()))
             .and_then(|g| {
-                g.ok_or_else(|| Error::NotCapturable {
-                    op: "a CUDA graph".into(),
-                    device: self.device,
-                    why: "the step queued no device work".into(),
-                })
+                let mut nodes = 0usize;
+                // SAFETY: the graph is live (owned by `g`); a null array asks for the count.
+                unsafe { sys::cuGraphGetNodes(g.cu_graph(), std::ptr::null_mut(), &mut nodes) }
+                    .result()
+                    .map_err(|e| self.driver("counting a graph's nodes", e))?;
+                match nodes {
+                    0 => Err(self.empty_capture()),
+                    _ => Ok(g),
+                }
             });
         (graph, faults, open.map(|o| o.counts).unwrap_or_default())
+    }
+
+    fn empty_capture(&self) -> Error {
+        Error::NotCapturable {
+            op: "a CUDA graph".into(),
+            device: self.device,
+            why: "the step queued no work on this device (a step on the CPU, or on another \
+                  device?)"
+                .into(),
+        }
     }
 
     /// Gives a graph's private pool to the general cache (the graph is gone).
