@@ -19,7 +19,13 @@
 //! data), an upload from host memory, a draw from a plain [`crate::Generator`] value, and
 //! anything that would synchronise the device. One thread drives the device while a step is
 //! captured. The outputs of a replayed step are the same tensors each time, overwritten by
-//! the next replay (copy one to keep it).
+//! the next replay (copy one to keep it). The step's host code runs at warm-up and capture
+//! only: what it decides on the host (a counter, a learning rate computed inside it) is
+//! frozen in the graph; set learning rates with `set_lr` between calls.
+//!
+//! [`StepGraph`] is the same without owning the closure: the step is passed at each call, for
+//! a loop that also uses its model, optimizer and scaler between steps (the examples'
+//! `--cuda-graph`).
 //!
 //! ```no_run
 //! use mantissa::{graph::CapturedStep, nn::{Linear, Module}, optim::{Optimizer, Sgd, SgdConfig}};
