@@ -14,7 +14,7 @@ cp target/release/examples/gpu_check target/release/examples/mnist target/releas
 mkdir -p .gpu/data
 for f in data/mnist/*-ubyte; do gzip -c "$f" > ".gpu/data/$(basename "$f").gz"; done
 for t in cuda_kernels cuda_parity cuda_semantics cuda_transfer cuda_fusions data fuzz_api \
-    torch_reference hostile_input profiler cuda_tf32 cuda_limits batch_size recompute; do
+    torch_reference hostile_input profiler cuda_tf32 cuda_limits batch_size recompute cuda_graph; do
     bin=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:
