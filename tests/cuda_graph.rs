@@ -2,7 +2,9 @@
 //! through a `CapturedStep` give the same losses, parameters, optimizer and scaler states and
 //! generator states, bit for bit, as the same N steps run eagerly, in fp32, fp16 with the
 //! loss scaler (a step skipped on an inf included), bf16 with fp32 master weights, with
-//! dropout and SGLD's noise, and with a learning-rate schedule; work that cannot be captured
+//! dropout and SGLD's noise, with a learning-rate schedule, and for an MLP, a convolution with
+//! batch norm and pooling (the ResNet example's pieces) and an LSTM whose gradients are
+//! clipped (the LSTM example's step); work that cannot be captured
 //! is refused by name; replays allocate nothing; the profiler shows a replay as one record.
 //! Without a GPU each test prints `skipped: no CUDA device` and passes; on the emulated device
 //! (tests/emulator) the graphs are recorded and replayed by the emulated driver.
@@ -13,7 +15,9 @@ mod common;
 use common::parity::gpu;
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::graph::CapturedStep;
-use mantissa::nn::{Activation, Dropout, Linear, Module, Sequential};
+use mantissa::nn::{
+    Activation, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, Lstm, MaxPool2d, Module, Sequential,
+};
 use mantissa::optim::{Adam, AdamConfig, Optimizer, Rounding, Sgd, SgdConfig, Sgld};
 use mantissa::train::classify_step;
 use mantissa::*;
@@ -28,9 +32,45 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The network trained.
+#[derive(Clone, Copy, Default, PartialEq)]
+enum Arch {
+    /// Linear, ReLU, (dropout), linear on [16, 12].
+    #[default]
+    Mlp,
+    /// Convolution, batch norm, ReLU, max pool, linear on [16, 3, 8, 8] in channels-last.
+    Conv,
+    /// A 2-layer LSTM over 6 steps of [16, 12] and a linear read-out of the last, the
+    /// gradients clipped to norm 1 (the LSTM example's step).
+    Lstm,
+}
+
+/// An LSTM and a linear read-out of its last step.
+struct LastStep {
+    lstm: Lstm,
+    head: Linear,
+}
+
+impl Module for LastStep {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.lstm.forward(x)?;
+        let (n, t, h) = (y.shape()[0], y.shape()[1], y.shape()[2]);
+        self.head.forward(&y.narrow(1, t - 1, 1)?.reshape(&[n, h])?)
+    }
+    fn visit(&self, p: &str, f: &mut mantissa::nn::Visitor) {
+        self.lstm.visit(&format!("{p}lstm."), f);
+        self.head.visit(&format!("{p}head."), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut mantissa::nn::VisitorMut) -> Result<()> {
+        self.lstm.visit_mut(&format!("{p}lstm."), f)?;
+        self.head.visit_mut(&format!("{p}head."), f)
+    }
+}
+
 /// One training configuration.
 #[derive(Clone, Copy, Default)]
 struct Setup {
+    arch: Arch,
     low: Option<DType>,
     /// bf16 parameters with f32 masters.
     masters: bool,
@@ -60,16 +100,61 @@ fn bits(ts: &[Tensor]) -> Vec<Vec<u64>> {
 
 /// The batch of step `k`: inputs [16, 12] and labels of 5 classes, on `d`.
 fn batch(k: usize, d: Device, inf: bool) -> [Tensor; 2] {
+    batch_of(Arch::Mlp, k, d, inf)
+}
+
+/// The batch of step `k` for `arch`: 16 inputs and labels of 5 classes, on `d`.
+fn batch_of(arch: Arch, k: usize, d: Device, inf: bool) -> [Tensor; 2] {
+    let shape: &[usize] = match arch {
+        Arch::Mlp => &[16, 12],
+        Arch::Conv => &[16, 3, 8, 8],
+        Arch::Lstm => &[16, 6, 12],
+    };
+    let n = shape.iter().product();
     let mut g = Generator::new(100 + k as u64);
-    let mut x: Vec<f32> = g.normal(16 * 12).iter().map(|v| *v as f32).collect();
+    let mut x: Vec<f32> = g.normal(n).iter().map(|v| *v as f32).collect();
     if inf {
         x[5] = f32::INFINITY;
     }
     let y: Vec<i64> = g.next_u32s(16).iter().map(|v| (v % 5) as i64).collect();
-    [
-        Tensor::from_vec(x, &[16, 12], d).unwrap(),
-        Tensor::from_vec(y, &[16], d).unwrap(),
-    ]
+    let mut x = Tensor::from_vec(x, shape, d).unwrap();
+    if arch == Arch::Conv {
+        x = x.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    }
+    [x, Tensor::from_vec(y, &[16], d).unwrap()]
+}
+
+/// The network of `s`, on `d`.
+fn network(s: Setup, d: Device, g: &mut Generator) -> Box<dyn Module> {
+    let mut net: Box<dyn Module> = match s.arch {
+        Arch::Mlp => {
+            let mut net = Sequential::new()
+                .push(Linear::new(12, 24, true, g).unwrap())
+                .push(Activation::Relu);
+            if s.dropout {
+                net = net.push(Dropout::new(0.25, 77));
+            }
+            Box::new(net.push(Linear::new(24, 5, true, g).unwrap()))
+        }
+        Arch::Conv => Box::new(
+            Sequential::new()
+                .push(Conv2d::new(3, 8, 3, Conv2dOptions::default(), true, g).unwrap())
+                .push(BatchNorm2d::new(8).unwrap())
+                .push(Activation::Relu)
+                .push(MaxPool2d(MaxPool2dOptions::new(2)))
+                .push(Flatten)
+                .push(Linear::new(8 * 3 * 3, 5, true, g).unwrap()),
+        ),
+        Arch::Lstm => Box::new(LastStep {
+            lstm: Lstm::new(12, 24, 2, true, g).unwrap(),
+            head: Linear::new(24, 5, true, g).unwrap(),
+        }),
+    };
+    net.to_device(d).unwrap();
+    if s.arch == Arch::Conv {
+        net.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    }
+    net
 }
 
 /// What a run ends with: per step the loss, then parameters, optimizer states, the
@@ -85,14 +170,7 @@ struct Outcome {
 fn train(d: Device, s: Setup, captured: bool) -> Outcome {
     manual_seed(9);
     let mut g = Generator::new(1);
-    let mut net = Sequential::new()
-        .push(Linear::new(12, 24, true, &mut g).unwrap())
-        .push(Activation::Relu);
-    if s.dropout {
-        net = net.push(Dropout::new(0.25, 77));
-    }
-    let mut net = net.push(Linear::new(24, 5, true, &mut g).unwrap());
-    net.to_device(d).unwrap();
+    let mut net = network(s, d, &mut g);
     if s.masters {
         net.to_dtype(DType::BF16).unwrap();
     }
@@ -118,10 +196,13 @@ fn train(d: Device, s: Setup, captured: bool) -> Outcome {
     let net = Rc::new(net);
     let (n2, o2, s2) = (net.clone(), opt.clone(), scaler.clone());
     let low = s.low;
+    let arch = s.arch;
     let mut step_fn = move |b: &[Tensor]| -> Result<Vec<Tensor>> {
         let mut opt = o2.borrow_mut();
-        let (loss, hits) =
-            classify_step(&*n2, &mut **opt, &mut s2.borrow_mut(), low, &b[0], &b[1])?;
+        let (loss, hits) = match arch {
+            Arch::Lstm => clipped_step(&**n2, &mut **opt, &mut s2.borrow_mut(), low, b)?,
+            _ => classify_step(&**n2, &mut **opt, &mut s2.borrow_mut(), low, &b[0], &b[1])?,
+        };
         // A draw from the default generator inside the step too.
         let noise = Tensor::randn(&[4], DType::F32, b[0].device())?;
         Ok(vec![loss, hits, noise])
@@ -135,7 +216,7 @@ fn train(d: Device, s: Setup, captured: bool) -> Outcome {
         if s.schedule {
             opt.borrow_mut().set_lr(0.02 * 0.7f64.powi(k as i32));
         }
-        let b = batch(k, d, s.inf_at == Some(k));
+        let b = batch_of(s.arch, k, d, s.inf_at == Some(k));
         let out = match captured {
             true => stepper.run(&b).unwrap(),
             false => stepper_eager(&mut stepper, &b),
@@ -163,6 +244,28 @@ fn train(d: Device, s: Setup, captured: bool) -> Outcome {
         captures,
         replays,
     }
+}
+
+/// The LSTM example's step: loss under autocast, scaled backward, unscale, clip to norm 1,
+/// optimizer step through the scaler, scale update. Returns the loss and the clipped norm.
+fn clipped_step(
+    net: &dyn Module,
+    opt: &mut dyn Optimizer,
+    scaler: &mut GradScaler,
+    low: Option<DType>,
+    b: &[Tensor],
+) -> Result<(Tensor, Tensor)> {
+    let loss = mantissa::train::autocast_maybe(low, || {
+        net.forward(&b[0])?
+            .cross_entropy(&b[1], CrossEntropyOptions::default())
+    })?;
+    opt.zero_grad();
+    scaler.scale(&loss)?.backward()?;
+    scaler.unscale_(opt)?;
+    let norm = mantissa::optim::clip_grad_norm(&net.parameters(), 1.0)?;
+    scaler.step(opt)?;
+    scaler.update()?;
+    Ok((loss, norm))
 }
 
 /// The eager run calls the step closure directly, through the same wrapper.
@@ -246,6 +349,38 @@ fn a_learning_rate_schedule_needs_no_recapture() {
         Setup {
             schedule: true,
             dropout: true,
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn a_convolution_and_batch_norm_step_replays_bit_identical() {
+    same_as_eager(
+        "conv + batch norm fp16 channels-last",
+        Setup {
+            arch: Arch::Conv,
+            low: Some(DType::F16),
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn an_lstm_step_with_clipping_replays_bit_identical() {
+    same_as_eager(
+        "lstm fp16, clipped, schedule",
+        Setup {
+            arch: Arch::Lstm,
+            low: Some(DType::F16),
+            schedule: true,
+            ..Default::default()
+        },
+    );
+    same_as_eager(
+        "lstm fp32",
+        Setup {
+            arch: Arch::Lstm,
             ..Default::default()
         },
     );
