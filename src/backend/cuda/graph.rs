@@ -6,7 +6,7 @@
 //! a pool private to the graph (its own key in the caching allocator), which the replays
 //! reuse in the capture's order and which goes to the general cache only when the graph is
 //! dropped; a block handed out before the capture and freed while the graph lives waits for
-//! the graph to go ([`GraphsGone`]); no segment is given back to the driver during the
+//! the graph to go (`capturing::GraphsGone`); no segment is given back to the driver during the
 //! capture; the checked launches write fault words of the graph's own. A replay first uploads
 //! its prologue (`crate::capture`: generator states and learning rates), then launches.
 
