@@ -224,6 +224,10 @@ fn train(d: Device, s: Setup, captured: bool) -> Outcome {
         losses.extend(out.iter().flat_map(|t| bits(&[t.clone()])).flatten());
     }
     let (captures, replays) = (stepper.captures(), stepper.replays());
+    if captured && s.arch == Arch::Conv {
+        // The static input keeps the batch's channels-last order: the eager step's paths.
+        assert!(stepper.graph().inputs()[0].is_channels_last());
+    }
     drop(stepper);
     let mut state = bits(&net.parameters());
     let opt = opt.borrow();

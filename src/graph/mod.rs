@@ -53,16 +53,16 @@
 #[cfg(feature = "cuda-backend")]
 use crate::capture as scope;
 
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, MemoryFormat, Result, Tensor};
 
 #[cfg(feature = "cuda-backend")]
 use crate::backend::cuda::graph::DeviceGraph;
 
-/// What a graph was captured for: each input's shape, dtype and device, and each watched
-/// tensor's storage, shape and dtype.
+/// What a graph was captured for: each input's shape, dtype, device and memory format, and
+/// each watched tensor's storage, shape and dtype.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Signature {
-    inputs: Vec<(Vec<usize>, DType, Device)>,
+    inputs: Vec<(Vec<usize>, DType, Device, MemoryFormat)>,
     watched: Vec<(usize, Vec<usize>, DType)>,
 }
 
@@ -203,6 +203,12 @@ impl StepGraph {
         self.replays
     }
 
+    /// The static inputs a replay reads, each batch copied into them (empty before the first
+    /// capture).
+    pub fn inputs(&self) -> &[Tensor] {
+        &self.inputs
+    }
+
     /// Kernel launches and library calls one replay runs (0s before the first capture).
     pub fn graph_size(&self) -> (u32, u32) {
         #[cfg(feature = "cuda-backend")]
@@ -244,7 +250,7 @@ impl StepGraph {
         Ok(Signature {
             inputs: batch
                 .iter()
-                .map(|t| (t.shape().to_vec(), t.dtype(), t.device()))
+                .map(|t| (t.shape().to_vec(), t.dtype(), t.device(), t.memory_format()))
                 .collect(),
             watched: self
                 .watched
@@ -316,7 +322,14 @@ impl StepGraph {
             unreachable!("checked in new")
         };
         let rt = crate::backend::cuda::runtime::runtime(ordinal)?;
-        let inputs = crate::no_grad(|| batch.iter().map(Tensor::copy).collect::<Result<Vec<_>>>())?;
+        // Static copies in the batch's memory format (a channels-last batch stays NHWC, so
+        // the captured step takes the eager one's paths).
+        let inputs = crate::no_grad(|| {
+            batch
+                .iter()
+                .map(|t| t.copy()?.to_memory_format(t.memory_format()))
+                .collect::<Result<Vec<_>>>()
+        })?;
         let (graph, prologue, outputs) = DeviceGraph::capture(&rt, || step(&inputs))?;
         self.inputs = inputs;
         self.outputs = outputs;
