@@ -199,7 +199,9 @@ fn check_kernels(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, arch: u32) ->
     let mut dm = stream.alloc_zeros::<f32>(n)?;
     let mut b = stream.launch_builder(&f);
     b.arg(&seed).arg(&start).arg(&threshold).arg(&scale);
-    b.arg(&mut dm).arg(&nn);
+    // No generator state in device memory (a CUDA graph's replay passes one).
+    let state = 0u64;
+    b.arg(&mut dm).arg(&nn).arg(&state);
     unsafe { b.launch(cfg(n / 4)) }?;
     let got = stream.clone_dtoh(&dm)?;
     let same = got.iter().zip(&cpu).filter(|(a, b)| a == b).count();

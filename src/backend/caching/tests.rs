@@ -394,3 +394,47 @@ fn near_capacity_a_segment_of_the_request_alone_is_tried() {
         a.free(p).unwrap();
     }
 }
+
+#[test]
+fn a_held_stream_keeps_its_segments_until_released_to_the_general_cache() {
+    let (raw, mut a) = allocator(1 << 30);
+    // A graph's pool (stream 7): its blocks serve its own requests only and stay reserved.
+    a.hold_stream(7);
+    let (p, _) = a.alloc(1000, 7).unwrap();
+    assert_eq!(a.born(p), Some((1, 7)));
+    a.free(p).unwrap();
+    a.empty_cache();
+    assert_eq!(raw.used(), 2 * MIB, "a held stream's segment went back");
+    let (q, _) = a.alloc(1000, 0).unwrap();
+    assert_ne!(q, p, "the general cache took a held stream's block");
+    assert_eq!(a.born(q), Some((2, 0)));
+    // Released: the pool's segment is the general cache's, which empty_cache may free.
+    a.release_stream(7);
+    a.empty_cache();
+    assert_eq!(raw.used(), 2 * MIB, "the released pool's segment stayed");
+    a.free(q).unwrap();
+    assert_eq!(a.born(q), None, "a freed block has no birth");
+    a.empty_cache();
+    assert_eq!(raw.used(), 0);
+}
+
+#[test]
+fn no_segment_goes_back_while_segments_are_kept() {
+    let (raw, mut a) = allocator(4 * MIB);
+    a.keep_segments(true);
+    let (p, _) = a.alloc(MIB, 0).unwrap();
+    a.free(p).unwrap();
+    a.empty_cache();
+    assert_eq!(
+        raw.used(),
+        2 * MIB,
+        "empty_cache freed a segment during a capture"
+    );
+    // A request the raw allocator refuses fails instead of emptying the cache.
+    let e = a.alloc(3 * MIB, 0).unwrap_err().to_string();
+    assert!(e.contains("not emptied during a capture"), "{e}");
+    assert_eq!(raw.used(), 2 * MIB);
+    a.keep_segments(false);
+    let (q, _) = a.alloc(3 * MIB, 0).unwrap(); // the cache is emptied for it now
+    a.free(q).unwrap();
+}
