@@ -167,6 +167,15 @@ pub enum Error {
     /// A checkpoint does not fit the model or optimizer; every mismatch is listed.
     #[error("checkpoint {path} does not match:\n  {}", .problems.join("\n  "))]
     Checkpoint { path: String, problems: Vec<String> },
+    /// A collective, the rendezvous or the data-parallel wrapper failed: a peer that never
+    /// came, a communicator that broke, tensors that differ between ranks.
+    #[error("{op} (rank {rank} of {world_size}): {msg}")]
+    Distributed {
+        op: &'static str,
+        rank: usize,
+        world_size: usize,
+        msg: String,
+    },
     /// Autograd misuse: backward on a non-scalar, twice through a freed graph, ...
     #[error("autograd: {0}")]
     Autograd(String),

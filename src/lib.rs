@@ -26,6 +26,7 @@ pub mod checkpoint;
 mod counters;
 pub mod data;
 mod device;
+pub mod distributed;
 pub mod dtype;
 mod error;
 mod frames;

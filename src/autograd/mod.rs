@@ -8,6 +8,7 @@
 pub(crate) mod checkpoint;
 
 mod function;
+pub(crate) mod hooks;
 pub(crate) mod join;
 pub(crate) mod pending;
 pub(crate) mod saved;
@@ -157,7 +158,30 @@ impl Tensor {
 fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor>> {
     let mut grads: HashMap<u64, Tensor> = HashMap::new();
     grads.insert(root.id, grad);
-    for node in topo_order(root, inside) {
+    let order = topo_order(root, inside);
+    // Gradient-ready notifications, from the outermost backward only (a checkpoint's nested
+    // one runs inside a node of it, which counts for the leaves it reaches).
+    let plan = match inside {
+        0 => hooks::Plan::new(order.iter().map(|n| n.leaf_keys())),
+        _ => None,
+    };
+    for (pos, node) in order.into_iter().enumerate() {
+        run_node(&node, &mut grads)?;
+        if let Some(p) = &plan {
+            p.after(pos)?;
+        }
+    }
+    if let Some(p) = &plan {
+        p.done()?;
+    }
+    grads.retain(|id, _| *id < inside);
+    Ok(grads)
+}
+
+/// Runs one node's backward with the gradient that reached it (none: nothing to do) and
+/// sends its input gradients on: into `grads` for nodes, into the slots of leaves.
+fn run_node(node: &Arc<Node>, grads: &mut HashMap<u64, Tensor>) -> Result<()> {
+    {
         let Some((edges, f)) = node.take() else {
             return Err(Error::Autograd(format!(
                 "the graph through `{}` was already freed by an earlier backward()",
@@ -165,7 +189,7 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor
             )));
         };
         let Some(g) = grads.remove(&node.id) else {
-            continue;
+            return Ok(());
         };
         // The backward and the accumulation of its input gradients, as one span.
         let _prof = crate::profiler::backward(node.name);
@@ -229,8 +253,7 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor
             }
         }
     }
-    grads.retain(|id, _| *id < inside);
-    Ok(grads)
+    Ok(())
 }
 
 /// Notes, inside a checkpoint's forward, the tensors an op reads: each made outside the
@@ -315,7 +338,11 @@ fn topo_order(root: Arc<Node>, inside: u64) -> Vec<Arc<Node>> {
         }
         let children = n.children();
         stack.push((n, true));
-        for c in children {
+        // The first input (an op's activation, the long chain back to the batch) is explored
+        // first, so a side branch (a weight's transpose, leading to a parameter) finishes
+        // after it and runs right after its op in the reversed order: parameters' gradients
+        // complete as early as they can (the data-parallel wrapper's buckets go sooner).
+        for c in children.into_iter().rev() {
             if c.id >= inside && !seen.contains(&c.id) {
                 stack.push((c, false));
             }

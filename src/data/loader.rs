@@ -34,6 +34,10 @@ pub struct DataLoaderConfig {
     /// without a staging copy ([`EpochIter::to_device`]). `None`, and `Some(Device::Cpu)`
     /// (as PyTorch ignores the flag without an accelerator), keep ordinary memory.
     pub pin_memory: Option<Device>,
+    /// This rank's share of every epoch in data-parallel training (PyTorch's
+    /// `DistributedSampler`): the epoch's order, shuffled alike on every rank, is split
+    /// between the ranks. `None`: every sample.
+    pub sampler: Option<crate::distributed::DistributedSampler>,
 }
 
 impl DataLoaderConfig {
@@ -46,6 +50,7 @@ impl DataLoaderConfig {
             num_workers: 0,
             prefetch_factor: 2,
             pin_memory: None,
+            sampler: None,
         }
     }
 }
@@ -159,7 +164,9 @@ impl DataLoader {
 
     /// Number of batches per epoch.
     pub fn len(&self) -> usize {
-        let (n, b) = (self.dataset.len(), self.cfg.batch_size);
+        let n = self.dataset.len();
+        let n = self.cfg.sampler.map_or(n, |s| s.num_samples(n));
+        let b = self.cfg.batch_size;
         if self.cfg.drop_last {
             n / b
         } else {
@@ -175,7 +182,8 @@ impl DataLoader {
         &self.cfg
     }
 
-    /// The sample order of `epoch`: a seeded permutation when shuffling, else `0..len`.
+    /// The sample order of `epoch`: a seeded permutation when shuffling, else `0..len`; with
+    /// a [`DataLoaderConfig::sampler`], this rank's shard of it.
     ///
     /// A dataset too large to index on this host (its order alone past the host memory
     /// limit, see [`crate::memory::host_memory_limit`]) is an error, not an abort.
@@ -203,7 +211,10 @@ impl DataLoader {
                 idx.swap(i, (v % (i as u64 + 1)) as usize);
             }
         }
-        Ok(idx)
+        match self.cfg.sampler {
+            Some(s) => s.shard(&idx),
+            None => Ok(idx),
+        }
     }
 
     /// Iterates over the batches of `epoch` in order (host batches as CPU tensors). An

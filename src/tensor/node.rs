@@ -130,6 +130,26 @@ impl Node {
         Ok(())
     }
 
+    /// Keys of the leaves this node's backward may send gradients to (see
+    /// `autograd::hooks`): the gradient slots of its leaf edges, and the storages of what it
+    /// saved (a checkpoint saves the parameters its recomputation reads).
+    pub(crate) fn leaf_keys(&self) -> Vec<usize> {
+        let mut keys: Vec<usize> = lock(&self.state)
+            .as_ref()
+            .map(|(edges, _)| {
+                edges
+                    .iter()
+                    .filter_map(|e| match e {
+                        Edge::Leaf { grad, .. } => Some(Arc::as_ptr(grad) as usize),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.extend(self.saved.iter().map(|(t, _)| t.storage_addr()));
+        keys
+    }
+
     /// The nodes this one sends gradients to.
     pub(crate) fn children(&self) -> Vec<Arc<Node>> {
         lock(&self.state)

@@ -8,7 +8,7 @@
 // streams running at once. cuBLAS(Lt) and cuDNN are emulated apart (blas.cpp, dnn.cpp) and
 // queue their work here (emu_enqueue). Stream capture and graph replay are in graph.inc.
 //
-// One device, reported as compute capability 9.0 with 132 SMs. MANTISSA_EMU_MEM_BYTES caps
+// MANTISSA_EMU_DEVICES devices (default one), reported as compute capability 9.0 with 132 SMs. MANTISSA_EMU_MEM_BYTES caps
 // device memory (default 8 GiB) so that out-of-memory paths can be reached.
 
 #include <chrono>
@@ -59,7 +59,6 @@ static size_t budget() {
     const char* v = getenv("MANTISSA_EMU_MEM_BYTES");
     return v ? strtoull(v, nullptr, 10) : (8ull << 30);
 }
-static int ctx_token;
 
 #define API extern "C" __attribute__((visibility("default")))
 typedef std::chrono::steady_clock Clock;
@@ -73,13 +72,19 @@ API CUresult cuDriverGetVersion(int* v) {
 #endif
     return OK;
 }
+// MANTISSA_EMU_DEVICES devices (default 1, at most 16), alike; their memory is one pool.
+static int device_count() {
+    const char* v = getenv("MANTISSA_EMU_DEVICES");
+    int n = v ? atoi(v) : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
 API CUresult cuDeviceGetCount(int* n) {
-    *n = 1;
+    *n = device_count();
     return OK;
 }
 API CUresult cuDeviceGet(CUdevice* d, int ordinal) {
-    if (ordinal != 0) return INVALID_DEVICE;
-    *d = 0;
+    if (ordinal < 0 || ordinal >= device_count()) return INVALID_DEVICE;
+    *d = ordinal;
     return OK;
 }
 API CUresult cuDeviceGetName(char* name, int len, CUdevice) {
@@ -119,23 +124,34 @@ API CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice) {
     }
     return OK;
 }
-API CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) {
-    *c = &ctx_token;
+// One primary context per device; each thread has its current one (device 0's until set).
+static int ctx_tokens[16];
+static thread_local CUcontext current = nullptr;
+static CUcontext cur() { return current ? current : &ctx_tokens[0]; }
+API CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+    if (d < 0 || d >= device_count()) return INVALID_DEVICE;
+    *c = &ctx_tokens[d];
     return OK;
 }
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return OK; }
-API CUresult cuCtxSetCurrent(CUcontext) { return OK; }
+API CUresult cuCtxSetCurrent(CUcontext c) {
+    current = c;
+    return OK;
+}
 API CUresult cuCtxGetCurrent(CUcontext* c) {
-    *c = &ctx_token;
+    *c = cur();
     return OK;
 }
 API CUresult cuCtxGetDevice(CUdevice* d) {
-    *d = 0;
+    *d = (int)((int*)cur() - ctx_tokens);
     return OK;
 }
-API CUresult cuCtxPushCurrent_v2(CUcontext) { return OK; }
+API CUresult cuCtxPushCurrent_v2(CUcontext c) {
+    current = c;
+    return OK;
+}
 API CUresult cuCtxPopCurrent_v2(CUcontext* c) {
-    if (c) *c = &ctx_token;
+    if (c) *c = cur();
     return OK;
 }
 API CUresult cuCtxSetFlags(unsigned) { return OK; }

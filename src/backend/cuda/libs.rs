@@ -21,6 +21,8 @@ pub enum Lib {
     CublasLt,
     Cublas,
     Cudnn,
+    /// NCCL, for collectives between devices (`crate::distributed`).
+    Nccl,
 }
 
 #[cfg(feature = "cuda-12")]
@@ -37,6 +39,8 @@ impl Lib {
             Lib::CublasLt => format!("libcublasLt.so.{MAJOR}"),
             Lib::Cublas => format!("libcublas.so.{MAJOR}"),
             Lib::Cudnn => "libcudnn.so.9".into(),
+            // NCCL's soname has its own major version, whatever the CUDA version.
+            Lib::Nccl => "libnccl.so.2".into(),
         }
     }
 
@@ -47,6 +51,7 @@ impl Lib {
             Lib::Nvrtc => format!("pip install nvidia-cuda-nvrtc (CUDA {MAJOR})"),
             Lib::CublasLt | Lib::Cublas => format!("pip install nvidia-cublas (CUDA {MAJOR})"),
             Lib::Cudnn => format!("pip install nvidia-cudnn-cu{MAJOR}"),
+            Lib::Nccl => format!("pip install nvidia-nccl-cu{MAJOR}"),
         }
     }
 
@@ -57,6 +62,7 @@ impl Lib {
             Lib::CublasLt => "libcublasLt",
             Lib::Cublas => "libcublas",
             Lib::Cudnn => "libcudnn",
+            Lib::Nccl => "libnccl",
         }
     }
 }
@@ -126,6 +132,15 @@ type Opened = Mutex<HashMap<Lib, (Library, Option<PathBuf>)>>;
 fn opened() -> &'static Opened {
     static LIBS: OnceLock<Opened> = OnceLock::new();
     LIBS.get_or_init(Default::default)
+}
+
+/// Runs `f` on `lib`, opened first ([`load`]): to look up its symbols, which stay valid
+/// for the life of the process (a library opened here is never closed).
+pub fn with_library<R>(lib: Lib, f: impl FnOnce(&Library) -> R) -> Result<R> {
+    load(lib)?;
+    let libs = opened().lock().unwrap_or_else(|e| e.into_inner());
+    let (l, _) = libs.get(&lib).expect("load keeps what it opened");
+    Ok(f(l))
 }
 
 /// Opens `lib` (kept open for the life of the process) and returns where it was found

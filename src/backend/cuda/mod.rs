@@ -64,6 +64,7 @@ pub mod libs;
 pub mod limits;
 pub mod loss;
 pub mod matmul;
+pub(crate) mod nccl;
 pub mod norm;
 pub mod nvrtc;
 pub mod optim;

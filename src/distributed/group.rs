@@ -1,0 +1,404 @@
+//! The process group: this rank's place in the job and its communicator, with collectives on
+//! tensors.
+
+use super::launch::LaunchEnv;
+use super::rendezvous::{self, Meeting};
+use crate::backend::Storage;
+use crate::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[cfg(feature = "cuda-backend")]
+use crate::backend::cuda::nccl::{self, Collective, NcclComm};
+
+/// How a collective combines the ranks' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The sum divided by the world size (NCCL's `ncclAvg`); float dtypes only.
+    Mean,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    #[cfg(feature = "cuda-backend")]
+    fn nccl(self) -> std::ffi::c_int {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Mean => 4,
+        }
+    }
+}
+
+/// How the ranks talk: nobody to talk to (world size 1), or NCCL.
+#[derive(Clone)]
+pub(crate) enum Comm {
+    Single,
+    #[cfg(feature = "cuda-backend")]
+    Nccl(Arc<NcclComm>),
+}
+
+/// This process's rank in a job of `world_size` processes, one device each, and the
+/// communicator that joins them (NCCL on CUDA devices; none is needed for a world of one).
+///
+/// ```
+/// use mantissa::distributed::{ProcessGroup, ReduceOp};
+/// use mantissa::{Device, Tensor};
+/// // Launched by torchrun, srun or mpirun: the launcher's ranks; else a world of one.
+/// let pg = ProcessGroup::from_env()?.unwrap_or_else(|| ProcessGroup::single(Device::Cpu));
+/// let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2], pg.device())?;
+/// pg.all_reduce(&t, ReduceOp::Mean)?;
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct ProcessGroup {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    device: Device,
+    pub(crate) comm: Comm,
+}
+
+/// How long the rendezvous and a communicator's creation wait for every rank by default
+/// (`MANTISSA_DIST_TIMEOUT_S` changes it), as PyTorch's default process-group timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl ProcessGroup {
+    /// A world of one on `device`: every collective leaves its tensor as it is.
+    pub fn single(device: Device) -> ProcessGroup {
+        ProcessGroup {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            device,
+            comm: Comm::Single,
+        }
+    }
+
+    /// The group a launcher started this process in ([`LaunchEnv::from_env`]), on
+    /// `cuda:LOCAL_RANK` (the CPU when CUDA cannot be used and the world is one); `Ok(None)`
+    /// without a launcher.
+    pub fn from_env() -> Result<Option<ProcessGroup>> {
+        let Some(env) = LaunchEnv::from_env()? else {
+            return Ok(None);
+        };
+        let device = match Device::cuda(env.local_rank) {
+            Ok(d) => d,
+            Err(_) if env.world_size == 1 => Device::Cpu,
+            Err(e) => return Err(e),
+        };
+        let timeout = match std::env::var("MANTISSA_DIST_TIMEOUT_S") {
+            Ok(v) => Duration::from_secs_f64(
+                v.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "ProcessGroup::from_env",
+                            format!(
+                                "MANTISSA_DIST_TIMEOUT_S={v:?} is not a positive number of seconds"
+                            ),
+                        )
+                    })?,
+            ),
+            Err(_) => DEFAULT_TIMEOUT,
+        };
+        ProcessGroup::init(&env, device, timeout).map(Some)
+    }
+
+    /// Joins the group `env` describes with `device` (rank 0 hands NCCL's id to the others
+    /// through the rendezvous; every wait is bounded by `timeout`). A world of more than one
+    /// needs a CUDA device per rank (NCCL): the CPU is refused.
+    pub fn init(env: &LaunchEnv, device: Device, timeout: Duration) -> Result<ProcessGroup> {
+        let err = |msg: String| Error::Distributed {
+            op: "ProcessGroup::init",
+            rank: env.rank,
+            world_size: env.world_size,
+            msg,
+        };
+        if env.world_size == 1 {
+            return Ok(ProcessGroup::single(device));
+        }
+        let meeting = Meeting {
+            addr: env.master_addr.clone(),
+            port: env.port,
+            rank: env.rank,
+            world_size: env.world_size,
+            job: rendezvous::job_key(&env.job),
+            timeout,
+        };
+        let ordinal = match device {
+            Device::Cuda(n) => n,
+            Device::Cpu => {
+                return Err(err(
+                    "a world of more than one process needs a CUDA device per rank (NCCL); \
+                     this rank has the CPU"
+                        .into(),
+                ))
+            }
+        };
+        #[cfg(feature = "cuda-backend")]
+        {
+            let rt = crate::backend::cuda::runtime::runtime(ordinal)?;
+            let id = rendezvous::share(&meeting, nccl::unique_id)?;
+            let comm = NcclComm::new(rt, env.rank, env.world_size, &id)?;
+            Ok(ProcessGroup {
+                rank: env.rank,
+                world_size: env.world_size,
+                local_rank: env.local_rank,
+                device,
+                comm: Comm::Nccl(Arc::new(comm)),
+            })
+        }
+        #[cfg(not(feature = "cuda-backend"))]
+        {
+            let _ = (meeting, ordinal);
+            Err(err("this build has no CUDA backend (feature `cuda`)".into()))
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The rank within this machine.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// The device this rank's tensors live on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// What joins the ranks: `"none (world of one)"`, or `"NCCL 2.x.y"`.
+    pub fn backend(&self) -> String {
+        match &self.comm {
+            Comm::Single => "none (world of one)".into(),
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(_) => match nccl::version() {
+                Ok(v) => format!("NCCL {v}"),
+                Err(_) => "NCCL".into(),
+            },
+        }
+    }
+
+    /// True on rank 0, the one that writes checkpoints, metrics and plots.
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+
+    pub(crate) fn err(&self, op: &'static str, msg: impl Into<String>) -> Error {
+        Error::Distributed {
+            op,
+            rank: self.rank,
+            world_size: self.world_size,
+            msg: msg.into(),
+        }
+    }
+
+    /// Checks a collective's tensor: on this rank's device, contiguous, not a graph input.
+    fn check(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        if t.device() != self.device {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: t.device(),
+                rhs: self.device,
+            });
+        }
+        if !t.is_contiguous() {
+            return Err(self.err(
+                op,
+                format!("a non-contiguous tensor of shape {:?}", t.shape()),
+            ));
+        }
+        if crate::is_grad_enabled() && t.is_requires_grad() {
+            return Err(self.err(
+                op,
+                "writes in place into a tensor that requires grad while grad mode is on; \
+                 wrap it in no_grad or pass a detach()ed tensor",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Combines `t` over every rank with `op`, in place: every rank ends with the result.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        self.check("all_reduce", t)?;
+        if op == ReduceOp::Mean && !t.dtype().is_float() {
+            return Err(Error::DType {
+                op: "all_reduce",
+                dtype: t.dtype(),
+                expected: "a float dtype for ReduceOp::Mean".into(),
+            });
+        }
+        self.all_reduce_queued(t, op)?;
+        self.join_compute()
+    }
+
+    /// [`ProcessGroup::all_reduce`] queued on the communication stream, which the compute
+    /// stream does not wait for until [`ProcessGroup::join_compute`]: `t` must live till then.
+    pub(crate) fn all_reduce_queued(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        match &self.comm {
+            Comm::Single => Ok(()),
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => in_place(t, |p, n| {
+                c.after_compute()?;
+                c.launch(Collective::AllReduce(op.nccl()), p, p, n, t.dtype())
+            }),
+        }
+    }
+
+    /// Makes later compute wait for the collectives queued so far.
+    pub(crate) fn join_compute(&self) -> Result<()> {
+        match &self.comm {
+            Comm::Single => Ok(()),
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => c.before_compute(),
+        }
+    }
+
+    /// Copies `root`'s `t` into every rank's `t`.
+    pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
+        self.check("broadcast", t)?;
+        if root >= self.world_size {
+            return Err(self.err("broadcast", format!("root {root} is not a rank")));
+        }
+        match &self.comm {
+            Comm::Single => Ok(()),
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => {
+                in_place(t, |p, n| {
+                    c.after_compute()?;
+                    c.launch(Collective::Broadcast { root }, p, p, n, t.dtype())
+                })?;
+                c.before_compute()
+            }
+        }
+    }
+
+    /// Every rank's `t`, concatenated along dimension 0 in rank order.
+    pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
+        self.check("all_gather", t)?;
+        let mut shape = t.shape().to_vec();
+        if shape.is_empty() {
+            shape.push(1);
+        }
+        shape[0] = shape[0]
+            .checked_mul(self.world_size)
+            .ok_or_else(|| self.err("all_gather", "the gathered size overflows"))?;
+        let out = crate::no_grad(|| Tensor::zeros(&shape, t.dtype(), self.device))?;
+        match &self.comm {
+            Comm::Single => crate::no_grad(|| out.copy_(&t.reshape(&shape)?))?,
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => {
+                let src = t.storage();
+                let Storage::Cuda(s) = &*src else {
+                    unreachable!("checked: on this rank's CUDA device")
+                };
+                let sp = s.ptr_at(t.layout().offset());
+                in_place(&out, |p, _| {
+                    c.after_compute()?;
+                    c.launch(Collective::AllGather, sp, p, t.numel(), t.dtype())
+                })?;
+                c.before_compute()?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `t` combined over every rank with `op`, split along dimension 0 into `world_size`
+    /// parts: rank r gets part r. `t`'s first dimension must divide by the world size.
+    pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.check("reduce_scatter", t)?;
+        let first = t.shape().first().copied().unwrap_or(1);
+        if first % self.world_size != 0 {
+            return Err(self.err(
+                "reduce_scatter",
+                format!(
+                    "dimension 0 of shape {:?} does not divide by the world size",
+                    t.shape()
+                ),
+            ));
+        }
+        let mut shape = t.shape().to_vec();
+        if shape.is_empty() {
+            shape.push(1);
+        }
+        shape[0] /= self.world_size;
+        match &self.comm {
+            Comm::Single => crate::no_grad(|| t.reshape(&shape)?.copy()),
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => {
+                let out = crate::no_grad(|| Tensor::zeros(&shape, t.dtype(), self.device))?;
+                let src = t.storage();
+                let Storage::Cuda(s) = &*src else {
+                    unreachable!("checked: on this rank's CUDA device")
+                };
+                let sp = s.ptr_at(t.layout().offset());
+                in_place(&out, |p, n| {
+                    c.after_compute()?;
+                    c.launch(Collective::ReduceScatter(op.nccl()), sp, p, n, t.dtype())
+                })?;
+                c.before_compute()?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Returns once every rank has reached it (an all-reduce of one element, waited for).
+    pub fn barrier(&self) -> Result<()> {
+        match &self.comm {
+            Comm::Single => Ok(()),
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => {
+                let one = Tensor::ones(&[1], DType::F32, self.device)?;
+                self.all_reduce(&one, ReduceOp::Sum)?;
+                c.synchronize()
+            }
+        }
+    }
+
+    /// Breaks the communicator, so that the other ranks' collectives fail instead of waiting
+    /// for this one: for a rank that stops on an error. Later collectives here fail too.
+    pub fn abort(&self, why: &str) {
+        match &self.comm {
+            Comm::Single => {}
+            #[cfg(feature = "cuda-backend")]
+            Comm::Nccl(c) => c.abort(why),
+        }
+    }
+}
+
+/// Runs `f` with the device address of `t`'s first element and its element count, `t`'s
+/// storage held for writing (its version bumped: the collective writes it).
+#[cfg(feature = "cuda-backend")]
+fn in_place(
+    t: &Tensor,
+    f: impl FnOnce(cudarc::driver::sys::CUdeviceptr, usize) -> Result<()>,
+) -> Result<()> {
+    let offset = t.layout().offset();
+    let n = t.numel();
+    t.0.storage.write(|s| match s {
+        Storage::Cuda(s) => f(s.ptr_at(offset), n),
+        Storage::Cpu(_) => unreachable!("a communicator's tensors are on its CUDA device"),
+    })
+}
