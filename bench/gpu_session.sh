@@ -15,6 +15,11 @@
 #   bash bench/gpu_session.sh graphs     # issue 42's GPU lines, one call (under 540 s): W1,
 #                                        # the MNIST CNN and the LSTM with --cuda-graph beside
 #                                        # eager and PyTorch eager, 3-epoch accuracy and losses
+#   bash bench/gpu_session.sh ddp        # issue 43's one-GPU lines, one call (under 520 s):
+#                                        # W3 fp16 with and without the data-parallel
+#                                        # wrapper under torchrun (world of one, NCCL), twice
+#                                        # each, and the MNIST CNN fp16's losses under
+#                                        # torchrun against a plain run
 #   bash bench/gpu_session.sh verify     # MNIST CNN fp16 and the CUDA tests, one call
 #   bash bench/gpu_session.sh defects    # issue 39's GPU lines, one call (under 540 s): the
 #                                        # first MNIST run's kernel compile from an empty
@@ -88,7 +93,8 @@ if [ "$mode" = report ]; then
     fi
     exit 0
 fi
-if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$mode" = graphs ]; then
+if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$mode" = graphs ] \
+    || [ "$mode" = ddp ]; then
     # Device calls of under 540 s each (a session has 15 minutes of device time, the
     # machine's start included). One log comes back ($OUT holds at most 8 files) and one
     # summary line per run goes to stdout.
@@ -127,7 +133,28 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$
         echo "$name rc=$rc wall=${wall}s smi-peak=${peak:-?}MiB $(tr '\r' '\n' <"/tmp/run.$name" \
             | grep -E 'images/s|tokens/s|peak allocated|warm-up|test result|^epoch [0-9]+:|^kernels:|fits on|differ|error|^M5|^  F(16|32) ' | tail -n 8 | tr '\n' ' ')"
     }
-    if [ "$mode" = graphs ]; then
+    if [ "$mode" = ddp ]; then
+        # Issue 43 on one GPU (limits add up to 520 s): torchrun starts one process, which
+        # joins a world of one with an NCCL communicator (the run's first line names NCCL's
+        # version, or says it has none) and trains through DistributedDataParallel: W3 fp16
+        # images/s with and without it (alternating, twice each; the line: at most 3% lost),
+        # then the MNIST CNN fp16 for 3 epochs with and without torchrun, one seed, no cudnn
+        # benchmark: the two metrics.csv's losses and accuracies identical.
+        trun="$PY -m torch.distributed.run --standalone --nproc-per-node 1 --no-python"
+        w3="--data synthetic --arch resnet50 --batch-size 256 --channels-last --cudnn-benchmark --steps 30 --warmup 5 --precision fp16"
+        acc nccl-found 10 bash -c 'ldconfig -p | grep -i nccl; echo "$LD_LIBRARY_PATH" | tr : "\n" | grep -i nccl'
+        acc w3-ddp-a 60 $trun .gpu/resnet $w3
+        acc w3-plain-a 40 .gpu/resnet $w3 --device cuda:0
+        acc w3-ddp-b 40 $trun .gpu/resnet $w3
+        acc w3-plain-b 40 .gpu/resnet $w3 --device cuda:0
+        acc cnn-fp16-ddp 100 $trun .gpu/mnist --model cnn --epochs 3 --precision fp16 \
+            --out /tmp/cnn-ddp
+        acc cnn-fp16 90 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --precision fp16 \
+            --out /tmp/cnn-plain
+        acc losses-identical 5 cmp <(cut -d, -f1-6 /tmp/cnn-ddp/metrics.csv) \
+            <(cut -d, -f1-6 /tmp/cnn-plain/metrics.csv)
+        acc ddp-overhead 5 bash -c "grep -h 'images/s' /tmp/run.w3-* | sed 's/^/  /'"
+    elif [ "$mode" = graphs ]; then
         # Issue 42's GPU lines (limits add up to 520 s), with --cuda-graph: W1 (MLP) and W2
         # (CNN) in fp16 and W4 (LSTM 2 x 512) in fp16 and fp32, each beside the eager run and
         # PyTorch eager (samples or tokens per second; the graph is captured in the warm-up),

@@ -235,6 +235,8 @@ fn loss_of(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
 
 fn run(mut args: Args) -> Result<()> {
     let (device, low, _) = args.run.open()?;
+    let dist = common::dist::Dist::join(device, "lstm")?;
+    dist.check_flags(args.run.cuda_graph, "lstm")?;
     if args.seq_len == 0 || args.steps == 0 || args.epochs == 0 {
         return Err(Error::Invalid {
             op: "lstm",
@@ -286,7 +288,10 @@ fn run(mut args: Args) -> Result<()> {
         enabled: low == Some(DType::F16),
         ..Default::default()
     })?;
-    println!(
+    // Data-parallel when launched so: rank 0's parameters everywhere, gradients averaged.
+    let ddp = dist.wrap(&net.parameters())?;
+    if dist.is_main() {
+        println!(
         "LSTM {} x {} (embedding {}, vocabulary {vocab}, {} parameters), sequence {}, batch {}, device {device}, precision {}, {} threads",
         args.layers,
         args.hidden,
@@ -297,6 +302,7 @@ fn run(mut args: Args) -> Result<()> {
         args.run.precision,
         rayon::current_num_threads()
     );
+    }
     let graph = common::step_graph(&args.run, device, &net.parameters(), "lstm")?;
     let mut run = Run {
         args: &args,
@@ -306,11 +312,16 @@ fn run(mut args: Args) -> Result<()> {
         device,
         low,
         graph,
+        dist: &dist,
+        ddp: ddp.as_ref(),
     };
     if args.synthetic {
         return run.synthetic(&mut g);
     }
     run.train_text(train, test)?;
+    if !dist.is_main() {
+        return Ok(());
+    }
     run.net.set_training(false);
     sample(run.net, &data, &chars, device)
 }
@@ -326,6 +337,10 @@ struct Run<'a> {
     /// With --cuda-graph: the step captured after a few eager ones and replayed for every
     /// full batch.
     graph: Option<StepGraph>,
+    /// This process's place in a data-parallel run.
+    dist: &'a common::dist::Dist,
+    /// The data-parallel wrapper, when launched so.
+    ddp: Option<&'a mantissa::distributed::DistributedDataParallel>,
 }
 
 impl Run<'_> {
@@ -377,18 +392,26 @@ impl Run<'_> {
             if step + 1 == total {
                 let l = loss.item()?;
                 secs = start.elapsed().as_secs_f64();
-                println!(
-                    "step {step}: loss {l:.3} ({:.2} bits/char)",
-                    l / std::f64::consts::LN_2
-                );
+                if self.dist.is_main() {
+                    println!(
+                        "step {step}: loss {l:.3} ({:.2} bits/char)",
+                        l / std::f64::consts::LN_2
+                    );
+                }
             }
         }
         let tokens = (args.steps * b * len) as f64;
-        println!(
-            "{} training tokens/s ({} steps in {secs:.2} s)",
-            (tokens / secs).round(),
-            args.steps
-        );
+        // Data-parallel: every rank's tokens/s, summed.
+        let rate = self
+            .dist
+            .combine(&[tokens / secs], mantissa::distributed::ReduceOp::Sum)?[0];
+        if self.dist.is_main() {
+            println!(
+                "{} training tokens/s ({} steps in {secs:.2} s)",
+                rate.round(),
+                args.steps
+            );
+        }
         common::print_peak_memory("mantissa training", self.device)?;
         profile.finish()
     }
@@ -410,6 +433,7 @@ impl Run<'_> {
             ..DataLoaderConfig::new(args.batch)
         };
         let shuffled = DataLoaderConfig {
+            sampler: self.dist.sampler(),
             shuffle: true,
             seed: args.run.seed,
             ..cfg
@@ -425,7 +449,7 @@ impl Run<'_> {
         for epoch in 0..args.epochs {
             self.net.set_training(true);
             let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
-            let mut bar = EpochProgress::new(&label, steps);
+            let mut bar = EpochProgress::new(&label, steps).quiet(!self.dist.is_main());
             bar.show_memory(device);
             for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
                 let b = b?;
@@ -436,24 +460,34 @@ impl Run<'_> {
                 profile.step()?;
             }
             bar.finish()?;
+            // No buffers in this model today; a batch norm added to it would need them equal.
+            self.dist.sync_buffers(self.ddp, &*self.net)?;
             self.net.set_training(false);
             let (test_loss, test_acc) = evaluate(self.net, &mut test_dl, device, self.low)?;
+            let mut m = bar.metrics(epoch + 1, (test_loss, test_acc), self.opt.lr());
+            self.dist.reduce(&mut m)?;
+            if !self.dist.is_main() {
+                continue;
+            }
             println!(
                 "epoch {}: train {:.3} bits/char, acc {:.2}% | held-out {:.3} bits/char, acc {:.2}% | {:.1} s, {:.0} characters/s",
                 epoch + 1,
-                bits(bar.loss()),
-                100.0 * bar.accuracy(),
+                bits(m.train_loss),
+                100.0 * m.train_acc,
                 bits(test_loss),
                 100.0 * test_acc,
-                bar.seconds(),
-                bar.samples_per_s()
+                m.seconds,
+                m.samples_per_s
             );
-            log.push(bar.metrics(epoch + 1, (test_loss, test_acc), self.opt.lr()));
+            log.push(m);
             log.write_csv(&Path::new(OUT).join("metrics.csv"))?;
             plot_metrics(&log, &Path::new(OUT).join("curves.png"))?;
         }
         common::print_peak_memory("mantissa training", device)?;
         profile.finish()?;
+        if !self.dist.is_main() {
+            return Ok(());
+        }
         println!(
             "metrics (per character: loss, accuracy, characters/s) and curves in {OUT}; \
              uniform over the vocabulary would be {:.2} bits/char",

@@ -2,7 +2,10 @@
 //!
 //! `cargo run --release --example mnist -- --model cnn --epochs 3`
 //! Writes `metrics.csv` and `curves.png` to `--out`, and a checkpoint each epoch with
-//! `--checkpoint PATH` (resume with `--resume PATH`).
+//! `--checkpoint PATH` (resume with `--resume PATH`). Data-parallel on several GPUs when
+//! launched so: `torchrun --standalone --nproc-per-node 2 --no-python
+//! target/release/examples/mnist ...` (or under srun / mpirun); `--batch-size` is then each
+//! process's.
 
 use clap::{Parser, ValueEnum};
 use mantissa::amp::{GradScaler, GradScalerConfig};
@@ -138,6 +141,8 @@ fn optimizer(kind: Opt, params: Vec<Tensor>, lr: f64, seed: u64) -> Result<Box<d
 
 fn run(args: Args) -> Result<()> {
     let (device, low, format) = args.run.open()?;
+    let dist = common::dist::Dist::join(device, "mnist")?;
+    dist.check_flags(args.run.cuda_graph, "mnist")?;
     let name = match low {
         None => "fp32",
         Some(DType::F16) => "fp16",
@@ -243,7 +248,11 @@ fn run(args: Args) -> Result<()> {
         }
         println!("resumed from {} at epoch {start_epoch}", path.display());
     }
-    println!(
+    // Every rank has loaded the same checkpoint; the wrapper broadcasts rank 0's
+    // parameters anyway (as PyTorch's DDP), so the ranks start equal whatever they loaded.
+    let ddp = dist.wrap(&net.parameters())?;
+    if dist.is_main() {
+        println!(
         "model {:?} ({} parameters), optimizer {kind:?} lr {lr} schedule {schedule:?}, batch {}, {} workers, device {device}, precision {precision}, {format:?} memory format, {} threads",
         args.model,
         net.num_parameters(),
@@ -251,7 +260,9 @@ fn run(args: Args) -> Result<()> {
         args.run.workers,
         rayon::current_num_threads()
     );
+    }
     let cfg = DataLoaderConfig {
+        sampler: dist.sampler(),
         shuffle: true,
         seed: args.run.seed,
         num_workers: args.run.workers,
@@ -280,7 +291,8 @@ fn run(args: Args) -> Result<()> {
         let mut bar = EpochProgress::new(
             &format!("epoch {}/{epochs} {precision}", epoch + 1),
             train_dl.len(),
-        );
+        )
+        .quiet(!dist.is_main());
         bar.show_memory(device);
         let first_step = epoch * train_dl.len();
         for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
@@ -299,15 +311,26 @@ fn run(args: Args) -> Result<()> {
                     })?;
                     (out[0].clone(), out[1].clone())
                 }
-                None => classify_micro_step(
-                    &net,
-                    opt.as_mut(),
-                    &mut scaler,
-                    low,
-                    (&x, &y),
-                    &mut acc,
-                    last,
-                )?,
+                None => {
+                    // The micro-batches before a group's last add up their gradients
+                    // locally; the last one's backward averages the sum over the ranks.
+                    let sync = acc.steps_next(last);
+                    let mut step = || {
+                        classify_micro_step(
+                            &net,
+                            opt.as_mut(),
+                            &mut scaler,
+                            low,
+                            (&x, &y),
+                            &mut acc,
+                            last,
+                        )
+                    };
+                    match (&ddp, sync) {
+                        (Some(ddp), false) => ddp.no_sync(step)?,
+                        _ => step()?,
+                    }
+                }
             };
             if scaler.is_enabled() && k % 50 == 0 {
                 bar.set_extra(format!("scale {}", scaler.current_scale()?.unwrap_or(0.0)));
@@ -317,9 +340,14 @@ fn run(args: Args) -> Result<()> {
             profile.step()?;
         }
         bar.finish()?;
+        dist.sync_buffers(ddp.as_ref(), &net)?;
         net.eval();
         let (test_loss, test_acc) = evaluate_classifier(&net, &mut test_dl, device, low, format)?;
-        let m = bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr());
+        let mut m = bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr());
+        dist.reduce(&mut m)?;
+        if !dist.is_main() {
+            continue;
+        }
         println!(
             "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} samples/s",
             m.epoch,
@@ -350,6 +378,10 @@ fn run(args: Args) -> Result<()> {
     }
     common::print_peak_memory("mantissa training", device)?;
     profile.finish()?;
+    drop(ddp);
+    if !dist.is_main() {
+        return Ok(());
+    }
     if start_epoch >= epochs {
         println!(
             "no epoch was run (--epochs {epochs}, starting after epoch {start_epoch}): no \

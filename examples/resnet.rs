@@ -9,6 +9,9 @@
 //! On MNIST the stem is CIFAR's (a 3x3 convolution, no max pool), on synthetic data
 //! ImageNet's (7x7 stride 2, then a 3x3 max pool). SGD with Nesterov momentum 0.9, weight
 //! decay 5e-4 and a one-cycle schedule. `bench/resnet_peer.py` is the PyTorch peer.
+//! Data-parallel when launched so (`torchrun --standalone --nproc-per-node N --no-python
+//! target/release/examples/resnet ...`, srun, mpirun): each process on `cuda:LOCAL_RANK`
+//! with `--batch-size` images, gradients averaged by `DistributedDataParallel`.
 
 use clap::{Parser, ValueEnum};
 use mantissa::amp::{GradScaler, GradScalerConfig};
@@ -27,6 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
+use common::dist::Dist;
 use common::{BatchSize, RunFlags};
 #[path = "common/resnet_model.rs"]
 mod resnet_model;
@@ -125,6 +129,8 @@ fn optimizer(net: &Sequential, lr: f64) -> Result<Sgd> {
 
 fn run(mut args: Args) -> Result<()> {
     let (device, low, format) = args.run.open()?;
+    let dist = Dist::join(device, "resnet")?;
+    dist.check_flags(args.run.cuda_graph, "resnet")?;
     if args.width == 0 {
         return Err(Error::Invalid {
             op: "resnet",
@@ -159,7 +165,8 @@ fn run(mut args: Args) -> Result<()> {
         let y = Tensor::zeros(&[b], DType::I64, device)?;
         classifier_fits(&net, &mut opt, low, &x()?, &y)
     })?;
-    println!(
+    if dist.is_main() {
+        println!(
         "{:?} width {} ({} parameters) on {:?}, batch {}, device {device}, precision {}, {format:?} memory format, {} threads",
         args.arch,
         args.width,
@@ -169,18 +176,21 @@ fn run(mut args: Args) -> Result<()> {
         args.run.precision,
         rayon::current_num_threads()
     );
+    }
+    let ddp = dist.wrap(&net.parameters())?;
+    let setting = (device, low, format);
+    let ranks = (&dist, ddp.as_ref());
     match args.data {
-        Data::Mnist => train_mnist(
+        Data::Mnist => train_mnist(&args, &mut net, &mut opt, &mut scaler, setting, ranks),
+        Data::Synthetic => throughput(
             &args,
             &mut net,
             &mut opt,
             &mut scaler,
-            (device, low, format),
+            setting,
+            &mut gen,
+            &dist,
         ),
-        Data::Synthetic => {
-            let setting = (device, low, format);
-            throughput(&args, &mut net, &mut opt, &mut scaler, setting, &mut gen)
-        }
     }
 }
 
@@ -192,6 +202,10 @@ fn train_mnist(
     opt: &mut Sgd,
     scaler: &mut GradScaler,
     (device, low, format): Setting,
+    (dist, ddp): (
+        &Dist,
+        Option<&mantissa::distributed::DistributedDataParallel>,
+    ),
 ) -> Result<()> {
     let dir = locate_or_fetch()?;
     let (mut train, mut test) = (Mnist::load(&dir, true)?, Mnist::load(&dir, false)?);
@@ -199,6 +213,7 @@ fn train_mnist(
         (train, test) = (train.take(10_000), test.take(2_000));
     }
     let cfg = DataLoaderConfig {
+        sampler: dist.sampler(),
         shuffle: true,
         seed: args.run.seed,
         num_workers: args.run.workers,
@@ -222,7 +237,7 @@ fn train_mnist(
     for epoch in 0..args.epochs {
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
-        let mut bar = EpochProgress::new(&label, steps);
+        let mut bar = EpochProgress::new(&label, steps).quiet(!dist.is_main());
         bar.show_memory(device);
         for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
             let b = b?;
@@ -231,32 +246,48 @@ fn train_mnist(
             let last = k + 1 == steps;
             let (loss, hits) = match graph.as_mut().filter(|_| y.numel() == args.batch) {
                 Some(g) => graphed(g, net, opt, scaler, low, &x, &y)?,
-                None => classify_micro_step(net, opt, scaler, low, (&x, &y), &mut acc, last)?,
+                None => {
+                    // Micro-batches before a group's last skip the all-reduce.
+                    let sync = acc.steps_next(last);
+                    let mut step =
+                        || classify_micro_step(net, opt, scaler, low, (&x, &y), &mut acc, last);
+                    match (ddp, sync) {
+                        (Some(ddp), false) => ddp.no_sync(step)?,
+                        _ => step()?,
+                    }
+                }
             };
             bar.step_tensors(y.numel(), &loss, &hits)?;
             profile.step()?;
         }
         bar.finish()?;
+        dist.sync_buffers(ddp, net)?;
         net.eval();
         let (test_loss, test_acc) = evaluate_classifier(net, &mut test_dl, device, low, format)?;
+        let mut m = bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr());
+        dist.reduce(&mut m)?;
+        if !dist.is_main() {
+            continue;
+        }
         println!(
             "epoch {}: train loss {:.4} acc {:.2}% | test loss {:.4} acc {:.2}% | {:.1} s, {:.0} images/s",
             epoch + 1,
-            bar.loss(),
-            100.0 * bar.accuracy(),
+            m.train_loss,
+            100.0 * m.train_acc,
             test_loss,
             100.0 * test_acc,
-            bar.seconds(),
-            bar.samples_per_s()
+            m.seconds,
+            m.samples_per_s
         );
-        log.push(bar.metrics(epoch + 1, (test_loss, test_acc), opt.lr()));
+        log.push(m);
         let out = Path::new(TRACE_DIR);
         log.write_csv(&out.join("metrics.csv"))?;
         plot_metrics(&log, &out.join("curves.png"))?;
     }
-    match log.epochs.is_empty() {
-        true => println!("no epoch was run (--epochs 0): no metrics or curves written"),
-        false => println!("metrics and curves in {TRACE_DIR}"),
+    match (dist.is_main(), log.epochs.is_empty()) {
+        (false, _) => {}
+        (true, true) => println!("no epoch was run (--epochs 0): no metrics or curves written"),
+        (true, false) => println!("metrics and curves in {TRACE_DIR}"),
     }
     profile.finish()
 }
@@ -270,6 +301,7 @@ fn throughput(
     scaler: &mut GradScaler,
     (device, low, format): Setting,
     gen: &mut Generator,
+    dist: &Dist,
 ) -> Result<()> {
     let (n, s) = (args.batch, args.image_size);
     let x = Tensor::randn_with(&[n, 3, s, s], 0.0, 1.0, DType::F32, Device::Cpu, gen)?
@@ -322,14 +354,25 @@ fn throughput(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    println!(
-        "{:?} synthetic {s}x{s}, batch {n}, {}, {format:?}: {:.1} images/s ({} steps in {:.2} s, last loss {last:.3})",
-        args.arch,
-        args.run.precision,
-        (n * args.steps) as f64 / secs,
-        args.steps,
-        secs
-    );
+    let rate = (n * args.steps) as f64 / secs;
+    // Data-parallel: every rank's images/s, summed.
+    let total = dist.combine(&[rate], mantissa::distributed::ReduceOp::Sum)?[0];
+    let ranks = dist.group.world_size();
+    if dist.is_main() {
+        println!(
+            "{:?} synthetic {s}x{s}, batch {n}, {}, {format:?}: {:.1} images/s ({} steps in {:.2} s, last loss {last:.3}){}",
+            args.arch,
+            args.run.precision,
+            total,
+            args.steps,
+            secs,
+            match (ranks, dist.launched) {
+                (1, false) => String::new(),
+                (1, true) => ", data-parallel wrapper, world of one".to_string(),
+                (r, _) => format!(", {r} processes, {rate:.1} images/s on rank 0"),
+            }
+        );
+    }
     common::print_peak_memory("mantissa timed steps", device)?;
     if args.run.profile > 0 {
         // The profile's own warm-up steps, then the profiled ones.

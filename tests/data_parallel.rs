@@ -144,6 +144,22 @@ fn collectives_give_every_rank_the_combined_values() {
     }
 }
 
+#[test]
+fn a_world_of_one_on_a_device_has_an_nccl_communicator() {
+    let _s = serial();
+    let Some(out) = ranks(1, |pg| {
+        let t = Tensor::from_vec(vec![1.5f32, -2.0], &[2], pg.device())?;
+        pg.all_reduce(&t, ReduceOp::Mean)?;
+        pg.barrier()?;
+        Ok((pg.backend(), t.to_vec::<f32>()?))
+    }) else {
+        return;
+    };
+    let (backend, v) = out.into_iter().next().unwrap().unwrap();
+    assert!(backend.starts_with("NCCL "), "{backend}");
+    assert_eq!(v, vec![1.5, -2.0]);
+}
+
 /// Linear 12 -> 24, ReLU, linear 24 -> 5 (the first layer checkpointed with `ckpt`).
 fn mlp(d: Device, ckpt: bool) -> Box<dyn Module> {
     let mut g = Generator::new(4);

@@ -7,6 +7,8 @@ use mantissa::train::parse_precision;
 use mantissa::{DType, Device, Error, MemoryFormat, Result, Tensor};
 use std::path::{Path, PathBuf};
 
+pub mod dist;
+
 /// Flags every training example takes (`#[command(flatten)]`).
 #[derive(Args, Debug)]
 pub struct RunFlags {
@@ -72,7 +74,10 @@ impl RunFlags {
     /// The device (with its report printed, and cuDNN's benchmark mode set, on a GPU), the
     /// autocast dtype and the memory format the flags ask for.
     pub fn open(&self) -> Result<(Device, Option<DType>, MemoryFormat)> {
+        // Launched by torchrun, srun or mpirun: cuda:LOCAL_RANK.
+        let launched = dist::launched_device(&self.device)?;
         let device = match self.device.as_str() {
+            _ if launched.is_some() => launched.expect("checked"),
             // The CPU when no GPU can be used, saying why (which library is missing, and
             // where it comes from).
             "auto" => Device::cuda(0).unwrap_or_else(|e| {

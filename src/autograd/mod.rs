@@ -338,11 +338,7 @@ fn topo_order(root: Arc<Node>, inside: u64) -> Vec<Arc<Node>> {
         }
         let children = n.children();
         stack.push((n, true));
-        // The first input (an op's activation, the long chain back to the batch) is explored
-        // first, so a side branch (a weight's transpose, leading to a parameter) finishes
-        // after it and runs right after its op in the reversed order: parameters' gradients
-        // complete as early as they can (the data-parallel wrapper's buckets go sooner).
-        for c in children.into_iter().rev() {
+        for c in children {
             if c.id >= inside && !seen.contains(&c.id) {
                 stack.push((c, false));
             }

@@ -167,6 +167,17 @@ impl DistributedDataParallel {
             .collect()
     }
 
+    /// Copies rank 0's `buffers` (a model's batch norm running statistics, say:
+    /// `named_tensors(TensorKind::Buffer)`) to every rank, as PyTorch's DDP does before each
+    /// forward with `broadcast_buffers`: each rank's statistics come from its own shard.
+    pub fn broadcast_buffers(&self, buffers: &[Tensor]) -> Result<()> {
+        crate::no_grad(|| {
+            buffers
+                .iter()
+                .try_for_each(|b| self.reducer.group.broadcast(&b.detach(), 0))
+        })
+    }
+
     /// Runs `f` (a micro-step's forward and backward) without averaging gradients: they add
     /// up locally, and the next backward outside `no_sync` averages the sum (PyTorch's
     /// `no_sync()` context).
@@ -331,5 +342,116 @@ fn from_memory_order(flat: &Tensor, shape: &[usize], format: MemoryFormat) -> Re
             .reshape(&[shape[0], shape[2], shape[3], shape[1]])?
             .permute(&[0, 3, 1, 2]),
         _ => flat.reshape(shape),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, Generator};
+
+    fn param(shape: &[usize], dtype: DType) -> Tensor {
+        Tensor::randn(shape, DType::F32, Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap()
+    }
+
+    #[test]
+    fn buckets_go_in_reverse_order_within_their_caps() {
+        let plan = |ps: &[Tensor]| -> Vec<Vec<usize>> {
+            plan_buckets(ps, BUCKET_CAP_BYTES)
+                .into_iter()
+                .map(|b| b.params)
+                .collect()
+        };
+        let mib = |quarters: usize| param(&[quarters, 65536], DType::F32); // 4-byte elements
+                                                                           // Backward's last gradients (the first parameters) fill the small first bucket:
+                                                                           // 0.25 + 0.5 MiB fit in 1 MiB, 0.75 more do not; the rest fill 25 MiB buckets.
+        let ps = vec![mib(40), mib(40), mib(3), mib(2), mib(1)];
+        assert_eq!(plan(&ps), vec![vec![4, 3], vec![2, 1, 0]]);
+        // A parameter past the first bucket's cap has it alone; another dtype starts a bucket.
+        let ps = vec![
+            param(&[8], DType::F16),
+            mib(3),
+            mib(2),
+            mib(40),
+            mib(40),
+            mib(40),
+        ];
+        assert_eq!(plan(&ps), vec![vec![5], vec![4, 3, 2, 1], vec![0]]);
+        // 3 x 10 MiB: two fit in 25 MiB.
+        let ps = vec![mib(40), mib(40), mib(40), mib(1)];
+        assert_eq!(plan(&ps), vec![vec![3], vec![2, 1], vec![0]]);
+    }
+
+    #[test]
+    fn a_world_of_one_leaves_gradients_as_backward_made_them() {
+        let mut g = Generator::new(5);
+        let make = |g: &mut Generator| -> Vec<Tensor> {
+            let w = Tensor::randn_with(&[4, 3, 3, 3], 0.0, 1.0, DType::F32, Device::Cpu, g)
+                .unwrap()
+                .to_memory_format(MemoryFormat::ChannelsLast)
+                .unwrap();
+            let v = Tensor::randn_with(&[6], 0.0, 1.0, DType::F32, Device::Cpu, g).unwrap();
+            let unused = Tensor::randn_with(&[2], 0.0, 1.0, DType::F32, Device::Cpu, g).unwrap();
+            [w, v, unused]
+                .into_iter()
+                .map(|t| t.requires_grad(true).unwrap())
+                .collect()
+        };
+        let x = Tensor::randn_with(&[2, 3, 5, 5], 0.0, 1.0, DType::F32, Device::Cpu, &mut g)
+            .unwrap()
+            .to_memory_format(MemoryFormat::ChannelsLast)
+            .unwrap();
+        let loss = |p: &[Tensor]| {
+            let y = x.conv2d(&p[0], None, Default::default()).unwrap();
+            let s = y.sum_all().unwrap();
+            s.mul(&p[1].sum_all().unwrap()).unwrap()
+        };
+        let plain = make(&mut Generator::new(1));
+        loss(&plain).backward().unwrap();
+        let wrapped = make(&mut Generator::new(1));
+        let ddp = DistributedDataParallel::with_bucket_cap(
+            &ProcessGroup::single(Device::Cpu),
+            &wrapped,
+            20,
+        )
+        .unwrap();
+        assert_eq!(ddp.buckets(), 3);
+        loss(&wrapped).backward().unwrap();
+        for (a, b) in plain.iter().zip(&wrapped).take(2) {
+            let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+            assert_eq!(ga.to_vec::<f32>().unwrap(), gb.to_vec::<f32>().unwrap());
+            assert_eq!(ga.memory_format(), gb.memory_format());
+        }
+        // A parameter backward did not reach averages as zeros (all ranks send something).
+        assert!(plain[2].grad().is_none());
+        assert_eq!(
+            wrapped[2].grad().unwrap().to_vec::<f32>().unwrap(),
+            vec![0.0; 2]
+        );
+        // Accumulation: the second backward (under no_sync, then synced) adds up.
+        ddp.no_sync(|| loss(&wrapped).backward()).unwrap();
+        let twice: Vec<f32> = plain[1].grad().unwrap().mul(2.0).unwrap().to_vec().unwrap();
+        assert_eq!(wrapped[1].grad().unwrap().to_vec::<f32>().unwrap(), twice);
+    }
+
+    #[test]
+    fn bad_parameters_are_refused_by_name() {
+        let pg = ProcessGroup::single(Device::Cpu);
+        let p = param(&[3], DType::F32);
+        let msg = |r: Result<DistributedDataParallel>| r.err().unwrap().to_string();
+        assert!(
+            msg(DistributedDataParallel::new(&pg, &[p.clone(), p.clone()]))
+                .contains("shares its storage")
+        );
+        let frozen = Tensor::ones(&[2], DType::F32, Device::Cpu).unwrap();
+        assert!(msg(DistributedDataParallel::new(&pg, &[frozen])).contains("requires grad"));
+        let not_leaf = p.mul(2.0).unwrap();
+        assert!(msg(DistributedDataParallel::new(&pg, &[not_leaf])).contains("parameter 0"));
+        assert!(msg(DistributedDataParallel::with_bucket_cap(&pg, &[p], 0)).contains("cap of 0"));
     }
 }

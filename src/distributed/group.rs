@@ -100,6 +100,14 @@ impl ProcessGroup {
             Err(_) if env.world_size == 1 => Device::Cpu,
             Err(e) => return Err(e),
         };
+        ProcessGroup::from_env_on(device)
+    }
+
+    /// [`ProcessGroup::from_env`] on `device` (a CUDA device per rank beyond a world of one).
+    pub fn from_env_on(device: Device) -> Result<Option<ProcessGroup>> {
+        let Some(env) = LaunchEnv::from_env()? else {
+            return Ok(None);
+        };
         let timeout = match std::env::var("MANTISSA_DIST_TIMEOUT_S") {
             Ok(v) => Duration::from_secs_f64(
                 v.trim()
@@ -122,7 +130,10 @@ impl ProcessGroup {
 
     /// Joins the group `env` describes with `device` (rank 0 hands NCCL's id to the others
     /// through the rendezvous; every wait is bounded by `timeout`). A world of more than one
-    /// needs a CUDA device per rank (NCCL): the CPU is refused.
+    /// needs a CUDA device per rank (NCCL): the CPU is refused. A world of one on a CUDA
+    /// device has an NCCL communicator of one rank when NCCL loads (as PyTorch's: the same
+    /// path as many ranks, for measuring the wrapper), else none ([`ProcessGroup::backend`]
+    /// says which); on the CPU, none.
     pub fn init(env: &LaunchEnv, device: Device, timeout: Duration) -> Result<ProcessGroup> {
         let err = |msg: String| Error::Distributed {
             op: "ProcessGroup::init",
@@ -130,19 +141,9 @@ impl ProcessGroup {
             world_size: env.world_size,
             msg,
         };
-        if env.world_size == 1 {
-            return Ok(ProcessGroup::single(device));
-        }
-        let meeting = Meeting {
-            addr: env.master_addr.clone(),
-            port: env.port,
-            rank: env.rank,
-            world_size: env.world_size,
-            job: rendezvous::job_key(&env.job),
-            timeout,
-        };
         let ordinal = match device {
             Device::Cuda(n) => n,
+            Device::Cpu if env.world_size == 1 => return Ok(ProcessGroup::single(device)),
             Device::Cpu => {
                 return Err(err(
                     "a world of more than one process needs a CUDA device per rank (NCCL); \
@@ -151,23 +152,43 @@ impl ProcessGroup {
                 ))
             }
         };
+        let meeting = Meeting {
+            addr: env.master_addr.clone(),
+            port: env.port,
+            rank: env.rank,
+            world_size: env.world_size,
+            job: rendezvous::job_key(&env.job),
+            timeout,
+        };
         #[cfg(feature = "cuda-backend")]
         {
-            let rt = crate::backend::cuda::runtime::runtime(ordinal)?;
-            let id = rendezvous::share(&meeting, nccl::unique_id)?;
-            let comm = NcclComm::new(rt, env.rank, env.world_size, &id)?;
+            let joined = crate::backend::cuda::runtime::runtime(ordinal).and_then(|rt| {
+                let id = rendezvous::share(&meeting, nccl::unique_id)?;
+                NcclComm::new(rt, env.rank, env.world_size, &id)
+            });
+            let comm = match joined {
+                Ok(c) => Comm::Nccl(Arc::new(c)),
+                Err(e) if env.world_size == 1 => {
+                    log::warn!("a world of one on {device} without a communicator: {e}");
+                    Comm::Single
+                }
+                Err(e) => return Err(e),
+            };
             Ok(ProcessGroup {
                 rank: env.rank,
                 world_size: env.world_size,
                 local_rank: env.local_rank,
                 device,
-                comm: Comm::Nccl(Arc::new(comm)),
+                comm,
             })
         }
         #[cfg(not(feature = "cuda-backend"))]
         {
             let _ = (meeting, ordinal);
-            Err(err("this build has no CUDA backend (feature `cuda`)".into()))
+            match env.world_size {
+                1 => Ok(ProcessGroup::single(device)),
+                _ => Err(err("this build has no CUDA backend (feature `cuda`)".into())),
+            }
         }
     }
 
@@ -215,8 +236,18 @@ impl ProcessGroup {
         }
     }
 
-    /// Checks a collective's tensor: on this rank's device, contiguous, not a graph input.
+    /// Checks a collective's tensor: on this rank's device, contiguous (or, for the
+    /// element-wise collectives, filling its storage in its memory format: a channels-last
+    /// parameter), not a graph input.
     fn check(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        self.check_with(
+            op,
+            t,
+            matches!(op, "all_reduce" | "broadcast") && t.fills_storage(),
+        )
+    }
+
+    fn check_with(&self, op: &'static str, t: &Tensor, dense: bool) -> Result<()> {
         if t.device() != self.device {
             return Err(Error::DeviceMismatch {
                 op,
@@ -224,7 +255,7 @@ impl ProcessGroup {
                 rhs: self.device,
             });
         }
-        if !t.is_contiguous() {
+        if !t.is_contiguous() && !dense {
             return Err(self.err(
                 op,
                 format!("a non-contiguous tensor of shape {:?}", t.shape()),
@@ -401,4 +432,65 @@ fn in_place(
         Storage::Cuda(s) => f(s.ptr_at(offset), n),
         Storage::Cpu(_) => unreachable!("a communicator's tensors are on its CUDA device"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::Launcher;
+
+    fn env(rank: usize, world_size: usize) -> LaunchEnv {
+        LaunchEnv {
+            launcher: Launcher::Torchrun,
+            rank,
+            world_size,
+            local_rank: rank,
+            master_addr: "127.0.0.1".into(),
+            port: 1,
+            job: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_world_of_one_on_the_cpu_leaves_tensors_as_they_are() {
+        let pg = ProcessGroup::init(&env(0, 1), Device::Cpu, DEFAULT_TIMEOUT).unwrap();
+        assert_eq!((pg.rank(), pg.world_size(), pg.is_main()), (0, 1, true));
+        assert_eq!(pg.backend(), "none (world of one)");
+        let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2], Device::Cpu).unwrap();
+        pg.all_reduce(&t, ReduceOp::Mean).unwrap();
+        pg.broadcast(&t, 0).unwrap();
+        pg.barrier().unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        let g = pg.all_gather(&t).unwrap();
+        assert_eq!(g.shape(), &[2, 2]);
+        assert_eq!(
+            pg.reduce_scatter(&t, ReduceOp::Sum)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vec![1.0, 2.0, 3.0, 4.0]
+        );
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = ProcessGroup::init(&env(1, 2), Device::Cpu, DEFAULT_TIMEOUT).unwrap_err();
+        assert!(
+            e.to_string().contains("needs a CUDA device per rank"),
+            "{e}"
+        );
+        let pg = ProcessGroup::single(Device::Cpu);
+        let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu).unwrap();
+        let msg = |r: Result<()>| r.unwrap_err().to_string();
+        assert!(msg(pg.broadcast(&t, 1)).contains("root 1 is not a rank"));
+        let ints = Tensor::from_vec(vec![1i64, 2], &[2], Device::Cpu).unwrap();
+        assert!(msg(pg.all_reduce(&ints, ReduceOp::Mean)).contains("float dtype"));
+        let w = t.clone().requires_grad(true).unwrap();
+        assert!(msg(pg.all_reduce(&w, ReduceOp::Sum)).contains("requires grad"));
+        let strided = Tensor::from_vec(vec![1.0f32; 6], &[2, 3], Device::Cpu)
+            .unwrap()
+            .t()
+            .unwrap();
+        assert!(msg(pg.all_reduce(&strided, ReduceOp::Sum)).contains("non-contiguous"));
+    }
 }

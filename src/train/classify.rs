@@ -78,6 +78,13 @@ impl Accumulation {
     pub fn every(&self) -> usize {
         self.every
     }
+
+    /// True when the next micro-batch ends its group (the optimizer steps after it): it is
+    /// the group's last, or the epoch's (`last`). The micro-batches before it can skip the
+    /// data-parallel all-reduce (`DistributedDataParallel::no_sync`).
+    pub fn steps_next(&self, last: bool) -> bool {
+        self.seen + 1 >= self.every || last
+    }
 }
 
 /// [`classify_step`] for one micro-batch of a gradient-accumulation group: the loss divided

@@ -29,6 +29,8 @@ pub struct EpochProgress {
     total: usize,
     /// Plain lines instead of the bar.
     plain: bool,
+    /// Nothing shown (a data-parallel rank other than 0).
+    quiet: bool,
     /// The GPU whose memory is shown.
     device: Option<Device>,
     /// The steps (1-based, first and last) among which the loss first became non-finite.
@@ -69,9 +71,21 @@ impl EpochProgress {
             label: label.to_string(),
             total: batches,
             plain,
+            quiet: false,
             device: None,
             non_finite: None,
         }
+    }
+
+    /// Shows nothing (the figures are still kept): for the data-parallel ranks other than
+    /// rank 0, so that one bar is drawn.
+    pub fn quiet(mut self, on: bool) -> EpochProgress {
+        self.quiet = on;
+        #[cfg(feature = "train-ui")]
+        if on {
+            self.bar = indicatif::ProgressBar::hidden();
+        }
+        self
     }
 
     /// Shows `device`'s memory with the figures: allocated / reserved and the peak allocated
@@ -127,6 +141,9 @@ impl EpochProgress {
             "{}: the training loss became non-finite ({value}) {at} of {}",
             self.label, self.total
         );
+        if self.quiet {
+            return;
+        }
         #[cfg(feature = "train-ui")]
         if !self.plain {
             self.bar.println(msg);
@@ -217,7 +234,10 @@ impl EpochProgress {
     fn tick(&self) {
         #[cfg(feature = "train-ui")]
         self.bar.inc(1);
-        if self.plain && (self.batches.is_multiple_of(100) || self.batches == self.total) {
+        if self.plain
+            && !self.quiet
+            && (self.batches.is_multiple_of(100) || self.batches == self.total)
+        {
             println!("{}", self.status_line());
         }
     }
