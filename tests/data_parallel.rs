@@ -125,7 +125,7 @@ fn collectives_give_every_rank_the_combined_values() {
         let s1: f32 = (0..world).map(|r| r as f32 + 1.0).sum();
         let s2: f32 = (0..world).map(|r| -(r as f32) * 2.0).sum();
         let s3: f32 = (0..world).map(|r| 0.5 * r as f32 + 2.0).sum();
-        let top = (w - 1.0) as f32;
+        let top = w - 1.0;
         for (rank, seen) in out.iter().enumerate() {
             for k in 0..3 {
                 assert_eq!(seen[2 * k], vec![s1, s2, s3], "sum, dtype {k}, rank {rank}");
@@ -218,13 +218,10 @@ fn params_f32(net: &dyn Module) -> Vec<Vec<f32>> {
 
 /// One step on `(x, y)` (micro-batches accumulated with the loss divided by their count).
 fn step(
-    net: &dyn Module,
-    opt: &mut dyn Optimizer,
-    scaler: &mut GradScaler,
+    (net, opt, scaler): (&dyn Module, &mut dyn Optimizer, &mut GradScaler),
     low: Option<DType>,
     ddp: Option<&DistributedDataParallel>,
-    x: &Tensor,
-    y: &Tensor,
+    (x, y): (&Tensor, &Tensor),
     micro: usize,
 ) -> Result<()> {
     opt.zero_grad();
@@ -266,7 +263,7 @@ fn scaler(fp16: bool) -> GradScaler {
 }
 
 /// One process on the full batches: the parameters after each step, and the scale.
-fn single(d: Device, s: Setup) -> (Vec<Vec<Vec<f32>>>, Option<f64>) {
+fn single(d: Device, s: Setup) -> Run {
     let net = mlp(d, s.ckpt);
     let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1)).unwrap();
     let mut sc = scaler(s.fp16);
@@ -274,14 +271,17 @@ fn single(d: Device, s: Setup) -> (Vec<Vec<Vec<f32>>>, Option<f64>) {
     let mut after = Vec::new();
     for k in 0..STEPS {
         let (x, y) = batch(k, d);
-        step(&*net, &mut opt, &mut sc, low, None, &x, &y, 1).unwrap();
+        step((&*net, &mut opt, &mut sc), low, None, (&x, &y), 1).unwrap();
         after.push(params_f32(&*net));
     }
     (after, sc.current_scale().unwrap())
 }
 
+/// Parameters after each step, and the final loss scale.
+type Run = (Vec<Vec<Vec<f32>>>, Option<f64>);
+
 /// Each rank on its slice of the full batches, through the wrapper.
-fn data_parallel(world: usize, s: Setup) -> Option<Vec<(Vec<Vec<Vec<f32>>>, Option<f64>)>> {
+fn data_parallel(world: usize, s: Setup) -> Option<Vec<Run>> {
     let out = ranks(world, move |pg| {
         let d = pg.device();
         let net = mlp(d, s.ckpt);
@@ -300,16 +300,8 @@ fn data_parallel(world: usize, s: Setup) -> Option<Vec<(Vec<Vec<Vec<f32>>>, Opti
                 x = Tensor::from_vec(v, x.shape(), d)?;
             }
             let y = y.narrow(0, pg.rank() * per, per)?.contiguous()?;
-            step(
-                &*net,
-                &mut opt,
-                &mut sc,
-                low,
-                Some(&ddp),
-                &x,
-                &y,
-                s.micro.max(1),
-            )?;
+            let parts = (&*net, &mut opt as &mut dyn Optimizer, &mut sc);
+            step(parts, low, Some(&ddp), (&x, &y), s.micro.max(1))?;
             after.push(params_f32(&*net));
         }
         Ok((after, sc.current_scale()?))

@@ -24,6 +24,8 @@ pub(crate) trait GradReady: Send + Sync {
 }
 
 type Entry = (Weak<dyn GradReady>, usize, u64);
+/// The leaves to notify: observer and leaf index.
+type Notices = Vec<(Arc<dyn GradReady>, usize)>;
 
 struct Registry {
     by_key: HashMap<usize, Entry>,
@@ -81,7 +83,7 @@ impl Drop for Registration {
 /// possible sender it is.
 pub(crate) struct Plan {
     id: u64,
-    at: HashMap<usize, Vec<(Arc<dyn GradReady>, usize)>>,
+    at: HashMap<usize, Notices>,
     observers: Vec<Arc<dyn GradReady>>,
 }
 
@@ -108,7 +110,7 @@ impl Plan {
         if last.is_empty() {
             return None;
         }
-        let mut at: HashMap<usize, Vec<(Arc<dyn GradReady>, usize)>> = HashMap::new();
+        let mut at: HashMap<usize, Notices> = HashMap::new();
         let mut observers: Vec<(u64, Arc<dyn GradReady>)> = Vec::new();
         let mut entries: Vec<_> = last.into_iter().collect();
         entries.sort_by_key(|((id, i), (_, pos))| (*pos, *id, *i));

@@ -3,13 +3,15 @@
 
 use super::launch::LaunchEnv;
 use super::rendezvous::{self, Meeting};
-use crate::backend::Storage;
-use crate::{DType, Device, Error, Result, Tensor};
-use std::sync::Arc;
+use crate::{Device, Error, Result, Tensor};
 use std::time::Duration;
 
 #[cfg(feature = "cuda-backend")]
 use crate::backend::cuda::nccl::{self, Collective, NcclComm};
+#[cfg(feature = "cuda-backend")]
+use crate::backend::Storage;
+#[cfg(feature = "cuda-backend")]
+use std::sync::Arc;
 
 /// How a collective combines the ranks' values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,7 +280,7 @@ impl ProcessGroup {
             return Err(Error::DType {
                 op: "all_reduce",
                 dtype: t.dtype(),
-                expected: "a float dtype for ReduceOp::Mean".into(),
+                expected: "a float dtype for ReduceOp::Mean",
             });
         }
         self.all_reduce_queued(t, op)?;
@@ -287,6 +289,7 @@ impl ProcessGroup {
 
     /// [`ProcessGroup::all_reduce`] queued on the communication stream, which the compute
     /// stream does not wait for until [`ProcessGroup::join_compute`]: `t` must live till then.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(unused_variables))]
     pub(crate) fn all_reduce_queued(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
         match &self.comm {
             Comm::Single => Ok(()),
@@ -358,6 +361,7 @@ impl ProcessGroup {
 
     /// `t` combined over every rank with `op`, split along dimension 0 into `world_size`
     /// parts: rank r gets part r. `t`'s first dimension must divide by the world size.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(unused_variables))]
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.check("reduce_scatter", t)?;
         let first = t.shape().first().copied().unwrap_or(1);
@@ -401,7 +405,7 @@ impl ProcessGroup {
             Comm::Single => Ok(()),
             #[cfg(feature = "cuda-backend")]
             Comm::Nccl(c) => {
-                let one = Tensor::ones(&[1], DType::F32, self.device)?;
+                let one = Tensor::ones(&[1], crate::DType::F32, self.device)?;
                 self.all_reduce(&one, ReduceOp::Sum)?;
                 c.synchronize()
             }
@@ -410,6 +414,7 @@ impl ProcessGroup {
 
     /// Breaks the communicator, so that the other ranks' collectives fail instead of waiting
     /// for this one: for a rank that stops on an error. Later collectives here fail too.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(unused_variables))]
     pub fn abort(&self, why: &str) {
         match &self.comm {
             Comm::Single => {}

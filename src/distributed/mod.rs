@@ -13,6 +13,8 @@
 mod ddp;
 mod group;
 mod launch;
+// Used by the NCCL process group only (a build without CUDA has worlds of one).
+#[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
 pub(crate) mod rendezvous;
 mod sampler;
 
