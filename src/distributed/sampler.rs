@@ -108,4 +108,44 @@ mod tests {
         assert_eq!(s.shard(&order).unwrap(), vec![7, 4, 1]);
         assert!(DistributedSampler::new(3, 3).is_err());
     }
+
+    #[test]
+    fn loaders_of_two_ranks_split_each_shuffled_epoch() {
+        use crate::data::{DataLoader, DataLoaderConfig, TensorDataset};
+        use crate::{DType, Device, Tensor};
+        use std::sync::Arc;
+        let x = Tensor::zeros(&[11, 2], DType::F32, Device::Cpu).unwrap();
+        let y = Tensor::from_vec((0..11i64).collect(), &[11], Device::Cpu).unwrap();
+        let data = Arc::new(TensorDataset::new(&x, &y).unwrap());
+        let labels = |rank: usize, epoch: usize| -> (usize, Vec<i64>) {
+            let cfg = DataLoaderConfig {
+                shuffle: true,
+                seed: 7,
+                sampler: Some(DistributedSampler::new(rank, 2).unwrap()),
+                ..DataLoaderConfig::new(4)
+            };
+            let mut dl = DataLoader::new(data.clone(), cfg).unwrap();
+            let n = dl.len();
+            let ys = dl
+                .epoch(epoch)
+                .flat_map(|b| b.unwrap().y.to_vec::<i64>().unwrap())
+                .collect();
+            (n, ys)
+        };
+        for epoch in 0..2 {
+            let ((n0, a), (n1, b)) = (labels(0, epoch), labels(1, epoch));
+            // 11 samples, 6 each (one padded), 2 batches each: the ranks step together.
+            assert_eq!((n0, n1, a.len(), b.len()), (2, 2, 6, 6));
+            let mut all: Vec<i64> = a.iter().chain(&b).copied().collect();
+            all.sort();
+            all.dedup();
+            assert_eq!(
+                all,
+                (0..11).collect::<Vec<i64>>(),
+                "epoch {epoch}: the union is the epoch"
+            );
+        }
+        // Another epoch, another order.
+        assert_ne!(labels(0, 0).1, labels(0, 1).1);
+    }
 }
