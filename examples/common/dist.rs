@@ -16,13 +16,14 @@ pub struct Dist {
     pub launched: bool,
 }
 
-/// The device a launched process takes (`cuda:LOCAL_RANK`), when a launcher started it with
-/// `--device auto`, or with more than one process; `None` without a launcher.
+/// The device a launched process takes (`cuda:LOCAL_RANK`) when a launcher started more
+/// than one process; `None` otherwise.
 pub fn launched_device(flag: &str) -> Result<Option<Device>> {
     let Some(env) = LaunchEnv::from_env()? else {
         return Ok(None);
     };
-    if env.world_size == 1 && flag != "auto" {
+    // A world of one takes the device the flags say (`auto`: cuda:0, or the CPU).
+    if env.world_size == 1 {
         return Ok(None);
     }
     if flag != "auto" && !flag.starts_with("cuda") {

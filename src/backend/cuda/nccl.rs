@@ -228,10 +228,16 @@ impl NcclComm {
             stop: AtomicBool::new(false),
         });
         let watched = shared.clone();
-        let watchdog = std::thread::Builder::new()
+        let watchdog = match std::thread::Builder::new()
             .name(format!("nccl-watchdog-{rank}"))
             .spawn(move || watch(&watched))
-            .map_err(|e| err(format!("starting the watchdog: {e}")))?;
+        {
+            Ok(w) => w,
+            Err(e) => {
+                abort(&shared);
+                return Err(err(format!("starting the watchdog: {e}")));
+            }
+        };
         Ok(NcclComm {
             shared,
             rt,
