@@ -31,6 +31,8 @@ pub const FIRST_BUCKET_BYTES: usize = 1 << 20;
 /// (no communication; gradients add up locally), as in PyTorch. Gradient checkpointing works
 /// (a checkpoint's parameters are ready once its recomputation has run). A parameter that
 /// gets no gradient in a backward counts as zeros (PyTorch's `find_unused_parameters`).
+/// Wrap the parameters the model trains with: after moving it to its device, dtype and
+/// memory format (which make new tensors), as with PyTorch's DDP.
 ///
 /// ```
 /// use mantissa::distributed::{DistributedDataParallel, ProcessGroup};
