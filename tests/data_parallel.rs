@@ -28,14 +28,24 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// True when there are `n` CUDA devices; else says the test is skipped.
+fn devices(n: usize) -> bool {
+    match Device::cuda(n - 1) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("skipped: {n} CUDA devices needed ({e})");
+            false
+        }
+    }
+}
+
 /// `world` ranks as threads, rank r on `cuda:r`, joined through the rendezvous on a free
 /// loopback port; each runs `f`. `None` (skipped) without `world` devices.
 fn ranks<R: Send + 'static>(
     world: usize,
     f: impl Fn(ProcessGroup) -> Result<R> + Send + Sync + 'static,
 ) -> Option<Vec<Result<R>>> {
-    if let Err(e) = Device::cuda(world - 1) {
-        eprintln!("skipped: {world} CUDA devices needed ({e})");
+    if !devices(world) {
         return None;
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -408,8 +418,7 @@ fn an_inf_on_one_rank_skips_the_step_on_every_rank() {
 #[test]
 fn buckets_are_launched_while_backward_runs() {
     let _s = serial();
-    if Device::cuda(1).is_err() {
-        eprintln!("skipped: 2 CUDA devices needed");
+    if !devices(2) {
         return;
     }
     let prof = mantissa::profiler::Profiler::start().unwrap();
@@ -521,8 +530,7 @@ fn a_rank_that_fails_or_leaves_makes_the_others_error() {
 #[test]
 fn a_checkpoint_of_two_ranks_resumes_on_four() {
     let _s = serial();
-    if Device::cuda(3).is_err() {
-        eprintln!("skipped: 4 CUDA devices needed");
+    if !devices(4) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("mantissa-ddp-{}", std::process::id()));

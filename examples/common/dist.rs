@@ -141,9 +141,10 @@ impl Dist {
     /// The epoch's training figures over every rank: loss and accuracy averaged (the
     /// ranks' shards are the same size), throughput summed.
     pub fn reduce(&self, m: &mut EpochMetrics) -> Result<()> {
-        let mean = self.combine(&[m.train_loss, m.train_acc], ReduceOp::Mean)?;
-        (m.train_loss, m.train_acc) = (mean[0], mean[1]);
-        m.samples_per_s = self.combine(&[m.samples_per_s], ReduceOp::Sum)?[0];
+        let sums = self.combine(&[m.train_loss, m.train_acc, m.samples_per_s], ReduceOp::Sum)?;
+        let ranks = self.group.world_size() as f64;
+        (m.train_loss, m.train_acc) = (sums[0] / ranks, sums[1] / ranks);
+        m.samples_per_s = sums[2];
         Ok(())
     }
 }

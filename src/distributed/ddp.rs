@@ -313,11 +313,8 @@ impl GradReady for Reducer {
             for &i in &bucket.params {
                 let p = &self.params[i];
                 let n = p.numel();
+                // The bucket has the parameter's dtype (one dtype per bucket).
                 let g = from_memory_order(&flat.narrow(0, at, n)?, p.shape(), p.memory_format())?;
-                let g = match g.dtype() == p.dtype() {
-                    true => g,
-                    false => g.to_dtype(p.dtype())?,
-                };
                 p.set_grad(Some(g))?;
                 at += n;
             }

@@ -344,16 +344,8 @@ impl ProcessGroup {
             Comm::Single => crate::no_grad(|| out.copy_(&t.reshape(&shape)?))?,
             #[cfg(feature = "cuda-backend")]
             Comm::Nccl(c) => {
-                let src = t.storage();
-                let Storage::Cuda(s) = &*src else {
-                    unreachable!("checked: on this rank's CUDA device")
-                };
-                let sp = s.ptr_at(t.layout().offset());
-                in_place(&out, |p, _| {
-                    c.after_compute()?;
-                    c.launch(Collective::AllGather, sp, p, t.numel(), t.dtype())
-                })?;
-                c.before_compute()?;
+                // NCCL counts all-gather's elements per rank: the input's.
+                out_of_place(c, Collective::AllGather, t, &out, t.numel())?
             }
         }
         Ok(out)
@@ -384,16 +376,9 @@ impl ProcessGroup {
             #[cfg(feature = "cuda-backend")]
             Comm::Nccl(c) => {
                 let out = crate::no_grad(|| Tensor::zeros(&shape, t.dtype(), self.device))?;
-                let src = t.storage();
-                let Storage::Cuda(s) = &*src else {
-                    unreachable!("checked: on this rank's CUDA device")
-                };
-                let sp = s.ptr_at(t.layout().offset());
-                in_place(&out, |p, n| {
-                    c.after_compute()?;
-                    c.launch(Collective::ReduceScatter(op.nccl()), sp, p, n, t.dtype())
-                })?;
-                c.before_compute()?;
+                // ... and reduce-scatter's per rank: the output's.
+                let what = Collective::ReduceScatter(op.nccl());
+                out_of_place(c, what, t, &out, out.numel())?;
                 Ok(out)
             }
         }
@@ -422,6 +407,28 @@ impl ProcessGroup {
             Comm::Nccl(c) => c.abort(why),
         }
     }
+}
+
+/// Runs `what` from `t` into `out` over `count` elements per rank, ordered after the compute
+/// queued so far, with compute after it waiting for it.
+#[cfg(feature = "cuda-backend")]
+fn out_of_place(
+    c: &NcclComm,
+    what: Collective,
+    t: &Tensor,
+    out: &Tensor,
+    count: usize,
+) -> Result<()> {
+    let src = t.storage();
+    let Storage::Cuda(s) = &*src else {
+        unreachable!("checked: on this rank's CUDA device")
+    };
+    let sp = s.ptr_at(t.layout().offset());
+    in_place(out, |p, _| {
+        c.after_compute()?;
+        c.launch(what, sp, p, count, t.dtype())
+    })?;
+    c.before_compute()
 }
 
 /// Runs `f` with the device address of `t`'s first element and its element count, `t`'s

@@ -112,15 +112,7 @@ static void put(void* p, int dtype, size_t i, double v) {
 
 typedef int (*StreamSync)(void*);
 static StreamSync stream_sync() {
-    static StreamSync f = [] {
-        void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        void* sym = driver ? dlsym(driver, "cuStreamSynchronize") : nullptr;
-        if (!sym) {
-            fprintf(stderr, "emulated NCCL: the emulated driver is not loaded\n");
-            abort();
-        }
-        return (StreamSync)sym;
-    }();
+    static StreamSync f = (StreamSync)driver_symbol("cuStreamSynchronize");
     return f;
 }
 

@@ -26,6 +26,11 @@ struct UniqueId([c_char; 128]);
 type CommPtr = *mut c_void;
 type Stream = sys::CUstream;
 
+/// `ncclAllReduce`, `ncclReduceScatter` (send, receive, count, type, op, ...) and
+/// `ncclBroadcast` (the same with a root rank for the op).
+type Reduction =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, CommPtr, Stream) -> c_int;
+
 /// The entry points, as NCCL 2.x declares them.
 struct Api {
     get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
@@ -35,35 +40,11 @@ struct Api {
     comm_destroy: unsafe extern "C" fn(CommPtr) -> c_int,
     comm_get_async_error: unsafe extern "C" fn(CommPtr, *mut c_int) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        CommPtr,
-        Stream,
-    ) -> c_int,
-    broadcast: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        CommPtr,
-        Stream,
-    ) -> c_int,
+    all_reduce: Reduction,
+    broadcast: Reduction,
     all_gather:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, CommPtr, Stream) -> c_int,
-    reduce_scatter: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        CommPtr,
-        Stream,
-    ) -> c_int,
+    reduce_scatter: Reduction,
 }
 
 const IN_PROGRESS: c_int = 7;
