@@ -105,8 +105,9 @@ pub fn save_with(
 pub fn read(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Tensor>, HashMap<String, String>)> {
     let path = path.as_ref();
     let buf = std::fs::read(path).map_err(|e| Error::io("checkpoint::read", path, e))?;
-    let bad =
-        |e: safetensors::SafeTensorError| Error::format("checkpoint::read", path, e.to_string());
+    let bad = |e: safetensors::SafeTensorError| {
+        Error::format("checkpoint::read", path, unreadable(&buf, &e))
+    };
     let (_, meta) = safetensors::SafeTensors::read_metadata(&buf).map_err(bad)?;
     let st = safetensors::SafeTensors::deserialize(&buf).map_err(bad)?;
     let mut out = BTreeMap::new();
@@ -130,6 +131,61 @@ pub fn read(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Tensor>, HashMap
     Ok((out, meta.metadata().clone().unwrap_or_default()))
 }
 
+/// Why `buf`, which safetensors refused with `e`, cannot be read, in a user's words: a file
+/// cut short says "truncated" with the sizes, one that is no safetensors file says so.
+fn unreadable(buf: &[u8], e: &safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    let len = buf.len();
+    if buf.starts_with(b"PK\x03\x04") {
+        return "not a mantissa checkpoint: a zip archive (as torch.save writes); mantissa reads \
+                safetensors files"
+            .into();
+    }
+    if len <= 8 {
+        return format!(
+            "truncated: {len} bytes, not even the header a safetensors file starts with"
+        );
+    }
+    let n = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+    if buf[8] != b'{' || matches!(e, E::HeaderTooLarge) {
+        return "not a mantissa checkpoint: not a safetensors file (no JSON header after its \
+                first 8 bytes)"
+            .into();
+    }
+    let header = usize::try_from(n).ok().and_then(|n| buf.get(8..8 + n));
+    let Some(header) = header else {
+        return format!("truncated: {len} bytes, less than its own {n}-byte header");
+    };
+    match e {
+        E::MetadataIncompleteBuffer => match data_end(header) {
+            Some(end) if 8 + header.len() + end > len => format!(
+                "truncated: {len} bytes, its header describes {}",
+                8 + header.len() + end
+            ),
+            Some(end) => format!(
+                "{} bytes after the last tensor's data: not a file a safetensors writer made",
+                len - 8 - header.len() - end
+            ),
+            None => format!("the header does not cover the file's {len} bytes ({e})"),
+        },
+        _ => format!("not a mantissa checkpoint: its safetensors header is malformed ({e})"),
+    }
+}
+
+/// The end of the last tensor's data, as a safetensors header's `data_offsets` say.
+fn data_end(header: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(header).ok()?;
+    let mut end = None;
+    for (at, _) in text.match_indices("\"data_offsets\"") {
+        let rest = text[at + 14..].trim_start().strip_prefix(':')?.trim_start();
+        let rest = rest.strip_prefix('[')?;
+        let (_, second) = rest.split_once(']')?.0.split_once(',')?;
+        let e: usize = second.trim().parse().ok()?;
+        end = Some(end.map_or(e, |m: usize| m.max(e)));
+    }
+    end
+}
+
 /// Loads a checkpoint into `model` (and `optim`), checking names, shapes and dtypes first: if
 /// anything does not match, nothing is changed and the error lists every problem. Returns the
 /// metadata.
@@ -140,6 +196,17 @@ pub fn load(
 ) -> Result<HashMap<String, String>> {
     let path = path.as_ref();
     let (mut file, meta) = read(path)?;
+    if !file.is_empty() && !file.keys().any(|k| k.starts_with("model.")) {
+        return Err(Error::format(
+            "checkpoint::load",
+            path,
+            format!(
+                "not a mantissa checkpoint: none of its {} tensors is a model.* entry \
+                 (checkpoint::read reads any safetensors file's tensors)",
+                file.len()
+            ),
+        ));
+    }
     let mut problems = Vec::new();
     let mut targets: Vec<(String, Tensor)> = Vec::new();
     let mut generators = Vec::new();

@@ -5,8 +5,19 @@ use crate::{DType, Device};
 /// Everything that can go wrong in a tensor operation.
 ///
 /// Every variant names the operation (`op`) and the shapes, dtypes or devices involved, so a
-/// message read in a log is enough to find the faulty call.
-#[derive(Debug, thiserror::Error)]
+/// message read in a log is enough to find the faulty call. `Debug` prints the same sentence
+/// as `Display` (as `anyhow` does), so `fn main() -> mantissa::Result<()>` reports an error
+/// in words; match on the variants to read their fields.
+///
+/// ```
+/// use mantissa::{Device, Tensor};
+/// let a = Tensor::zeros(&[2, 3], mantissa::DType::F32, Device::Cpu)?;
+/// let e = a.matmul(&a).unwrap_err();
+/// assert_eq!(format!("{e:?}"), e.to_string());
+/// assert!(e.to_string().contains("3 vs 2"), "{e}");
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Two shapes that must agree do not.
@@ -15,6 +26,20 @@ pub enum Error {
         op: &'static str,
         lhs: Vec<usize>,
         rhs: Vec<usize>,
+    },
+    /// A product whose inner dimensions differ: `lhs`'s last dimension (`k_lhs`) against
+    /// `rhs`'s `rhs_dim` (`k_rhs`).
+    #[error(
+        "{op}: cannot multiply {lhs:?} by {rhs:?}: inner dimensions differ, {k_lhs} (the \
+         last dim of {lhs:?}) vs {k_rhs} (the {rhs_dim} of {rhs:?})"
+    )]
+    InnerDims {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+        k_lhs: usize,
+        k_rhs: usize,
+        rhs_dim: &'static str,
     },
     /// Two shapes cannot be broadcast together.
     #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast together")]
@@ -179,6 +204,12 @@ pub enum Error {
     /// Autograd misuse: backward on a non-scalar, twice through a freed graph, ...
     #[error("autograd: {0}")]
     Autograd(String),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// `Result` with [`Error`].

@@ -47,7 +47,10 @@ fn graph_is_freed_after_backward() {
     let loss = x.exp().unwrap().sum_all().unwrap();
     loss.backward().unwrap();
     let err = loss.backward().unwrap_err().to_string();
-    assert!(err.contains("already freed"), "{err}");
+    assert!(
+        err.contains("`sum` a second time") && err.contains("retain_graph"),
+        "{err}"
+    );
     // Every node the pass ran is freed, intermediate ones included: a new graph built on an
     // intermediate cannot go back through it.
     let y = v(vec![1.0, 2.0], &[2]).requires_grad(true).unwrap();
@@ -55,6 +58,59 @@ fn graph_is_freed_after_backward() {
     tmp.exp().unwrap().sum_all().unwrap().backward().unwrap();
     let err = tmp.sum_all().unwrap().backward().unwrap_err().to_string();
     assert!(err.contains("`mul`"), "{err}");
+}
+
+/// `backward_retain_graph` keeps every node for another pass, through ops that save their
+/// inputs, a checkpointed block that recomputes, and a custom op: two passes give twice
+/// the gradient one gives, and a pass without it then frees the graph.
+#[test]
+fn retain_graph_runs_backward_twice() {
+    let grads = |passes: usize| {
+        let x = v(vec![0.5, -1.0, 2.0, 0.25], &[2, 2])
+            .requires_grad(true)
+            .unwrap();
+        let w = v(vec![1.5, -0.5, 0.75, 2.0], &[2, 2])
+            .requires_grad(true)
+            .unwrap();
+        let ww = w.clone();
+        let h = mantissa::autograd::checkpoint(&[&x], move |xs| xs[0].matmul(&ww)?.tanh()).unwrap();
+        let cube = mantissa::autograd::custom_op(
+            "cube",
+            &[&h],
+            |hs| Ok((hs[0].pow(3.0)?, hs[0].clone())),
+            |g, h| Ok(vec![Some(g.mul(&h.sqr()?.mul(3.0)?)?)]),
+        )
+        .unwrap();
+        let loss = cube
+            .mul(&x)
+            .unwrap()
+            .softmax(1)
+            .unwrap()
+            .log()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        for _ in 1..passes {
+            loss.backward_retain_graph().unwrap();
+        }
+        loss.backward().unwrap();
+        let err = loss.backward().unwrap_err().to_string();
+        assert!(err.contains("a second time"), "{err}");
+        let read = |t: &Tensor| t.grad().unwrap().to_vec::<f32>().unwrap();
+        (read(&x), read(&w))
+    };
+    let (x1, w1) = grads(1);
+    let (x3, w3) = grads(3);
+    assert!(
+        x1.iter().chain(&w1).any(|g| g.abs() > 1e-3),
+        "{x1:?} {w1:?}"
+    );
+    for (one, three) in x1.iter().chain(&w1).zip(x3.iter().chain(&w3)) {
+        assert!(
+            (three - 3.0 * one).abs() <= 1e-5 * (1.0 + one.abs()),
+            "{one} {three}"
+        );
+    }
 }
 
 #[test]

@@ -171,8 +171,52 @@ fn mismatches_are_all_reported_and_nothing_is_changed() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no optimizer state"), "{err}");
-    std::fs::write(&p, b"not a safetensors file").unwrap();
-    assert!(checkpoint::load(&p, &mut same, None).is_err());
+    // A file cut short, or not a checkpoint at all, is named so, with its path.
+    let whole = std::fs::read(&p).unwrap();
+    let cases: [(&[u8], &str); 5] = [
+        (&whole[..whole.len() - 7], "truncated"),
+        (&whole[..100], "truncated"),
+        (&whole[..5], "truncated"),
+        (b"not a safetensors file", "not a mantissa checkpoint"),
+        (b"PK\x03\x04 a zip archive", "torch.save"),
+    ];
+    for (bytes, needle) in cases {
+        std::fs::write(&p, bytes).unwrap();
+        let err = checkpoint::load(&p, &mut same, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(needle) && err.contains(&*p.to_string_lossy()),
+            "{err}"
+        );
+    }
+    let mut extra = whole.clone();
+    extra.extend([0u8; 3]);
+    std::fs::write(&p, &extra).unwrap();
+    let err = checkpoint::load(&p, &mut same, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("3 bytes after the last tensor"), "{err}");
+    // A safetensors file of another program: no model tensors.
+    let other = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu).unwrap();
+    let bytes = safetensors::serialize(
+        [(
+            "weight",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![2],
+                &other.to_le_bytes().unwrap(),
+            )
+            .unwrap(),
+        )],
+        None,
+    )
+    .unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    let err = checkpoint::load(&p, &mut same, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a mantissa checkpoint"), "{err}");
     std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
 }
 

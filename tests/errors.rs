@@ -10,6 +10,16 @@ fn msg<T: std::fmt::Debug>(r: Result<T>) -> String {
     r.expect_err("expected an error").to_string()
 }
 
+/// `fn main() -> mantissa::Result<()>` prints an error's Debug form: the same sentence.
+#[test]
+fn debug_prints_the_message() {
+    let e = f(&[2, 3]).add(&f(&[4])).unwrap_err();
+    assert_eq!(format!("{e:?}"), e.to_string());
+    assert!(!format!("{e:?}").contains("Broadcast {"), "{e:?}");
+    let r: Result<()> = Err(e);
+    assert!(format!("{r:?}").contains("cannot be broadcast"), "{r:?}");
+}
+
 #[test]
 fn shape_mismatches_name_the_op_and_shapes() {
     let m = msg(f(&[2, 3]).add(&f(&[4])));
@@ -19,6 +29,12 @@ fn shape_mismatches_name_the_op_and_shapes() {
     );
     let m = msg(f(&[2, 3]).matmul(&f(&[2, 3])));
     assert!(m.contains("matmul") && m.contains("[2, 3]"), "{m}");
+    assert!(
+        m.contains("inner dimensions differ, 3") && m.contains("vs 2"),
+        "{m}"
+    );
+    let m = msg(f(&[4, 2, 5]).matmul(&f(&[4])));
+    assert!(m.contains("5") && m.contains("vs 4 (the only dim"), "{m}");
     let m = msg(f(&[6]).reshape(&[4, 2]));
     assert!(m.contains("reshape") && m.contains("[4, 2]"), "{m}");
     let m = msg(Tensor::cat(&[&f(&[2, 3]), &f(&[2, 4])], 0));
@@ -28,7 +44,10 @@ fn shape_mismatches_name_the_op_and_shapes() {
     let m = msg(f(&[1, 3, 2, 2]).conv2d(&f(&[4, 3, 3, 3]), None, Conv2dOptions::default()));
     assert!(m.contains("conv2d") && m.contains("larger"), "{m}");
     let m = msg(f(&[3, 4]).linear(&f(&[5, 3]), None));
-    assert!(m.contains("linear"), "{m}");
+    assert!(
+        m.contains("linear") && m.contains("4") && m.contains("vs 3 (the in_features"),
+        "{m}"
+    );
     let m = msg(f(&[3, 4]).layer_norm(&[3], None, None, 1e-5));
     assert!(m.contains("layer_norm"), "{m}");
     let m = msg(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], Device::Cpu));

@@ -39,7 +39,7 @@ use crate::{is_grad_enabled, no_grad, Error, Result, Tensor};
 /// ```
 pub fn checkpoint(
     inputs: &[&Tensor],
-    f: impl Fn(&[Tensor]) -> Result<Tensor> + Send + 'static,
+    f: impl Fn(&[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
 ) -> Result<Tensor> {
     if !is_grad_enabled() {
         let xs: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
@@ -107,7 +107,7 @@ pub fn checkpoint(
             // outer graph's, where its backward stops.
             let inside = crate::tensor::node::next_node_id();
             let replay = Replaying {
-                draws: draws.into(),
+                draws: draws.clone().into(),
                 diverged: None,
             };
             let (y, frame) = with_frame(Frame::Replay(replay), || f(&xs));

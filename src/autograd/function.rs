@@ -29,11 +29,11 @@ use crate::{no_grad, Error, Result, Tensor};
 /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![3.0, 12.0]);
 /// # Ok::<(), mantissa::Error>(())
 /// ```
-pub fn custom_op<S: Send + 'static>(
+pub fn custom_op<S: Send + Sync + 'static>(
     name: &'static str,
     inputs: &[&Tensor],
     forward: impl FnOnce(&[Tensor]) -> Result<(Tensor, S)>,
-    backward: impl FnOnce(&Tensor, S) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    backward: impl Fn(&Tensor, &S) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
 ) -> Result<Tensor> {
     let _prof = crate::profiler::op(name);
     let detached: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
@@ -45,7 +45,7 @@ pub fn custom_op<S: Send + 'static>(
     }
     let n = inputs.len();
     Ok(out.attach_saving(name, inputs, inputs, move |g, _| {
-        let grads = backward(g, state)?;
+        let grads = backward(g, &state)?;
         if grads.len() != n {
             return Err(Error::Autograd(format!(
                 "the backward of `{name}` returned {} gradients for {n} inputs",

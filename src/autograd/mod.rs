@@ -30,7 +30,7 @@ impl Tensor {
         self,
         name: &'static str,
         inputs: &[&Tensor],
-        backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        backward: impl Fn(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
     ) -> Tensor {
         self.attach_saving(name, inputs, &[], backward)
     }
@@ -43,13 +43,13 @@ impl Tensor {
         name: &'static str,
         inputs: &[&Tensor],
         saved: &[&Tensor],
-        backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        backward: impl Fn(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
     ) -> Tensor {
         note_reads(inputs.iter().copied());
         if !is_grad_enabled() || !inputs.iter().any(|t| t.is_requires_grad()) {
             return self;
         }
-        self.attach_node(name, inputs, saved, Box::new(backward))
+        self.attach_node(name, inputs, saved, Arc::new(backward))
     }
 
     /// [`Tensor::attach`] whenever grad mode is on, even when no input requires grad: for a
@@ -59,13 +59,13 @@ impl Tensor {
         name: &'static str,
         inputs: &[&Tensor],
         saved: &[&Tensor],
-        backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        backward: impl Fn(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
     ) -> Tensor {
         note_reads(inputs.iter().copied());
         if !is_grad_enabled() {
             return self;
         }
-        self.attach_node(name, inputs, saved, Box::new(backward))
+        self.attach_node(name, inputs, saved, Arc::new(backward))
     }
 
     fn attach_node(
@@ -89,7 +89,8 @@ impl Tensor {
     }
 
     /// Computes the gradient of this scalar with respect to every leaf that requires grad and
-    /// adds it to their `.grad()`. The graph is freed afterwards.
+    /// adds it to their `.grad()`. The graph is freed afterwards: a second backward through
+    /// it is an error (use [`Tensor::backward_retain_graph`] to keep it).
     ///
     /// ```
     /// use mantissa::{Tensor, Device};
@@ -99,18 +100,53 @@ impl Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn backward(&self) -> Result<()> {
-        if self.numel() != 1 {
-            return Err(Error::Autograd(format!(
-                "backward() needs a scalar output, got shape {:?}; pass a gradient with backward_with",
-                self.shape()
-            )));
-        }
-        let seed = crate::no_grad(|| Tensor::ones(self.shape(), self.dtype(), self.device()))?;
-        self.backward_with(&seed)
+        self.backward_seeded(None, false)
+    }
+
+    /// [`Tensor::backward`] that keeps the graph, so that backward can run through it again
+    /// (PyTorch's `backward(retain_graph=True)`); the saved tensors stay alive until the
+    /// graph's last tensor is dropped or a backward without it frees them.
+    ///
+    /// ```
+    /// use mantissa::{Tensor, Device};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu)?.requires_grad(true)?;
+    /// let y = x.mul(&x)?.sum_all()?;
+    /// y.backward_retain_graph()?;
+    /// y.backward()?; // the gradients add up: 2 x twice
+    /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![4.0, 8.0]);
+    /// assert!(y.backward().is_err()); // freed by the second
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn backward_retain_graph(&self) -> Result<()> {
+        self.backward_seeded(None, true)
     }
 
     /// Backward with an explicit gradient of this tensor's shape and dtype.
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        self.backward_seeded(Some(grad), false)
+    }
+
+    /// [`Tensor::backward_with`] that keeps the graph (see [`Tensor::backward_retain_graph`]).
+    pub fn backward_with_retain_graph(&self, grad: &Tensor) -> Result<()> {
+        self.backward_seeded(Some(grad), true)
+    }
+
+    fn backward_seeded(&self, grad: Option<&Tensor>, retain: bool) -> Result<()> {
+        let seed;
+        let grad = match grad {
+            Some(g) => g,
+            None if self.numel() != 1 => {
+                return Err(Error::Autograd(format!(
+                    "backward() needs a scalar output, got shape {:?}; pass a gradient with \
+                     backward_with",
+                    self.shape()
+                )))
+            }
+            None => {
+                seed = crate::no_grad(|| Tensor::ones(self.shape(), self.dtype(), self.device()))?;
+                &seed
+            }
+        };
         if !self.is_requires_grad() {
             return Err(Error::Autograd(
                 "backward() on a tensor that does not require grad (no input had requires_grad, or it was made under no_grad)".into(),
@@ -131,7 +167,7 @@ impl Tensor {
             // Backward on a leaf: its gradient is the seed.
             return accumulate(&self.0.grad, grad);
         };
-        run(root, grad, 0).map(|_| ())
+        run(root, grad, 0, retain).map(|_| ())
     }
 
     /// Backward through the nodes recorded from id `inside` on only (a checkpoint's
@@ -146,7 +182,7 @@ impl Tensor {
         let _ac = crate::amp::autocast_disabled();
         let grad = grad.detach().to_dtype(self.dtype())?;
         match self.0.node.clone() {
-            Some(root) if root.id >= inside => run(root, grad, inside),
+            Some(root) if root.id >= inside => run(root, grad, inside, false),
             Some(root) => Ok(HashMap::from([(root.id, grad)])),
             None => accumulate(&self.0.grad, grad).map(|_| HashMap::new()),
         }
@@ -154,8 +190,9 @@ impl Tensor {
 }
 
 /// Runs the backward of every node reachable from `root` whose id is at least `inside`,
-/// seeded with `grad`; returns the gradients that reached older nodes, by id.
-fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor>> {
+/// seeded with `grad`; returns the gradients that reached older nodes, by id. With `retain`,
+/// the nodes keep their closures for another backward.
+fn run(root: Arc<Node>, grad: Tensor, inside: u64, retain: bool) -> Result<HashMap<u64, Tensor>> {
     let mut grads: HashMap<u64, Tensor> = HashMap::new();
     grads.insert(root.id, grad);
     let order = topo_order(root, inside);
@@ -166,7 +203,7 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor
         _ => None,
     };
     for (pos, node) in order.into_iter().enumerate() {
-        run_node(&node, &mut grads)?;
+        run_node(&node, &mut grads, retain)?;
         if let Some(p) = &plan {
             p.after(pos)?;
         }
@@ -180,11 +217,17 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64) -> Result<HashMap<u64, Tensor
 
 /// Runs one node's backward with the gradient that reached it (none: nothing to do) and
 /// sends its input gradients on: into `grads` for nodes, into the slots of leaves.
-fn run_node(node: &Arc<Node>, grads: &mut HashMap<u64, Tensor>) -> Result<()> {
+fn run_node(node: &Arc<Node>, grads: &mut HashMap<u64, Tensor>, retain: bool) -> Result<()> {
     {
-        let Some((edges, f)) = node.take() else {
+        let state = match retain {
+            true => node.get(),
+            false => node.take(),
+        };
+        let Some((edges, f)) = state else {
             return Err(Error::Autograd(format!(
-                "the graph through `{}` was already freed by an earlier backward()",
+                "backward through `{}` a second time: its graph was freed by the first \
+                 backward(); call backward_retain_graph() the first time to keep it \
+                 (PyTorch's retain_graph=True), or run the forward again",
                 node.name
             )));
         };

@@ -72,10 +72,13 @@ impl Tensor {
         let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
         let (k2, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
         if k != k2 {
-            return Err(Error::ShapeMismatch {
+            return Err(Error::InnerDims {
                 op: "matmul",
                 lhs: a.shape().to_vec(),
                 rhs: b.shape().to_vec(),
+                k_lhs: k,
+                k_rhs: k2,
+                rhs_dim: if b1 { "only dim" } else { "second-to-last dim" },
             });
         }
         let batch = broadcast_shapes("matmul", &a2.shape()[..ra - 2], &b2.shape()[..rb - 2])?;
@@ -161,11 +164,25 @@ impl Tensor {
         let bias = bias.as_ref();
         expect_float(Op::Linear, &x)?;
         expect_same_dtype(Op::Linear, &x, &w)?;
-        if w.rank() != 2 || x.rank() == 0 || x.shape()[x.rank() - 1] != w.shape()[1] {
-            return Err(Error::ShapeMismatch {
+        if w.rank() != 2 || x.rank() == 0 {
+            return Err(Error::invalid(
+                "linear",
+                format!(
+                    "needs an input of rank >= 1 and a weight [out_features, in_features], got \
+                     {:?} and {:?}",
+                    x.shape(),
+                    w.shape()
+                ),
+            ));
+        }
+        if x.shape()[x.rank() - 1] != w.shape()[1] {
+            return Err(Error::InnerDims {
                 op: "linear",
                 lhs: x.shape().to_vec(),
                 rhs: w.shape().to_vec(),
+                k_lhs: x.shape()[x.rank() - 1],
+                k_rhs: w.shape()[1],
+                rhs_dim: "in_features, dim 1",
             });
         }
         let (inputs, outputs) = (w.shape()[1], w.shape()[0]);

@@ -117,7 +117,7 @@ pub(super) fn batch_norm_fused(
                 needs[2].then(|| db.to_dtype(bdt)).transpose()?,
             ];
             if let (Some(rdt), Some(dz)) = (rdt, g.dz) {
-                let dz = Tensor::from_storage_in(dz, layout);
+                let dz = Tensor::from_storage_in(dz, layout.clone());
                 grads.push(needs[3].then(|| dz.to_dtype(rdt)).transpose()?);
             }
             Ok(grads)

@@ -37,7 +37,10 @@ impl Tensor {
         let r = x.reduce_raw(&d, op)?;
         let shape = x.shape().to_vec();
         let kshape = r.shape().to_vec();
-        let r = r.attach(kind.name(), &[&x], move |g, _| {
+        // The reduced dims dropped before the node is attached: the result's node is the
+        // reduction's own (what an error about the graph names).
+        let r = x.finish(r, &d, keepdim)?;
+        Ok(r.attach(kind.name(), &[&x], move |g, _| {
             let g = g.reshape(&kshape)?.expand(&shape)?;
             let g = if op == ReduceOp::Mean {
                 g.div(count as f64)?
@@ -45,8 +48,7 @@ impl Tensor {
                 g
             };
             Ok(vec![Some(g)])
-        });
-        x.finish(r, &d, keepdim)
+        }))
     }
 
     /// Sum over `dims` (all dims when empty).

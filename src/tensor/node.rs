@@ -1,5 +1,6 @@
 //! The recorded graph's node, which a tensor made by an op holds: the op's inputs as edges and
-//! its one-shot backward closure. `crate::autograd` records nodes and runs them.
+//! its backward closure (run once, or again with `retain_graph`). `crate::autograd` records
+//! nodes and runs them.
 
 use crate::sync::lock;
 use crate::{Error, Result, Tensor};
@@ -8,11 +9,12 @@ use std::sync::{Arc, Mutex};
 /// Computes the inputs' gradients from the output's gradient. `needs[i]` tells whether input
 /// `i` wants one; entries for the others may be `None`.
 pub(crate) type BackwardFn =
-    Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static>;
+    Arc<dyn Fn(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static>;
 
 /// Where the gradient of one op input goes. An edge holds the input's producing node or its
 /// gradient slot, never the input's data: a graph keeps alive only what the backward
 /// closures saved.
+#[derive(Clone)]
 pub(crate) enum Edge {
     /// The input was made by a recorded op.
     Node {
@@ -171,6 +173,12 @@ impl Node {
     pub(crate) fn take(&self) -> Option<(Vec<Edge>, BackwardFn)> {
         lock(&self.recipe).take();
         lock(&self.state).take()
+    }
+
+    /// The edges and the backward closure, left in place for another backward (PyTorch's
+    /// `retain_graph=True`).
+    pub(crate) fn get(&self) -> Option<(Vec<Edge>, BackwardFn)> {
+        lock(&self.state).clone()
     }
 }
 
