@@ -6,10 +6,12 @@
 // and `optim_count` (launched after the update) advances the count, so no host read is needed.
 
 struct OptimArgs {
-    int kind;       // 0 SGD, 1 Adam, 2 Adadelta
-    int flags;      // 1 nesterov, 2 decoupled weight decay, 4 momentum buffer in use
+    int kind;       // 0 SGD, 1 Adam, 2 Adadelta, 3 RMSprop, 4 Adagrad
+    int flags;      // 1 nesterov, 2 decoupled weight decay, 4 momentum buffer in use, 8 centered
     int stochastic; // working copy rounding: 0 nearest, 1 stochastic (bf16)
-    float lr, a, b, eps, wd; // SGD: a momentum, b dampening; Adam: a beta1, b beta2; Adadelta: a rho
+    // SGD: a momentum, b dampening; Adam: a beta1, b beta2; Adadelta: a rho; RMSprop: a alpha,
+    // b momentum; Adagrad: b lr_decay.
+    float lr, a, b, eps, wd;
     // Computed in f64 on the host, as the CPU's rules are (1 - 0.999 in f32 is off by 1.3e-5):
     float ac, bc;       // 1 - a, 1 - b
     float log_a, log_b; // ln a, ln b: Adam's bias corrections 1 - a^t = -expm1(t ln a)
@@ -44,7 +46,7 @@ template <> __device__ __forceinline__ void write_working<float>(float*, i64, fl
 // Updates elements i0, i0 + stride, ... below n of one tensor, after `steps` earlier updates,
 // drawing stochastic rounding bits from `seed`'s stream.
 template <typename P, typename G, typename W>
-__device__ void optim_span(const OptimArgs& a, P* p, const G* g, P* s0, P* s1, W* w,
+__device__ void optim_span(const OptimArgs& a, P* p, const G* g, P* s0, P* s1, P* s2, W* w,
                            float steps, u64 seed, i64 i0, i64 n, i64 stride) {
     bool first = steps == 0.0f;
     float t = steps + 1.0f;
@@ -54,6 +56,8 @@ __device__ void optim_span(const OptimArgs& a, P* p, const G* g, P* s0, P* s1, W
     float l2 = (a.flags & 2) ? 0.0f : a.wd;
     float inv_bc2 = 1.0f / -expm1f(t * a.log_b);
     float step_size = a.lr / -expm1f(t * a.log_a);
+    // Adagrad's decayed rate after `steps` earlier updates.
+    float clr = a.lr / (1.0f + steps * a.b);
     for (i64 i = i0; i < n; i += stride) {
         float x = to_f32(p[i]), gi = to_f32(g[i]);
         if (a.kind == 0) {
@@ -71,13 +75,38 @@ __device__ void optim_span(const OptimArgs& a, P* p, const G* g, P* s0, P* s1, W
             s0[i] = from_f32<P>(m);
             s1[i] = from_f32<P>(v);
             x = x * decay - step_size * m / (sqrtf(v * inv_bc2) + a.eps);
-        } else {
+        } else if (a.kind == 2) {
             float gg = gi + a.wd * x;
             float sq = a.a * to_f32(s0[i]) + a.ac * gg * gg;
             float d = sqrtf(to_f32(s1[i]) + a.eps) / sqrtf(sq + a.eps) * gg;
             s0[i] = from_f32<P>(sq);
             s1[i] = from_f32<P>(a.a * to_f32(s1[i]) + a.ac * d * d);
             x = x - a.lr * d;
+        } else if (a.kind == 3) {
+            // RMSprop: square_avg in s0, then grad_avg (centered), then the momentum buffer.
+            float gg = gi + a.wd * x;
+            float sq = a.a * to_f32(s0[i]) + a.ac * gg * gg;
+            s0[i] = from_f32<P>(sq);
+            float avg;
+            if (a.flags & 8) {
+                float ga = a.a * to_f32(s1[i]) + a.ac * gg;
+                s1[i] = from_f32<P>(ga);
+                avg = sqrtf(sq - ga * ga) + a.eps;
+            } else {
+                avg = sqrtf(sq) + a.eps;
+            }
+            float d = gg / avg;
+            if (a.flags & 4) {
+                P* buf = (a.flags & 8) ? s2 : s1;
+                d = a.b * to_f32(buf[i]) + d;
+                buf[i] = from_f32<P>(d);
+            }
+            x = x - a.lr * d;
+        } else {
+            float gg = gi + a.wd * x;
+            float sum = to_f32(s0[i]) + gg * gg;
+            s0[i] = from_f32<P>(sum);
+            x = x - clr * gg / (sqrtf(sum) + a.eps);
         }
         p[i] = from_f32<P>(x);
         if (w != nullptr) write_working<W>(w, i, x, a.stochastic != 0, key);
@@ -86,8 +115,8 @@ __device__ void optim_span(const OptimArgs& a, P* p, const G* g, P* s0, P* s1, W
 
 // Up to OPTIM_LIST tensors updated by one launch (PyTorch's multi_tensor_apply): tensor k
 // has n[k] elements in chunks of OPTIM_CHUNK, its chunks numbered from start[k] (start is
-// increasing; `chunks` in all). Pointers are to each tensor's element 0; s0, s1, w may be
-// null as in the update's rules. At most 4 KB of kernel parameters with OptimArgs.
+// increasing; `chunks` in all). Pointers are to each tensor's element 0; s0, s1, s2, w may
+// be null as in the update's rules. At most 4 KB of kernel parameters with OptimArgs.
 #define OPTIM_LIST 48
 #define OPTIM_CHUNK 16384
 struct OptimList {
@@ -97,6 +126,7 @@ struct OptimList {
     const void* g[OPTIM_LIST];
     void* s0[OPTIM_LIST];
     void* s1[OPTIM_LIST];
+    void* s2[OPTIM_LIST];
     void* w[OPTIM_LIST];
     float* step[OPTIM_LIST];
     i64 n[OPTIM_LIST];
@@ -114,7 +144,7 @@ __device__ void optim_list(OptimArgs a, const OptimList& L, const float* found_i
         i64 begin = (b - L.start[k]) * OPTIM_CHUNK;
         i64 end = begin + OPTIM_CHUNK < L.n[k] ? begin + OPTIM_CHUNK : L.n[k];
         optim_span<P, G, W>(a, (P*)L.p[k], (const G*)L.g[k], (P*)L.s0[k], (P*)L.s1[k],
-                            (W*)L.w[k], *L.step[k], L.seed[k], begin + threadIdx.x, end,
+                            (P*)L.s2[k], (W*)L.w[k], *L.step[k], L.seed[k], begin + threadIdx.x, end,
                             blockDim.x);
     }
 }

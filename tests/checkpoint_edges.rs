@@ -85,7 +85,7 @@ fn custom_op_refuses_inputs_written_after_the_forward() {
         "mul",
         &[&a, &b],
         |xs| Ok((xs[0].mul(&xs[1])?, (xs[0].clone(), xs[1].clone()))),
-        |g, (a, b)| Ok(vec![Some(g.mul(&b)?), Some(g.mul(&a)?)]),
+        |g, (a, b)| Ok(vec![Some(g.mul(b)?), Some(g.mul(a)?)]),
     )
     .unwrap();
     let view = b.detach().narrow(0, 1, 2).unwrap();

@@ -13,8 +13,9 @@ use mantissa::nn::{
     Module, Sequential,
 };
 use mantissa::optim::{
-    clip_grad_norm, Adadelta, Adam, AdamConfig, CosineAnnealing, LrSchedule, OneCycle, Optimizer,
-    Sgd, SgdConfig, StepLr,
+    clip_grad_norm, Adadelta, Adagrad, Adam, AdamConfig, CosineAnnealing, GroupOptions, LrSchedule,
+    MultiStepLr, OneCycle, Optimizer, PlateauMode, ReduceLrOnPlateau, RmsProp, Sgd, SgdConfig,
+    StepLr, ThresholdMode,
 };
 use mantissa::{
     AvgPool2dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, DType, Device,
@@ -301,6 +302,30 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
             Ok(vec![out, h, cell])
         }
         "optim" => optimize(c).map(|p| vec![p]),
+        "optim_groups" => optimize_groups(c),
+        "plateau" => {
+            let mut s = ReduceLrOnPlateau::new(0.1);
+            let or = |k: &str, d: f64| if c.has(k) { c.float(k) } else { d };
+            s.factor = or("factor", s.factor);
+            s.patience = or("patience", s.patience as f64) as usize;
+            s.threshold = or("threshold", s.threshold);
+            s.cooldown = or("cooldown", 0.0) as usize;
+            s.min_lr = or("min_lr", 0.0);
+            if c.has("mode") && c.get("mode") == "max" {
+                s.mode = PlateauMode::Max;
+            }
+            if c.has("threshold_mode") && c.get("threshold_mode") == "abs" {
+                s.threshold_mode = ThresholdMode::Abs;
+            }
+            let lrs = c
+                .t("m")
+                .to_vec_f64()?
+                .into_iter()
+                .map(|m| s.step(m).map(|lr| lr as f32))
+                .collect::<Result<Vec<_>>>()?;
+            let n = lrs.len();
+            one(Tensor::from_vec(lrs, &[n], Device::Cpu))
+        }
         "lr_schedule" => {
             let steps = c.int("steps") as usize;
             let lrs: Vec<f32> = match c.get("kind") {
@@ -308,6 +333,14 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
                     let s = StepLr {
                         base: c.float("base"),
                         step_size: c.int("step_size") as usize,
+                        gamma: c.float("gamma"),
+                    };
+                    (0..steps).map(|k| s.lr(k) as f32).collect()
+                }
+                "multi_step" => {
+                    let s = MultiStepLr {
+                        base: c.float("base"),
+                        milestones: c.usizes("milestones"),
                         gamma: c.float("gamma"),
                     };
                     (0..steps).map(|k| s.lr(k) as f32).collect()
@@ -490,15 +523,20 @@ fn dtype_named(name: &str) -> DType {
     }
 }
 
-/// The parameter after `steps` updates of the case's optimizer, the gradient of step k being
-/// the input `g{k}`.
-fn optimize(c: &Case) -> Result<Tensor> {
-    let p = c.t("p").copy()?.requires_grad(true)?;
+/// The case's optimizer over `params`, with the case's hyperparameters.
+fn make_optimizer(c: &Case, params: Vec<Tensor>) -> Result<Box<dyn Optimizer>> {
     let lr = c.float("lr");
     let or0 = |k: &str| if c.has(k) { c.float(k) } else { 0.0 };
-    let mut opt: Box<dyn Optimizer> = match c.get("kind") {
+    let set = |pairs: Vec<(&str, &mut f64)>| {
+        for (k, v) in pairs {
+            if c.has(k) {
+                *v = c.float(k);
+            }
+        }
+    };
+    Ok(match c.get("kind") {
         "sgd" => Box::new(Sgd::new(
-            vec![p.clone()],
+            params,
             SgdConfig {
                 momentum: or0("momentum"),
                 dampening: or0("dampening"),
@@ -512,37 +550,86 @@ fn optimize(c: &Case) -> Result<Tensor> {
                 "adam" => AdamConfig::adam(lr),
                 _ => AdamConfig::adamw(lr),
             };
-            for (k, v) in [
+            set(vec![
                 ("beta1", &mut cfg.beta1),
                 ("beta2", &mut cfg.beta2),
                 ("eps", &mut cfg.eps),
                 ("weight_decay", &mut cfg.weight_decay),
-            ] {
-                if c.has(k) {
-                    *v = c.float(k);
-                }
-            }
-            Box::new(Adam::new(vec![p.clone()], cfg)?)
+            ]);
+            Box::new(Adam::new(params, cfg)?)
+        }
+        "rmsprop" => {
+            let mut opt = RmsProp::new(params, lr)?;
+            set(vec![
+                ("alpha", &mut opt.alpha),
+                ("eps", &mut opt.eps),
+                ("weight_decay", &mut opt.weight_decay),
+                ("momentum", &mut opt.momentum),
+            ]);
+            opt.centered = c.has("centered") && c.flag("centered");
+            Box::new(opt)
+        }
+        "adagrad" => {
+            let mut opt = Adagrad::new(params, lr)?;
+            set(vec![
+                ("lr_decay", &mut opt.lr_decay),
+                ("eps", &mut opt.eps),
+                ("weight_decay", &mut opt.weight_decay),
+                (
+                    "initial_accumulator_value",
+                    &mut opt.initial_accumulator_value,
+                ),
+            ]);
+            Box::new(opt)
         }
         _ => {
-            let mut opt = Adadelta::new(vec![p.clone()], lr)?;
-            for (k, v) in [
+            let mut opt = Adadelta::new(params, lr)?;
+            set(vec![
                 ("rho", &mut opt.rho),
                 ("eps", &mut opt.eps),
                 ("weight_decay", &mut opt.weight_decay),
-            ] {
-                if c.has(k) {
-                    *v = c.float(k);
-                }
-            }
+            ]);
             Box::new(opt)
         }
-    };
+    })
+}
+
+/// The parameter after `steps` updates of the case's optimizer, the gradient of step k being
+/// the input `g{k}`.
+fn optimize(c: &Case) -> Result<Tensor> {
+    let p = c.t("p").copy()?.requires_grad(true)?;
+    let mut opt = make_optimizer(c, vec![p.clone()])?;
     for k in 0..c.int("steps") {
         p.set_grad(Some(c.t(&format!("g{k}")).clone()))?;
         opt.step()?;
     }
     Ok(p.detach())
+}
+
+/// A weight under the case's optimizer and a bias in a group of its own (`group_lr`,
+/// `group_weight_decay`), under a StepLR halving every 3 steps: both after `steps` updates.
+fn optimize_groups(c: &Case) -> Result<Vec<Tensor>> {
+    let w = c.t("w").copy()?.requires_grad(true)?;
+    let b = c.t("b").copy()?.requires_grad(true)?;
+    let mut opt = make_optimizer(c, vec![w.clone()])?;
+    let get = |k: &str| c.has(k).then(|| c.float(k));
+    let options = GroupOptions {
+        lr: get("group_lr"),
+        weight_decay: get("group_weight_decay"),
+    };
+    opt.add_param_group(vec![b.clone()], options)?;
+    let schedule = StepLr {
+        base: c.float("lr"),
+        step_size: 3,
+        gamma: 0.5,
+    };
+    for k in 0..c.int("steps") {
+        opt.set_lr(schedule.lr(k as usize));
+        w.set_grad(Some(c.t(&format!("gw{k}")).clone()))?;
+        b.set_grad(Some(c.t(&format!("gb{k}")).clone()))?;
+        opt.step()?;
+    }
+    Ok(vec![w.detach(), b.detach()])
 }
 
 /// The parameter after the case's steps of Adam behind a loss scaler (loss `sum(w * x_k)` at

@@ -66,7 +66,7 @@ mod tests {
     /// Returns x's gradient.
     fn run(
         inputs: usize,
-        probe: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+        probe: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
     ) -> Vec<f32> {
         let x = Tensor::from_vec(vec![1.0f32, -2.0, 0.5], &[3], Device::Cpu)
             .unwrap()

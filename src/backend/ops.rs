@@ -3,7 +3,9 @@
 
 use crate::dtype::Float;
 
-pub use super::optim::{AdadeltaRule, AdamRule, OptimUpdate, Prepared, SgdRule, UpdateRule};
+pub use super::optim::{
+    AdadeltaRule, AdagradRule, AdamRule, OptimUpdate, Prepared, RmsPropRule, SgdRule, UpdateRule,
+};
 pub use super::spec::{window_out, Conv2dParams, Pool2dParams};
 
 /// Elementwise functions of one input (some carry a scalar parameter).

@@ -125,6 +125,24 @@ pub enum OptimUpdate {
         eps: f64,
         weight_decay: f64,
     },
+    /// States: `[square_avg]`, then `grad_avg` when centered, then `momentum_buffer` when
+    /// `momentum != 0`.
+    RmsProp {
+        lr: f64,
+        alpha: f64,
+        eps: f64,
+        weight_decay: f64,
+        momentum: f64,
+        centered: bool,
+    },
+    /// States: `[sum]`; the learning rate of the update after `t` earlier ones is
+    /// `lr / (1 + t lr_decay)`, from the step count the kernel reads.
+    Adagrad {
+        lr: f64,
+        lr_decay: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
 }
 
 impl OptimUpdate {
@@ -133,6 +151,10 @@ impl OptimUpdate {
         match self {
             OptimUpdate::Sgd { momentum, .. } => (*momentum != 0.0) as usize,
             OptimUpdate::Adam { .. } | OptimUpdate::Adadelta { .. } => 2,
+            OptimUpdate::RmsProp {
+                momentum, centered, ..
+            } => 1 + *centered as usize + (*momentum != 0.0) as usize,
+            OptimUpdate::Adagrad { .. } => 1,
         }
     }
 
@@ -141,7 +163,9 @@ impl OptimUpdate {
         match *self {
             OptimUpdate::Sgd { lr, .. }
             | OptimUpdate::Adam { lr, .. }
-            | OptimUpdate::Adadelta { lr, .. } => lr,
+            | OptimUpdate::Adadelta { lr, .. }
+            | OptimUpdate::RmsProp { lr, .. }
+            | OptimUpdate::Adagrad { lr, .. } => lr,
         }
     }
 
@@ -150,7 +174,21 @@ impl OptimUpdate {
         match &mut self {
             OptimUpdate::Sgd { lr, .. }
             | OptimUpdate::Adam { lr, .. }
-            | OptimUpdate::Adadelta { lr, .. } => *lr = new,
+            | OptimUpdate::Adadelta { lr, .. }
+            | OptimUpdate::RmsProp { lr, .. }
+            | OptimUpdate::Adagrad { lr, .. } => *lr = new,
+        }
+        self
+    }
+
+    /// The same update with weight decay `wd` (a parameter group's).
+    pub fn with_weight_decay(mut self, wd: f64) -> OptimUpdate {
+        match &mut self {
+            OptimUpdate::Sgd { weight_decay, .. }
+            | OptimUpdate::Adam { weight_decay, .. }
+            | OptimUpdate::Adadelta { weight_decay, .. }
+            | OptimUpdate::RmsProp { weight_decay, .. }
+            | OptimUpdate::Adagrad { weight_decay, .. } => *weight_decay = wd,
         }
         self
     }
@@ -226,13 +264,40 @@ impl OptimUpdate {
                 eps: c(eps),
                 wd: c(weight_decay),
             }),
+            OptimUpdate::RmsProp {
+                lr,
+                alpha,
+                eps,
+                weight_decay,
+                momentum,
+                centered,
+            } => Prepared::RmsProp(RmsPropRule {
+                lr: c(lr),
+                alpha: c(alpha),
+                alpha_c: c(1.0 - alpha),
+                eps: c(eps),
+                wd: c(weight_decay),
+                momentum: c(momentum),
+                use_momentum: momentum != 0.0,
+                centered,
+            }),
+            OptimUpdate::Adagrad {
+                lr,
+                lr_decay,
+                eps,
+                weight_decay,
+            } => Prepared::Adagrad(AdagradRule {
+                clr: c(lr / (1.0 + steps * lr_decay)),
+                eps: c(eps),
+                wd: c(weight_decay),
+            }),
         }
     }
 }
 
 /// The elementwise rule of an optimizer: parameter `p`, gradient `g`, states `s` (in/out).
 pub trait UpdateRule<A>: Copy + Send + Sync {
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]);
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]);
 }
 
 /// An [`OptimUpdate`] with its constants in the arithmetic type `A`.
@@ -241,6 +306,8 @@ pub enum Prepared<A> {
     Sgd(SgdRule<A>),
     Adam(AdamRule<A>),
     Adadelta(AdadeltaRule<A>),
+    RmsProp(RmsPropRule<A>),
+    Adagrad(AdagradRule<A>),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -256,7 +323,7 @@ pub struct SgdRule<A> {
 
 impl<A: Float> UpdateRule<A> for SgdRule<A> {
     #[inline(always)]
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]) {
         let mut d = g + self.wd * *p;
         if self.use_momentum {
             s[0] = if self.first {
@@ -289,7 +356,7 @@ pub struct AdamRule<A> {
 
 impl<A: Float> UpdateRule<A> for AdamRule<A> {
     #[inline(always)]
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]) {
         let g = g + self.wd * *p;
         s[0] = self.b1 * s[0] + self.b1c * g;
         s[1] = self.b2 * s[1] + self.b2c * g * g;
@@ -308,7 +375,7 @@ pub struct AdadeltaRule<A> {
 
 impl<A: Float> UpdateRule<A> for AdadeltaRule<A> {
     #[inline(always)]
-    fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]) {
         let g = g + self.wd * *p;
         s[0] = self.rho * s[0] + self.rho_c * g * g;
         let d = (s[1] + self.eps).sqrt() / (s[0] + self.eps).sqrt() * g;
@@ -317,14 +384,69 @@ impl<A: Float> UpdateRule<A> for AdadeltaRule<A> {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+pub struct RmsPropRule<A> {
+    lr: A,
+    alpha: A,
+    alpha_c: A,
+    eps: A,
+    wd: A,
+    momentum: A,
+    use_momentum: bool,
+    centered: bool,
+}
+
+impl<A: Float> UpdateRule<A> for RmsPropRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]) {
+        let g = g + self.wd * *p;
+        s[0] = self.alpha * s[0] + self.alpha_c * g * g;
+        let avg = match self.centered {
+            true => {
+                s[1] = self.alpha * s[1] + self.alpha_c * g;
+                (s[0] - s[1] * s[1]).sqrt() + self.eps
+            }
+            false => s[0].sqrt() + self.eps,
+        };
+        let d = match self.use_momentum {
+            true => {
+                let b = 1 + self.centered as usize;
+                s[b] = self.momentum * s[b] + g / avg;
+                s[b]
+            }
+            false => g / avg,
+        };
+        *p = *p - self.lr * d;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AdagradRule<A> {
+    clr: A,
+    eps: A,
+    wd: A,
+}
+
+impl<A: Float> UpdateRule<A> for AdagradRule<A> {
+    #[inline(always)]
+    fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]) {
+        let g = g + self.wd * *p;
+        let sum = s[0] + g * g;
+        s[0] = sum;
+        *p = *p - self.clr * g / (sum.sqrt() + self.eps);
+    }
+}
+
 impl<A: Float> Prepared<A> {
     /// The update of one element (dispatching on the variant; kernels call the rule itself).
     #[inline(always)]
-    pub fn apply(&self, p: &mut A, g: A, s: &mut [A; 2]) {
+    pub fn apply(&self, p: &mut A, g: A, s: &mut [A; 3]) {
         match self {
             Prepared::Sgd(r) => r.apply(p, g, s),
             Prepared::Adam(r) => r.apply(p, g, s),
             Prepared::Adadelta(r) => r.apply(p, g, s),
+            Prepared::RmsProp(r) => r.apply(p, g, s),
+            Prepared::Adagrad(r) => r.apply(p, g, s),
         }
     }
 }

@@ -56,6 +56,6 @@ impl Optimizer for Adadelta {
     }
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
-        self.group.lr.set(lr);
+        self.group.set_lr(lr);
     }
 }

@@ -100,6 +100,6 @@ impl Optimizer for Adam {
     }
     fn set_lr(&mut self, lr: f64) {
         self.config.lr = lr;
-        self.group.lr.set(lr);
+        self.group.set_lr(lr);
     }
 }

@@ -1,4 +1,5 @@
-//! Optimizers (SGD, Adam, AdamW, SGLD, Adadelta), learning-rate schedules and gradient clipping.
+//! Optimizers (SGD, Adam, AdamW, SGLD, Adadelta, RMSprop, Adagrad), learning-rate schedules and
+//! gradient clipping.
 //!
 //! Optimizers own the list of parameters they update and a state per parameter (momentum
 //! buffers, moments, step counts), exposed as named tensors for checkpoints. Updates are done
@@ -6,117 +7,29 @@
 
 mod adadelta;
 mod adam;
+mod clip;
+mod group;
 mod master;
+mod plateau;
+mod rmsprop;
 mod schedule;
 mod sgd;
 
 pub use crate::backend::rounding::Rounding;
 pub use adadelta::Adadelta;
 pub use adam::{Adam, AdamConfig};
-pub use schedule::{ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, OneCycle, StepLr};
+pub use clip::clip_grad_norm;
+pub(crate) use clip::{in_storage_order, scale_grads};
+pub use group::{GroupOptions, ParamGroup, ParamState};
+pub use plateau::{PlateauMode, ReduceLrOnPlateau, ThresholdMode};
+pub use rmsprop::{Adagrad, RmsProp};
+pub use schedule::{
+    ConstantLr, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, OneCycle, StepLr,
+};
 pub use sgd::{Sgd, SgdConfig, Sgld};
 
-use crate::backend::ops::OptimUpdate;
-use crate::backend::optim::OptimItem;
-use crate::backend::Storage;
-use crate::{DType, Error, Generator, Result, Tensor};
+use crate::{Error, Generator, Result, Tensor};
 use std::collections::BTreeMap;
-
-/// State of one parameter: named tensors. `step` (an f32 scalar on the parameter's device,
-/// as PyTorch keeps it) counts the updates applied; the fused kernel reads and advances it,
-/// so a step skipped on a device-side overflow flag needs no host round trip.
-#[derive(Default, Clone)]
-pub struct ParamState {
-    pub tensors: BTreeMap<String, Tensor>,
-}
-
-impl ParamState {
-    /// Updates applied so far (reads the device counter).
-    pub fn step_count(&self) -> Result<u64> {
-        match self.tensors.get("step") {
-            Some(t) => Ok(t.item()? as u64),
-            None => Ok(0),
-        }
-    }
-}
-
-/// The parameters an optimizer updates and their states.
-#[derive(Default)]
-pub struct ParamGroup {
-    pub params: Vec<Tensor>,
-    pub states: Vec<ParamState>,
-    /// With fp32 master weights on, how working copies are rounded (see
-    /// [`Optimizer::use_master_weights`]).
-    pub(crate) masters: Option<Rounding>,
-    /// The learning rate as [`Optimizer::set_lr`] last set it (or the last step used),
-    /// shared with the CUDA graphs that captured a step, whose replays read it.
-    pub(crate) lr: LrCell,
-}
-
-/// A learning rate shared between an optimizer and the captured steps that read it.
-#[derive(Clone, Default)]
-pub(crate) struct LrCell(std::sync::Arc<std::sync::atomic::AtomicU64>);
-
-impl LrCell {
-    pub(crate) fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    pub(crate) fn set(&self, lr: f64) {
-        self.0
-            .store(lr.to_bits(), std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl ParamGroup {
-    pub fn new(params: Vec<Tensor>) -> ParamGroup {
-        let states = vec![ParamState::default(); params.len()];
-        ParamGroup {
-            params,
-            states,
-            masters: None,
-            lr: LrCell::default(),
-        }
-    }
-
-    /// Applies the fused update `u` to every parameter that has a gradient; the update reads
-    /// and writes the states `names`. With `found_inf`, the kernels skip when it is nonzero.
-    pub(crate) fn fused_steps(
-        &mut self,
-        names: &[&str],
-        u: OptimUpdate,
-        found_inf: Option<&Tensor>,
-    ) -> Result<()> {
-        self.lr.set(u.lr());
-        // Captured, the kernels read the learning rate from the replay's prologue, which
-        // each replay fills from the rate set then (a schedule needs no re-capture).
-        let hyper = match crate::capture::active() {
-            true => {
-                let lr = self.lr.clone();
-                let fill = move |b: &mut [u8]| {
-                    let w = u.with_lr(lr.get()).lr_words();
-                    b[..4].copy_from_slice(&w[0].to_le_bytes());
-                    b[4..8].copy_from_slice(&w[1].to_le_bytes());
-                    Ok(())
-                };
-                Some(crate::capture::slot(8, Box::new(fill))?)
-            }
-            false => None,
-        };
-        let _hyper = crate::capture::HyperGuard::set(hyper);
-        crate::no_grad(|| {
-            let mut items = Vec::with_capacity(self.params.len());
-            for i in 0..self.params.len() {
-                let Some(g) = self.params[i].grad() else {
-                    continue;
-                };
-                let (target, working) = self.target(i)?;
-                items.push(prepare(target, &g, &mut self.states[i], names, working)?);
-            }
-            apply(&items, found_inf, u)
-        })
-    }
-}
 
 /// The common interface of the optimizers.
 pub trait Optimizer {
@@ -154,6 +67,35 @@ pub trait Optimizer {
     /// The working-copy rounding when master weights are on.
     fn master_weights(&self) -> Option<Rounding> {
         self.group().masters
+    }
+
+    /// Adds a group of parameters with its own learning rate or weight decay (PyTorch's
+    /// `add_param_group`). Its rate follows the optimizer's in the ratio given now, so a
+    /// schedule's [`Optimizer::set_lr`] moves every group; states and checkpoint entries
+    /// number the group's parameters after those already held.
+    ///
+    /// ```
+    /// use mantissa::{nn::{Linear, Module}, optim::{GroupOptions, Optimizer, Sgd, SgdConfig}};
+    /// use mantissa::Generator;
+    /// let model = Linear::new(4, 2, true, &mut Generator::new(0))?;
+    /// // Weights decay, biases (and norms) do not.
+    /// let (decay, no_decay): (Vec<_>, Vec<_>) =
+    ///     model.parameters().into_iter().partition(|p| p.rank() > 1);
+    /// let cfg = SgdConfig { weight_decay: 1e-4, ..SgdConfig::new(0.1) };
+    /// let mut opt = Sgd::new(decay, cfg)?;
+    /// opt.add_param_group(no_decay, GroupOptions { weight_decay: Some(0.0), lr: Some(0.2) })?;
+    /// opt.set_lr(0.05);
+    /// assert_eq!(opt.param_group_lrs(), vec![0.05, 0.1]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    fn add_param_group(&mut self, params: Vec<Tensor>, options: GroupOptions) -> Result<()> {
+        let lr = self.lr();
+        self.group_mut().add_group(params, options, lr)
+    }
+
+    /// Every group's learning rate, the constructor's parameters' first.
+    fn param_group_lrs(&self) -> Vec<f64> {
+        self.group().group_lrs(self.lr())
     }
 
     /// Applies one update to every parameter that has a gradient.
@@ -309,282 +251,6 @@ fn state_entry(name: &str, n: usize) -> Option<(usize, &str)> {
     name.split_once('.')
         .and_then(|(i, k)| Some((i.parse::<usize>().ok()?, k)))
         .filter(|(i, _)| *i < n)
-}
-
-/// One parameter's operands of a fused update, checked and in the parameter's memory order.
-struct Prepared {
-    /// The parameter, or its f32 master.
-    target: Tensor,
-    grad: Tensor,
-    states: Vec<Tensor>,
-    step: Tensor,
-    /// A master's f16/bf16 working copy, written in the same pass.
-    working: Option<(Tensor, Rounding)>,
-}
-
-/// Checks the operands of the fused update of parameter `p` (or f32 master, when `working`
-/// names the f16/bf16 working copy to write in the same pass) with gradient `g`, creating
-/// the states `names` (zeros, the shape and dtype of `p`) and the step count on first use.
-fn prepare(
-    target: Tensor,
-    g: &Tensor,
-    st: &mut ParamState,
-    names: &[&str],
-    working: Option<(Tensor, Rounding)>,
-) -> Result<Prepared> {
-    let p = &target;
-    if !p.fills_storage() {
-        return Err(Error::invalid(
-            "optimizer step",
-            format!(
-                "parameters must be whole contiguous or channels-last tensors (got a view of \
-                 shape {:?}, strides {:?})",
-                p.shape(),
-                p.strides()
-            ),
-        ));
-    }
-    // The update walks parameter, gradient, states and working copy as flat arrays: all in
-    // the parameter's memory order.
-    let format = p.memory_format();
-    if let Some((w, _)) = &working {
-        if !w.fills_storage() || w.memory_format() != format {
-            return Err(Error::invalid(
-                "optimizer step",
-                format!(
-                    "the working copy (strides {:?}) is not in its master's order ({:?})",
-                    w.strides(),
-                    p.strides()
-                ),
-            ));
-        }
-    }
-    if g.shape() != p.shape() {
-        return Err(Error::ShapeMismatch {
-            op: "optimizer step",
-            lhs: p.shape().to_vec(),
-            rhs: g.shape().to_vec(),
-        });
-    }
-    // An f32 master reads half gradients as they are; anything else in the update's dtype.
-    let g = if p.dtype() == DType::F32 && g.dtype().is_half() {
-        g.clone()
-    } else {
-        g.to_dtype(p.dtype())?
-    };
-    let g = g.filled_in(format)?;
-    let mut states = Vec::with_capacity(names.len());
-    for &n in names {
-        let t = match st.tensors.get(n) {
-            // A state in another order (loaded from a checkpoint, say) is put in the
-            // parameter's.
-            Some(t) if t.shape() == p.shape() && t.dtype() == p.dtype() => t.filled_in(format)?,
-            Some(t) => {
-                return Err(Error::invalid(
-                    "optimizer step",
-                    format!(
-                        "state {n} is {:?} {:?}, the parameter {:?} {:?}",
-                        t.shape(),
-                        t.dtype(),
-                        p.shape(),
-                        p.dtype()
-                    ),
-                ))
-            }
-            None => p.zeros_like()?.filled_in(format)?,
-        };
-        st.tensors.insert(n.to_string(), t.clone());
-        states.push(t);
-    }
-    let step = match st.tensors.get("step") {
-        Some(t) => t.clone(),
-        None => Tensor::zeros(&[], DType::F32, p.device())?,
-    };
-    st.tensors.insert("step".into(), step.clone());
-    Ok(Prepared {
-        target,
-        grad: g,
-        states,
-        step,
-        working,
-    })
-}
-
-/// Applies the fused update `u` in place to every prepared parameter, skipped on the device
-/// when `found_inf` is nonzero; on CUDA, one launch per list of parameters of one dtype
-/// combination.
-fn apply(items: &[Prepared], found_inf: Option<&Tensor>, u: OptimUpdate) -> Result<()> {
-    let flag = found_inf.map(|f| f.to_dtype(DType::F32)).transpose()?;
-    let fs = flag.as_ref().map(|f| f.storage());
-    let grads: Vec<_> = items.iter().map(|it| it.grad.storage()).collect();
-    let mut all: Vec<&Tensor> = Vec::new();
-    for it in items {
-        all.extend([&it.target, &it.step]);
-        all.extend(it.working.as_ref().map(|w| &w.0));
-        all.extend(it.states.iter());
-    }
-    Tensor::write_many("optimizer step", &all, |s| {
-        let mut rest = s;
-        let mut ops = Vec::with_capacity(items.len());
-        for (it, g) in items.iter().zip(&grads) {
-            let k = 2 + usize::from(it.working.is_some()) + it.states.len();
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(k);
-            rest = tail;
-            let [param, step, more @ ..] = head else {
-                unreachable!("parameter and step come first")
-            };
-            let (working, states) = match &it.working {
-                Some((_, rounding)) => {
-                    let [w, states @ ..] = more else {
-                        unreachable!("the working copy follows the step")
-                    };
-                    (Some((&mut **w, *rounding)), states)
-                }
-                None => (None, more),
-            };
-            ops.push(OptimItem {
-                param: &mut **param,
-                grad: g,
-                states: states.iter_mut().map(|s| &mut **s).collect(),
-                step: &mut **step,
-                working,
-            });
-        }
-        Storage::optim_update_many(ops, fs.as_deref(), &u)
-    })
-}
-
-/// Scales the gradients of `params` so that their global L2 norm is at most `max_norm`, and
-/// returns the norm before clipping (a 0-d f32 tensor; `.item()` reads it).
-///
-/// PyTorch's `clip_grad_norm_` with its foreach kernels: the sum of squares of every gradient
-/// in one pass per dtype and list of gradients (accumulated in f32, f64 on the CPU, joined in
-/// a fixed order), and the scaling by `min(1, max_norm / (norm + 1e-6))` in one more; the
-/// coefficient stays on the device (no host read). f64 gradients take a per-tensor path.
-///
-/// ```
-/// use mantissa::{Tensor, Device, optim::clip_grad_norm};
-/// let p = Tensor::from_vec(vec![0.0f32, 0.0], &[2], Device::Cpu)?.requires_grad(true)?;
-/// p.set_grad(Some(Tensor::from_vec(vec![3.0f32, 4.0], &[2], Device::Cpu)?))?;
-/// let norm = clip_grad_norm(&[p.clone()], 1.0)?;
-/// assert_eq!(norm.item()?, 5.0);
-/// assert!((p.grad().unwrap().to_vec::<f32>()?[1] - 0.8).abs() < 1e-6);
-/// # Ok::<(), mantissa::Error>(())
-/// ```
-pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
-    if max_norm.is_nan() || max_norm <= 0.0 {
-        return Err(Error::invalid(
-            "clip_grad_norm",
-            format!("max_norm {max_norm} must be positive"),
-        ));
-    }
-    crate::no_grad(|| {
-        let device = params.first().map(|p| p.device()).unwrap_or_default();
-        let with_grad: Vec<(&Tensor, Tensor)> = params
-            .iter()
-            .filter_map(|p| p.grad().map(|g| (p, g)))
-            .collect();
-        if with_grad.is_empty() {
-            return Tensor::zeros(&[], DType::F32, device);
-        }
-        let listed = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
-        if !with_grad.iter().all(|(_, g)| listed(g.dtype())) {
-            return clip_per_tensor(&with_grad, max_norm, device);
-        }
-        let grads = with_grad
-            .iter()
-            .map(|(_, g)| in_storage_order(g.clone()))
-            .collect::<Result<Vec<_>>>()?;
-        let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
-        let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
-        let total = Tensor::from_storage(Storage::sum_squares(&refs)?, &[]);
-        drop(storages);
-        let norm = total.sqrt()?;
-        // coef = min(1, max_norm / (norm + 1e-6)), applied without reading the norm back.
-        let coef = norm.add(1e-6)?.recip()?.mul(max_norm)?.minimum(1.0)?;
-        // The scaler's multi-tensor pass scales them all; its overflow flag is not wanted.
-        let flag = Tensor::zeros(&[], DType::F32, device)?;
-        let params: Vec<&Tensor> = with_grad.iter().map(|(p, _)| *p).collect();
-        scale_grads("clip_grad_norm", &params, &grads, &coef, &flag, None)?;
-        Ok(norm)
-    })
-}
-
-/// Multiplies the gradients `grads` of `params` (each filling its storage: see
-/// [`in_storage_order`]) by the f32 scalar `factor`, a device tensor, in one multi-tensor pass
-/// per dtype, and sets `flag` (an f32 scalar) to 1 when an element is inf or NaN. In place,
-/// as PyTorch's foreach kernels: whoever holds a gradient sees it change. A gradient that is
-/// not its parameter's own (`in_storage_order` copied it), or whose storage another listed
-/// gradient shares, is scaled as a copy of its own that becomes the parameter's gradient.
-/// With `out` (master weights: f32), every gradient becomes a new one of that dtype.
-pub(crate) fn scale_grads(
-    op: &'static str,
-    params: &[&Tensor],
-    grads: &[Tensor],
-    factor: &Tensor,
-    flag: &Tensor,
-    out: Option<DType>,
-) -> Result<()> {
-    if let Some(out) = out {
-        let storages: Vec<_> = grads.iter().map(|g| g.storage()).collect();
-        let refs: Vec<&Storage> = storages.iter().map(|s| &**s).collect();
-        let scaled = Tensor::write_many(op, &[flag], |f| {
-            Storage::unscale_grads(&refs, &factor.storage(), f[0], out)
-        })?;
-        drop(storages);
-        for ((p, g), s) in params.iter().zip(grads).zip(scaled) {
-            p.set_grad(Some(Tensor::from_storage_in(s, g.layout().clone())))?;
-        }
-        return Ok(());
-    }
-    let mut seen = std::collections::HashSet::with_capacity(grads.len());
-    let mut owned = Vec::with_capacity(grads.len());
-    for (p, g) in params.iter().zip(grads) {
-        let g = match seen.insert(g.storage_addr()) {
-            true => g.clone(),
-            false => Tensor::from_storage_in(g.storage().try_clone()?, g.layout().clone()),
-        };
-        if !p.grad().is_some_and(|h| h.shares_storage(&g)) {
-            p.set_grad(Some(g.clone()))?;
-        }
-        owned.push(g);
-    }
-    let mut written = vec![flag];
-    written.extend(&owned);
-    Tensor::write_many(op, &written, |w| {
-        let (flag, grads) = w.split_first_mut().expect("the flag comes first");
-        Storage::unscale_grads_(grads, &factor.storage(), flag)
-    })
-}
-
-/// [`clip_grad_norm`] a gradient at a time, for dtypes the multi-tensor passes do not take.
-fn clip_per_tensor(
-    with_grad: &[(&Tensor, Tensor)],
-    max_norm: f64,
-    device: crate::Device,
-) -> Result<Tensor> {
-    let mut total = Tensor::zeros(&[], DType::F32, device)?;
-    for (_, g) in with_grad {
-        total = total.add(&g.to_dtype(DType::F32)?.sqr()?.sum_all()?)?;
-    }
-    let norm = total.sqrt()?;
-    let coef = norm.add(1e-6)?.recip()?.mul(max_norm)?.minimum(1.0)?;
-    for (p, g) in with_grad {
-        p.set_grad(Some(g.mul(&coef.to_dtype(g.dtype())?)?))?;
-    }
-    Ok(norm)
-}
-
-/// `g`, or a copy of it, whose storage holds exactly its elements in a dense order (its
-/// memory format kept): what the multi-tensor passes walk, element by element.
-pub(crate) fn in_storage_order(g: Tensor) -> Result<Tensor> {
-    let dense = g.is_contiguous() || g.layout().dense_order().is_some();
-    let fills = g.layout().offset() == 0 && g.storage().len() == g.numel();
-    if dense && fills {
-        Ok(g)
-    } else {
-        g.copy()
-    }
 }
 
 /// Checks a hyperparameter is finite and not negative.

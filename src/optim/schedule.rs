@@ -115,3 +115,25 @@ impl<S: LrSchedule> LrSchedule for LinearWarmup<S> {
         self.inner.lr(step) * f
     }
 }
+
+/// `base * gamma^k`, `k` the number of milestones at or before the step (`MultiStepLR`).
+///
+/// ```
+/// use mantissa::optim::{LrSchedule, MultiStepLr};
+/// let s = MultiStepLr { base: 0.1, milestones: vec![2, 5], gamma: 0.5 };
+/// let lrs: Vec<f64> = (0..6).map(|t| s.lr(t)).collect();
+/// assert_eq!(lrs, vec![0.1, 0.1, 0.05, 0.05, 0.05, 0.025]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct MultiStepLr {
+    pub base: f64,
+    pub milestones: Vec<usize>,
+    pub gamma: f64,
+}
+
+impl LrSchedule for MultiStepLr {
+    fn lr(&self, step: usize) -> f64 {
+        let passed = self.milestones.iter().filter(|&&m| m <= step).count();
+        self.base * self.gamma.powi(passed as i32)
+    }
+}

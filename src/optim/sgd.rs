@@ -96,7 +96,7 @@ impl Optimizer for Sgd {
     }
     fn set_lr(&mut self, lr: f64) {
         self.config.lr = lr;
-        self.group.lr.set(lr);
+        self.group.set_lr(lr);
     }
 }
 
@@ -151,6 +151,8 @@ impl Optimizer for Sgld {
                     continue;
                 }
                 // With master weights the noise goes into the master, then the working copy.
+                // A group's rate scales its noise's variance.
+                let std = std * group.lr_scale_of(i).sqrt();
                 let (p, working) = group.target(i)?;
                 let gen = &self.gen;
                 let mut noise =

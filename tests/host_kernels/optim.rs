@@ -84,6 +84,44 @@ fn optimizer_kernel_matches_the_cpu_update() {
             eps: 1e-6,
             weight_decay: 0.0,
         },
+        OptimUpdate::RmsProp {
+            lr: 1e-2,
+            alpha: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            momentum: 0.0,
+            centered: false,
+        },
+        OptimUpdate::RmsProp {
+            lr: 1e-2,
+            alpha: 0.9,
+            eps: 1e-6,
+            weight_decay: 0.01,
+            momentum: 0.8,
+            centered: false,
+        },
+        OptimUpdate::RmsProp {
+            lr: 1e-2,
+            alpha: 0.9,
+            eps: 1e-6,
+            weight_decay: 0.01,
+            momentum: 0.8,
+            centered: true,
+        },
+        OptimUpdate::RmsProp {
+            lr: 1e-2,
+            alpha: 0.9,
+            eps: 1e-6,
+            weight_decay: 0.0,
+            momentum: 0.0,
+            centered: true,
+        },
+        OptimUpdate::Adagrad {
+            lr: 1e-2,
+            lr_decay: 0.1,
+            eps: 1e-10,
+            weight_decay: 0.01,
+        },
     ];
     use DType::*;
     // (parameter, gradient, working copy and its rounding)
@@ -213,6 +251,7 @@ impl Operands {
             g: ptr(g) as u64,
             s0: state(self.sk.get_mut(0)),
             s1: state(self.sk.get_mut(1)),
+            s2: state(self.sk.get_mut(2)),
             w: state(self.wk.as_mut()),
             step: ptr(&mut self.tk) as u64,
             n: self.pk.len(),

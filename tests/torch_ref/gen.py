@@ -556,6 +556,10 @@ def torch_optim(kind, cfg):
             opt = torch.optim.Adam([p], **cfg)
         elif kind == "adamw":
             opt = torch.optim.AdamW([p], **cfg)
+        elif kind == "rmsprop":
+            opt = torch.optim.RMSprop([p], **cfg)
+        elif kind == "adagrad":
+            opt = torch.optim.Adagrad([p], **cfg)
         else:
             opt = torch.optim.Adadelta([p], **cfg)
         for k in range(OPT_STEPS):
@@ -803,6 +807,86 @@ module_case("sequential",
                                         torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                         torch.nn.Flatten(), torch.nn.Linear(64, 3)),
             [randn(2, 1, 10, 10), randn(3, 1, 10, 10)], calls=("train", "eval"))
+
+# ---- cases added later: appended, and drawn from a generator of their own, so that every
+# case above keeps its inputs and the gradients run() draws for it -----------------------
+_rng_before = torch.get_rng_state()
+torch.manual_seed(SEED + 1)
+
+# RMSprop and Adagrad, as the optimizers above.
+OPTIMS_LATER = [
+    ("rmsprop", dict(lr=0.01)),
+    ("rmsprop", dict(lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.05, momentum=0.8)),
+    ("rmsprop", dict(lr=0.02, centered=True)),
+    ("rmsprop", dict(lr=0.01, alpha=0.95, centered=True, momentum=0.5, weight_decay=0.1)),
+    ("adagrad", dict(lr=0.1)),
+    ("adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.02, initial_accumulator_value=0.3,
+                     eps=1e-6)),
+]
+for kind, cfg in OPTIMS_LATER:
+    ins = [("p", randn(3, 4), False)] + [(f"g{k}", randn(3, 4), False) for k in range(OPT_STEPS)]
+    case("optim", ins, torch_optim(kind, cfg), kind=kind, steps=OPT_STEPS, **cfg)
+
+
+# Parameter groups: a weight (the optimizer's own rate and decay) and a bias in a group of its
+# own rate and no decay, under a StepLR that halves every 3 steps.
+def torch_groups(kind, cfg, group):
+    def fn(t):
+        w = t["w"].detach().clone().requires_grad_(True)
+        b = t["b"].detach().clone().requires_grad_(True)
+        make = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW,
+                "rmsprop": torch.optim.RMSprop}[kind]
+        opt = make([{"params": [w]}, {"params": [b], **group}], **cfg)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+        for k in range(OPT_STEPS):
+            w.grad, b.grad = t[f"gw{k}"].clone(), t[f"gb{k}"].clone()
+            opt.step()
+            sched.step()
+        return [w.detach(), b.detach()]
+    return fn
+
+
+GROUPS = [
+    ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.1), dict(lr=0.3, weight_decay=0.0)),
+    ("adamw", dict(lr=0.01, weight_decay=0.2), dict(weight_decay=0.0)),
+    ("rmsprop", dict(lr=0.01, weight_decay=0.05), dict(lr=0.002)),
+]
+for kind, cfg, group in GROUPS:
+    ins = [("w", randn(3, 4), False), ("b", randn(3), False)]
+    for k in range(OPT_STEPS):
+        ins += [(f"gw{k}", randn(3, 4), False), (f"gb{k}", randn(3), False)]
+    case("optim_groups", ins, torch_groups(kind, cfg, group), kind=kind, steps=OPT_STEPS,
+         **cfg, **{f"group_{k}": v for k, v in group.items()})
+
+case("lr_schedule", [], torch_lrs(lambda o: S.MultiStepLR(o, [2, 5, 6], 0.5), 9, 0.1),
+     kind="multi_step", base=0.1, milestones=[2, 5, 6], gamma=0.5, steps=9)
+
+
+# ReduceLROnPlateau: the rate after each epoch's metric. The metrics improve, stall, improve
+# a little (within or past the threshold), and hold NaN once.
+def torch_plateau(cfg):
+    def fn(t):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        sched = S.ReduceLROnPlateau(opt, **cfg)
+        lrs = []
+        for m in t["m"].tolist():
+            sched.step(m)
+            lrs.append(opt.param_groups[0]["lr"])
+        return [torch.tensor(lrs, dtype=torch.float64)]
+    return fn
+
+
+METRICS = torch.tensor([1.0, 0.9, 0.9, 0.95, 0.89995, 0.9, 0.5, 0.6, float("nan"), 0.7, 0.7,
+                        0.45, 0.46, 0.47, 0.48, 0.49, 0.5, 0.51, 0.52])
+PLATEAUS = [
+    dict(patience=1),
+    dict(patience=2, factor=0.5, cooldown=1, min_lr=0.02),
+    dict(mode="max", patience=1, factor=0.3, threshold=0.05, threshold_mode="abs"),
+    dict(patience=0, threshold=0.1, threshold_mode="rel", cooldown=2),
+]
+for cfg in PLATEAUS:
+    case("plateau", [("m", METRICS.clone(), False)], torch_plateau(cfg), **cfg)
+torch.set_rng_state(_rng_before)
 
 # ---- run and write -----------------------------------------------------------------------
 

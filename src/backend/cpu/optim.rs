@@ -67,57 +67,41 @@ impl<'a> Working<'a> {
     }
 }
 
-/// One task: chunks of parameter, gradient, state 0, state 1 and working copy.
+/// One task: chunks of parameter, gradient, the states (empty when absent; present ones
+/// come first) and working copy.
 struct Job<'a, T, G> {
     start: usize,
     p: &'a mut [T],
     g: &'a [G],
-    s0: &'a mut [T],
-    s1: &'a mut [T],
+    s: [&'a mut [T]; 3],
     w: Working<'a>,
 }
 
-/// The update loop for one rule, written once per state count (monomorphised per rule and
-/// gradient type, so the inner loops are branch-free).
-fn update<T, G, R>(k: R, j: Job<T, G>)
+/// The update loop for one rule with its first `N` states present (monomorphised per rule,
+/// gradient type and state count, so the inner loops are branch-free).
+fn update<const N: usize, T, G, R>(k: R, j: Job<T, G>)
 where
     T: CpuElem,
     G: CpuElem<Acc = T::Acc>,
     R: UpdateRule<T::Acc>,
 {
     let z = T::Acc::from_f64_(0.0);
-    let Job {
-        start,
-        p,
-        g,
-        s0,
-        s1,
-        w,
-    } = j;
-    match (s0.is_empty(), s1.is_empty()) {
-        (true, _) => {
-            for (p, &g) in p.iter_mut().zip(g) {
-                let (mut a, mut st) = (p.to_acc(), [z, z]);
-                k.apply(&mut a, g.to_acc(), &mut st);
-                *p = T::from_acc(a);
-            }
+    let Job { start, p, g, s, w } = j;
+    let n = p.len();
+    // Cut to the parameter's length: the indexing below needs no bounds checks.
+    let mut s = s.map(|s| match s.is_empty() {
+        true => s,
+        false => &mut s[..n],
+    });
+    for (i, (p, &g)) in p.iter_mut().zip(&g[..n]).enumerate() {
+        let (mut a, mut st) = (p.to_acc(), [z; 3]);
+        for (v, s) in st.iter_mut().zip(&s).take(N) {
+            *v = s[i].to_acc();
         }
-        (false, true) => {
-            for ((p, &g), s0) in p.iter_mut().zip(g).zip(s0) {
-                let (mut a, mut st) = (p.to_acc(), [s0.to_acc(), z]);
-                k.apply(&mut a, g.to_acc(), &mut st);
-                *p = T::from_acc(a);
-                *s0 = T::from_acc(st[0]);
-            }
-        }
-        (false, false) => {
-            for (((p, &g), s0), s1) in p.iter_mut().zip(g).zip(s0).zip(s1) {
-                let (mut a, mut st) = (p.to_acc(), [s0.to_acc(), s1.to_acc()]);
-                k.apply(&mut a, g.to_acc(), &mut st);
-                *p = T::from_acc(a);
-                *s0 = T::from_acc(st[0]);
-                *s1 = T::from_acc(st[1]);
-            }
+        k.apply(&mut a, g.to_acc(), &mut st);
+        *p = T::from_acc(a);
+        for (v, s) in st.iter().zip(&mut s).take(N) {
+            s[i] = T::from_acc(*v);
         }
     }
     w.write(&*p, start);
@@ -127,27 +111,30 @@ where
 fn for_chunks<'a, T: CpuElem, G: CpuElem>(
     p: &'a mut [T],
     g: &'a [G],
-    s0: &'a mut [T],
-    s1: &'a mut [T],
+    s: [&'a mut [T]; 3],
     w: Working<'a>,
     f: impl Fn(Job<'a, T, G>) + Sync + Send,
 ) {
     let _iso = crate::parallel::Isolated::new();
     let n = p.len();
     let chunks = n.div_ceil(CHUNK);
-    let (v0, v1, vw) = (pieces(s0, chunks), pieces(s1, chunks), w.chunks(chunks));
+    let [s0, s1, s2] = s;
+    let pieces3 = pieces(s0, chunks)
+        .into_iter()
+        .zip(pieces(s1, chunks))
+        .zip(pieces(s2, chunks))
+        .map(|((a, b), c)| [a, b, c]);
     let jobs = p
         .chunks_mut(CHUNK)
         .zip(g.chunks(CHUNK))
-        .zip(v0.into_iter().zip(v1))
-        .zip(vw)
+        .zip(pieces3)
+        .zip(w.chunks(chunks))
         .enumerate()
-        .map(|(i, (((p, g), (s0, s1)), w))| Job {
+        .map(|(i, (((p, g), s), w))| Job {
             start: i * CHUNK,
             p,
             g,
-            s0,
-            s1,
+            s,
             w,
         });
     if n < PAR_MIN {
@@ -157,23 +144,39 @@ fn for_chunks<'a, T: CpuElem, G: CpuElem>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run<T, G>(
-    p: &mut [T],
-    g: &[G],
-    s0: &mut [T],
-    s1: &mut [T],
-    w: Working,
-    u: &OptimUpdate,
-    steps: f64,
+/// Runs rule `k` over the chunks with the first `present` states.
+fn run_rule<'a, T, G, R>(
+    k: R,
+    present: usize,
+    p: &'a mut [T],
+    g: &'a [G],
+    s: [&'a mut [T]; 3],
+    w: Working<'a>,
 ) where
     T: CpuElem,
     G: CpuElem<Acc = T::Acc>,
+    R: UpdateRule<T::Acc>,
 {
+    match present {
+        0 => for_chunks(p, g, s, w, |j| update::<0, _, _, _>(k, j)),
+        1 => for_chunks(p, g, s, w, |j| update::<1, _, _, _>(k, j)),
+        2 => for_chunks(p, g, s, w, |j| update::<2, _, _, _>(k, j)),
+        _ => for_chunks(p, g, s, w, |j| update::<3, _, _, _>(k, j)),
+    }
+}
+
+fn run<T, G>(p: &mut [T], g: &[G], s: [&mut [T]; 3], w: Working, u: &OptimUpdate, steps: f64)
+where
+    T: CpuElem,
+    G: CpuElem<Acc = T::Acc>,
+{
+    let present = s.iter().take_while(|s| !s.is_empty()).count();
     match u.prepare::<T::Acc>(steps) {
-        Prepared::Sgd(k) => for_chunks(p, g, s0, s1, w, |j| update(k, j)),
-        Prepared::Adam(k) => for_chunks(p, g, s0, s1, w, |j| update(k, j)),
-        Prepared::Adadelta(k) => for_chunks(p, g, s0, s1, w, |j| update(k, j)),
+        Prepared::Sgd(k) => run_rule(k, present, p, g, s, w),
+        Prepared::Adam(k) => run_rule(k, present, p, g, s, w),
+        Prepared::Adadelta(k) => run_rule(k, present, p, g, s, w),
+        Prepared::RmsProp(k) => run_rule(k, present, p, g, s, w),
+        Prepared::Adagrad(k) => run_rule(k, present, p, g, s, w),
     }
 }
 
@@ -185,20 +188,17 @@ fn scalar(s: &CpuStorage) -> Option<f32> {
     }
 }
 
-/// The two state slices of one update (empty when absent), or `None` on a dtype mismatch.
-fn state_slices<'a, T: CpuElem>(
-    states: &'a mut [&mut CpuStorage],
-) -> Option<(&'a mut [T], &'a mut [T])> {
-    let mut it = states.iter_mut();
-    let s0: &mut [T] = match it.next() {
-        Some(s) => T::slice_mut(s)?,
-        None => &mut [],
-    };
-    let s1: &mut [T] = match it.next() {
-        Some(s) => T::slice_mut(s)?,
-        None => &mut [],
-    };
-    Some((s0, s1))
+/// The state slices of one update (empty when absent), or `None` on a dtype mismatch or
+/// more than three states.
+fn state_slices<'a, T: CpuElem>(states: &'a mut [&mut CpuStorage]) -> Option<[&'a mut [T]; 3]> {
+    if states.len() > 3 {
+        return None;
+    }
+    let mut out: [&mut [T]; 3] = Default::default();
+    for (o, s) in out.iter_mut().zip(states.iter_mut()) {
+        *o = T::slice_mut(s)?;
+    }
+    Some(out)
 }
 
 /// Typed slices, length checks and the run; `None` when dtypes or lengths disagree.
@@ -216,7 +216,7 @@ where
 {
     let g = G::slice(g)?;
     let p = T::slice_mut(p)?;
-    let (s0, s1) = state_slices::<T>(states)?;
+    let s = state_slices::<T>(states)?;
     let n = p.len();
     let fits = |l: usize| l == 0 || l == n;
     let wl = match &w {
@@ -224,10 +224,10 @@ where
         Working::F16(s) => s.len(),
         Working::BF16(s) | Working::BF16Stochastic(s, _) => s.len(),
     };
-    if g.len() != n || wl != n || !fits(s0.len()) || !fits(s1.len()) {
+    if g.len() != n || wl != n || !s.iter().all(|s| fits(s.len())) {
         return None;
     }
-    run(p, g, s0, s1, w, u, steps);
+    run(p, g, s, w, u, steps);
     Some(())
 }
 

@@ -117,6 +117,38 @@ pub(super) fn args(u: &OptimUpdate, rounding: Option<Rounding>) -> OptimArgs {
                 ..base
             },
         ),
+        OptimUpdate::RmsProp {
+            lr: _,
+            alpha,
+            eps,
+            weight_decay,
+            momentum,
+            centered,
+        } => with(
+            alpha,
+            momentum,
+            OptimArgs {
+                kind: 3,
+                flags: if momentum != 0.0 { 4 } else { 0 } | if centered { 8 } else { 0 },
+                lr,
+                eps: eps as f32,
+                wd: weight_decay as f32,
+                ..base
+            },
+        ),
+        OptimUpdate::Adagrad {
+            lr: _,
+            lr_decay,
+            eps,
+            weight_decay,
+        } => OptimArgs {
+            kind: 4,
+            lr,
+            b: lr_decay as f32,
+            eps: eps as f32,
+            wd: weight_decay as f32,
+            ..base
+        },
     }
 }
 
@@ -152,7 +184,8 @@ pub(super) const LIST: usize = 48;
 pub(super) const CHUNK: usize = 16384;
 
 /// `cuda/optim.cu`'s `OptimList`, field for field: device addresses of each tensor's element
-/// 0 (0 for none), its length and the first of its chunks.
+/// 0 (0 for none), its length and the first of its chunks. With `OptimArgs` and two pointers,
+/// 3,928 bytes: within the 4 KB of kernel parameters every CUDA version takes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(super) struct OptimList {
@@ -162,6 +195,7 @@ pub(super) struct OptimList {
     g: [u64; LIST],
     s0: [u64; LIST],
     s1: [u64; LIST],
+    s2: [u64; LIST],
     w: [u64; LIST],
     step: [u64; LIST],
     n: [i64; LIST],
@@ -172,7 +206,7 @@ pub(super) struct OptimList {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for OptimList {}
 
-/// One tensor's operands for [`OptimList`]: addresses of parameter, gradient, states, working
+/// One tensor's operands for [`OptimList`]: addresses of parameter, gradient, up to three states, working
 /// copy and step count (0 for an absent state or working copy), its length and its stochastic
 /// rounding seed.
 #[derive(Clone, Copy, Debug, Default)]
@@ -181,6 +215,7 @@ pub(super) struct ListEntry {
     pub(super) g: u64,
     pub(super) s0: u64,
     pub(super) s1: u64,
+    pub(super) s2: u64,
     pub(super) w: u64,
     pub(super) step: u64,
     pub(super) n: usize,
@@ -199,6 +234,7 @@ pub(super) fn lists(entries: &[ListEntry]) -> Vec<OptimList> {
                 g: [0; LIST],
                 s0: [0; LIST],
                 s1: [0; LIST],
+                s2: [0; LIST],
                 w: [0; LIST],
                 step: [0; LIST],
                 n: [0; LIST],
@@ -206,7 +242,8 @@ pub(super) fn lists(entries: &[ListEntry]) -> Vec<OptimList> {
                 seed: [0; LIST],
             };
             for (k, e) in part.iter().enumerate() {
-                (l.p[k], l.g[k], l.s0[k], l.s1[k], l.w[k]) = (e.p, e.g, e.s0, e.s1, e.w);
+                (l.p[k], l.g[k], l.w[k]) = (e.p, e.g, e.w);
+                (l.s0[k], l.s1[k], l.s2[k]) = (e.s0, e.s1, e.s2);
                 (l.step[k], l.n[k], l.seed[k]) = (e.step, e.n as i64, e.seed);
                 l.start[k] = l.chunks;
                 l.chunks += e.n.div_ceil(CHUNK) as i64;
@@ -275,6 +312,7 @@ fn entry(it: &OptimItem<'_>, u: &OptimUpdate) -> Result<Option<(&'static str, bo
         g: g.ptr(),
         s0: state(0),
         s1: state(1),
+        s2: state(2),
         w: it.working.as_ref().map_or(0, |(w, _)| w.ptr()),
         step: it.step.ptr(),
         n,

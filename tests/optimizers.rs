@@ -1,0 +1,273 @@
+//! RMSprop, Adagrad, parameter groups and ReduceLROnPlateau beyond the PyTorch cases of
+//! `tests/torch_reference.rs`: each optimizer trains a model, in f16/bf16 with fp32 master
+//! weights too; groups keep their own rates and decay, refuse a parameter twice and
+//! checkpoint with the rest; mistakes are errors.
+
+mod common;
+use common::*;
+use mantissa::nn::{Activation, Linear, Module, Sequential};
+use mantissa::optim::*;
+use mantissa::*;
+
+/// A two-layer MLP on a fixed regression problem: `y = sum(sin(x))` per row.
+fn problem(dtype: DType) -> (Sequential, Tensor, Tensor) {
+    let mut g = Generator::new(3);
+    let mut m = Sequential::new()
+        .push(Linear::new(4, 16, true, &mut g).unwrap())
+        .push(Activation::Tanh)
+        .push(Linear::new(16, 1, true, &mut g).unwrap());
+    m.to_dtype(dtype).unwrap();
+    let x = f32s(&[32, 4], 5);
+    let y = x.sin().unwrap().sum(&[1], true).unwrap();
+    (m, x.to_dtype(dtype).unwrap(), y.to_dtype(dtype).unwrap())
+}
+
+/// The loss before and after `steps` steps of `opt` on [`problem`].
+fn train(
+    m: &Sequential,
+    x: &Tensor,
+    y: &Tensor,
+    opt: &mut dyn Optimizer,
+    steps: usize,
+) -> (f64, f64) {
+    let loss = |m: &Sequential| m.forward(x).unwrap().mse_loss(y, Reduction::Mean).unwrap();
+    let first = loss(m).item().unwrap();
+    for _ in 0..steps {
+        opt.zero_grad();
+        loss(m).backward().unwrap();
+        opt.step().unwrap();
+    }
+    (first, loss(m).item().unwrap())
+}
+
+type Make = fn(Vec<Tensor>) -> Box<dyn Optimizer>;
+
+fn rmsprop(p: Vec<Tensor>) -> Box<dyn Optimizer> {
+    let mut o = RmsProp::new(p, 3e-3).unwrap();
+    o.momentum = 0.5;
+    o.centered = true;
+    Box::new(o)
+}
+
+fn adagrad(p: Vec<Tensor>) -> Box<dyn Optimizer> {
+    let mut o = Adagrad::new(p, 0.05).unwrap();
+    o.initial_accumulator_value = 0.1;
+    Box::new(o)
+}
+
+#[test]
+fn rmsprop_and_adagrad_train_in_every_dtype() {
+    let makes: [(&str, Make); 2] = [("rmsprop", rmsprop), ("adagrad", adagrad)];
+    for (name, make) in makes {
+        let (m, x, y) = problem(DType::F32);
+        let mut opt = make(m.parameters());
+        let (before, after) = train(&m, &x, &y, opt.as_mut(), 60);
+        assert!(after < 0.2 * before, "{name}: loss {before} -> {after}");
+        for dt in [DType::F16, DType::BF16] {
+            let (m, x, y) = problem(dt);
+            let mut opt = make(m.parameters());
+            opt.use_master_weights(Rounding::Nearest).unwrap();
+            let (b, a) = train(&m, &x, &y, opt.as_mut(), 60);
+            assert!(
+                a < 0.25 * b,
+                "{name} {dt:?} with master weights: loss {b} -> {a}"
+            );
+            let master = &opt.states()[0].tensors["master"];
+            assert_eq!(master.dtype(), DType::F32, "{name} {dt:?}");
+            // The states are kept in f32 beside the master.
+            for (k, t) in &opt.states()[0].tensors {
+                assert_eq!(t.dtype(), DType::F32, "{name} {dt:?} state {k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rmsprop_states_are_named_as_pytorch_and_round_trip() {
+    let (m, x, y) = problem(DType::F32);
+    let mut opt = rmsprop(m.parameters());
+    train(&m, &x, &y, opt.as_mut(), 3);
+    let keys: Vec<String> = opt.states()[0].tensors.keys().cloned().collect();
+    assert_eq!(keys, ["grad_avg", "momentum_buffer", "square_avg", "step"]);
+    let named = opt.state_tensors().unwrap().into_iter().collect();
+    let (m2, _, _) = problem(DType::F32);
+    let mut other = rmsprop(m2.parameters());
+    other.load_state_tensors(&named).unwrap();
+    assert_eq!(other.states()[0].step_count().unwrap(), 3);
+    // Adagrad's sum starts at its initial value.
+    let p = Tensor::from_vec(vec![1.0f32, -2.0], &[2], Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let mut ada = Adagrad::new(vec![p.clone()], 0.1).unwrap();
+    ada.initial_accumulator_value = 0.5;
+    p.set_grad(Some(
+        Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu).unwrap(),
+    ))
+    .unwrap();
+    ada.step().unwrap();
+    assert_close(
+        &vals(&ada.states()[0].tensors["sum"]),
+        &[1.5, 4.5],
+        1e-7,
+        "sum",
+    );
+    let want = [
+        1.0 - 0.1 / (1.5f64.sqrt() + 1e-10),
+        -2.0 - 0.2 / (4.5f64.sqrt() + 1e-10),
+    ];
+    assert_close(&vals(&p), &want, 1e-6, "adagrad step");
+}
+
+#[test]
+fn hyperparameter_mistakes_are_errors() {
+    let p = || vec![f32s(&[2], 1).requires_grad(true).unwrap()];
+    assert!(RmsProp::new(p(), -1.0).is_err());
+    assert!(Adagrad::new(p(), f64::NAN).is_err());
+    let params = p();
+    params[0].set_grad(Some(f32s(&[2], 2))).unwrap();
+    let mut r = RmsProp::new(params.clone(), 0.1).unwrap();
+    r.alpha = 1.5;
+    let e = r.step().unwrap_err().to_string();
+    assert!(e.contains("RmsProp") && e.contains("alpha 1.5"), "{e}");
+    let before = vals(&params[0]);
+    let mut a = Adagrad::new(params.clone(), 0.1).unwrap();
+    a.lr_decay = -0.5;
+    let e = a.step().unwrap_err().to_string();
+    assert!(e.contains("lr_decay"), "{e}");
+    assert_eq!(vals(&params[0]), before, "a refused step changes nothing");
+}
+
+/// Group rates follow the optimizer's; a group's weight decay replaces the optimizer's; a
+/// parameter in two groups, or a ratio to a zero rate, is refused.
+#[test]
+fn parameter_groups_keep_their_rate_and_decay() {
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let b = Tensor::from_vec(vec![3.0f32], &[1], Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let cfg = SgdConfig {
+        weight_decay: 0.5,
+        ..SgdConfig::new(0.1)
+    };
+    let mut opt = Sgd::new(vec![w.clone()], cfg).unwrap();
+    let group = GroupOptions {
+        lr: Some(0.4),
+        weight_decay: Some(0.0),
+    };
+    opt.add_param_group(vec![b.clone()], group).unwrap();
+    assert_eq!(opt.param_group_lrs(), vec![0.1, 0.4]);
+    opt.set_lr(0.05);
+    assert_eq!(opt.param_group_lrs(), vec![0.05, 0.2]);
+    w.set_grad(Some(
+        Tensor::from_vec(vec![1.0f32, 1.0], &[2], Device::Cpu).unwrap(),
+    ))
+    .unwrap();
+    b.set_grad(Some(
+        Tensor::from_vec(vec![1.0f32], &[1], Device::Cpu).unwrap(),
+    ))
+    .unwrap();
+    opt.step().unwrap();
+    // w: 0.05 (g + 0.5 w); b: 0.2 g, no decay.
+    assert_close(&vals(&w), &[1.0 - 0.05 * 1.5, 2.0 - 0.05 * 2.0], 1e-7, "w");
+    assert_close(&vals(&b), &[3.0 - 0.2], 1e-7, "b");
+    assert_eq!(opt.params().len(), 2);
+    let names: Vec<String> = opt
+        .state_tensors()
+        .unwrap()
+        .into_iter()
+        .map(|n| n.0)
+        .collect();
+    assert_eq!(names, ["0.step", "1.step"]);
+
+    let e = opt
+        .add_param_group(vec![w.clone()], GroupOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already parameter 0"), "{e}");
+    let e = opt
+        .add_param_group(
+            vec![f32s(&[1], 3)],
+            GroupOptions {
+                lr: Some(-1.0),
+                weight_decay: None,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("add_param_group") && e.contains("lr"), "{e}");
+    let mut zero = Sgd::new(vec![f32s(&[1], 4)], SgdConfig::new(0.0)).unwrap();
+    let e = zero
+        .add_param_group(
+            vec![f32s(&[1], 5)],
+            GroupOptions {
+                lr: Some(0.1),
+                weight_decay: None,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is 0"), "{e}");
+    assert_eq!(zero.params().len(), 1, "a refused group adds nothing");
+}
+
+/// A model with its biases in a no-decay group trains, and a checkpoint of it restores both
+/// groups' states.
+#[test]
+fn grouped_training_checkpoints_and_resumes() {
+    let (m, x, y) = problem(DType::F32);
+    let split = |m: &Sequential| -> (Vec<Tensor>, Vec<Tensor>) {
+        m.parameters().into_iter().partition(|p| p.rank() > 1)
+    };
+    let make = |m: &Sequential| {
+        let (decay, no_decay) = split(m);
+        let mut opt = Adam::new(decay, AdamConfig::adamw(1e-2)).unwrap();
+        let group = GroupOptions {
+            lr: Some(2e-2),
+            weight_decay: Some(0.0),
+        };
+        opt.add_param_group(no_decay, group).unwrap();
+        opt
+    };
+    let mut opt = make(&m);
+    let (before, after) = train(&m, &x, &y, &mut opt, 40);
+    assert!(after < 0.2 * before, "loss {before} -> {after}");
+    let path = temp_checkpoint("optimizers", "groups");
+    checkpoint::save(&path, &m, Some(&opt), &[]).unwrap();
+    let (mut m2, _, _) = problem(DType::F32);
+    let mut opt2 = make(&m2);
+    checkpoint::load(&path, &mut m2, Some(&mut opt2)).unwrap();
+    train(&m, &x, &y, &mut opt, 5);
+    train(&m2, &x, &y, &mut opt2, 5);
+    for (a, b) in m.parameters().iter().zip(m2.parameters()) {
+        assert_eq!(vals(a), vals(&b), "resumed training is bit-exact");
+    }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn plateau_cuts_the_rate_and_refuses_bad_settings() {
+    let mut p = ReduceLrOnPlateau::new(1.0);
+    p.patience = 0;
+    p.factor = 0.5;
+    p.min_lr = 0.3;
+    let lrs: Vec<f64> = [3.0, 2.0, 2.5, 2.5, 2.5, 1.0]
+        .iter()
+        .map(|&m| p.step(m).unwrap())
+        .collect();
+    assert_eq!(lrs, vec![1.0, 1.0, 0.5, 0.3, 0.3, 0.3]);
+    let saved = p.state();
+    let mut q = ReduceLrOnPlateau::new(1.0);
+    q.load_state(saved).unwrap();
+    assert_eq!(q.lr(), 0.3);
+    assert!(q.load_state([-1.0, 0.0, 0.0, 0.0]).is_err());
+    assert!(q.load_state([0.1, 0.0, 0.5, 0.0]).is_err());
+    let mut bad = ReduceLrOnPlateau::new(0.1);
+    bad.factor = 1.0;
+    let e = bad.step(1.0).unwrap_err().to_string();
+    assert!(e.contains("factor 1"), "{e}");
+}
