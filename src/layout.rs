@@ -285,6 +285,20 @@ impl Layout {
         ))
     }
 
+    /// Every `step`-th element of `dim` from `start`, `len` of them (Python's
+    /// `start:start + step * len:step`). The range was checked by the caller.
+    pub(crate) fn stepped(&self, dim: usize, start: usize, len: usize, step: usize) -> Layout {
+        let mut shape = self.shape.clone();
+        let mut strides = self.strides.clone();
+        shape[dim] = len;
+        strides[dim] *= step;
+        let offset = match len {
+            0 => self.offset,
+            _ => self.offset + start * self.strides[dim],
+        };
+        Layout::new(shape, strides, offset)
+    }
+
     /// A view with a new shape over the same elements, when strides allow it without a copy.
     pub fn reshape_view(&self, shape: &[usize]) -> Option<Layout> {
         if self.is_contiguous() {

@@ -139,7 +139,7 @@ fn tensor(v: &safetensors::tensor::TensorView) -> Tensor {
 }
 
 /// The op of `c` through the engine: its outputs, in PyTorch's order.
-fn run(c: &Case) -> Result<Vec<Tensor>> {
+fn run(c: &Case, device: Device) -> Result<Vec<Tensor>> {
     let x = || c.t("x");
     let (a, b) = (|| c.t("a"), || c.t("b"));
     let one = |t: Result<Tensor>| t.map(|t| vec![t]);
@@ -404,6 +404,36 @@ fn run(c: &Case) -> Result<Vec<Tensor>> {
         )),
         "expand" => one(x().expand(&c.usizes("shape"))),
         "t" => one(x().t()),
+        "select" => one(x().select(c.int("dim") as isize, c.int("index"))),
+        "slice" => one(x().slice(
+            c.int("dim") as isize,
+            c.int("start"),
+            c.has("end").then(|| c.int("end")),
+            c.int("step") as usize,
+        )),
+        "chunk" => x().chunk(c.int("chunks") as usize, c.int("dim") as isize),
+        "view" => one(x().view(&c.isizes("shape"))),
+        "view_t" => one(x().t()?.view(&c.isizes("shape"))),
+        "repeat" => one(x().repeat(&c.usizes("repeats"))),
+        "cumsum" => one(x().cumsum(c.int("dim") as isize)),
+        "prod" => one(x().prod(c.int("dim") as isize, c.flag("keepdim"))),
+        "prod_all" => one(x().prod_all()),
+        "logsumexp" => one(x().logsumexp(&c.isizes("dims"), c.flag("keepdim"))),
+        "all" => one(x().all(&c.isizes("dims"), c.flag("keepdim"))),
+        "any" => one(x().any(&c.isizes("dims"), c.flag("keepdim"))),
+        "eye" => one(Tensor::eye(
+            c.int("n") as usize,
+            c.int("m") as usize,
+            DType::F32,
+            device,
+        )),
+        "linspace" => one(Tensor::linspace(
+            c.float("start"),
+            c.float("end"),
+            c.int("steps") as usize,
+            DType::F32,
+            device,
+        )),
         "module" => run_module(c),
         "promote" => {
             let d = c.list("dtypes");
@@ -695,10 +725,10 @@ fn compare(what: &str, got: &Tensor, want: &Tensor, tol: f64) -> Option<String> 
     (err > tol).then(|| format!("{what}: relative error {err:.2e}\n  got  {g:?}\n  want {w:?}"))
 }
 
-/// The mismatches of case `c` (empty when it agrees with PyTorch).
-fn check(c: &Case) -> Vec<String> {
+/// The mismatches of case `c` run on `device` (empty when it agrees with PyTorch).
+fn check(c: &Case, device: Device) -> Vec<String> {
     let expect_err = c.has("err");
-    let outs = match run(c) {
+    let outs = match run(c, device) {
         Err(e) if expect_err => {
             // The message must name the op.
             let msg = e.to_string();
@@ -844,7 +874,7 @@ fn run_cases(device: Device) -> (Vec<String>, usize, usize) {
             tensors: by_case.remove(&n).unwrap_or_default(),
         };
         prepare_inputs(&mut case, device);
-        let bad = check(&case);
+        let bad = check(&case, device);
         if !bad.is_empty() {
             failures.push(format!("case {n} ({text}):\n  {}", bad.join("\n  ")));
         }

@@ -15,6 +15,7 @@ mod norm_fused;
 mod operators;
 mod pool;
 mod reduce;
+mod reduce_more;
 mod rnn;
 mod softmax;
 

@@ -1,9 +1,13 @@
 //! The [`Tensor`] type: a strided view into shared storage, plus its autograd links.
 
 mod create;
+mod create_more;
+mod display;
 mod generator_state;
+mod inplace;
 pub(crate) use generator_state::state_stream;
 pub(crate) mod node;
+mod slicing;
 mod view;
 
 use crate::backend::Storage;
@@ -450,32 +454,5 @@ impl Tensor {
             .map(|g| unique(g))
             .collect::<Result<_>>()?;
         f(&mut refs)
-    }
-}
-
-impl std::fmt::Debug for Tensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let values = match self.to_vec_f64() {
-            Ok(v) => {
-                let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.4}")).collect();
-                format!(
-                    "[{}{}]",
-                    shown.join(", "),
-                    if v.len() > 8 { ", ..." } else { "" }
-                )
-            }
-            Err(e) => format!("<values unreadable: {e}>"),
-        };
-        write!(
-            f,
-            "Tensor[{:?}, {:?}, {}]({values})",
-            self.shape(),
-            self.dtype(),
-            self.device(),
-        )?;
-        if let Some(op) = self.op_name() {
-            write!(f, " grad_fn={op}")?;
-        }
-        Ok(())
     }
 }

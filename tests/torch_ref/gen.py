@@ -886,6 +886,61 @@ PLATEAUS = [
 ]
 for cfg in PLATEAUS:
     case("plateau", [("m", METRICS.clone(), False)], torch_plateau(cfg), **cfg)
+
+# The everyday ops added with them: indexing views, scans and reductions made of other ops,
+# creation. Each reduction and scan also in f16 and bf16, and on a transposed input.
+LATER_OPS = [
+    ("select", [3, 4], dict(dim=1, index=-1), lambda x: x.select(1, -1)),
+    ("select", [3, 4, 2], dict(dim=0, index=2), lambda x: x.select(0, 2)),
+    ("slice", [10, 3], dict(dim=0, start=1, end=-2, step=3), lambda x: x[1:-2:3]),
+    ("slice", [4, 9], dict(dim=-1, start=-7, end=100, step=2), lambda x: x[:, -7:100:2]),
+    ("slice", [5, 4], dict(dim=0, start=-2, step=1), lambda x: x[-2:]),
+    ("slice", [5, 4], dict(dim=0, start=4, end=1, step=1), lambda x: x[4:1]),
+    ("chunk", [7, 3], dict(chunks=3, dim=0), lambda x: list(x.chunk(3, 0))),
+    ("chunk", [2, 6], dict(chunks=4, dim=1), lambda x: list(x.chunk(4, 1))),
+    ("view", [2, 3, 4], dict(shape=[4, -1]), lambda x: x.view(4, -1)),
+    ("repeat", [2, 3], dict(repeats=[2, 1, 3]), lambda x: x.repeat(2, 1, 3)),
+    ("repeat", [3], dict(repeats=[4]), lambda x: x.repeat(4)),
+    ("cumsum", [5, 6], dict(dim=1), lambda x: x.cumsum(1)),
+    ("cumsum", [9, 2], dict(dim=0), lambda x: x.cumsum(0)),
+    ("prod", [3, 5], dict(dim=1, keepdim=0), lambda x: x.prod(1)),
+    ("prod", [4, 3], dict(dim=0, keepdim=1), lambda x: x.prod(0, keepdim=True)),
+    ("prod_all", [2, 3], {}, lambda x: x.prod()),
+    ("logsumexp", [3, 5], dict(dims=[1], keepdim=0), lambda x: x.logsumexp(1)),
+    ("logsumexp", [2, 3, 4], dict(dims=[0, 2], keepdim=1),
+     lambda x: x.logsumexp((0, 2), keepdim=True)),
+]
+for name, shp, params, fn in LATER_OPS:
+    ins = [("x", randn(*shp), True)]
+    wrap = (lambda fn: lambda t: (lambda y: y if isinstance(y, list) else [y])(fn(t["x"])))(fn)
+    case(name, ins, wrap, **params)
+    if name in ("cumsum", "prod", "logsumexp"):
+        ins_t = [("x", ins[0][1].transpose(-1, -2).contiguous(), True)]
+        case(name, ins_t, wrap, T=["x"], **params)
+        for dn, dt in HALF.items():
+            case(name, [("x", ins[0][1].to(dt).float(), True)], wrap, dtype=dn, **params)
+# A product through zeros: the gradient PyTorch gives there (nonzero where one zero sits).
+zeros_in = torch.tensor([[2.0, 0.0, 3.0, -1.0], [0.0, 0.0, 1.5, 2.0], [1.0, 2.0, 3.0, 4.0]])
+case("prod", [("x", zeros_in, True)], lambda t: [t["x"].prod(1)], dim=1, keepdim=0)
+# Infinite slices: -inf everywhere gives -inf, one +inf gives +inf.
+inf_in = torch.tensor([[float("-inf")] * 3, [1.0, float("inf"), 2.0], [1.0, 2.0, 3.0]])
+case("logsumexp", [("x", inf_in, False)], lambda t: [t["x"].logsumexp(1)], dims=[1], keepdim=0)
+bools = torch.tensor([[1.0, 0.0, 2.0], [3.0, 4.0, float("nan")], [0.0, 0.0, 0.0]])
+for op in ("all", "any"):
+    for dims, keep in (([1], 0), ([0], 1), ([], 0)):
+        f = (lambda op, dims, keep: lambda t: [
+            (getattr(t["x"], op)(dim=tuple(dims), keepdim=bool(keep)) if dims
+             else getattr(t["x"], op)()).to(torch.uint8)])(op, dims, keep)
+        case(op, [("x", bools.clone(), False)], f, dims=dims, keepdim=keep)
+case("eye", [], lambda t: [torch.eye(3, 5)], n=3, m=5)
+case("eye", [], lambda t: [torch.eye(4, 2)], n=4, m=2)
+for a, b, n in ((0.0, 1.0, 5), (-2.5, 7.0, 8), (3.0, -1.0, 1), (1.0, 2.0, 0)):
+    case("linspace", [], (lambda a, b, n: lambda t: [torch.linspace(a, b, n)])(a, b, n),
+         start=a, end=b, steps=n)
+# Where PyTorch raises: a slice step of 0, an index past the end, a view of a transposed
+# tensor's memory.
+case("select", [("x", randn(3, 4), False)], lambda t: [t["x"].select(1, 4)], dim=1, index=4)
+case("view_t", [("x", randn(3, 4), False)], lambda t: [t["x"].t().view(12)], shape=[12])
 torch.set_rng_state(_rng_before)
 
 # ---- run and write -----------------------------------------------------------------------

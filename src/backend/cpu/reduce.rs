@@ -30,14 +30,18 @@ impl<A: Float> Neumaier<A> {
         }
     }
 
+    /// Adds `x`. Once the sum is infinite or NaN it is the result (as a plain sum's): the
+    /// compensation of an infinite sum would be `inf - inf`, a NaN.
     #[inline(always)]
     fn add(&mut self, x: A) {
         let t = self.sum + x;
-        self.comp += if self.sum.abs() >= x.abs() {
-            (self.sum - t) + x
-        } else {
-            (x - t) + self.sum
-        };
+        if t.is_finite() {
+            self.comp += if self.sum.abs() >= x.abs() {
+                (self.sum - t) + x
+            } else {
+                (x - t) + self.sum
+            };
+        }
         self.sum = t;
     }
     fn value(&self) -> A {
