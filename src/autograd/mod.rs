@@ -12,10 +12,12 @@ pub(crate) mod hooks;
 pub(crate) mod join;
 pub(crate) mod pending;
 pub(crate) mod saved;
+pub(crate) mod taps;
 
 pub use checkpoint::checkpoint;
 pub use function::custom_op;
 pub use saved::{recompute, set_recompute, Recompute};
+pub use taps::HookHandle;
 
 pub use crate::grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 use crate::sync::lock;
@@ -80,6 +82,7 @@ impl Tensor {
             inputs.iter().map(|t| Edge::of(t)).collect(),
             backward,
             saved,
+            Arc::downgrade(&self.0.grad),
         );
         match Arc::get_mut(&mut self.0) {
             Some(inner) => inner.node = Some(Arc::new(node)),
@@ -165,6 +168,7 @@ impl Tensor {
         let grad = grad.detach().to_dtype(self.dtype())?;
         let Some(root) = self.0.node.clone() else {
             // Backward on a leaf: its gradient is the seed.
+            let grad = taps::apply(&self.0.grad, grad, false)?;
             return accumulate(&self.0.grad, grad);
         };
         run(root, grad, 0, retain).map(|_| ())
@@ -202,8 +206,12 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64, retain: bool) -> Result<HashM
         0 => hooks::Plan::new(order.iter().map(|n| n.leaf_keys())),
         _ => None,
     };
+    let mut leaves = taps::active().then(|| LeafTaps::new(&order));
     for (pos, node) in order.into_iter().enumerate() {
-        run_node(&node, &mut grads, retain)?;
+        run_node(&node, &mut grads, retain, leaves.as_mut())?;
+        if let Some(l) = &mut leaves {
+            l.flush(pos)?;
+        }
         if let Some(p) = &plan {
             p.after(pos)?;
         }
@@ -217,7 +225,12 @@ fn run(root: Arc<Node>, grad: Tensor, inside: u64, retain: bool) -> Result<HashM
 
 /// Runs one node's backward with the gradient that reached it (none: nothing to do) and
 /// sends its input gradients on: into `grads` for nodes, into the slots of leaves.
-fn run_node(node: &Arc<Node>, grads: &mut HashMap<u64, Tensor>, retain: bool) -> Result<()> {
+fn run_node(
+    node: &Arc<Node>,
+    grads: &mut HashMap<u64, Tensor>,
+    retain: bool,
+    mut leaves: Option<&mut LeafTaps>,
+) -> Result<()> {
     {
         let state = match retain {
             true => node.get(),
@@ -231,9 +244,15 @@ fn run_node(node: &Arc<Node>, grads: &mut HashMap<u64, Tensor>, retain: bool) ->
                 node.name
             )));
         };
-        let Some(g) = grads.remove(&node.id) else {
+        let Some(mut g) = grads.remove(&node.id) else {
             return Ok(());
         };
+        // The output's hooks and retain_grad.
+        if taps::active() {
+            if let Some(slot) = node.out.upgrade() {
+                g = taps::apply(&slot, g, true)?;
+            }
+        }
         // The backward and the accumulation of its input gradients, as one span.
         let _prof = crate::profiler::backward(node.name);
         node.check_saved()?;
@@ -291,12 +310,73 @@ fn run_node(node: &Arc<Node>, grads: &mut HashMap<u64, Tensor>, retain: bool) ->
                         true => ig,
                         false => ig.to_memory_format(*format)?,
                     };
-                    accumulate(grad, ig)?;
+                    match leaves.as_deref_mut().filter(|l| l.holds(grad)) {
+                        Some(l) => l.add(grad, ig)?,
+                        None => accumulate(grad, ig)?,
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// The gradients of this backward for leaves with taps (hooks), summed apart and given to
+/// the hooks once each leaf's last node has run, then accumulated.
+struct LeafTaps {
+    /// Slot key -> position of the last node sending it a gradient.
+    last: HashMap<usize, usize>,
+    /// Slot key -> the slot and the sum so far.
+    sums: HashMap<usize, (Arc<taps::Slot>, Tensor)>,
+}
+
+impl LeafTaps {
+    fn new(order: &[Arc<Node>]) -> LeafTaps {
+        let mut last = HashMap::new();
+        for (pos, node) in order.iter().enumerate() {
+            for slot in node.leaf_slots() {
+                if taps::tapped(&slot) {
+                    last.insert(Arc::as_ptr(&slot) as usize, pos);
+                }
+            }
+        }
+        LeafTaps {
+            last,
+            sums: HashMap::new(),
+        }
+    }
+
+    fn holds(&self, slot: &Arc<taps::Slot>) -> bool {
+        self.last.contains_key(&(Arc::as_ptr(slot) as usize))
+    }
+
+    fn add(&mut self, slot: &Arc<taps::Slot>, g: Tensor) -> Result<()> {
+        let k = Arc::as_ptr(slot) as usize;
+        let sum = match self.sums.remove(&k) {
+            Some((_, prev)) => prev.add(&g)?,
+            None => g,
+        };
+        self.sums.insert(k, (slot.clone(), sum));
+        Ok(())
+    }
+
+    /// Hands on the sums of the leaves whose last node is at `pos`.
+    fn flush(&mut self, pos: usize) -> Result<()> {
+        let done: Vec<usize> = self
+            .last
+            .iter()
+            .filter(|(_, &p)| p == pos)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in done {
+            self.last.remove(&k);
+            if let Some((slot, sum)) = self.sums.remove(&k) {
+                let g = taps::apply(&slot, sum, false)?;
+                accumulate(&slot, g)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Notes, inside a checkpoint's forward, the tensors an op reads: each made outside the

@@ -84,6 +84,9 @@ pub(crate) struct Node {
     saved: Vec<(Tensor, u64)>,
     /// How to make the output again, where the op offers it (until the node has run).
     recipe: Mutex<Option<Recipe>>,
+    /// The output's gradient slot, where its gradient taps are found
+    /// (`crate::autograd::taps`); weak, so the graph does not keep the output alive.
+    pub(crate) out: std::sync::Weak<Mutex<Option<Tensor>>>,
 }
 
 impl Node {
@@ -92,6 +95,7 @@ impl Node {
         edges: Vec<Edge>,
         f: BackwardFn,
         saved: &[&Tensor],
+        out: std::sync::Weak<Mutex<Option<Tensor>>>,
     ) -> Node {
         Node {
             id: NEXT_NODE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -100,6 +104,7 @@ impl Node {
             // Detached: a saved output must not hold its own node (a reference cycle).
             saved: saved.iter().map(|t| (t.detach(), t.version())).collect(),
             recipe: Mutex::new(None),
+            out,
         }
     }
 
@@ -150,6 +155,22 @@ impl Node {
             .unwrap_or_default();
         keys.extend(self.saved.iter().map(|(t, _)| t.storage_addr()));
         keys
+    }
+
+    /// The gradient slots of the leaves this node sends gradients to.
+    pub(crate) fn leaf_slots(&self) -> Vec<Arc<Mutex<Option<Tensor>>>> {
+        lock(&self.state)
+            .as_ref()
+            .map(|(edges, _)| {
+                edges
+                    .iter()
+                    .filter_map(|e| match e {
+                        Edge::Leaf { grad, .. } => Some(grad.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The nodes this one sends gradients to.
