@@ -78,9 +78,34 @@ pub fn save_with(
             named.push((format!("optim.{n}"), t));
         }
     }
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>, DType)> = named
-        .iter()
-        .map(|(n, t)| Ok((n.clone(), t.to_le_bytes()?, t.shape().to_vec(), t.dtype())))
+    write_tensors(path, named.iter().map(|(n, t)| (n.as_str(), t)), metadata)
+}
+
+/// Writes `tensors` by name into a safetensors file (atomically), with `metadata`: a
+/// [`crate::nn::Module::state_dict`] for PyTorch's `safetensors.torch.load_file`, say.
+/// [`read`] reads it back.
+///
+/// ```
+/// use mantissa::{checkpoint, nn::{Linear, Module}, Generator};
+/// let model = Linear::new(3, 2, true, &mut Generator::new(0))?;
+/// let path = std::env::temp_dir().join("mantissa-doc-state.safetensors");
+/// checkpoint::write_tensors(&path, &model.state_dict(), &[])?;
+/// let (tensors, _) = checkpoint::read(&path)?;
+/// assert_eq!(tensors["weight"].shape(), &[2, 3]);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn write_tensors<'a, K: AsRef<str>>(
+    path: impl AsRef<Path>,
+    tensors: impl IntoIterator<Item = (K, &'a Tensor)>,
+    metadata: &[(&str, String)],
+) -> Result<()> {
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>, DType)> = tensors
+        .into_iter()
+        .map(|(n, t)| {
+            let n = n.as_ref().to_string();
+            Ok((n, t.to_le_bytes()?, t.shape().to_vec(), t.dtype()))
+        })
         .collect::<Result<_>>()?;
     let views = bytes
         .iter()

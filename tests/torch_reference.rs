@@ -9,8 +9,8 @@
 
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::nn::{
-    Activation, BatchNorm2d, Conv2d, Embedding, Flatten, LayerNorm, Linear, Lstm, MaxPool2d,
-    Module, Sequential,
+    Activation, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Embedding, Flatten, GroupNorm, LayerNorm,
+    Linear, Lstm, MaxPool2d, Module, Sequential,
 };
 use mantissa::optim::{
     clip_grad_norm, Adadelta, Adagrad, Adam, AdamConfig, CosineAnnealing, GroupOptions, LrSchedule,
@@ -18,8 +18,8 @@ use mantissa::optim::{
     StepLr, ThresholdMode,
 };
 use mantissa::{
-    AvgPool2dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, DType, Device,
-    Generator, MaxPool2dOptions, Operand, Reduction, Result, Tensor,
+    AvgPool2dOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions,
+    DType, Device, Generator, MaxPool2dOptions, Operand, Reduction, Result, Tensor,
 };
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -435,6 +435,16 @@ fn run(c: &Case, device: Device) -> Result<Vec<Tensor>> {
             device,
         )),
         "module" => run_module(c),
+        "conv1d" => {
+            let o = Conv1dOptions {
+                stride: c.int("stride") as usize,
+                padding: c.int("padding") as usize,
+                dilation: c.int("dilation") as usize,
+                groups: c.int("groups") as usize,
+            };
+            one(x().conv1d(c.t("w"), c.opt("b"), o))
+        }
+        "group_norm" => one(x().group_norm(c.int("groups") as usize, c.opt("w"), c.opt("b"), 1e-5)),
         "promote" => {
             let d = c.list("dtypes");
             let a = a().to_dtype(dtype_named(d[0]))?;
@@ -512,6 +522,18 @@ fn run_module(c: &Case) -> Result<Vec<Tensor>> {
         "embedding" => Box::new(Embedding::new(u("num"), u("dim"), &mut g)?),
         "layer_norm" => Box::new(LayerNorm::new(&c.usizes("shape"))?),
         "batch_norm2d" => Box::new(BatchNorm2d::new(u("channels"))?),
+        "batch_norm1d" => Box::new(BatchNorm1d::new(u("channels"))?),
+        "group_norm" => Box::new(GroupNorm::new(u("groups"), u("channels"), true)?),
+        "conv1d" => {
+            let o = Conv1dOptions {
+                stride: u("stride"),
+                padding: u("padding"),
+                dilation: 1,
+                groups: u("groups"),
+            };
+            let k = u("kernel");
+            Box::new(Conv1d::new(u("fan_in"), u("fan_out"), k, o, true, &mut g)?)
+        }
         _ => Box::new(
             Sequential::new()
                 .push(Conv2d::new(1, 4, 3, Default::default(), true, &mut g)?)

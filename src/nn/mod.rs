@@ -9,15 +9,19 @@ mod checkpointed;
 mod conv;
 mod linear;
 mod lstm;
+mod more;
 mod norm;
 mod residual;
+mod state;
 
 pub use checkpointed::Checkpointed;
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
 pub use linear::{Embedding, Linear};
 pub use lstm::Lstm;
+pub use more::{BatchNorm1d, Conv1d, GroupNorm, ModuleList};
 pub use norm::{BatchNorm2d, Dropout, LayerNorm};
 pub use residual::Residual;
+pub use state::LoadReport;
 
 use crate::{DType, Device, Generator, MemoryFormat, Result, Tensor};
 
@@ -201,6 +205,43 @@ pub trait Module: Send + Sync {
             }
             Ok(())
         })
+    }
+
+    /// The parameters and buffers by PyTorch's names, detached (PyTorch's `state_dict`;
+    /// generator states are left out, as PyTorch has none).
+    ///
+    /// ```
+    /// use mantissa::nn::{BatchNorm2d, Module};
+    /// let bn = BatchNorm2d::new(3)?;
+    /// let names: Vec<String> = bn.state_dict().into_keys().collect();
+    /// assert_eq!(names, ["bias", "num_batches_tracked", "running_mean", "running_var", "weight"]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    fn state_dict(&self) -> std::collections::BTreeMap<String, Tensor> {
+        state::state_dict(self)
+    }
+
+    /// Copies `state` (names as [`Module::state_dict`] gives them) into this module's
+    /// tensors, each converted to its tensor's dtype and device (PyTorch's
+    /// `load_state_dict`). A shape that differs is an error; so, with `strict`, is a missing
+    /// or unexpected name; without it those are returned. Nothing is written unless all is
+    /// well.
+    ///
+    /// ```
+    /// use mantissa::nn::{Linear, Module};
+    /// use mantissa::Generator;
+    /// let a = Linear::new(4, 2, true, &mut Generator::new(0))?;
+    /// let mut b = Linear::new(4, 2, true, &mut Generator::new(1))?;
+    /// b.load_state_dict(&a.state_dict(), true)?;
+    /// assert_eq!(a.parameters()[0].to_vec::<f32>()?, b.parameters()[0].to_vec::<f32>()?);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    fn load_state_dict(
+        &mut self,
+        state: &std::collections::BTreeMap<String, Tensor>,
+        strict: bool,
+    ) -> Result<LoadReport> {
+        state::load_state_dict(self, state, strict)
     }
 
     /// Clears every parameter's gradient.

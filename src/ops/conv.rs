@@ -29,6 +29,27 @@ impl Default for Conv2dOptions {
     }
 }
 
+/// Options of [`Tensor::conv1d`] (PyTorch's defaults: stride 1, no padding, dilation 1,
+/// one group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv1dOptions {
+    pub stride: usize,
+    pub padding: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+impl Default for Conv1dOptions {
+    fn default() -> Self {
+        Conv1dOptions {
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
 /// Options of [`Tensor::conv_transpose2d`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvTranspose2dOptions {
@@ -318,6 +339,54 @@ fn conv_bwd_weight(x: &Tensor, gy: &Tensor, d: ConvDims) -> Result<Tensor> {
 }
 
 impl Tensor {
+    /// 1-D convolution of `[n, c, l]` (or one `[c, l]` sequence) with `weight: [out, c /
+    /// groups, k]` (PyTorch's `F.conv1d`): the 2-D convolution of a height-1 image, so it
+    /// runs where [`Tensor::conv2d`] does.
+    ///
+    /// ```
+    /// use mantissa::{Conv1dOptions, Tensor, Device};
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[1, 1, 4], Device::Cpu)?;
+    /// let w = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 1, 2], Device::Cpu)?;
+    /// assert_eq!(x.conv1d(&w, None, Conv1dOptions::default())?.to_vec::<f32>()?, vec![-1.0; 3]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn conv1d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        o: Conv1dOptions,
+    ) -> Result<Tensor> {
+        let unbatched = self.rank() == 2;
+        if !(self.rank() == 3 || unbatched) || weight.rank() != 3 {
+            return Err(Error::invalid(
+                    "conv1d",
+                    format!(
+                        "needs an input [n, c, l] or [c, l] and a weight [out, c / groups, k], got {:?} and {:?}",
+                        self.shape(),
+                        weight.shape()
+                    ),
+                ));
+        }
+        let x = match unbatched {
+            true => self.unsqueeze(0)?,
+            false => self.clone(),
+        };
+        let o2 = Conv2dOptions {
+            stride: [1, o.stride],
+            padding: [0, o.padding],
+            dilation: [1, o.dilation],
+            groups: o.groups,
+        };
+        let y = x
+            .unsqueeze(2)?
+            .conv2d(&weight.unsqueeze(2)?, bias, o2)?
+            .squeeze(2)?;
+        match unbatched {
+            true => y.squeeze(0),
+            false => Ok(y),
+        }
+    }
+
     /// 2-D convolution of `self [n, c, h, w]` (or one image `[c, h, w]`) with `weight [o, c/groups, kh, kw]` plus an
     /// optional `bias [o]` (PyTorch's `F.conv2d`).
     ///

@@ -12,6 +12,7 @@ mod matmul;
 pub(crate) mod norm;
 pub(crate) mod norm_call;
 mod norm_fused;
+mod norm_group;
 mod operators;
 mod pool;
 mod reduce;
@@ -19,7 +20,7 @@ mod reduce_more;
 mod rnn;
 mod softmax;
 
-pub use conv::{Conv2dOptions, ConvTranspose2dOptions};
+pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
 pub use loss::{CrossEntropyOptions, Reduction};
 pub use pool::{AvgPool2dOptions, MaxPool2dOptions};

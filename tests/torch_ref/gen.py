@@ -941,6 +941,30 @@ for a, b, n in ((0.0, 1.0, 5), (-2.5, 7.0, 8), (3.0, -1.0, 1), (1.0, 2.0, 0)):
 # tensor's memory.
 case("select", [("x", randn(3, 4), False)], lambda t: [t["x"].select(1, 4)], dim=1, index=4)
 case("view_t", [("x", randn(3, 4), False)], lambda t: [t["x"].t().view(12)], shape=[12])
+
+# Layers added with them: Conv1d, BatchNorm1d (2-D and 3-D input), GroupNorm; and the
+# functional forms with options and in half precision.
+module_case("conv1d", lambda: torch.nn.Conv1d(4, 6, 3, stride=2, padding=1, dilation=1,
+                                              groups=2),
+            [randn(2, 4, 9)], fan_in=4, fan_out=6, kernel=3, stride=2, padding=1, groups=2)
+module_case("batch_norm1d", lambda: torch.nn.BatchNorm1d(3),
+            [randn(5, 3) * 2 + 1, randn(4, 3, 6) - 1, randn(2, 3)],
+            calls=("train", "train", "eval"), channels=3)
+module_case("group_norm", lambda: torch.nn.GroupNorm(2, 6), [randn(3, 6, 5) * 3 + 1],
+            groups=2, channels=6)
+for dn, dt in [("f32", None)] + list(HALF.items()):
+    rd = (lambda x: x) if dt is None else (lambda x, dt=dt: x.to(dt).float())
+    extra = {} if dt is None else {"dtype": dn}
+    case("conv1d", [("x", rd(randn(2, 4, 11)), True), ("w", rd(randn(6, 2, 3)), True),
+                    ("b", rd(randn(6)), True)],
+         lambda t: [F.conv1d(t["x"], t["w"], t["b"], stride=2, padding=2, dilation=2,
+                             groups=2)],
+         stride=2, padding=2, dilation=2, groups=2, **extra)
+    case("group_norm", [("x", rd(randn(2, 6, 4)), True), ("w", rd(randn(6)), True),
+                        ("b", rd(randn(6)), True)],
+         lambda t: [F.group_norm(t["x"], 3, t["w"], t["b"], 1e-5)], groups=3, **extra)
+case("conv1d", [("x", randn(4, 7), True), ("w", randn(5, 4, 2), True)],
+     lambda t: [F.conv1d(t["x"], t["w"])], stride=1, padding=0, dilation=1, groups=1)
 torch.set_rng_state(_rng_before)
 
 # ---- run and write -----------------------------------------------------------------------

@@ -1,0 +1,211 @@
+//! Conv1d, BatchNorm1d, GroupNorm and ModuleList train a model; `state_dict` and
+//! `load_state_dict` move its weights through a safetensors file; gradients of the
+//! functional forms by finite differences.
+
+mod common;
+use common::*;
+use mantissa::nn::{
+    Activation, BatchNorm1d, Conv1d, GroupNorm, Linear, Module, ModuleList, Visitor, VisitorMut,
+};
+use mantissa::optim::{Adam, AdamConfig, Optimizer};
+use mantissa::*;
+
+/// A 1-D CNN: two conv blocks (Conv1d, a norm, ReLU) in a ModuleList, mean over time, a
+/// linear head.
+struct Net {
+    blocks: ModuleList,
+    norms: ModuleList,
+    head: Linear,
+}
+
+impl Net {
+    fn new(seed: u64) -> Net {
+        let mut g = Generator::new(seed);
+        let o = Conv1dOptions {
+            padding: 1,
+            ..Default::default()
+        };
+        let mut blocks = ModuleList::new();
+        blocks.push(Conv1d::new(1, 8, 3, o, true, &mut g).unwrap());
+        blocks.push(Conv1d::new(8, 8, 3, o, true, &mut g).unwrap());
+        let mut norms = ModuleList::new();
+        norms.push(BatchNorm1d::new(8).unwrap());
+        norms.push(GroupNorm::new(4, 8, true).unwrap());
+        Net {
+            blocks,
+            norms,
+            head: Linear::new(8, 2, true, &mut g).unwrap(),
+        }
+    }
+}
+
+impl Module for Net {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (conv, norm) in self.blocks.iter().zip(self.norms.iter()) {
+            h = Activation::Relu.forward(&norm.forward(&conv.forward(&h)?)?)?;
+        }
+        self.head.forward(&h.mean(&[2], false)?)
+    }
+    fn visit(&self, p: &str, f: &mut Visitor) {
+        self.blocks.visit(&nn::join(p, "blocks"), f);
+        self.norms.visit(&nn::join(p, "norms"), f);
+        self.head.visit(&nn::join(p, "head"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        self.blocks.visit_mut(&nn::join(p, "blocks"), f)?;
+        self.norms.visit_mut(&nn::join(p, "norms"), f)?;
+        self.head.visit_mut(&nn::join(p, "head"), f)
+    }
+}
+
+/// Sequences of 16 steps: class 1 holds a rising ramp, class 0 a falling one, under noise.
+fn data() -> (Tensor, Tensor) {
+    let noise = f32s(&[64, 1, 16], 9).mul(0.3).unwrap();
+    let ramp: Vec<f32> = (0..64 * 16)
+        .map(|i| {
+            let (n, t) = (i / 16, (i % 16) as f32 / 15.0 - 0.5);
+            if n % 2 == 1 {
+                t
+            } else {
+                -t
+            }
+        })
+        .collect();
+    let x = Tensor::from_vec(ramp, &[64, 1, 16], Device::Cpu)
+        .unwrap()
+        .add(&noise)
+        .unwrap();
+    let y: Vec<i64> = (0..64).map(|n| (n % 2) as i64).collect();
+    (x, Tensor::from_vec(y, &[64], Device::Cpu).unwrap())
+}
+
+#[test]
+fn a_1d_cnn_with_the_new_layers_trains_and_moves_by_state_dict() {
+    let mut net = Net::new(1);
+    let (x, y) = data();
+    let mut opt = Adam::new(net.parameters(), AdamConfig::adam(1e-2)).unwrap();
+    let loss = |net: &Net| {
+        net.forward(&x)
+            .unwrap()
+            .cross_entropy(&y, Default::default())
+            .unwrap()
+    };
+    let first = loss(&net).item().unwrap();
+    for _ in 0..60 {
+        opt.zero_grad();
+        loss(&net).backward().unwrap();
+        opt.step().unwrap();
+    }
+    let last = loss(&net).item().unwrap();
+    assert!(last < 0.25 * first, "loss {first} -> {last}");
+    net.eval();
+    let logits = net.forward(&x).unwrap();
+    let right = logits.argmax(1, false).unwrap().eq(&y).unwrap();
+    let acc = vals(&right.to_dtype(DType::F32).unwrap())
+        .iter()
+        .sum::<f64>()
+        / 64.0;
+    assert!(acc > 0.95, "accuracy {acc}");
+
+    // PyTorch's names, buffers included, generators not.
+    let state = net.state_dict();
+    let names: Vec<&str> = state.keys().map(|k| k.as_str()).collect();
+    assert!(names.contains(&"blocks.1.weight") && names.contains(&"norms.0.running_var"));
+    assert!(names.contains(&"norms.0.num_batches_tracked") && names.contains(&"norms.1.bias"));
+    assert_eq!(names.len(), 2 * 2 + 5 + 2 + 2);
+    let path = temp_checkpoint("modules_more", "state");
+    checkpoint::write_tensors(&path, &state, &[("format", "pt".into())]).unwrap();
+    let (read, meta) = checkpoint::read(&path).unwrap();
+    assert_eq!(meta["format"], "pt");
+    let mut other = Net::new(2);
+    other.eval();
+    assert_eq!(
+        other.load_state_dict(&read, true).unwrap(),
+        Default::default()
+    );
+    assert_eq!(vals(&other.forward(&x).unwrap()), vals(&logits));
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn load_state_dict_names_every_problem_and_changes_nothing() {
+    let net = Net::new(1);
+    let mut other = Net::new(2);
+    let mut state = net.state_dict();
+    state.remove("head.bias");
+    state.insert("head.extra".into(), f32s(&[2], 1));
+    let e = other.load_state_dict(&state, true).unwrap_err().to_string();
+    assert!(
+        e.contains("missing head.bias") && e.contains("unexpected head.extra"),
+        "{e}"
+    );
+    let report = other.load_state_dict(&state, false).unwrap();
+    assert_eq!(report.missing, ["head.bias"]);
+    assert_eq!(report.unexpected, ["head.extra"]);
+    assert_eq!(
+        vals(&other.state_dict()["head.weight"]),
+        vals(&state["head.weight"])
+    );
+    // A wrong shape is refused even without strict, before anything is written.
+    let mut other = Net::new(3);
+    // Values, not the state's tensors: those share the module's storage, as PyTorch's do.
+    let before: Vec<(String, Vec<f64>)> = other
+        .state_dict()
+        .into_iter()
+        .map(|(k, t)| (k, vals(&t)))
+        .collect();
+    let mut bad = net.state_dict();
+    bad.insert("head.weight".into(), f32s(&[3, 8], 2));
+    let e = other.load_state_dict(&bad, false).unwrap_err().to_string();
+    assert!(e.contains("head.weight") && e.contains("[3, 8]"), "{e}");
+    for ((k, t), (_, v)) in other.state_dict().into_iter().zip(&before) {
+        assert_eq!(&vals(&t), v, "{k} unchanged");
+    }
+    // A state of another dtype is converted, as PyTorch's copy does.
+    let wide: std::collections::BTreeMap<String, Tensor> = net
+        .state_dict()
+        .into_iter()
+        .map(|(k, t)| {
+            let t = if t.dtype().is_float() {
+                t.to_dtype(DType::F64).unwrap()
+            } else {
+                t
+            };
+            (k, t)
+        })
+        .collect();
+    let mut other = Net::new(4);
+    other.load_state_dict(&wide, true).unwrap();
+    assert_eq!(other.state_dict()["head.weight"].dtype(), DType::F32);
+    assert_eq!(
+        vals(&other.state_dict()["head.weight"]),
+        vals(&net.state_dict()["head.weight"])
+    );
+}
+
+#[test]
+fn new_layers_refuse_bad_input_and_pass_gradcheck() {
+    let x = leaf(&[2, 4, 7], 1);
+    let w = leaf(&[6, 2, 3], 2);
+    let b = leaf(&[6], 3);
+    let o = Conv1dOptions {
+        stride: 2,
+        padding: 1,
+        dilation: 2,
+        groups: 2,
+    };
+    gradcheck(&[x.clone(), w, b], |t| t[0].conv1d(&t[1], Some(&t[2]), o));
+    let (gw, gb) = (leaf(&[4], 4), leaf(&[4], 5));
+    gradcheck(&[x.clone(), gw, gb], |t| {
+        t[0].group_norm(2, Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    assert!(x.group_norm(3, None, None, 1e-5).is_err());
+    assert!(x.conv1d(&f32s(&[2, 2], 1), None, o).is_err());
+    assert!(GroupNorm::new(3, 8, true).is_err());
+    let bn = BatchNorm1d::new(4).unwrap();
+    let e = bn.forward(&f32s(&[2, 4, 3, 3], 1)).unwrap_err().to_string();
+    assert!(e.contains("BatchNorm1d"), "{e}");
+    assert_eq!(bn.running_mean.shape(), &[4]);
+    assert!(ModuleList::new().forward(&x).is_err());
+}
