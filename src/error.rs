@@ -14,7 +14,7 @@ use crate::{DType, Device};
 /// let a = Tensor::zeros(&[2, 3], mantissa::DType::F32, Device::Cpu)?;
 /// let e = a.matmul(&a).unwrap_err();
 /// assert_eq!(format!("{e:?}"), e.to_string());
-/// assert!(e.to_string().contains("3 vs 2"), "{e}");
+/// assert!(e.to_string().contains("inner dimensions differ, 3"), "{e}");
 /// # Ok::<(), mantissa::Error>(())
 /// ```
 #[derive(thiserror::Error)]
