@@ -3,8 +3,31 @@
 //! bench_cpu`; an argument (`matmul`, `conv2d`, `reduce`, `norm` or `overhead`) runs that
 //! group alone.
 
+use clap::{Parser, ValueEnum};
 use mantissa::{Conv2dOptions, DType, Device, Generator, MemoryFormat, Result, Tensor};
 use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum Group {
+    /// GEMM 1024^3 and W1's products, in GFLOP/s.
+    Matmul,
+    /// Convolutions, forward and backward, NCHW and channels-last.
+    Conv2d,
+    /// Sums and extremes over rows and columns.
+    Reduce,
+    /// Fused batch and layer norm against their compositions.
+    Norm,
+    /// The host's cost per op on one-element tensors (BENCHMARKS.md's M4).
+    Overhead,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "CPU micro-benchmarks of mantissa (median of several runs after a warm-up)")]
+struct Args {
+    /// Run this group alone (default: all).
+    #[arg(value_enum)]
+    group: Option<Group>,
+}
 
 /// Median seconds of `runs` calls after two warm-up calls.
 fn time(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -32,23 +55,23 @@ fn randn(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
 }
 
 fn main() -> Result<()> {
-    let only = std::env::args().nth(1);
-    let run = |group: &str| only.as_deref().is_none_or(|o| o == group);
+    let only = Args::parse().group;
+    let run = |group: Group| only.is_none_or(|o| o == group);
     println!("threads: {}", rayon::current_num_threads());
     println!("{:<44} {:>10} {:>10}", "workload", "ms", "GFLOP/s");
-    if run("matmul") {
+    if run(Group::Matmul) {
         matmul()?;
     }
-    if run("conv2d") {
+    if run(Group::Conv2d) {
         conv2d()?;
     }
-    if run("reduce") {
+    if run(Group::Reduce) {
         reduce()?;
     }
-    if run("norm") {
+    if run(Group::Norm) {
         norm()?;
     }
-    if run("overhead") {
+    if run(Group::Overhead) {
         overhead()?;
     }
     Ok(())

@@ -225,6 +225,7 @@ fn run(args: Args) -> Result<()> {
         step_size: 1,
         gamma,
     };
+    epoch_schedule.check()?;
     let out = args
         .out
         .clone()

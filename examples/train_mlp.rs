@@ -4,8 +4,25 @@
 //! mini-batch SGD. Run: `cargo run --release --example train_mlp [dtype]` where dtype is
 //! f32 (default), bf16, f16 or f64.
 
+use clap::{Parser, ValueEnum};
 use mantissa::{no_grad, CrossEntropyOptions, DType, Device, Generator, Result, Tensor};
 use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Precision {
+    F32,
+    Bf16,
+    F16,
+    F64,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Train a small MLP on synthetic blobs with plain SGD (public API only)")]
+struct Args {
+    /// The parameters' and inputs' dtype.
+    #[arg(value_enum, default_value = "f32")]
+    dtype: Precision,
+}
 
 const DIM: usize = 16;
 const CLASSES: usize = 4;
@@ -54,15 +71,11 @@ fn accuracy(logits: &Tensor, y: &Tensor) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    let dtype = match std::env::args().nth(1).as_deref() {
-        None | Some("f32") => DType::F32,
-        Some("bf16") => DType::BF16,
-        Some("f16") => DType::F16,
-        Some("f64") => DType::F64,
-        Some(other) => {
-            eprintln!("unknown dtype {other:?}; use f32, bf16, f16 or f64");
-            std::process::exit(2);
-        }
+    let dtype = match Args::parse().dtype {
+        Precision::F32 => DType::F32,
+        Precision::Bf16 => DType::BF16,
+        Precision::F16 => DType::F16,
+        Precision::F64 => DType::F64,
     };
     let mut gen = Generator::new(0);
     let (xtr, ytr) = blobs(4096, &mut gen)?;

@@ -47,7 +47,11 @@ fn our_dtype(d: Dtype) -> Option<DType> {
 // The atomic write checkpoints use, public here where checkpoint users look for it.
 pub use crate::fs::write_atomic;
 
-/// Saves the model's tensors, the optimizer's state (when given) and `metadata`.
+/// The metadata key naming the optimizer whose state a checkpoint holds.
+const OPTIMIZER: &str = "mantissa.optimizer";
+
+/// Saves the model's tensors, the optimizer's state (when given, with its name in the
+/// metadata as `mantissa.optimizer`) and `metadata`.
 pub fn save(
     path: impl AsRef<Path>,
     model: &dyn Module,
@@ -73,12 +77,16 @@ pub fn save_with(
     model.visit("", &mut |n, t, _| {
         named.push((format!("model.{n}"), t.clone()))
     });
+    let mut metadata = metadata.to_vec();
     if let Some(o) = optim {
         for (n, t) in o.state_tensors()? {
             named.push((format!("optim.{n}"), t));
         }
+        // Which optimizer wrote the state: loading it into another is refused.
+        metadata.retain(|(k, _)| *k != OPTIMIZER);
+        metadata.push((OPTIMIZER, o.name().to_string()));
     }
-    write_tensors(path, named.iter().map(|(n, t)| (n.as_str(), t)), metadata)
+    write_tensors(path, named.iter().map(|(n, t)| (n.as_str(), t)), &metadata)
 }
 
 /// Writes `tensors` by name into a safetensors file (atomically), with `metadata`: a
@@ -289,11 +297,18 @@ pub fn load(
         Some(_) if optim_state.is_empty() => {
             problems.push("no optimizer state in the checkpoint".into())
         }
-        Some(o) => {
-            if let Err(e) = o.check_state_tensors(&optim_state) {
-                problems.push(format!("optimizer state: {e}"));
+        Some(o) => match meta.get(OPTIMIZER) {
+            Some(theirs) if theirs != o.name() => problems.push(format!(
+                "the optimizer state is {theirs}'s, and this optimizer is {}: make a {theirs} \
+                 to resume, or load the model alone (no optimizer) to start a new one",
+                o.name()
+            )),
+            _ => {
+                if let Err(e) = o.check_state_tensors(&optim_state) {
+                    problems.push(format!("optimizer state: {e}"));
+                }
             }
-        }
+        },
         None => {}
     }
     if !problems.is_empty() {

@@ -271,3 +271,95 @@ fn plateau_cuts_the_rate_and_refuses_bad_settings() {
     let e = bad.step(1.0).unwrap_err().to_string();
     assert!(e.contains("factor 1"), "{e}");
 }
+
+/// A checkpoint's optimizer state resumes only into the optimizer that wrote it, with the
+/// settings that make the same states: another one's state would be dropped, or its own
+/// started from zero mid-run.
+#[test]
+fn another_optimizers_state_is_refused_on_resume() {
+    let (m, x, y) = problem(DType::F32);
+    let mut adam = Adam::new(m.parameters(), AdamConfig::adam(1e-2)).unwrap();
+    train(&m, &x, &y, &mut adam, 2);
+    let path = temp_checkpoint("optimizers", "mismatch");
+    checkpoint::save(&path, &m, Some(&adam), &[]).unwrap();
+    let (_, meta) = checkpoint::read(&path).unwrap();
+    assert_eq!(meta["mantissa.optimizer"], "Adam");
+    let (mut m2, _, _) = problem(DType::F32);
+    let before: Vec<Vec<f64>> = m2.parameters().iter().map(vals).collect();
+    let mut sgd = Sgd::new(m2.parameters(), SgdConfig::new(0.1)).unwrap();
+    let e = checkpoint::load(&path, &mut m2, Some(&mut sgd))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Adam's") && e.contains("this optimizer is SGD"),
+        "{e}"
+    );
+    let after: Vec<Vec<f64>> = m2.parameters().iter().map(vals).collect();
+    assert_eq!(before, after, "a refused checkpoint changes nothing");
+    // Without the metadata (state tensors alone), the state names tell.
+    let named = adam.state_tensors().unwrap().into_iter().collect();
+    let e = sgd.load_state_tensors(&named).unwrap_err().to_string();
+    assert!(e.contains("SGD keeps no state \"exp_avg\""), "{e}");
+    // The same optimizer with other settings: SGD with momentum needs its buffers.
+    let mut plain = Sgd::new(m.parameters(), SgdConfig::new(0.1)).unwrap();
+    train(&m, &x, &y, &mut plain, 1);
+    let named = plain.state_tensors().unwrap().into_iter().collect();
+    let cfg = SgdConfig {
+        momentum: 0.9,
+        ..SgdConfig::new(0.1)
+    };
+    let mut momentum = Sgd::new(m.parameters(), cfg).unwrap();
+    let e = momentum.load_state_tensors(&named).unwrap_err().to_string();
+    assert!(e.contains("0.momentum_buffer is missing"), "{e}");
+    // The AdamW of the same file is another optimizer too.
+    let (mut m3, _, _) = problem(DType::F32);
+    let mut adamw = Adam::new(m3.parameters(), AdamConfig::adamw(1e-2)).unwrap();
+    assert!(checkpoint::load(&path, &mut m3, Some(&mut adamw)).is_err());
+    let mut same = Adam::new(m3.parameters(), AdamConfig::adam(1e-2)).unwrap();
+    checkpoint::load(&path, &mut m3, Some(&mut same)).unwrap();
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn schedule_settings_are_checked() {
+    let ok = StepLr {
+        base: 0.1,
+        step_size: 2,
+        gamma: 0.5,
+    };
+    ok.check().unwrap();
+    let e = StepLr {
+        gamma: f64::NAN,
+        ..ok
+    }
+    .check()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("StepLr") && e.contains("gamma"), "{e}");
+    assert!(StepLr { step_size: 0, ..ok }.check().is_err());
+    let cos = CosineAnnealing {
+        base: 0.1,
+        t_max: 0,
+        eta_min: 0.0,
+    };
+    assert!(cos.check().unwrap_err().to_string().contains("t_max"));
+    let mut cycle = OneCycle::new(0.1, 100);
+    cycle.check().unwrap();
+    cycle.pct_start = 1.5;
+    assert!(cycle.check().is_err());
+    let warm = LinearWarmup {
+        inner: MultiStepLr {
+            base: 0.1,
+            milestones: vec![3],
+            gamma: -2.0,
+        },
+        warmup: 5,
+        start_factor: 0.1,
+    };
+    assert!(warm
+        .check()
+        .unwrap_err()
+        .to_string()
+        .contains("MultiStepLr"));
+    assert!(ConstantLr(-1.0).check().is_err());
+}

@@ -28,6 +28,12 @@ impl Adadelta {
 }
 
 impl Optimizer for Adadelta {
+    fn name(&self) -> &'static str {
+        "Adadelta"
+    }
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        Some(vec!["square_avg", "acc_delta"])
+    }
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let _prof = crate::profiler::op("adadelta.step");
         if !(0.0..=1.0).contains(&self.rho) {

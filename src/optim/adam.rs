@@ -72,6 +72,15 @@ impl Adam {
 }
 
 impl Optimizer for Adam {
+    fn name(&self) -> &'static str {
+        match self.config.decoupled {
+            true => "AdamW",
+            false => "Adam",
+        }
+    }
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        Some(vec!["exp_avg", "exp_avg_sq"])
+    }
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let _prof = crate::profiler::op(match self.config.decoupled {
             true => "adamw.step",

@@ -44,6 +44,19 @@ pub trait Optimizer {
     fn lr(&self) -> f64;
     fn set_lr(&mut self, lr: f64);
 
+    /// The optimizer's name, as PyTorch's class is named (`SGD`, `Adam`, `AdamW`, ...);
+    /// checkpoints record it, and loading another optimizer's state is refused.
+    fn name(&self) -> &'static str {
+        "optimizer"
+    }
+
+    /// The states its update keeps per parameter besides `step` (and `master`), with its
+    /// current settings (SGD's momentum buffer only with momentum): what
+    /// [`Optimizer::check_state_tensors`] expects. `None` skips that check.
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        None
+    }
+
     /// Turns on fp32 master weights: every f16/bf16 parameter becomes the working copy of an
     /// f32 master the optimizer keeps (state `master`, initialised from the parameter), the
     /// moments are kept in f32, and each update writes master, moments and working copy in
@@ -197,6 +210,9 @@ pub trait Optimizer {
                 ));
             }
         }
+        if let Some(keeps) = self.state_names() {
+            problems.extend(foreign_states(self.name(), &keeps, named, n));
+        }
         match problems.is_empty() {
             true => Ok(()),
             false => Err(Error::invalid("load_state_tensors", problems.join("; "))),
@@ -245,6 +261,44 @@ pub trait Optimizer {
 
 /// The name of an optimizer's generator state in [`Optimizer::state_tensors`].
 const GENERATOR: &str = "generator";
+
+/// The problems of a state written by another optimizer, or the same one with other
+/// settings, for one that is `name` and keeps `keeps` beside `step` and `master`: states it
+/// does not keep (they would be dropped) and, for a parameter that has taken steps, states
+/// it keeps that are missing (they would start from zero mid-run).
+fn foreign_states(
+    name: &str,
+    keeps: &[&str],
+    named: &BTreeMap<String, Tensor>,
+    n: usize,
+) -> Vec<String> {
+    let mut by_param: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for entry in named.keys() {
+        if let Some((i, key)) = state_entry(entry, n) {
+            by_param.entry(i).or_default().push(key);
+        }
+    }
+    let mut problems = Vec::new();
+    for (i, keys) in by_param {
+        for k in keys.iter().filter(|k| !matches!(**k, "step" | "master")) {
+            if !keeps.contains(k) {
+                problems.push(format!(
+                    "{i}.{k}: {name} keeps no state {k:?} (it keeps {keeps:?}): the state is \
+                     another optimizer's, or one with other settings"
+                ));
+            }
+        }
+        if keys.contains(&"step") {
+            for k in keeps.iter().filter(|k| !keys.contains(k)) {
+                problems.push(format!(
+                    "{i}.{k} is missing: {name} needs it beside the step count (the state is \
+                     another optimizer's, or one with other settings)"
+                ));
+            }
+        }
+    }
+    problems
+}
 
 /// Parameter index and state name of a `{i}.{name}` state entry, for `n` parameters.
 fn state_entry(name: &str, n: usize) -> Option<(usize, &str)> {

@@ -42,7 +42,27 @@ impl RmsProp {
     }
 }
 
+impl RmsProp {
+    /// The states its update keeps, in the update's order.
+    fn names(&self) -> Vec<&'static str> {
+        let mut names = vec!["square_avg"];
+        if self.centered {
+            names.push("grad_avg");
+        }
+        if self.momentum != 0.0 {
+            names.push("momentum_buffer");
+        }
+        names
+    }
+}
+
 impl Optimizer for RmsProp {
+    fn name(&self) -> &'static str {
+        "RMSprop"
+    }
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        Some(self.names())
+    }
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let _prof = crate::profiler::op("rmsprop.step");
         for (n, v) in [
@@ -66,13 +86,7 @@ impl Optimizer for RmsProp {
             momentum: self.momentum,
             centered: self.centered,
         };
-        let mut names = vec!["square_avg"];
-        if self.centered {
-            names.push("grad_avg");
-        }
-        if self.momentum != 0.0 {
-            names.push("momentum_buffer");
-        }
+        let names = self.names();
         self.group.fused_steps(&names, u, found_inf)
     }
     fn group(&self) -> &ParamGroup {
@@ -126,6 +140,12 @@ impl Adagrad {
 }
 
 impl Optimizer for Adagrad {
+    fn name(&self) -> &'static str {
+        "Adagrad"
+    }
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        Some(vec!["sum"])
+    }
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let _prof = crate::profiler::op("adagrad.step");
         for (n, v) in [

@@ -1,11 +1,45 @@
 //! Learning-rate schedules as pure functions of the step (or epoch) index, with PyTorch's
-//! formulas. Apply with `opt.set_lr(schedule.lr(step))`.
+//! formulas. Apply with `opt.set_lr(schedule.lr(step))`; [`LrSchedule::check`] refuses
+//! settings PyTorch would (a negative factor, a zero period).
 
+use crate::{Error, Result};
 use std::f64::consts::PI;
 
 /// A learning rate for each step.
 pub trait LrSchedule: Send + Sync {
     fn lr(&self, step: usize) -> f64;
+
+    /// `Err` naming the setting when one is out of its range (a rate or factor that is
+    /// negative or not finite, a zero period): what a command line's flags go through.
+    ///
+    /// ```
+    /// use mantissa::optim::{LrSchedule, StepLr};
+    /// assert!(StepLr { base: 0.1, step_size: 1, gamma: -0.7 }.check().is_err());
+    /// ```
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `Err` unless every `(name, value)` is finite and not negative.
+fn nonnegative(op: &'static str, values: &[(&str, f64)]) -> Result<()> {
+    for &(name, v) in values {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(Error::invalid(
+                op,
+                format!("{name} = {v} must be finite and >= 0"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `Err` when a count that divides the steps is zero.
+fn positive(op: &'static str, name: &str, v: usize) -> Result<()> {
+    match v {
+        0 => Err(Error::invalid(op, format!("{name} must be at least 1"))),
+        _ => Ok(()),
+    }
 }
 
 /// The same rate at every step.
@@ -15,6 +49,9 @@ pub struct ConstantLr(pub f64);
 impl LrSchedule for ConstantLr {
     fn lr(&self, _: usize) -> f64 {
         self.0
+    }
+    fn check(&self) -> Result<()> {
+        nonnegative("ConstantLr", &[("lr", self.0)])
     }
 }
 
@@ -29,6 +66,10 @@ pub struct StepLr {
 impl LrSchedule for StepLr {
     fn lr(&self, step: usize) -> f64 {
         self.base * self.gamma.powi((step / self.step_size.max(1)) as i32)
+    }
+    fn check(&self) -> Result<()> {
+        nonnegative("StepLr", &[("base", self.base), ("gamma", self.gamma)])?;
+        positive("StepLr", "step_size", self.step_size)
     }
 }
 
@@ -45,6 +86,13 @@ impl LrSchedule for CosineAnnealing {
     fn lr(&self, step: usize) -> f64 {
         let t = step.min(self.t_max) as f64 / self.t_max.max(1) as f64;
         self.eta_min + (self.base - self.eta_min) * (1.0 + (PI * t).cos()) / 2.0
+    }
+    fn check(&self) -> Result<()> {
+        nonnegative(
+            "CosineAnnealing",
+            &[("base", self.base), ("eta_min", self.eta_min)],
+        )?;
+        positive("CosineAnnealing", "t_max", self.t_max)
     }
 }
 
@@ -95,6 +143,23 @@ impl LrSchedule for OneCycle {
             )
         }
     }
+    fn check(&self) -> Result<()> {
+        nonnegative("OneCycle", &[("max_lr", self.max_lr)])?;
+        let ok = (0.0..=1.0).contains(&self.pct_start)
+            && self.div_factor > 0.0
+            && self.final_div_factor > 0.0;
+        match ok && self.div_factor.is_finite() && self.final_div_factor.is_finite() {
+            true => Ok(()),
+            false => Err(Error::invalid(
+                "OneCycle",
+                format!(
+                    "pct_start {} must be in [0, 1], div_factor {} and final_div_factor {} \
+                     positive",
+                    self.pct_start, self.div_factor, self.final_div_factor
+                ),
+            )),
+        }
+    }
 }
 
 /// Scales another schedule linearly from `start_factor` to 1 over `warmup` steps (`LinearLR`
@@ -113,6 +178,10 @@ impl<S: LrSchedule> LrSchedule for LinearWarmup<S> {
             self.start_factor + (1.0 - self.start_factor) * step as f64 / self.warmup as f64
         };
         self.inner.lr(step) * f
+    }
+    fn check(&self) -> Result<()> {
+        nonnegative("LinearWarmup", &[("start_factor", self.start_factor)])?;
+        self.inner.check()
     }
 }
 
@@ -135,5 +204,8 @@ impl LrSchedule for MultiStepLr {
     fn lr(&self, step: usize) -> f64 {
         let passed = self.milestones.iter().filter(|&&m| m <= step).count();
         self.base * self.gamma.powi(passed as i32)
+    }
+    fn check(&self) -> Result<()> {
+        nonnegative("MultiStepLr", &[("base", self.base), ("gamma", self.gamma)])
     }
 }

@@ -79,6 +79,12 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
+    fn name(&self) -> &'static str {
+        "SGD"
+    }
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        Some(Sgd::names(&self.config).to_vec())
+    }
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let _prof = crate::profiler::op("sgd.step");
         let cfg = self.config;
@@ -128,6 +134,12 @@ impl Sgld {
 }
 
 impl Optimizer for Sgld {
+    fn name(&self) -> &'static str {
+        "SGLD"
+    }
+    fn state_names(&self) -> Option<Vec<&'static str>> {
+        self.inner.state_names()
+    }
     fn step_unless(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let _prof = crate::profiler::op("sgld.step");
         let cfg = self.inner.config;
