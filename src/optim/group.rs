@@ -29,17 +29,18 @@ impl ParamState {
 
 /// The parameters an optimizer updates and their states: the parameters given to the
 /// constructor (the default group), then those of each group added with
-/// [`Optimizer::add_param_group`], in one list (states and checkpoint entries are numbered
-/// along it).
+/// [`Optimizer::add_param_group`](super::Optimizer::add_param_group), in one list (states
+/// and checkpoint entries are numbered along it).
 #[derive(Default)]
 pub struct ParamGroup {
     pub params: Vec<Tensor>,
     pub states: Vec<ParamState>,
     /// With fp32 master weights on, how working copies are rounded (see
-    /// [`Optimizer::use_master_weights`]).
+    /// [`Optimizer::use_master_weights`](super::Optimizer::use_master_weights)).
     pub(crate) masters: Option<Rounding>,
-    /// The learning rate as [`Optimizer::set_lr`] last set it (or the last step used),
-    /// shared with the CUDA graphs that captured a step, whose replays read it.
+    /// The learning rate as [`Optimizer::set_lr`](super::Optimizer::set_lr) last set it (or
+    /// the last step used), shared with the CUDA graphs that captured a step, whose replays
+    /// read it.
     pub(crate) lr: LrCell,
     /// The groups added after the default one, in order, each over the next `len` params.
     groups: Vec<Group>,
