@@ -209,3 +209,68 @@ fn new_layers_refuse_bad_input_and_pass_gradcheck() {
     assert_eq!(bn.running_mean.shape(), &[4]);
     assert!(ModuleList::new().forward(&x).is_err());
 }
+
+/// Multi-head self-attention learns to average a sequence: every position's target is the
+/// mean of the sequence's vectors (uniform weights and identity projections solve it).
+#[test]
+fn multihead_attention_trains_and_attention_passes_gradcheck() {
+    let mha = nn::MultiheadAttention::new(8, 2, true, &mut Generator::new(3)).unwrap();
+    let x = f32s(&[32, 6, 8], 4);
+    let target = x.mean(&[1], true).unwrap().expand(&[32, 6, 8]).unwrap();
+    let mut opt = Adam::new(mha.parameters(), AdamConfig::adam(1e-2)).unwrap();
+    let loss = |m: &nn::MultiheadAttention| {
+        m.forward(&x)
+            .unwrap()
+            .mse_loss(&target, Reduction::Mean)
+            .unwrap()
+    };
+    let first = loss(&mha).item().unwrap();
+    for _ in 0..150 {
+        opt.zero_grad();
+        loss(&mha).backward().unwrap();
+        opt.step().unwrap();
+    }
+    let last = loss(&mha).item().unwrap();
+    assert!(last < 0.1 * first, "loss {first} -> {last}");
+
+    let (q, k, v) = (
+        leaf(&[2, 3, 4], 1),
+        leaf(&[2, 5, 4], 2),
+        leaf(&[2, 5, 3], 3),
+    );
+    let bias = leaf(&[3, 5], 4).detach();
+    gradcheck(&[q.clone(), k.clone(), v.clone()], |t| {
+        let o = AttentionOptions {
+            attn_mask: Some(&bias),
+            scale: Some(0.7),
+            ..Default::default()
+        };
+        t[0].scaled_dot_product_attention(&t[1], &t[2], o)
+    });
+    let kk = leaf(&[2, 3, 4], 5);
+    let vv = leaf(&[2, 3, 3], 6);
+    gradcheck(&[q.clone(), kk, vv], |t| {
+        let o = AttentionOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        t[0].scaled_dot_product_attention(&t[1], &t[2], o)
+    });
+    // Mistakes: inner sizes that differ, a dropout probability of 1, heads that do not
+    // divide the embedding, a padding mask of the wrong shape.
+    assert!(q
+        .scaled_dot_product_attention(&v, &v, Default::default())
+        .is_err());
+    let o = AttentionOptions {
+        dropout_p: 1.0,
+        ..Default::default()
+    };
+    assert!(q.scaled_dot_product_attention(&k, &k, o).is_err());
+    assert!(nn::MultiheadAttention::new(8, 3, true, &mut Generator::new(0)).is_err());
+    let pad = Tensor::zeros(&[32, 5], DType::U8, Device::Cpu).unwrap();
+    let e = mha
+        .attend(&x, &x, &x, Some(&pad), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key_padding_mask"), "{e}");
+}

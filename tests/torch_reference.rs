@@ -10,7 +10,7 @@
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::nn::{
     Activation, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Embedding, Flatten, GroupNorm, LayerNorm,
-    Linear, Lstm, MaxPool2d, Module, Sequential,
+    Linear, Lstm, MaxPool2d, Module, MultiheadAttention, Sequential,
 };
 use mantissa::optim::{
     clip_grad_norm, Adadelta, Adagrad, Adam, AdamConfig, CosineAnnealing, GroupOptions, LrSchedule,
@@ -18,8 +18,9 @@ use mantissa::optim::{
     StepLr, ThresholdMode,
 };
 use mantissa::{
-    AvgPool2dOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions,
-    DType, Device, Generator, MaxPool2dOptions, Operand, Reduction, Result, Tensor,
+    AttentionOptions, AvgPool2dOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions,
+    CrossEntropyOptions, DType, Device, Generator, MaxPool2dOptions, Operand, Reduction, Result,
+    Tensor,
 };
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -435,6 +436,30 @@ fn run(c: &Case, device: Device) -> Result<Vec<Tensor>> {
             device,
         )),
         "module" => run_module(c),
+        "sdpa" => {
+            let o = AttentionOptions {
+                attn_mask: c.opt("mask"),
+                is_causal: c.has("is_causal") && c.flag("is_causal"),
+                scale: c.has("scale").then(|| c.float("scale")),
+                ..Default::default()
+            };
+            one(c.t("q").scaled_dot_product_attention(c.t("k"), c.t("v"), o))
+        }
+        "mha" => {
+            let mut m =
+                MultiheadAttention::new(8, 2, c.flag("batch_first"), &mut Generator::new(0))?;
+            load_module(c, &mut m)?;
+            let x = c.t("x0");
+            let causal = match c.flag("causal") {
+                true => {
+                    let ones = Tensor::ones(&[5, 5], DType::F32, device)?;
+                    let later = ones.cumsum(1)?.gt(&ones.cumsum(0)?)?;
+                    Some(later)
+                }
+                false => None,
+            };
+            one(m.attend(x, x, x, c.opt("kpm"), causal.as_ref()))
+        }
         "conv1d" => {
             let o = Conv1dOptions {
                 stride: c.int("stride") as usize,

@@ -5,6 +5,7 @@
 //! module always sees its current weights. Tensors are named as in PyTorch's `state_dict`
 //! (`0.weight`, `bn.running_mean`, ...), which checkpoints use.
 
+mod attention;
 mod checkpointed;
 mod conv;
 mod linear;
@@ -14,6 +15,7 @@ mod norm;
 mod residual;
 mod state;
 
+pub use attention::MultiheadAttention;
 pub use checkpointed::Checkpointed;
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
 pub use linear::{Embedding, Linear};

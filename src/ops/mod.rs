@@ -3,6 +3,7 @@
 //! where inputs are checked for device agreement, cast by an active autocast region according
 //! to [`Op::cast_policy`], and brought to a common dtype.
 
+mod attention;
 mod conv;
 mod dropout;
 mod elementwise;
@@ -20,6 +21,7 @@ mod reduce_more;
 mod rnn;
 mod softmax;
 
+pub use attention::AttentionOptions;
 pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
 pub use loss::{CrossEntropyOptions, Reduction};

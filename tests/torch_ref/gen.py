@@ -965,6 +965,72 @@ for dn, dt in [("f32", None)] + list(HALF.items()):
          lambda t: [F.group_norm(t["x"], 3, t["w"], t["b"], 1e-5)], groups=3, **extra)
 case("conv1d", [("x", randn(4, 7), True), ("w", randn(5, 4, 2), True)],
      lambda t: [F.conv1d(t["x"], t["w"])], stride=1, padding=0, dilation=1, groups=1)
+
+# Attention: F.scaled_dot_product_attention (masks, causal, scale; f16/bf16) and
+# nn.MultiheadAttention loaded by its state_dict names.
+def sdpa(mask=None, causal=False, scale=None):
+    def fn(t):
+        m = t.get("mask")
+        if m is not None and m.dtype == torch.uint8:
+            m = m.bool()
+        return [F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=m,
+                                               is_causal=causal, scale=scale)]
+    return fn
+
+
+SDPA = [
+    ({}, None),
+    (dict(is_causal=1), None),
+    (dict(scale=0.3), None),
+    ({}, "float"),
+    ({}, "bool"),
+]
+for params, mask in SDPA:
+    ins = [("q", randn(2, 3, 5, 4), True), ("k", randn(2, 3, 6, 4), True),
+           ("v", randn(2, 3, 6, 3), True)]
+    if params.get("is_causal"):
+        ins[1] = ("k", randn(2, 3, 5, 4), True)
+        ins[2] = ("v", randn(2, 3, 5, 3), True)
+    if mask == "float":
+        ins.append(("mask", randn(5, 6), False))
+    if mask == "bool":
+        keep = (torch.rand(2, 1, 5, 6) > 0.3)
+        keep[..., 0] = True  # every row attends somewhere
+        ins.append(("mask", keep.to(torch.uint8), False))
+    fn = sdpa(causal=bool(params.get("is_causal")), scale=params.get("scale"))
+    case("sdpa", ins, fn, **params)
+    if not params and mask is None:
+        for dn, dt in HALF.items():
+            case("sdpa", [(n, x.to(dt).float(), g) for n, x, g in ins], fn, dtype=dn)
+
+
+def mha_case(batch_first, padding, causal):
+    torch.manual_seed(rng.randrange(1 << 30))
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first).double()
+    state = {k: v.detach().float().clone() for k, v in m.state_dict().items()}
+    x = randn(2, 5, 8) if batch_first else randn(5, 2, 8)
+    ins = [(f"p.{k}", v, True) for k, v in state.items()] + [("x0", x, True)]
+    if padding:
+        pad = torch.zeros(2, 5, dtype=torch.uint8)
+        pad[1, 3:] = 1
+        ins.append(("kpm", pad, False))
+
+    def fn(t):
+        mod = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first).double()
+        tensors = {k: t[f"p.{k}"] for k in state}
+        kw = dict(need_weights=False)
+        if padding:
+            kw["key_padding_mask"] = t["kpm"].bool()
+        if causal:
+            kw["attn_mask"] = torch.ones(5, 5).triu(1).bool()
+        x = t["x0"]
+        y, _ = torch.func.functional_call(mod, tensors, (x, x, x), kw)
+        return [y]
+    case("mha", ins, fn, batch_first=batch_first, padding=padding, causal=causal)
+
+
+for bf, pad, causal in [(True, False, False), (False, True, False), (True, True, True)]:
+    mha_case(bf, pad, causal)
 torch.set_rng_state(_rng_before)
 
 # ---- run and write -----------------------------------------------------------------------
