@@ -181,10 +181,18 @@ impl ParamGroup {
 
     /// The learning rate over the optimizer's of the group parameter `i` belongs to.
     pub(crate) fn lr_scale_of(&self, i: usize) -> f64 {
-        self.spans()
-            .into_iter()
-            .find(|s| (s.0..s.0 + s.1).contains(&i))
-            .map_or(1.0, |s| s.2)
+        let added: usize = self.groups.iter().map(|g| g.len).sum();
+        let mut end = self.params.len() - added;
+        if i < end {
+            return 1.0;
+        }
+        for g in &self.groups {
+            end += g.len;
+            if i < end {
+                return g.lr_scale;
+            }
+        }
+        1.0
     }
 
     /// Applies the fused update `u` to every parameter that has a gradient, each group with

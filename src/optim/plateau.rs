@@ -152,9 +152,7 @@ impl ReduceLrOnPlateau {
             ("min_lr", self.min_lr),
             ("eps", self.eps),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return bad(format!("{name} = {v} must be finite and >= 0"));
-            }
+            super::check_hyper("ReduceLrOnPlateau::step", name, v)?;
         }
         Ok(())
     }

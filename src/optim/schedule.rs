@@ -23,15 +23,9 @@ pub trait LrSchedule: Send + Sync {
 
 /// `Err` unless every `(name, value)` is finite and not negative.
 fn nonnegative(op: &'static str, values: &[(&str, f64)]) -> Result<()> {
-    for &(name, v) in values {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(Error::invalid(
-                op,
-                format!("{name} = {v} must be finite and >= 0"),
-            ));
-        }
-    }
-    Ok(())
+    values
+        .iter()
+        .try_for_each(|&(name, v)| super::check_hyper(op, name, v))
 }
 
 /// `Err` when a count that divides the steps is zero.

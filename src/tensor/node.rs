@@ -137,56 +137,41 @@ impl Node {
         Ok(())
     }
 
+    /// `f` of each edge that gives `Some`, while the node has not run (then nothing).
+    fn edges_where<T>(&self, f: impl Fn(&Edge) -> Option<T>) -> Vec<T> {
+        lock(&self.state)
+            .as_ref()
+            .map(|(edges, _)| edges.iter().filter_map(&f).collect())
+            .unwrap_or_default()
+    }
+
     /// Keys of the leaves this node's backward may send gradients to (see
     /// `autograd::hooks`): the gradient slots of its leaf edges, and the storages of what it
     /// saved (a checkpoint saves the parameters its recomputation reads).
     pub(crate) fn leaf_keys(&self) -> Vec<usize> {
-        let mut keys: Vec<usize> = lock(&self.state)
-            .as_ref()
-            .map(|(edges, _)| {
-                edges
-                    .iter()
-                    .filter_map(|e| match e {
-                        Edge::Leaf { grad, .. } => Some(Arc::as_ptr(grad) as usize),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut keys: Vec<usize> = self
+            .leaf_slots()
+            .iter()
+            .map(|g| Arc::as_ptr(g) as usize)
+            .collect();
         keys.extend(self.saved.iter().map(|(t, _)| t.storage_addr()));
         keys
     }
 
     /// The gradient slots of the leaves this node sends gradients to.
     pub(crate) fn leaf_slots(&self) -> Vec<Arc<Mutex<Option<Tensor>>>> {
-        lock(&self.state)
-            .as_ref()
-            .map(|(edges, _)| {
-                edges
-                    .iter()
-                    .filter_map(|e| match e {
-                        Edge::Leaf { grad, .. } => Some(grad.clone()),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.edges_where(|e| match e {
+            Edge::Leaf { grad, .. } => Some(grad.clone()),
+            _ => None,
+        })
     }
 
     /// The nodes this one sends gradients to.
     pub(crate) fn children(&self) -> Vec<Arc<Node>> {
-        lock(&self.state)
-            .as_ref()
-            .map(|(edges, _)| {
-                edges
-                    .iter()
-                    .filter_map(|e| match e {
-                        Edge::Node { node, .. } => Some(node.clone()),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.edges_where(|e| match e {
+            Edge::Node { node, .. } => Some(node.clone()),
+            _ => None,
+        })
     }
 
     /// The edges and the backward closure, once; the recipe goes with them (what it holds

@@ -60,44 +60,8 @@ impl Tensor {
             true => ((b - a) as usize).div_ceil(step),
             false => 0,
         };
-        let a = a as usize;
-        if step == 1 {
-            return self.narrow(d as isize, a.min(self.shape()[d]), len);
-        }
-        let layout = self.layout().stepped(d, a, len, step);
-        let shape = self.shape().to_vec();
-        Ok(self
-            .view_with(layout)
-            .attach("slice", &[self], move |g, _| {
-                Ok(vec![Some(g.scatter_stepped(&shape, d, a, step)?)])
-            }))
-    }
-
-    /// A zero tensor of `shape` with this tensor written at every `step`-th position of `dim`
-    /// from `start` (the adjoint of a stepped [`Tensor::slice`]; differentiable).
-    fn scatter_stepped(
-        &self,
-        shape: &[usize],
-        dim: usize,
-        start: usize,
-        step: usize,
-    ) -> Result<Tensor> {
-        let out = Tensor::zeros(shape, self.dtype(), self.device())?;
-        let len = self.shape()[dim];
-        let dst = out.layout().stepped(dim, start, len, step);
-        let src = self.storage();
-        out.0
-            .storage
-            .write(|s| s.copy_into(&dst, &src, self.layout()))?;
-        let end = Some((start + step * len) as i64);
-        Ok(out.attach("slice_backward", &[self], move |g, _| {
-            Ok(vec![Some(g.slice(
-                dim as isize,
-                start as i64,
-                end,
-                step,
-            )?)])
-        }))
+        let a = (a as usize).min(self.shape()[d]);
+        self.stepped(d, a, len, step)
     }
 
     /// `chunks` pieces along `dim` of `ceil(size / chunks)` each, the last possibly shorter

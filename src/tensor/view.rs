@@ -181,17 +181,48 @@ impl Tensor {
     /// A zero tensor of `shape` with this tensor written at `start` along `dim` (the adjoint
     /// of `narrow`; differentiable).
     pub(crate) fn pad_into(&self, shape: &[usize], dim: usize, start: usize) -> Result<Tensor> {
+        Layout::contiguous(shape).narrow("narrow_backward", dim, start, self.shape()[dim])?;
+        self.place_into(shape, dim, start, 1)
+    }
+
+    /// Every `step`-th element of `dim` from `start`, `len` of them, as a view (the caller
+    /// checked the range); its gradient is placed back where the elements were.
+    pub(crate) fn stepped(
+        &self,
+        dim: usize,
+        start: usize,
+        len: usize,
+        step: usize,
+    ) -> Result<Tensor> {
+        if step == 1 {
+            return self.narrow(dim as isize, start, len);
+        }
+        let layout = self.layout().stepped(dim, start, len, step);
+        let shape = self.shape().to_vec();
+        Ok(self
+            .view_with(layout)
+            .attach("slice", &[self], move |g, _| {
+                Ok(vec![Some(g.place_into(&shape, dim, start, step)?)])
+            }))
+    }
+
+    /// A zero tensor of `shape` with this tensor written at every `step`-th position of `dim`
+    /// from `start` (the adjoint of [`Tensor::stepped`]; differentiable). The positions are
+    /// within `shape`: the callers checked them.
+    fn place_into(&self, shape: &[usize], dim: usize, start: usize, step: usize) -> Result<Tensor> {
         let out = Tensor::zeros(shape, self.dtype(), self.device())?;
-        let dst = out
-            .layout()
-            .narrow("narrow_backward", dim, start, self.shape()[dim])?;
+        let len = self.shape()[dim];
+        let dst = out.layout().stepped(dim, start, len, step);
         let src = self.storage();
         out.0
             .storage
             .write(|s| s.copy_into(&dst, &src, self.layout()))?;
-        let len = self.shape()[dim];
-        Ok(out.attach("pad", &[self], move |g, _| {
-            Ok(vec![Some(g.narrow(dim as isize, start, len)?)])
+        let name = match step {
+            1 => "pad",
+            _ => "slice_backward",
+        };
+        Ok(out.attach(name, &[self], move |g, _| {
+            Ok(vec![Some(g.stepped(dim, start, len, step)?)])
         }))
     }
 
