@@ -11,9 +11,10 @@
 //! The text's windows of `--seq-len` characters (every `--seq-len / 2`, each with the
 //! characters that follow it as targets) come from a `DataLoader` with workers and pinned
 //! memory like the other examples' images; each epoch ends with the held-out last tenth of
-//! the text, and `runs/lstm` gets `metrics.csv` and `curves.png` (loss, and per-character
-//! accuracy). Adam with a one-cycle schedule, gradients clipped to norm 1 (unscaled first
-//! under fp16).
+//! the text, and `runs/lstm` (or `--out`) gets `metrics.csv` and `curves.png` (loss in bits
+//! per character, and per-character accuracy). Adam with a one-cycle schedule, gradients
+//! clipped to norm 1 (unscaled first under fp16). `--save`/`--resume` as in the other
+//! examples; `--quick` trains one epoch on the text's first 20,000 characters.
 
 use clap::Parser;
 use mantissa::amp::{GradScaler, GradScalerConfig};
@@ -21,13 +22,16 @@ use mantissa::data::{DataLoader, DataLoaderConfig, Dataset, SampleMut};
 use mantissa::graph::StepGraph;
 use mantissa::nn::*;
 use mantissa::optim::*;
-use mantissa::train::{autocast_maybe, plot_metrics, step_fits, EpochProgress, MetricsLog};
+use mantissa::train::{
+    autocast_maybe, plot_metrics, step_fits, EpochProgress, LossUnit, MetricsLog,
+};
 use mantissa::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
+use common::files::FileFlags;
 use common::{BatchSize, RunFlags};
 
 #[derive(Parser, Debug)]
@@ -64,12 +68,20 @@ struct Args {
     /// Peak learning rate of the one-cycle schedule.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
+    /// A fast run for trying things: one epoch on the text's first 20,000 characters.
+    #[arg(long)]
+    quick: bool,
     #[command(flatten)]
     run: RunFlags,
+    #[command(flatten)]
+    files: FileFlags,
+    /// The output folder in use (--out, or runs/lstm).
+    #[arg(skip)]
+    out: PathBuf,
 }
 
-/// Where metrics.csv, curves.png and a profile's trace.json go.
-const OUT: &str = "runs/lstm";
+/// The characters of the text a --quick run learns from.
+const QUICK_CHARS: usize = 20_000;
 
 const BUNDLED: &str = concat!(
     include_str!("../README.md"),
@@ -234,6 +246,7 @@ fn loss_of(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
 }
 
 fn run(mut args: Args) -> Result<()> {
+    args.run.refuse_convolution_flags("lstm")?;
     let (device, low, _) = args.run.open()?;
     let dist = common::dist::Dist::join(device, "lstm")?;
     dist.check_flags(args.run.cuda_graph, "lstm")?;
@@ -246,8 +259,17 @@ fn run(mut args: Args) -> Result<()> {
             ),
         });
     }
+    if args.synthetic && args.quick {
+        return Err(Error::Invalid {
+            op: "lstm",
+            msg: "--quick shortens training on a text; --synthetic times --steps steps".into(),
+        });
+    }
+    args.out = args
+        .files
+        .prepare("runs/lstm", args.synthetic.then_some("--synthetic"))?;
     // The vocabulary: the text's distinct characters (256 byte values when synthetic).
-    let text = match &args.text {
+    let mut text = match &args.text {
         _ if args.synthetic => String::new(),
         Some(p) => std::fs::read_to_string(p).map_err(|e| Error::Invalid {
             op: "lstm",
@@ -255,6 +277,10 @@ fn run(mut args: Args) -> Result<()> {
         })?,
         None => BUNDLED.to_string(),
     };
+    if args.quick {
+        text = text.chars().take(QUICK_CHARS).collect();
+        args.epochs = 1;
+    }
     let mut chars: Vec<char> = text.chars().collect();
     chars.sort_unstable();
     chars.dedup();
@@ -288,6 +314,14 @@ fn run(mut args: Args) -> Result<()> {
         enabled: low == Some(DType::F16),
         ..Default::default()
     })?;
+    // Every rank loads the checkpoint; the wrapper then broadcasts rank 0's parameters.
+    let resumed = args.files.resume(
+        &args.out,
+        &mut net,
+        &mut opt,
+        &mut scaler,
+        LossUnit::BitsPerChar,
+    )?;
     // Data-parallel when launched so: rank 0's parameters everywhere, gradients averaged.
     let ddp = dist.wrap(&net.parameters())?;
     if dist.is_main() {
@@ -318,7 +352,7 @@ fn run(mut args: Args) -> Result<()> {
     if args.synthetic {
         return run.synthetic(&mut g);
     }
-    run.train_text(train, test)?;
+    run.train_text(train, test, resumed)?;
     if !dist.is_main() {
         return Ok(());
     }
@@ -371,7 +405,7 @@ impl Run<'_> {
         let (x, y) = random_batch(b, len, 256, self.device, g)?;
         let total = args.warmup + args.steps;
         let cycle = OneCycle::new(args.lr, total);
-        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT))?;
+        let mut profile = common::StepProfile::new(&args.run, &args.out)?;
         // Profiled steps run after the timed ones (profiling adds an event pair per launch).
         let extra = match args.run.profile > 0 {
             true => args.run.profile_warmup + args.run.profile,
@@ -393,10 +427,8 @@ impl Run<'_> {
                 let l = loss.item()?;
                 secs = start.elapsed().as_secs_f64();
                 if self.dist.is_main() {
-                    println!(
-                        "step {step}: loss {l:.3} ({:.2} bits/char)",
-                        l / std::f64::consts::LN_2
-                    );
+                    let bits = LossUnit::BitsPerChar.from_nats(l);
+                    println!("step {step}: loss {bits:.3} bits/char");
                 }
             }
         }
@@ -416,9 +448,15 @@ impl Run<'_> {
         profile.finish()
     }
 
-    /// --epochs over the windows of `train` from a loader, each followed by the held-out
-    /// windows of `test`; metrics.csv and curves.png in `runs/lstm`.
-    fn train_text(&mut self, train: &[i64], test: &[i64]) -> Result<()> {
+    /// --epochs over the windows of `train` from a loader (after the `start` epochs a
+    /// resumed run had done, whose metrics are in `log`), each followed by the held-out
+    /// windows of `test`; metrics.csv and curves.png in the output folder.
+    fn train_text(
+        &mut self,
+        train: &[i64],
+        test: &[i64],
+        (start, mut log): (usize, MetricsLog),
+    ) -> Result<()> {
         let (args, device) = (self.args, self.device);
         let windows = |tokens: &[i64], stride: usize| {
             Arc::new(CharWindows {
@@ -443,13 +481,13 @@ impl Run<'_> {
         let mut test_dl = DataLoader::new(windows(test, args.seq_len), cfg)?;
         let steps = train_dl.len();
         let cycle = OneCycle::new(args.lr, args.epochs * steps);
-        let mut profile = common::StepProfile::new(&args.run, Path::new(OUT))?;
-        let mut log = MetricsLog::default();
-        let bits = |nats: f64| nats / std::f64::consts::LN_2;
-        for epoch in 0..args.epochs {
+        let mut profile = common::StepProfile::new(&args.run, &args.out)?;
+        for epoch in start..args.epochs {
             self.net.set_training(true);
             let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
-            let mut bar = EpochProgress::new(&label, steps).quiet(!self.dist.is_main());
+            let mut bar = EpochProgress::new(&label, steps)
+                .quiet(!self.dist.is_main())
+                .loss_unit(LossUnit::BitsPerChar);
             bar.show_memory(device);
             for (k, b) in train_dl.epoch(epoch).to_device(device).enumerate() {
                 let b = b?;
@@ -469,31 +507,49 @@ impl Run<'_> {
             if !self.dist.is_main() {
                 continue;
             }
+            // The bar reports bits per character: the log, its CSV and plot, and this line.
             println!(
-                "epoch {}: train {:.3} bits/char, acc {:.2}% | held-out {:.3} bits/char, acc {:.2}% | {:.1} s, {:.0} characters/s",
+                "epoch {}: train loss {:.3} bits/char, acc {:.2}% | held-out loss {:.3} bits/char, acc {:.2}% | {:.1} s, {:.0} characters/s",
                 epoch + 1,
-                bits(m.train_loss),
+                m.train_loss,
                 100.0 * m.train_acc,
-                bits(test_loss),
-                100.0 * test_acc,
+                m.test_loss,
+                100.0 * m.test_acc,
                 m.seconds,
                 m.samples_per_s
             );
             log.push(m);
-            log.write_csv(&Path::new(OUT).join("metrics.csv"))?;
-            plot_metrics(&log, &Path::new(OUT).join("curves.png"))?;
+            log.write_csv(&args.out.join("metrics.csv"))?;
+            plot_metrics(&log, &args.out.join("curves.png"))?;
+            self.files_save(epoch + 1)?;
         }
         common::print_peak_memory("mantissa training", device)?;
         profile.finish()?;
         if !self.dist.is_main() {
             return Ok(());
         }
+        if start >= args.epochs {
+            println!(
+                "no epoch was run (--epochs {}, starting after epoch {start}): no metrics or \
+                 curves written",
+                args.epochs
+            );
+            return Ok(());
+        }
         println!(
-            "metrics (per character: loss, accuracy, characters/s) and curves in {OUT}; \
+            "metrics (per character: loss in bits, accuracy, characters/s) and curves in {}; \
              uniform over the vocabulary would be {:.2} bits/char",
+            args.out.display(),
             (self.net.head.weight.shape()[0] as f64).log2()
         );
         Ok(())
+    }
+
+    /// --save's checkpoint after `epochs_done` epochs.
+    fn files_save(&self, epochs_done: usize) -> Result<()> {
+        let args = self.args;
+        args.files
+            .save(&*self.net, &*self.opt, &*self.scaler, epochs_done)
     }
 }
 

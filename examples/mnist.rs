@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example mnist -- --model cnn --epochs 3`
 //! Writes `metrics.csv` and `curves.png` to `--out`, and a checkpoint each epoch with
-//! `--checkpoint PATH` (resume with `--resume PATH`). Data-parallel on several GPUs when
+//! `--save PATH` (resume with `--resume PATH`). Data-parallel on several GPUs when
 //! launched so: `torchrun --standalone --nproc-per-node 2 --no-python
 //! target/release/examples/mnist ...` (or under srun / mpirun); `--batch-size` is then each
 //! process's.
@@ -15,13 +15,13 @@ use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
     classifier_fits, classify_micro_step, classify_step, evaluate_classifier, plot_metrics,
-    Accumulation, EpochProgress, MetricsLog,
+    Accumulation, EpochProgress, LossUnit,
 };
 use mantissa::*;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 mod common;
+use common::files::FileFlags;
 use common::{BatchSize, RunFlags};
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
@@ -80,15 +80,8 @@ struct Args {
     /// A fast run for trying things: 10k training and 2k test images, one epoch.
     #[arg(long)]
     quick: bool,
-    /// Save a checkpoint here after every epoch.
-    #[arg(long)]
-    checkpoint: Option<PathBuf>,
-    /// Resume from this checkpoint.
-    #[arg(long)]
-    resume: Option<PathBuf>,
-    /// Folder for metrics.csv and curves.png.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    files: FileFlags,
 }
 
 fn build(model: Model, gen: &mut Generator, seed: u64) -> Result<Sequential> {
@@ -158,12 +151,13 @@ fn run(args: Args) -> Result<()> {
             })
         }
     };
-    if args.run.channels_last && args.model == Model::Mlp {
-        return Err(Error::Invalid {
-            op: "mnist",
-            msg: "--channels-last is for the CNN (--model cnn)".into(),
-        });
+    if args.model == Model::Mlp {
+        args.run.refuse_convolution_flags("mnist --model mlp")?;
     }
+    let model_name = format!("{:?}", args.model).to_lowercase();
+    let out = args
+        .files
+        .prepare(&format!("runs/mnist-{model_name}"), None)?;
     // bf16 keeps f32's exponent range: no loss scaling (as PyTorch practice and llm.c).
     let mut scaler = GradScaler::new(GradScalerConfig {
         enabled: low == Some(DType::F16),
@@ -226,29 +220,9 @@ fn run(args: Args) -> Result<()> {
         gamma,
     };
     epoch_schedule.check()?;
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("runs/mnist-{:?}", args.model).to_lowercase()));
-    let mut log = MetricsLog::default();
-    let mut start_epoch = 0;
-    if let Some(path) = &args.resume {
-        let meta = checkpoint::load(path, &mut net, Some(opt.as_mut()))?;
-        let saved: Vec<(String, Tensor)> = checkpoint::read(path)?
-            .0
-            .into_iter()
-            .filter_map(|(k, t)| k.strip_prefix("extra.scaler.").map(|n| (n.to_string(), t)))
-            .collect();
-        if scaler.is_enabled() && !saved.is_empty() {
-            scaler.load_state_dict(&saved)?;
-        }
-        start_epoch = meta.get("epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
-        if let Ok(text) = std::fs::read_to_string(out.join("metrics.csv")) {
-            log = MetricsLog::from_csv(&text, &out.join("metrics.csv"))?;
-            log.epochs.truncate(start_epoch);
-        }
-        println!("resumed from {} at epoch {start_epoch}", path.display());
-    }
+    let (start_epoch, mut log) =
+        args.files
+            .resume(&out, &mut net, opt.as_mut(), &mut scaler, LossUnit::Nats)?;
     // Every rank has loaded the same checkpoint; the wrapper broadcasts rank 0's
     // parameters anyway (as PyTorch's DDP), so the ranks start equal whatever they loaded.
     let ddp = dist.wrap(&net.parameters())?;
@@ -362,20 +336,7 @@ fn run(args: Args) -> Result<()> {
         log.push(m);
         log.write_csv(&out.join("metrics.csv"))?;
         plot_metrics(&log, &out.join("curves.png"))?;
-        if let Some(path) = &args.checkpoint {
-            let extra: Vec<(String, Tensor)> = scaler
-                .state_dict()?
-                .into_iter()
-                .map(|(n, t)| (format!("scaler.{n}"), t))
-                .collect();
-            checkpoint::save_with(
-                path,
-                &net,
-                Some(opt.as_ref()),
-                &extra,
-                &[("epoch", (epoch + 1).to_string())],
-            )?;
-        }
+        args.files.save(&net, opt.as_ref(), &scaler, epoch + 1)?;
     }
     common::print_peak_memory("mantissa training", device)?;
     profile.finish()?;

@@ -22,15 +22,16 @@ use mantissa::nn::*;
 use mantissa::optim::*;
 use mantissa::train::{
     classifier_fits, classify_micro_step, classify_step, evaluate_classifier, plot_metrics,
-    Accumulation, EpochProgress, MetricsLog,
+    Accumulation, EpochProgress, LossUnit, MetricsLog,
 };
 use mantissa::*;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
 use common::dist::Dist;
+use common::files::FileFlags;
 use common::{BatchSize, RunFlags};
 #[path = "common/resnet_model.rs"]
 mod resnet_model;
@@ -88,9 +89,14 @@ struct Args {
     /// Runs each residual block under gradient checkpointing: its activations are
     /// recomputed in backward instead of kept (less memory, a second forward per block).
     #[arg(long)]
-    checkpoint: bool,
+    grad_checkpoint: bool,
     #[command(flatten)]
     run: RunFlags,
+    #[command(flatten)]
+    files: FileFlags,
+    /// The output folder in use (--out, or runs/resnet).
+    #[arg(skip)]
+    out: PathBuf,
 }
 
 /// The network `args` ask for, on `in_channels`-channel images and `classes` classes.
@@ -112,7 +118,7 @@ fn resnet(
         in_channels,
         classes,
         imagenet_stem: args.data == Data::Synthetic,
-        checkpoint: args.checkpoint,
+        checkpoint: args.grad_checkpoint,
     };
     resnet_model::resnet(&spec, g)
 }
@@ -137,6 +143,8 @@ fn run(mut args: Args) -> Result<()> {
             msg: "--width must be at least 1".into(),
         });
     }
+    let timing = (args.data == Data::Synthetic).then_some("--data synthetic");
+    args.out = args.files.prepare("runs/resnet", timing)?;
     let mut scaler = GradScaler::new(GradScalerConfig {
         enabled: low == Some(DType::F16),
         ..Default::default()
@@ -177,11 +185,23 @@ fn run(mut args: Args) -> Result<()> {
         rayon::current_num_threads()
     );
     }
+    // Every rank loads the checkpoint; the wrapper then broadcasts rank 0's parameters.
+    let resumed = args
+        .files
+        .resume(&args.out, &mut net, &mut opt, &mut scaler, LossUnit::Nats)?;
     let ddp = dist.wrap(&net.parameters())?;
     let setting = (device, low, format);
     let ranks = (&dist, ddp.as_ref());
     match args.data {
-        Data::Mnist => train_mnist(&args, &mut net, &mut opt, &mut scaler, setting, ranks),
+        Data::Mnist => train_mnist(
+            &args,
+            &mut net,
+            &mut opt,
+            &mut scaler,
+            setting,
+            ranks,
+            resumed,
+        ),
         Data::Synthetic => throughput(
             &args,
             &mut net,
@@ -206,6 +226,7 @@ fn train_mnist(
         &Dist,
         Option<&mantissa::distributed::DistributedDataParallel>,
     ),
+    (start_epoch, mut log): (usize, MetricsLog),
 ) -> Result<()> {
     let dir = locate_or_fetch()?;
     let (mut train, mut test) = (Mnist::load(&dir, true)?, Mnist::load(&dir, false)?);
@@ -231,10 +252,9 @@ fn train_mnist(
     // With --cuda-graph, every full batch's step replays the captured one.
     let mut graph = common::step_graph(&args.run, device, &net.parameters(), "resnet")?;
     let cycle = OneCycle::new(args.lr, args.epochs * steps);
-    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR))?;
+    let mut profile = common::StepProfile::new(&args.run, &args.out)?;
     let mut acc = Accumulation::new(args.run.accumulate)?;
-    let mut log = MetricsLog::default();
-    for epoch in 0..args.epochs {
+    for epoch in start_epoch..args.epochs {
         net.train();
         let label = format!("epoch {}/{} {}", epoch + 1, args.epochs, args.run.precision);
         let mut bar = EpochProgress::new(&label, steps).quiet(!dist.is_main());
@@ -280,14 +300,18 @@ fn train_mnist(
             m.samples_per_s
         );
         log.push(m);
-        let out = Path::new(TRACE_DIR);
-        log.write_csv(&out.join("metrics.csv"))?;
-        plot_metrics(&log, &out.join("curves.png"))?;
+        log.write_csv(&args.out.join("metrics.csv"))?;
+        plot_metrics(&log, &args.out.join("curves.png"))?;
+        args.files.save(net, opt, scaler, epoch + 1)?;
     }
-    match (dist.is_main(), log.epochs.is_empty()) {
+    match (dist.is_main(), start_epoch >= args.epochs) {
         (false, _) => {}
-        (true, true) => println!("no epoch was run (--epochs 0): no metrics or curves written"),
-        (true, false) => println!("metrics and curves in {TRACE_DIR}"),
+        (true, true) => println!(
+            "no epoch was run (--epochs {}, starting after epoch {start_epoch}): no metrics or \
+             curves written",
+            args.epochs
+        ),
+        (true, false) => println!("metrics and curves in {}", args.out.display()),
     }
     profile.finish()
 }
@@ -315,7 +339,7 @@ fn throughput(
     let y = Tensor::from_vec(labels, &[n], Device::Cpu)?.to_device(device)?;
     net.train();
     // What one forward keeps for backward (activations; weights and their casts are counted
-    // too, but they are there either way): with --checkpoint, the blocks' inputs only.
+    // too, but they are there either way): with --grad-checkpoint, the blocks' inputs only.
     let before = live_storage_bytes();
     let kept = mantissa::train::autocast_maybe(low, || {
         let _loss = net.forward(&x)?.cross_entropy(&y, Default::default())?;
@@ -325,7 +349,7 @@ fn throughput(
         "one forward keeps {:.1} MiB for backward ({:.1} MiB per image){}",
         kept as f64 / 1048576.0,
         kept as f64 / 1048576.0 / n as f64,
-        if args.checkpoint {
+        if args.grad_checkpoint {
             ", blocks checkpointed"
         } else {
             ""
@@ -334,7 +358,7 @@ fn throughput(
     let mut start = Instant::now();
     let mut last = 0.0;
     // Profiled steps run after the timed ones: profiling adds an event pair per launch.
-    let mut profile = common::StepProfile::new(&args.run, Path::new(TRACE_DIR))?;
+    let mut profile = common::StepProfile::new(&args.run, &args.out)?;
     // With --cuda-graph the steps replay the captured one (captured in the warm-up when
     // --warmup is above 3).
     let mut graph = common::step_graph(&args.run, device, &net.parameters(), "resnet")?;
@@ -400,9 +424,6 @@ fn graphed(
     })?;
     Ok((out[0].clone(), out[1].clone()))
 }
-
-/// Where `metrics.csv`, `curves.png` and `--profile`'s `trace.json` go.
-const TRACE_DIR: &str = "runs/resnet";
 
 fn main() {
     common::main_with(run);

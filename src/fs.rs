@@ -46,3 +46,48 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         Error::io("write_atomic", path, e)
     })
 }
+
+/// Checks that a run can write into `dir` before it starts: creates it (and its parents),
+/// then creates and removes a probe file in it. A mistyped, read-only or full output path
+/// then fails in the first second instead of after the first epoch's work.
+///
+/// ```
+/// let dir = std::env::temp_dir().join("mantissa-doc-writable");
+/// mantissa::train::check_writable_dir(&dir, "--out")?;
+/// assert!(dir.is_dir());
+/// # std::fs::remove_dir(&dir).ok();
+/// # Ok::<(), mantissa::Error>(())
+/// ```
+pub fn check_writable_dir(dir: &Path, op: &'static str) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        let e = std::io::Error::new(std::io::ErrorKind::AlreadyExists, "a file, not a folder");
+        return Err(Error::io(op, dir, e));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(op, dir, e))?;
+    let probe = dir.join(format!(".mantissa-write-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"probe"))
+        .map_err(|e| Error::io(op, dir, e))?;
+    std::fs::remove_file(&probe).map_err(|e| Error::io(op, &probe, e))
+}
+
+/// Checks that a file can be written at `path` (as [`write_atomic`] will: into its folder,
+/// through a temporary file): `path` is not a folder, and its folder passes
+/// [`check_writable_dir`]. An existing file there is left as it is.
+pub fn check_writable_file(path: &Path, op: &'static str) -> Result<()> {
+    if path.is_dir() || path.file_name().is_none() {
+        let e = std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a folder, not a file name",
+        );
+        return Err(Error::io(op, path, e));
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    check_writable_dir(dir, op)
+}

@@ -1,6 +1,7 @@
-//! The MNIST example run as a user runs it: a run whose loss becomes NaN says so and finishes
-//! with its plot, `--profile N --profile-warmup 0` profiles the first N steps, and a run with
-//! no epoch to train says that nothing was written.
+//! The examples run as a user runs them: an MNIST run whose loss becomes NaN says so and
+//! finishes with its plot, `--profile N --profile-warmup 0` profiles the first N steps, a run
+//! with no epoch to train says that nothing was written; the LSTM saves and resumes in bits
+//! per character; flags that do not apply and unwritable paths are refused before training.
 //!
 //! The example's binary is built by `cargo test` (every target, as CI runs it); with a test
 //! filter that skips the examples, build them first (`cargo build --release --examples`).
@@ -11,22 +12,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `target/<profile>/examples/mnist`, beside this test's own directory.
-fn mnist_binary() -> Option<PathBuf> {
+/// `target/<profile>/examples/<name>`, beside this test's own directory.
+fn example_binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("examples").join("mnist");
+    let bin = exe.parent()?.parent()?.join("examples").join(name);
     bin.exists().then_some(bin)
 }
 
-/// Runs the example with `args`; its stdout, or a failure naming what went wrong (an exit
-/// other than 0, or no exit within `limit`: the run is killed).
-fn run(args: &[&str], limit: Duration) -> Option<String> {
-    let Some(bin) = mnist_binary() else {
+/// Runs the example `name` with `args` and returns its exit status, stdout and stderr, or
+/// `None` when it is not built (a failure under CI). A run past `limit` is killed and fails.
+fn run_example(
+    name: &str,
+    args: &[&str],
+    limit: Duration,
+) -> Option<(std::process::ExitStatus, String, String)> {
+    let Some(bin) = example_binary(name) else {
         assert!(
             std::env::var_os("CI").is_none(),
-            "examples/mnist is not built (cargo test builds it with every target)"
+            "examples/{name} is not built (cargo test builds it with every target)"
         );
-        eprintln!("skipped: examples/mnist is not built (cargo build --release --examples)");
+        eprintln!("skipped: examples/{name} is not built (cargo build --release --examples)");
         return None;
     };
     let mut child = Command::new(bin)
@@ -39,21 +44,46 @@ fn run(args: &[&str], limit: Duration) -> Option<String> {
     while child.try_wait().unwrap().is_none() {
         if start.elapsed() > limit {
             child.kill().unwrap();
-            panic!("mnist {args:?} did not finish in {limit:?}");
+            panic!("{name} {args:?} did not finish in {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
+    Some((
+        out.status,
         String::from_utf8_lossy(&out.stdout).to_string(),
         String::from_utf8_lossy(&out.stderr).to_string(),
-    );
+    ))
+}
+
+/// [`run_example`] of a run that must succeed: its stdout.
+fn run_ok(name: &str, args: &[&str], limit: Duration) -> Option<String> {
+    let (status, stdout, stderr) = run_example(name, args, limit)?;
     assert!(
-        out.status.success(),
-        "mnist {args:?}: {}\n{stdout}\n{stderr}",
-        out.status
+        status.success(),
+        "{name} {args:?}: {status}\n{stdout}\n{stderr}"
     );
     Some(stdout)
+}
+
+/// The MNIST example's run that must succeed.
+fn run(args: &[&str], limit: Duration) -> Option<String> {
+    run_ok("mnist", args, limit)
+}
+
+/// [`run_example`] of a run that must fail at once: its stderr, which names the mistake.
+fn run_refused(name: &str, args: &[&str]) -> Option<String> {
+    let (status, stdout, stderr) = run_example(name, args, Duration::from_secs(60))?;
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "{name} {args:?}\n{stdout}\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("epoch 1"),
+        "{name} {args:?} trained:\n{stdout}"
+    );
+    Some(stderr)
 }
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -128,4 +158,119 @@ fn a_run_with_no_epoch_writes_nothing_and_says_so() {
         "{out}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_lstm_saves_resumes_and_logs_bits_per_char() {
+    let dir = fresh_dir("lstm");
+    let (d, ckpt) = (dir.to_str().unwrap(), dir.join("c.safetensors"));
+    let ckpt = ckpt.to_str().unwrap();
+    let small = [
+        "--hidden",
+        "16",
+        "--layers",
+        "1",
+        "--embedding",
+        "8",
+        "--seq-len",
+        "20",
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--out",
+        d,
+        "--save",
+        ckpt,
+    ];
+    let first: Vec<&str> = small.iter().copied().chain(["--epochs", "1"]).collect();
+    let Some(out) = run_ok("lstm", &first, Duration::from_secs(120)) else {
+        return;
+    };
+    assert!(
+        out.contains("bits/char") && has(&dir, "c.safetensors"),
+        "{out}"
+    );
+    let second: Vec<&str> = small
+        .iter()
+        .copied()
+        .chain(["--epochs", "2", "--resume", ckpt])
+        .collect();
+    let out = run_ok("lstm", &second, Duration::from_secs(120)).unwrap();
+    assert!(out.contains("after epoch 1"), "{out}");
+    assert!(!out.contains("epoch 1/2"), "epoch 1 ran again:\n{out}");
+    assert!(out.contains("epoch 2/2"), "{out}");
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("epoch,train_bits_per_char,"), "{csv}");
+    assert_eq!(lines.len(), 3, "{csv}");
+    assert!(
+        lines[1].starts_with("1,") && lines[2].starts_with("2,"),
+        "{csv}"
+    );
+    // The epoch line and the CSV agree on the unit: the held-out figure printed is the CSV's.
+    let printed = out
+        .lines()
+        .find(|l| l.starts_with("epoch 2:"))
+        .and_then(|l| l.split("held-out loss ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .unwrap();
+    let logged: f64 = lines[2].split(',').nth(3).unwrap().parse().unwrap();
+    assert!(
+        (printed.parse::<f64>().unwrap() - logged).abs() < 1e-3,
+        "{out}\n{csv}"
+    );
+    assert!(has(&dir, "curves.png"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn flags_that_do_not_apply_and_unwritable_paths_are_refused_before_training() {
+    let dir = fresh_dir("refused");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let (d, f) = (dir.to_str().unwrap(), file.to_str().unwrap());
+    fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let cpu = ["--device", "cpu", "--workers", "0"];
+        cpu.into_iter().chain(extra.iter().copied()).collect()
+    }
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "lstm",
+            with(&["--channels-last", "--cudnn-benchmark"]),
+            "--channels-last, --cudnn-benchmark apply",
+        ),
+        (
+            "lstm",
+            with(&["--synthetic", "--save", "x.safetensors"]),
+            "--synthetic times steps",
+        ),
+        ("lstm", with(&["--synthetic", "--quick"]), "--quick"),
+        (
+            "resnet",
+            with(&["--data", "synthetic", "--resume", f]),
+            "--data synthetic",
+        ),
+        ("resnet", vec!["--device", "cpu", "--out", f], "--out"),
+        ("mnist", vec!["--device", "cpu", "--save", d], "--save"),
+        (
+            "mnist",
+            vec!["--device", "cpu", "--resume", "no-such.safetensors"],
+            "no such checkpoint",
+        ),
+        (
+            "mnist",
+            vec!["--device", "cpu", "--model", "mlp", "--channels-last"],
+            "applies",
+        ),
+    ];
+    for (name, args, says) in cases {
+        let Some(err) = run_refused(name, &args) else {
+            return;
+        };
+        assert!(err.contains(says), "{name} {args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

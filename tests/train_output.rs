@@ -212,3 +212,62 @@ fn progress_reports_the_step_where_the_loss_became_non_finite() {
         assert!(!host.loss().is_finite());
     }
 }
+
+#[test]
+fn a_log_in_bits_per_char_names_its_unit_and_reads_back_so() {
+    use mantissa::train::LossUnit;
+    let mut l = log();
+    l.loss_unit = LossUnit::BitsPerChar;
+    let text = l.to_csv();
+    assert!(
+        text.starts_with("epoch,train_bits_per_char,train_acc,test_bits_per_char,test_acc,"),
+        "{text}"
+    );
+    let back = MetricsLog::from_csv(&text, Path::new("m.csv")).unwrap();
+    assert_eq!(back.loss_unit, LossUnit::BitsPerChar);
+    assert_eq!(back.epochs.len(), 3);
+    assert_eq!(MetricsLog::default().loss_unit, LossUnit::Nats);
+    // ln 2 nats are one bit.
+    let one = LossUnit::BitsPerChar.from_nats(std::f64::consts::LN_2);
+    assert!((one - 1.0).abs() < 1e-12);
+    assert_eq!(LossUnit::Nats.from_nats(0.5), 0.5);
+    assert!(LossUnit::BitsPerChar.axis().contains("bits/char"));
+}
+
+#[test]
+fn output_paths_are_checked_before_a_run() {
+    use mantissa::train::{check_writable_dir, check_writable_file};
+    let root = std::env::temp_dir().join(format!("mantissa-writable-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    // A folder (and its parents) made, nothing left in it.
+    let out = root.join("a/b");
+    check_writable_dir(&out, "--out").unwrap();
+    assert!(out.is_dir());
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+    // A file where a folder is wanted, and a folder where a file is wanted, are refused with
+    // the flag and the path.
+    let file = root.join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let e = check_writable_dir(&file, "--out").unwrap_err().to_string();
+    assert!(e.contains("--out") && e.contains("not a folder"), "{e}");
+    let e = check_writable_file(&out, "--save").unwrap_err().to_string();
+    assert!(e.contains("--save") && e.contains("b"), "{e}");
+    // A file below a file cannot be made.
+    assert!(check_writable_file(&file.join("ckpt.safetensors"), "--save").is_err());
+    // An existing file to be replaced is left as it is.
+    check_writable_file(&file, "--save").unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    // A read-only folder (unless this process ignores permissions, as root does).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let ro = root.join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o500)).unwrap();
+        let writable_anyway = std::fs::write(ro.join("t"), b"t").is_ok();
+        let r = check_writable_file(&ro.join("c.safetensors"), "--save");
+        assert_eq!(r.is_ok(), writable_anyway, "{r:?}");
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -1,5 +1,6 @@
 //! What the training examples share: the run flags (device, precision, memory format, cuDNN
-//! benchmark, loader workers, seed, profiling), opening the device, and `--profile`.
+//! benchmark, loader workers, seed, profiling), the file flags (`files`), opening the device,
+//! and `--profile`.
 
 use clap::Args;
 use mantissa::profiler::{Profiler, SortBy};
@@ -8,6 +9,7 @@ use mantissa::{DType, Device, Error, MemoryFormat, Result, Tensor};
 use std::path::{Path, PathBuf};
 
 pub mod dist;
+pub mod files;
 
 /// Flags every training example takes (`#[command(flatten)]`).
 #[derive(Args, Debug)]
@@ -26,19 +28,16 @@ pub struct RunFlags {
     /// On a GPU: time cuDNN's convolution algorithms once per shape and keep the fastest
     /// (PyTorch's `cudnn.benchmark = True`).
     #[arg(long)]
-    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_benchmark: bool,
     /// On a GPU: training batch norm on channels-last input through cuDNN's NHWC batch norm
     /// (with its ReLU and residual-add fusions) instead of the engine's kernels.
     #[arg(long)]
-    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub cudnn_batch_norm: bool,
     /// On a GPU: batch norm folded into f16 channels-last convolutions through cuDNN's graph
     /// API: their epilogues sum the output channels for the training batch norm after them
     /// (no statistics pass of its own), and a convolution that reads a batch norm's output
     /// applies its map in the weight gradient's prologue (`set_conv_bn_fusion`).
     #[arg(long)]
-    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub fuse_conv_bn: bool,
     /// Keep every tensor a backward reads from the forward, as PyTorch does, instead of
     /// making batch norm outputs again in backward on a GPU (more memory, one pass less over
@@ -71,6 +70,32 @@ pub struct RunFlags {
 }
 
 impl RunFlags {
+    /// An error naming the convolution and batch-norm flags given to an example whose model
+    /// has neither (rather than running as if they had not been given).
+    #[allow(dead_code)] // The examples with convolutions do not call it.
+    pub fn refuse_convolution_flags(&self, example: &'static str) -> Result<()> {
+        let given: Vec<&str> = [
+            (self.channels_last, "--channels-last"),
+            (self.cudnn_benchmark, "--cudnn-benchmark"),
+            (self.cudnn_batch_norm, "--cudnn-batch-norm"),
+            (self.fuse_conv_bn, "--fuse-conv-bn"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Invalid {
+            op: example,
+            msg: format!(
+                "{} {} to convolutions and batch norm; this model has neither",
+                given.join(", "),
+                if given.len() == 1 { "applies" } else { "apply" }
+            ),
+        })
+    }
+
     /// The device (with its report printed, and cuDNN's benchmark mode set, on a GPU), the
     /// autocast dtype and the memory format the flags ask for.
     pub fn open(&self) -> Result<(Device, Option<DType>, MemoryFormat)> {

@@ -25,23 +25,78 @@ pub struct EpochMetrics {
 #[derive(Debug, Clone, Default)]
 pub struct MetricsLog {
     pub epochs: Vec<EpochMetrics>,
+    /// What the losses are measured in: named by the CSV's loss columns and the plot's axis.
+    pub loss_unit: LossUnit,
 }
 
-/// The columns before device memory was logged; such a file still reads.
-const HEADER_V1: &str = "epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s";
-const HEADER: &str = "epoch,train_loss,train_acc,test_loss,test_acc,lr,seconds,samples_per_s,\
-                      allocated_mib,reserved_mib,peak_allocated_mib";
+/// The unit of a [`MetricsLog`]'s losses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LossUnit {
+    /// Cross-entropy in nats (natural log), as `cross_entropy` returns it: CSV columns
+    /// `train_loss` and `test_loss`.
+    #[default]
+    Nats,
+    /// Cross-entropy per character in bits (nats / ln 2), a language model's usual figure:
+    /// CSV columns `train_bits_per_char` and `test_bits_per_char`.
+    BitsPerChar,
+}
+
+impl LossUnit {
+    /// The loss columns' name after `train_` / `test_`.
+    fn column(self) -> &'static str {
+        match self {
+            LossUnit::Nats => "loss",
+            LossUnit::BitsPerChar => "bits_per_char",
+        }
+    }
+
+    /// The plot's loss axis.
+    pub fn axis(self) -> &'static str {
+        match self {
+            LossUnit::Nats => "loss (nats)",
+            LossUnit::BitsPerChar => "loss (bits/char)",
+        }
+    }
+
+    /// A loss in nats in this unit.
+    pub fn from_nats(self, nats: f64) -> f64 {
+        match self {
+            LossUnit::Nats => nats,
+            LossUnit::BitsPerChar => nats / std::f64::consts::LN_2,
+        }
+    }
+}
+
+/// The CSV header of `unit`, with the memory columns or without them (files written before
+/// device memory was logged still read).
+fn header(unit: LossUnit, memory: bool) -> String {
+    let c = unit.column();
+    let mut h = format!("epoch,train_{c},train_acc,test_{c},test_acc,lr,seconds,samples_per_s");
+    if memory {
+        h += ",allocated_mib,reserved_mib,peak_allocated_mib";
+    }
+    h
+}
 
 const MIB: f64 = (1u64 << 20) as f64;
 
 impl MetricsLog {
+    /// An empty log whose losses are in `unit`.
+    pub fn with_unit(unit: LossUnit) -> MetricsLog {
+        MetricsLog {
+            epochs: Vec::new(),
+            loss_unit: unit,
+        }
+    }
+
+    /// Appends an epoch (its losses already in [`MetricsLog::loss_unit`]).
     pub fn push(&mut self, m: EpochMetrics) {
         self.epochs.push(m);
     }
 
     /// The CSV text (a header and one line per epoch).
     pub fn to_csv(&self) -> String {
-        let mut s = format!("{HEADER}\n");
+        let mut s = format!("{}\n", header(self.loss_unit, true));
         for m in &self.epochs {
             s += &format!(
                 "{},{:.6},{:.6},{:.6},{:.6},{:.6e},{:.3},{:.1}\n",
@@ -74,11 +129,23 @@ impl MetricsLog {
     /// Parses a CSV written by [`MetricsLog::to_csv`] (to continue a resumed run's log).
     pub fn from_csv(text: &str, path: &Path) -> Result<MetricsLog> {
         let mut lines = text.lines();
-        let columns = match lines.next() {
-            Some(HEADER) => 11,
-            Some(HEADER_V1) => 8,
-            _ => return Err(Error::format("metrics", path, "unexpected CSV header")),
-        };
+        let first = lines.next().unwrap_or("");
+        let units = [LossUnit::Nats, LossUnit::BitsPerChar];
+        let (loss_unit, columns) = units
+            .iter()
+            .flat_map(|&u| [(u, 11, true), (u, 8, false)])
+            .find(|&(u, _, memory)| first == header(u, memory))
+            .map(|(u, n, _)| (u, n))
+            .ok_or_else(|| {
+                Error::format(
+                    "metrics",
+                    path,
+                    format!(
+                        "unexpected CSV header {first:?} (expected {:?})",
+                        header(LossUnit::Nats, true)
+                    ),
+                )
+            })?;
         let epochs = lines
             .filter(|l| !l.trim().is_empty())
             .map(|l| {
@@ -125,6 +192,6 @@ impl MetricsLog {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(MetricsLog { epochs })
+        Ok(MetricsLog { epochs, loss_unit })
     }
 }

@@ -9,6 +9,8 @@ mod metrics;
 mod plot;
 mod progress;
 
+#[cfg(feature = "train-ui")]
+pub use crate::fs::{check_writable_dir, check_writable_file};
 pub use batch_size::{
     classifier_fits, find_batch_size, step_fits, BatchSizeSearch, BatchSizeTrials,
 };
@@ -16,7 +18,6 @@ pub use classify::{
     autocast_maybe, classify_micro_step, classify_step, evaluate_classifier, parse_precision,
     Accumulation,
 };
-pub use metrics::{EpochMetrics, MetricsLog};
-#[cfg(feature = "train-ui")]
+pub use metrics::{EpochMetrics, LossUnit, MetricsLog};
 pub use plot::plot_metrics;
 pub use progress::EpochProgress;

@@ -63,7 +63,12 @@ pub fn plot_metrics(log: &MetricsLog, path: &Path) -> Result<()> {
     };
     type Pick = fn(&super::EpochMetrics) -> f64;
     let panels: [(&_, &str, Pick, Pick); 2] = [
-        (&left, "loss", |m| m.train_loss, |m| m.test_loss),
+        (
+            &left,
+            log.loss_unit.axis(),
+            |m| m.train_loss,
+            |m| m.test_loss,
+        ),
         (
             &right,
             "accuracy (%)",

@@ -2,7 +2,7 @@
 //! lines on stdout instead without the `train-ui` feature, or when stdout is not a terminal (a
 //! CI log, `| tee`).
 
-use super::EpochMetrics;
+use super::{EpochMetrics, LossUnit};
 use crate::{memory, Device, Result, Tensor};
 use std::time::Instant;
 
@@ -35,6 +35,8 @@ pub struct EpochProgress {
     device: Option<Device>,
     /// The steps (1-based, first and last) among which the loss first became non-finite.
     non_finite: Option<(usize, usize)>,
+    /// The unit the loss is shown and reported in (recorded in nats).
+    unit: LossUnit,
 }
 
 impl EpochProgress {
@@ -74,6 +76,23 @@ impl EpochProgress {
             quiet: false,
             device: None,
             non_finite: None,
+            unit: LossUnit::Nats,
+        }
+    }
+
+    /// Shows the loss in `unit` and reports it so in [`EpochProgress::metrics`] (the steps'
+    /// losses are still given in nats, as `cross_entropy` returns them).
+    pub fn loss_unit(mut self, unit: LossUnit) -> EpochProgress {
+        self.unit = unit;
+        self
+    }
+
+    /// The loss as shown: `loss 0.1234`, or `1.234 bits/char`.
+    fn loss_text(&self) -> String {
+        let l = self.unit.from_nats(self.loss());
+        match self.unit {
+            LossUnit::Nats => format!("loss {l:.4}"),
+            LossUnit::BitsPerChar => format!("loss {l:.3} bits/char"),
         }
     }
 
@@ -221,8 +240,8 @@ impl EpochProgress {
     fn refresh(&self) {
         #[cfg(feature = "train-ui")]
         self.bar.set_message(format!(
-            "loss {:.4} acc {:.2}% {:.0} samples/s{} {}",
-            self.loss(),
+            "{} acc {:.2}% {:.0} samples/s{} {}",
+            self.loss_text(),
             100.0 * self.accuracy(),
             self.samples_per_s(),
             self.memory_text(),
@@ -247,11 +266,11 @@ impl EpochProgress {
     /// and the extra text.
     pub fn status_line(&self) -> String {
         let line = format!(
-            "{} {}/{} loss {:.4} acc {:.2}% {:.0} samples/s{} {}",
+            "{} {}/{} {} acc {:.2}% {:.0} samples/s{} {}",
             self.label,
             self.batches,
             self.total,
-            self.loss(),
+            self.loss_text(),
             100.0 * self.accuracy(),
             self.samples_per_s(),
             self.memory_text(),
@@ -265,7 +284,8 @@ impl EpochProgress {
         self.extra = text.into();
     }
 
-    /// Mean loss over the steps read so far (all of them after [`EpochProgress::flush`]).
+    /// Mean loss in nats over the steps read so far (all of them after
+    /// [`EpochProgress::flush`]).
     pub fn loss(&self) -> f64 {
         self.loss_sum / self.counted.max(1) as f64
     }
@@ -281,9 +301,9 @@ impl EpochProgress {
     }
 
     /// The epoch's metrics: its number, the bar's loss, accuracy, time and throughput, the
-    /// held-out `(loss, accuracy)`, the learning rate, and the memory of the device given to
-    /// [`EpochProgress::show_memory`] (none without one). Call after
-    /// [`EpochProgress::finish`].
+    /// held-out `(loss in nats, accuracy)`, the learning rate, and the memory of the device
+    /// given to [`EpochProgress::show_memory`] (none without one); both losses in the bar's
+    /// [`EpochProgress::loss_unit`]. Call after [`EpochProgress::finish`].
     pub fn metrics(
         &self,
         epoch: usize,
@@ -292,9 +312,9 @@ impl EpochProgress {
     ) -> EpochMetrics {
         EpochMetrics {
             epoch,
-            train_loss: self.loss(),
+            train_loss: self.unit.from_nats(self.loss()),
             train_acc: self.accuracy(),
-            test_loss,
+            test_loss: self.unit.from_nats(test_loss),
             test_acc,
             lr,
             seconds: self.seconds(),
