@@ -222,3 +222,38 @@ fn randint_eye_and_linspace() {
     assert_eq!(vals(&l)[0], -1.0);
     assert_eq!(vals(&l)[6], 1.0);
 }
+
+#[test]
+fn sorting_passes_gradcheck_and_refuses_a_k_past_the_dim() {
+    // Normal values: no two equal, so the sorted order is locally constant.
+    let x = || leaf(&[4, 6], 13);
+    gradcheck(&[x()], |t| t[0].sort(1, false)?.0.mul(&t[0]));
+    gradcheck(&[x()], |t| Ok(t[0].sort(0, true)?.0));
+    gradcheck(&[x()], |t| Ok(t[0].topk(3, 1, true)?.0));
+    gradcheck(&[x()], |t| t[0].topk(2, 0, false)?.0.sqr());
+    let x = f32s(&[3, 4], 1);
+    let e = x.topk(5, 1, true).unwrap_err().to_string();
+    assert!(e.contains("topk") && e.contains("k 5"), "{e}");
+    assert!(x.sort(2, false).is_err() && x.argsort(-3, false).is_err());
+    // A 0-d tensor sorts to itself, index 0; its top 1 is itself.
+    let s = Tensor::scalar(2.5, DType::F32, Device::Cpu).unwrap();
+    let (v, i) = s.sort(0, true).unwrap();
+    assert_eq!((v.shape(), i.shape()), (&[][..], &[][..]));
+    assert_eq!(
+        (v.item().unwrap(), i.to_vec::<i64>().unwrap()),
+        (2.5, vec![0])
+    );
+    assert_eq!(s.topk(1, -1, true).unwrap().0.item().unwrap(), 2.5);
+    assert!(s.topk(2, 0, true).is_err());
+    // An empty dim sorts to nothing; an empty other dim too.
+    for shape in [[3, 0], [0, 4]] {
+        let e = Tensor::zeros(&shape, DType::F32, Device::Cpu).unwrap();
+        let (v, i) = e.sort(1, false).unwrap();
+        assert_eq!((v.shape(), i.shape()), (&shape[..], &shape[..]));
+    }
+    // Integers sort too (no gradient), stably.
+    let n = Tensor::from_vec(vec![2i64, -1, 2, 0, -1], &[5], Device::Cpu).unwrap();
+    let (v, i) = n.sort(0, true).unwrap();
+    assert_eq!(v.to_vec::<i64>().unwrap(), vec![2, 2, 0, -1, -1]);
+    assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 2, 3, 1, 4]);
+}

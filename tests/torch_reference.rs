@@ -416,6 +416,16 @@ fn run(c: &Case, device: Device) -> Result<Vec<Tensor>> {
         "view" => one(x().view(&c.isizes("shape"))),
         "view_t" => one(x().t()?.view(&c.isizes("shape"))),
         "repeat" => one(x().repeat(&c.usizes("repeats"))),
+        "argsort" => one(x().argsort(c.int("dim") as isize, c.flag("descending"))),
+        "sort" => {
+            let (v, i) = x().sort(c.int("dim") as isize, c.flag("descending"))?;
+            Ok(vec![v, i])
+        }
+        "topk" => {
+            let k = c.int("k") as usize;
+            let (v, i) = x().topk(k, c.int("dim") as isize, c.flag("largest"))?;
+            Ok(vec![v, i])
+        }
         "cumsum" => one(x().cumsum(c.int("dim") as isize)),
         "prod" => one(x().prod(c.int("dim") as isize, c.flag("keepdim"))),
         "prod_all" => one(x().prod_all()),

@@ -114,6 +114,7 @@ impl ElementwiseOps for CudaStorage {
 impl ReduceOps for CudaStorage {
     uninhabited! {
         fn reduce(&self, _l: &Layout, _dims: &[usize], _op: ReduceOp) -> Result<Self>;
+        fn argsort(&self, _l: &Layout, _descending: bool) -> Result<Self>;
     }
 }
 

@@ -20,6 +20,7 @@ mod reduce;
 mod reduce_more;
 mod rnn;
 mod softmax;
+mod sort;
 
 pub use attention::AttentionOptions;
 pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};

@@ -17,6 +17,7 @@ mod parts;
 mod pool;
 mod reduce;
 mod rows;
+mod sort;
 
 use super::kernels;
 use crate::{DType, Device, Tensor};

@@ -1031,6 +1031,50 @@ def mha_case(batch_first, padding, causal):
 
 for bf, pad, causal in [(True, False, False), (False, True, False), (True, True, True)]:
     mha_case(bf, pad, causal)
+
+# Sorting: argsort and sort (stable: ties keep their order; NaN the largest value; -0 equals
+# 0), along the last, a middle and the first dim, in f16/bf16 and i64; rows longer than the
+# CUDA kernel's shared-memory sort (2048); topk on distinct values (PyTorch's order among
+# equal values is unspecified), largest and smallest; a k past the dim's size.
+ties = torch.tensor([[1.0, float("nan"), 0.0, 1.0, -0.0, 0.0, 2.0],
+                     [3.0, 3.0, -1.0, float("nan"), float("nan"), 0.5, 3.0]])
+
+
+def sort_fn(dim, desc):
+    return lambda t: list(torch.sort(t["x"], dim=dim, descending=bool(desc), stable=True))
+
+
+def distinct(*shape):
+    n = math.prod(shape)
+    return ((torch.randperm(n) - n // 2).float() * 0.25).reshape(shape)
+
+
+for desc in (0, 1):
+    case("argsort", [("x", ties.clone(), False)],
+         lambda t, d=desc: [torch.argsort(t["x"], dim=1, descending=bool(d), stable=True)],
+         dim=1, descending=desc)
+    case("sort", [("x", ties.clone(), True)], sort_fn(-1, desc), dim=-1, descending=desc)
+    case("sort", [("x", randn(3, 5, 4), True)], sort_fn(1, desc), dim=1, descending=desc)
+    case("sort", [("x", randn(6, 3), True)], sort_fn(0, desc), dim=0, descending=desc)
+    case("sort", [("x", torch.randint(-3, 4, (4, 9)), False)],
+         sort_fn(1, desc), dim=1, descending=desc)
+    for dn, dt in HALF.items():
+        case("sort", [("x", randn(4, 33).to(dt).float(), True)], sort_fn(1, desc),
+             dim=1, descending=desc, dtype=dn)
+case("sort", [("x", randn(3, 1500), True)], sort_fn(-1, 0), dim=-1, descending=0)
+case("sort", [("x", randn(2, 2100), True)], sort_fn(1, 1), dim=1, descending=1)
+case("argsort", [("x", torch.randint(0, 5, (2100,)), False)],
+     lambda t: [torch.argsort(t["x"], dim=0, stable=True)], dim=0, descending=0)
+for k, dim, largest in ((3, 1, 1), (2, 0, 0), (5, -1, 0), (0, 1, 1), (5, 1, 1)):
+    x = distinct(4, 5)
+    case("topk", [("x", x, True)],
+         lambda t, k=k, d=dim, l=largest: list(torch.topk(t["x"], k, dim=d, largest=bool(l))),
+         k=k, dim=dim, largest=largest)
+for dn, dt in HALF.items():
+    case("topk", [("x", distinct(3, 40).to(dt).float(), True)],
+         lambda t: list(torch.topk(t["x"], 7, dim=1)), k=7, dim=1, largest=1, dtype=dn)
+case("topk", [("x", distinct(2, 2100), True)],
+     lambda t: list(torch.topk(t["x"], 10, dim=1, largest=False)), k=10, dim=1, largest=0)
 torch.set_rng_state(_rng_before)
 
 # ---- run and write -----------------------------------------------------------------------

@@ -116,6 +116,9 @@ impl ReduceOps for CpuStorage {
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
         super::reduce(self, l, dims, op)
     }
+    fn argsort(&self, l: &Layout, descending: bool) -> Result<Self> {
+        super::argsort(self, l, descending)
+    }
 }
 
 impl SoftmaxOps for CpuStorage {

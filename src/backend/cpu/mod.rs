@@ -26,6 +26,7 @@ mod random;
 mod reduce;
 mod rnn;
 mod softmax;
+mod sort;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight};
 pub(crate) use loss::{cross_entropy, cross_entropy_backward};
@@ -164,6 +165,7 @@ pub(crate) use index::{index_add, scatter_add};
 pub(crate) use matmul::{matmul, matmul_acc};
 pub(crate) use optim::{optim_update, round_into};
 pub(crate) use reduce::reduce;
+pub(crate) use sort::argsort;
 
 /// The elements of `(v, l)` in row-major order: borrowed when the layout already is that.
 pub(crate) fn contiguous<'a, T: CpuElem>(v: &'a [T], l: &Layout) -> std::borrow::Cow<'a, [T]> {

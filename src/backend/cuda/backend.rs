@@ -6,7 +6,7 @@ use super::pool::Pool;
 use super::storage::CudaStorage;
 use super::{
     amp, conv, elementwise, index, layer_norm, loss, matmul, norm, optim, pool, random, reduce,
-    rnn, softmax,
+    rnn, softmax, sort,
 };
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
@@ -135,6 +135,9 @@ impl ElementwiseOps for CudaStorage {
 impl ReduceOps for CudaStorage {
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
         reduce::reduce(self, l, dims, op)
+    }
+    fn argsort(&self, l: &Layout, descending: bool) -> Result<Self> {
+        sort::argsort(self, l, descending)
     }
 }
 

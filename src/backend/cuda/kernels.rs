@@ -21,6 +21,7 @@ pub const KERNELS: &[(&str, &str)] = &[
         "softmax_xent",
         include_str!("../../../cuda/softmax_xent.cu"),
     ),
+    ("sort", include_str!("../../../cuda/sort.cu")),
 ];
 
 /// Headers a family of kernel files shares, placed after the prelude: (header name, source,
@@ -46,11 +47,12 @@ pub enum KernelFile {
     Reduce,
     Rnn,
     SoftmaxXent,
+    Sort,
 }
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 12] = [
+    pub const ALL: [KernelFile; 13] = [
         KernelFile::Amp,
         KernelFile::Cast,
         KernelFile::Elementwise,
@@ -63,6 +65,7 @@ impl KernelFile {
         KernelFile::Reduce,
         KernelFile::Rnn,
         KernelFile::SoftmaxXent,
+        KernelFile::Sort,
     ];
 
     /// The file's name in [`KERNELS`] (`cuda/<name>.cu`).
@@ -80,6 +83,7 @@ impl KernelFile {
             KernelFile::Reduce => "reduce",
             KernelFile::Rnn => "rnn",
             KernelFile::SoftmaxXent => "softmax_xent",
+            KernelFile::Sort => "sort",
         }
     }
 }

@@ -77,5 +77,6 @@ pub(crate) mod reduce;
 pub mod rnn;
 pub mod runtime;
 pub(crate) mod softmax;
+mod sort;
 pub mod storage;
 pub(crate) mod tf32;
