@@ -1,6 +1,6 @@
 //! Conv1d, BatchNorm1d, GroupNorm and ModuleList train a model; `state_dict` and
-//! `load_state_dict` move its weights through a safetensors file; gradients of the
-//! functional forms by finite differences.
+//! `load_state_dict` move its weights through a safetensors file; MultiheadAttention and Gru
+//! learn small tasks; gradients of the functional forms by finite differences.
 
 mod common;
 use common::*;
@@ -273,4 +273,64 @@ fn multihead_attention_trains_and_attention_passes_gradcheck() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("key_padding_mask"), "{e}");
+}
+
+#[test]
+fn gru_learns_a_running_mean_and_continues_from_its_state() {
+    let mut g = Generator::new(5);
+    let gru = nn::Gru::new(1, 12, 1, true, &mut g).unwrap();
+    let head = Linear::new(12, 1, true, &mut g).unwrap();
+    // Targets: the running mean of each sequence so far (needs the state, not only x_t).
+    let x = f32s(&[32, 8, 1], 6);
+    let steps = Tensor::arange(1.0, 9.0, 1.0, DType::F32, Device::Cpu)
+        .unwrap()
+        .reshape(&[1, 8, 1])
+        .unwrap();
+    let target = x.cumsum(1).unwrap().div(&steps).unwrap();
+    let mut params = gru.parameters();
+    params.extend(head.parameters());
+    let mut opt = Adam::new(params, AdamConfig::adam(2e-2)).unwrap();
+    let loss = || {
+        head.forward(&gru.forward(&x).unwrap())
+            .unwrap()
+            .mse_loss(&target, Reduction::Mean)
+            .unwrap()
+    };
+    let first = loss().item().unwrap();
+    for _ in 0..200 {
+        opt.zero_grad();
+        loss().backward().unwrap();
+        opt.step().unwrap();
+    }
+    let last = loss().item().unwrap();
+    assert!(last < 0.05 * first, "loss {first} -> {last}");
+
+    // Two layers: a sequence run in two halves, the second from the first's state, is the
+    // whole sequence run at once.
+    let gru2 = nn::Gru::new(3, 4, 2, false, &mut g).unwrap();
+    let seq = f32s(&[6, 2, 3], 7);
+    let (whole, h_whole) = gru2.forward_with_state(&seq, None).unwrap();
+    let (a, h_a) = gru2
+        .forward_with_state(&seq.narrow(0, 0, 2).unwrap(), None)
+        .unwrap();
+    let (b, h_b) = gru2
+        .forward_with_state(&seq.narrow(0, 2, 4).unwrap(), Some(&h_a))
+        .unwrap();
+    let halves = Tensor::cat(&[&a, &b], 0).unwrap();
+    assert!(rel_err(&vals(&halves), &vals(&whole)) < 1e-6);
+    assert!(rel_err(&vals(&h_b), &vals(&h_whole)) < 1e-6);
+    // Mistakes: a state of the wrong shape, the wrong feature count, an empty sequence.
+    let bad = Tensor::zeros(&[1, 2, 4], DType::F32, Device::Cpu).unwrap();
+    let e = gru2
+        .forward_with_state(&seq, Some(&bad))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gru (initial state)"), "{e}");
+    assert!(gru2.forward(&f32s(&[6, 2, 5], 1)).is_err());
+    assert!(gru2.forward(&f32s(&[0, 2, 3], 1)).is_err());
+    assert!(nn::Gru::new(3, 0, 1, false, &mut g).is_err());
+    // The input's gradient by finite differences, in f64.
+    let mut small = nn::Gru::new(2, 3, 2, true, &mut g).unwrap();
+    small.to_dtype(DType::F64).unwrap();
+    gradcheck(&[leaf(&[2, 3, 2], 8)], |t| small.forward(&t[0]));
 }

@@ -9,8 +9,8 @@
 
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::nn::{
-    Activation, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Embedding, Flatten, GroupNorm, LayerNorm,
-    Linear, Lstm, MaxPool2d, Module, MultiheadAttention, Sequential,
+    Activation, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Embedding, Flatten, GroupNorm, Gru,
+    LayerNorm, Linear, Lstm, MaxPool2d, Module, MultiheadAttention, Sequential,
 };
 use mantissa::optim::{
     clip_grad_norm, Adadelta, Adagrad, Adam, AdamConfig, CosineAnnealing, GroupOptions, LrSchedule,
@@ -541,6 +541,14 @@ fn run_module(c: &Case) -> Result<Vec<Tensor>> {
         // nn.LSTM's (output, (h, c)).
         let (y, (h, cell)) = lstm.forward_with_state(c.t("x0"), None)?;
         return Ok(vec![y, h, cell]);
+    }
+    if c.get("kind") == "gru" {
+        let bf = c.flag("batch_first");
+        let mut gru = Gru::new(u("fan_in"), u("hidden"), u("layers"), bf, &mut g)?;
+        load_module(c, &mut gru)?;
+        // nn.GRU's (output, h).
+        let (y, h) = gru.forward_with_state(c.t("x0"), None)?;
+        return Ok(vec![y, h]);
     }
     let mut m: Box<dyn Module> = match c.get("kind") {
         "linear" => Box::new(Linear::new(u("fan_in"), u("fan_out"), true, &mut g)?),

@@ -1,14 +1,9 @@
 //! Multi-layer LSTM (`nn.LSTM`), gates in PyTorch's order (input, forget, cell, output).
 
-use super::{join, uniform_param, Module, TensorKind, Visitor, VisitorMut};
-use crate::{Error, Generator, Result, Tensor};
-
-struct Layer {
-    w_ih: Tensor,
-    w_hh: Tensor,
-    b_ih: Tensor,
-    b_hh: Tensor,
-}
+use super::recurrent::RnnLayer;
+use super::recurrent::{initial, layer_of, new_layers, seq_first, visit_layers, visit_layers_mut};
+use super::{Module, Visitor, VisitorMut};
+use crate::{Generator, Result, Tensor};
 
 /// A stack of LSTM layers. Input `[seq, batch, in]`, or `[batch, seq, in]` with `batch_first`.
 ///
@@ -22,7 +17,7 @@ struct Layer {
 /// # Ok::<(), mantissa::Error>(())
 /// ```
 pub struct Lstm {
-    layers: Vec<Layer>,
+    layers: Vec<RnnLayer>,
     pub input_size: usize,
     pub hidden: usize,
     pub batch_first: bool,
@@ -37,26 +32,8 @@ impl Lstm {
         batch_first: bool,
         gen: &mut Generator,
     ) -> Result<Lstm> {
-        if input_size == 0 || hidden == 0 || num_layers == 0 {
-            return Err(Error::invalid(
-                "Lstm::new",
-                format!("input {input_size}, hidden {hidden}, layers {num_layers}"),
-            ));
-        }
-        let k = 1.0 / (hidden as f64).sqrt();
-        let layers = (0..num_layers)
-            .map(|l| {
-                let inp = if l == 0 { input_size } else { hidden };
-                Ok(Layer {
-                    w_ih: uniform_param(&[4 * hidden, inp], k, gen)?,
-                    w_hh: uniform_param(&[4 * hidden, hidden], k, gen)?,
-                    b_ih: uniform_param(&[4 * hidden], k, gen)?,
-                    b_hh: uniform_param(&[4 * hidden], k, gen)?,
-                })
-            })
-            .collect::<Result<_>>()?;
         Ok(Lstm {
-            layers,
+            layers: new_layers("Lstm::new", 4, (input_size, hidden, num_layers), gen)?,
             input_size,
             hidden,
             batch_first,
@@ -70,54 +47,16 @@ impl Lstm {
         x: &Tensor,
         state: Option<(&Tensor, &Tensor)>,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
-        if x.rank() != 3 || x.shape()[2] != self.input_size {
-            return Err(Error::invalid(
-                "lstm",
-                format!(
-                    "input must be 3-D with {} features, got {:?}",
-                    self.input_size,
-                    x.shape()
-                ),
-            ));
-        }
-        let given = x.shape().to_vec();
-        let x = if self.batch_first {
-            x.transpose(0, 1)?
-        } else {
-            x.clone()
-        };
-        let (steps, batch) = (x.shape()[0], x.shape()[1]);
-        if steps == 0 {
-            // PyTorch refuses it too: there would be no final state to return.
-            return Err(Error::invalid(
-                "lstm",
-                format!("a sequence of length 0 (input {given:?})"),
-            ));
-        }
-        let want = [self.layers.len(), batch, self.hidden];
-        let (h0, c0) = match state {
-            Some((h, c)) if h.shape() == want && c.shape() == want => (h.clone(), c.clone()),
-            Some((h, c)) => {
-                let bad = if h.shape() != want { h } else { c };
-                return Err(Error::ShapeMismatch {
-                    op: "lstm (initial state)",
-                    lhs: want.to_vec(),
-                    rhs: bad.shape().to_vec(),
-                });
-            }
-            None => {
-                let z = Tensor::zeros(&want, x.dtype(), x.device())?;
-                (z.clone(), z)
-            }
-        };
+        let x = seq_first("lstm", x, self.input_size, self.batch_first)?;
+        let want = [self.layers.len(), x.shape()[1], self.hidden];
+        let op = "lstm (initial state)";
+        let h0 = initial(op, state.map(|s| s.0), want, &x)?;
+        let c0 = initial(op, state.map(|s| s.1), want, &x)?;
         // Each layer is one op over the whole sequence (`Tensor::lstm_layer`).
         let (mut seq, mut hn, mut cn) = (x, Vec::new(), Vec::new());
         for (l, layer) in self.layers.iter().enumerate() {
             let b = layer.b_ih.add(&layer.b_hh)?;
-            let (h, c) = (
-                h0.narrow(0, l, 1)?.squeeze(0)?,
-                c0.narrow(0, l, 1)?.squeeze(0)?,
-            );
+            let (h, c) = (layer_of(&h0, l)?, layer_of(&c0, l)?);
             let (y, h, c) = Tensor::lstm_layer(&seq, &h, &c, &layer.w_ih, &layer.w_hh, &b)?;
             seq = y;
             hn.push(h);
@@ -139,52 +78,9 @@ impl Module for Lstm {
         Ok(self.forward_with_state(x, None)?.0)
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
-        for (l, layer) in self.layers.iter().enumerate() {
-            f(
-                join(p, &format!("weight_ih_l{l}")),
-                &layer.w_ih,
-                TensorKind::Parameter,
-            );
-            f(
-                join(p, &format!("weight_hh_l{l}")),
-                &layer.w_hh,
-                TensorKind::Parameter,
-            );
-            f(
-                join(p, &format!("bias_ih_l{l}")),
-                &layer.b_ih,
-                TensorKind::Parameter,
-            );
-            f(
-                join(p, &format!("bias_hh_l{l}")),
-                &layer.b_hh,
-                TensorKind::Parameter,
-            );
-        }
+        visit_layers(&self.layers, p, f);
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
-        for (l, layer) in self.layers.iter_mut().enumerate() {
-            f(
-                join(p, &format!("weight_ih_l{l}")),
-                &mut layer.w_ih,
-                TensorKind::Parameter,
-            )?;
-            f(
-                join(p, &format!("weight_hh_l{l}")),
-                &mut layer.w_hh,
-                TensorKind::Parameter,
-            )?;
-            f(
-                join(p, &format!("bias_ih_l{l}")),
-                &mut layer.b_ih,
-                TensorKind::Parameter,
-            )?;
-            f(
-                join(p, &format!("bias_hh_l{l}")),
-                &mut layer.b_hh,
-                TensorKind::Parameter,
-            )?;
-        }
-        Ok(())
+        visit_layers_mut(&mut self.layers, p, f)
     }
 }

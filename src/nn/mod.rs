@@ -8,16 +8,19 @@
 mod attention;
 mod checkpointed;
 mod conv;
+mod gru;
 mod linear;
 mod lstm;
 mod more;
 mod norm;
+mod recurrent;
 mod residual;
 mod state;
 
 pub use attention::MultiheadAttention;
 pub use checkpointed::Checkpointed;
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
+pub use gru::Gru;
 pub use linear::{Embedding, Linear};
 pub use lstm::Lstm;
 pub use more::{BatchNorm1d, Conv1d, GroupNorm, ModuleList};

@@ -781,8 +781,11 @@ def module_case(kind, make, xs, calls=("train",), **cfg):
         for i, mode in enumerate(calls):
             mod.train(mode == "train")
             y = torch.func.functional_call(mod, tensors, (t[f"x{i}"],))
-            # nn.LSTM returns (output, (h, c)).
-            outs += [y[0], *y[1]] if isinstance(y, tuple) else [y]
+            # nn.LSTM returns (output, (h, c)), nn.GRU (output, h).
+            if isinstance(y, tuple):
+                outs += [y[0], *(y[1] if isinstance(y[1], tuple) else (y[1],))]
+            else:
+                outs += [y]
         # Buffers after the calls (running statistics, batches tracked).
         outs += [tensors[k].detach() for k, _ in m.named_buffers()]
         return outs
@@ -1075,6 +1078,12 @@ for dn, dt in HALF.items():
          lambda t: list(torch.topk(t["x"], 7, dim=1)), k=7, dim=1, largest=1, dtype=dn)
 case("topk", [("x", distinct(2, 2100), True)],
      lambda t: list(torch.topk(t["x"], 10, dim=1, largest=False)), k=10, dim=1, largest=0)
+
+# nn.GRU loaded by its state_dict names: one layer sequence-first, two layers batch-first.
+for layers, batch_first in [(1, False), (2, True)]:
+    xs = [randn(3, 4, 5) if batch_first else randn(4, 3, 5)]
+    module_case("gru", lambda l=layers, b=batch_first: torch.nn.GRU(5, 6, l, batch_first=b),
+                xs, fan_in=5, hidden=6, layers=layers, batch_first=batch_first)
 torch.set_rng_state(_rng_before)
 
 # ---- run and write -----------------------------------------------------------------------
