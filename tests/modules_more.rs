@@ -334,3 +334,46 @@ fn gru_learns_a_running_mean_and_continues_from_its_state() {
     small.to_dtype(DType::F64).unwrap();
     gradcheck(&[leaf(&[2, 3, 2], 8)], |t| small.forward(&t[0]));
 }
+
+#[test]
+fn unmasked_attention_is_one_fused_op_that_autocast_runs_in_half() {
+    let (q, k, v) = (
+        f32s(&[2, 3, 5, 8], 1),
+        f32s(&[2, 3, 7, 8], 2),
+        f32s(&[2, 3, 7, 4], 3),
+    );
+    let [q, k, v] = [q, k, v].map(|t| t.requires_grad(true).unwrap());
+    let y = q
+        .scaled_dot_product_attention(&k, &v, Default::default())
+        .unwrap();
+    // One node over q, k and v (the scores are never a tensor of the graph).
+    assert_eq!(y.op_name(), Some("scaled_dot_product_attention"));
+    // The same op with a mask is the composition, whose last op is the product with v.
+    let m = Tensor::zeros(&[5, 7], DType::F32, Device::Cpu).unwrap();
+    let o = AttentionOptions {
+        attn_mask: Some(&m),
+        ..Default::default()
+    };
+    let z = q.scaled_dot_product_attention(&k, &v, o).unwrap();
+    assert_ne!(z.op_name(), Some("scaled_dot_product_attention"));
+    // A zero mask changes nothing: the fused op and the composition agree.
+    assert!(rel_err(&vals(&y), &vals(&z)) < 1e-6);
+    y.sum_all().unwrap().backward().unwrap();
+    let fused: Vec<Vec<f64>> = [&q, &k, &v]
+        .iter()
+        .map(|t| vals(&t.grad().unwrap()))
+        .collect();
+    [&q, &k, &v].iter().for_each(|t| t.zero_grad());
+    z.sum_all().unwrap().backward().unwrap();
+    for (t, f) in [&q, &k, &v].iter().zip(&fused) {
+        assert!(rel_err(f, &vals(&t.grad().unwrap())) < 1e-5);
+    }
+    // Under autocast the fused op runs in the low dtype (PyTorch's lower-precision list).
+    let h = {
+        let _autocast = amp::autocast(DType::BF16);
+        q.scaled_dot_product_attention(&k, &v, Default::default())
+            .unwrap()
+    };
+    assert_eq!(h.dtype(), DType::BF16);
+    assert!(rel_err(&vals(&h), &vals(&y)) < 2e-2);
+}

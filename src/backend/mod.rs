@@ -34,7 +34,7 @@ mod pool;
 mod reduce;
 mod rnn;
 pub mod rounding;
-mod softmax;
+pub(crate) mod softmax;
 pub(crate) mod spec;
 
 use crate::layout::Layout;
@@ -60,7 +60,7 @@ pub(crate) use optim::OptimOps;
 pub(crate) use pool::PoolOps;
 pub(crate) use reduce::ReduceOps;
 pub(crate) use rnn::RnnOps;
-pub(crate) use softmax::SoftmaxOps;
+pub(crate) use softmax::{AttnDims, SoftmaxOps};
 
 /// A tensor's data on some device.
 #[derive(Debug)]

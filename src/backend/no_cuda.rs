@@ -121,6 +121,10 @@ impl ReduceOps for CudaStorage {
 impl SoftmaxOps for CudaStorage {
     uninhabited! {
         fn softmax(&self, _l: &Layout, _dim: usize, _log: bool) -> Result<Self>;
+        fn attention(&self, _lq: &Layout, _k: (&Self, &Layout), _v: (&Self, &Layout), _d: AttnDims)
+            -> Result<(Self, Self)>;
+        fn attention_backward(&self, _lq: &Layout, _k: (&Self, &Layout), _v: (&Self, &Layout),
+            _o: &Self, _lse: &Self, _g: (&Self, &Layout), _d: AttnDims) -> Result<(Self, Self, Self)>;
     }
 }
 

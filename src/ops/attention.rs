@@ -1,8 +1,15 @@
-//! Scaled dot-product attention (PyTorch's `F.scaled_dot_product_attention`), composed of
-//! the batched product, masking and softmax, so it runs wherever those do (cuBLAS products
-//! on CUDA, in the low dtype under autocast) with their backward.
+//! Scaled dot-product attention (PyTorch's `F.scaled_dot_product_attention`). Without a mask
+//! or dropout, and with heads of up to 128, one fused op (the backends' `attention`: the
+//! `[L, S]` scores are never stored; backward recomputes them from each query's
+//! log-sum-exp); otherwise a composition of the batched product, masking and softmax with
+//! their backward. Under autocast both run their products in the low dtype.
 
+use super::{dispatch, Op};
+use crate::backend::AttnDims;
 use crate::{DType, Error, Result, Tensor};
+
+/// The largest head size (E and Ev) of the fused op (the CUDA kernel's `ATT_MAX_E`).
+const FUSED_MAX_HEAD: usize = 128;
 
 /// Options of [`Tensor::scaled_dot_product_attention`] (PyTorch's defaults: no mask, no
 /// dropout, not causal, scale `1/sqrt(E)`).
@@ -23,7 +30,9 @@ pub struct AttentionOptions<'a> {
 impl Tensor {
     /// `softmax(q k^T scale + mask) v` for queries `[.., L, E]` (this tensor), keys
     /// `[.., S, E]` and values `[.., S, Ev]`: `[.., L, Ev]`. A row whose keys are all masked
-    /// is NaN, as in PyTorch.
+    /// is NaN, as in PyTorch. Without a mask or dropout, with the same batch dims and heads
+    /// (E, Ev) up to 128, it is one fused op whose graph keeps O(L) per query row instead of
+    /// the `[.., L, S]` scores; otherwise a composition of existing ops.
     ///
     /// ```
     /// use mantissa::{AttentionOptions, Tensor, DType, Device};
@@ -66,6 +75,9 @@ impl Tensor {
         let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
         let e = q.shape()[q.rank() - 1];
         let scale = o.scale.unwrap_or(1.0 / (e.max(1) as f64).sqrt());
+        if let Some(y) = fused(q, k, v, scale, o)? {
+            return Ok(y);
+        }
         let mut scores = q.matmul(&k.mt()?)?.mul(scale)?;
         if o.is_causal {
             let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, q.device())?;
@@ -86,4 +98,86 @@ impl Tensor {
         };
         weights.matmul(v)
     }
+}
+
+/// The fused op when it applies (no mask, no dropout, equal batch dims, one float dtype that
+/// is not f64 once autocast has cast, heads up to [`FUSED_MAX_HEAD`], no empty dim), else
+/// `None` for the composition.
+fn fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    o: AttentionOptions<'_>,
+) -> Result<Option<Tensor>> {
+    let r = q.rank();
+    let batch = &q.shape()[..r - 2];
+    let plain = o.attn_mask.is_none() && o.dropout_p == 0.0;
+    let same_batch = k.rank() == r
+        && v.rank() == r
+        && &k.shape()[..r - 2] == batch
+        && &v.shape()[..r - 2] == batch;
+    if !plain || !same_batch || [q, k, v].iter().any(|t| t.numel() == 0) {
+        return Ok(None);
+    }
+    let [q, k, v] = dispatch(Op::Attention, [q, k, v])?;
+    let dt = q.dtype();
+    let floats = matches!(dt, DType::F32 | DType::F16 | DType::BF16);
+    let (e, ev) = (q.shape()[r - 1], v.shape()[r - 1]);
+    if !floats || k.dtype() != dt || v.dtype() != dt || e > FUSED_MAX_HEAD || ev > FUSED_MAX_HEAD {
+        return Ok(None);
+    }
+    let d = AttnDims {
+        b: batch.iter().product(),
+        l: q.shape()[r - 2],
+        s: k.shape()[r - 2],
+        e,
+        ev,
+        scale,
+        causal: o.is_causal,
+    };
+    // Three-dimensional views `[b, rows, width]` (copies only where the batch dims do not
+    // flatten), made without a graph: the op's node is attached to q, k and v themselves.
+    let flat = |t: &Tensor, rows: usize, width: usize| {
+        crate::no_grad(|| t.detach().reshape(&[d.b, rows, width]))
+    };
+    let (q3, k3, v3) = (flat(&q, d.l, e)?, flat(&k, d.s, e)?, flat(&v, d.s, ev)?);
+    let (out, lse) = q3.storage().attention(
+        q3.layout(),
+        (&k3.storage(), k3.layout()),
+        (&v3.storage(), v3.layout()),
+        d,
+    )?;
+    let mut shape = q.shape().to_vec();
+    shape[r - 1] = ev;
+    let out = Tensor::from_storage(out, &shape);
+    let lse = Tensor::from_storage(lse, &[d.b, d.l]);
+    let (saved_out, shapes) = (out.detach(), [q.shape().to_vec(), k.shape().to_vec()]);
+    let vshape = v.shape().to_vec();
+    // Backward reads the inputs and the output: writing one in place since is refused.
+    let read = [&q, &k, &v, &saved_out.clone()].map(|t| t.clone());
+    Ok(Some(out.attach_saving(
+        "scaled_dot_product_attention",
+        &[&q, &k, &v],
+        &read.iter().collect::<Vec<_>>(),
+        move |g, _| {
+            let g3 = crate::no_grad(|| g.reshape(&[d.b, d.l, d.ev]))?;
+            let o3 = crate::no_grad(|| saved_out.reshape(&[d.b, d.l, d.ev])?.contiguous())?;
+            let lse = lse.contiguous()?;
+            let (dq, dk, dv) = q3.storage().attention_backward(
+                q3.layout(),
+                (&k3.storage(), k3.layout()),
+                (&v3.storage(), v3.layout()),
+                &o3.storage(),
+                &lse.storage(),
+                (&g3.storage(), g3.layout()),
+                d,
+            )?;
+            Ok(vec![
+                Some(Tensor::from_storage(dq, &shapes[0])),
+                Some(Tensor::from_storage(dk, &shapes[1])),
+                Some(Tensor::from_storage(dv, &vshape)),
+            ])
+        },
+    )))
 }

@@ -92,6 +92,7 @@ pub enum Op {
     Dropout,
     LstmCell,
     LstmLayer,
+    Attention,
 }
 
 impl Op {
@@ -99,7 +100,7 @@ impl Op {
     pub fn cast_policy(self) -> CastPolicy {
         use Op::*;
         match self {
-            Matmul | Linear | Conv2d | ConvTranspose2d | LstmCell | LstmLayer => {
+            Matmul | Linear | Conv2d | ConvTranspose2d | LstmCell | LstmLayer | Attention => {
                 CastPolicy::LowerPrecision
             }
             Exp | Log | Log1p | Rsqrt | Recip | Pow | PowScalar | Softplus | Sum | Softmax
@@ -172,6 +173,7 @@ impl Op {
             Dropout => "dropout",
             LstmCell => "lstm_cell",
             LstmLayer => "lstm_layer",
+            Attention => "scaled_dot_product_attention",
         }
     }
 }

@@ -8,6 +8,7 @@
 //! behaviour under the GPU's memory model. Skipped where no C++ compiler is found.
 
 mod amp;
+mod attention;
 mod cast;
 mod elementwise;
 mod index;

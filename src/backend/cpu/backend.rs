@@ -6,9 +6,9 @@ use super::{amp, host_can_hold, index, layer_norm, norm, norm_affine, CpuStorage
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
-    host, AmpOps, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, ElementwiseOps,
-    IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps, RnnOps,
-    SoftmaxOps, Storage,
+    host, AmpOps, AttnDims, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps,
+    ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
+    RnnOps, SoftmaxOps, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -128,6 +128,27 @@ impl SoftmaxOps for CpuStorage {
         } else {
             super::softmax(self, l, dim)
         }
+    }
+    fn attention(
+        &self,
+        lq: &Layout,
+        k: (&Self, &Layout),
+        v: (&Self, &Layout),
+        d: AttnDims,
+    ) -> Result<(Self, Self)> {
+        super::attention::attention(self, lq, k, v, d)
+    }
+    fn attention_backward(
+        &self,
+        lq: &Layout,
+        k: (&Self, &Layout),
+        v: (&Self, &Layout),
+        o: &Self,
+        lse: &Self,
+        g: (&Self, &Layout),
+        d: AttnDims,
+    ) -> Result<(Self, Self, Self)> {
+        super::attention::attention_backward(self, lq, k, v, o, lse, g, d)
     }
 }
 

@@ -7,6 +7,7 @@
 //! accepts.
 
 pub(crate) mod amp;
+mod attention;
 mod backend;
 mod conv;
 mod conv_common;

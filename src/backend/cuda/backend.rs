@@ -5,15 +5,15 @@
 use super::pool::Pool;
 use super::storage::CudaStorage;
 use super::{
-    amp, conv, elementwise, index, layer_norm, loss, matmul, norm, optim, pool, random, reduce,
-    rnn, softmax, sort,
+    amp, attention, conv, elementwise, index, layer_norm, loss, matmul, norm, optim, pool, random,
+    reduce, rnn, softmax, sort,
 };
 use crate::backend::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use crate::backend::rounding::Rounding;
 use crate::backend::{
-    fallback, AmpOps, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
-    ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
-    RnnOps, SoftmaxOps, Storage,
+    fallback, AmpOps, AttnDims, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps,
+    CpuStorage, ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps,
+    ReduceOps, RnnOps, SoftmaxOps, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -144,6 +144,27 @@ impl ReduceOps for CudaStorage {
 impl SoftmaxOps for CudaStorage {
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
         softmax::softmax(self, l, dim, log)
+    }
+    fn attention(
+        &self,
+        lq: &Layout,
+        k: (&Self, &Layout),
+        v: (&Self, &Layout),
+        d: AttnDims,
+    ) -> Result<(Self, Self)> {
+        attention::attention(self, lq, k, v, d)
+    }
+    fn attention_backward(
+        &self,
+        lq: &Layout,
+        k: (&Self, &Layout),
+        v: (&Self, &Layout),
+        o: &Self,
+        lse: &Self,
+        g: (&Self, &Layout),
+        d: AttnDims,
+    ) -> Result<(Self, Self, Self)> {
+        attention::attention_backward(self, lq, k, v, o, lse, g, d)
     }
 }
 

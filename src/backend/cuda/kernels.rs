@@ -6,6 +6,7 @@ pub const PRELUDE: &str = include_str!("../../../cuda/prelude.cuh");
 
 /// Every kernel file: (name, source).
 pub const KERNELS: &[(&str, &str)] = &[
+    ("attention", include_str!("../../../cuda/attention.cu")),
     ("cast", include_str!("../../../cuda/cast.cu")),
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
     ("index", include_str!("../../../cuda/index.cu")),
@@ -36,6 +37,7 @@ const HEADERS: &[(&str, &str, &[&str])] = &[(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelFile {
     Amp,
+    Attention,
     Cast,
     Elementwise,
     Index,
@@ -52,8 +54,9 @@ pub enum KernelFile {
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 13] = [
+    pub const ALL: [KernelFile; 14] = [
         KernelFile::Amp,
+        KernelFile::Attention,
         KernelFile::Cast,
         KernelFile::Elementwise,
         KernelFile::Index,
@@ -72,6 +75,7 @@ impl KernelFile {
     pub fn name(self) -> &'static str {
         match self {
             KernelFile::Amp => "amp",
+            KernelFile::Attention => "attention",
             KernelFile::Cast => "cast",
             KernelFile::Elementwise => "elementwise",
             KernelFile::Index => "index",

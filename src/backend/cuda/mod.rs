@@ -37,6 +37,7 @@ macro_rules! launch {
 }
 
 pub(crate) mod amp;
+mod attention;
 mod backend;
 mod blaslt;
 mod capturing;
