@@ -1,5 +1,6 @@
 //! Checks through the engine's public API: one training step on the GPU against the same
-//! step on the CPU, and the time of a ResNet-style convolution in NCHW and channels-last.
+//! step on the CPU, the time of a ResNet-style convolution in NCHW and channels-last, and the
+//! fused attention against its composition.
 
 use mantissa::backend::cuda::conv::set_cudnn_benchmark;
 use mantissa::nn::*;
@@ -94,22 +95,80 @@ fn conv_ms(d: Device, format: MemoryFormat, [n, c, h]: [usize; 3]) -> Result<f64
         w.zero_grad();
         Ok(())
     };
+    median_ms(iteration, &w)
+}
+
+/// The median of five timings of ten `iteration`s after three warm-up ones, in ms per
+/// iteration; reading a value of `sync` waits for the queued work.
+fn median_ms(iteration: impl Fn() -> Result<()>, sync: &Tensor) -> Result<f64> {
     for _ in 0..3 {
         iteration()?;
     }
-    w.sum_all()?.item()?;
+    sync.sum_all()?.item()?;
     let mut times = Vec::new();
     for _ in 0..5 {
         let t0 = Instant::now();
         for _ in 0..10 {
             iteration()?;
         }
-        // Reading one value waits for the queued work.
-        w.sum_all()?.item()?;
+        sync.sum_all()?.item()?;
         times.push(t0.elapsed().as_secs_f64() * 1e3 / 10.0);
     }
     times.sort_by(f64::total_cmp);
     Ok(times[2])
+}
+
+/// Attention forward + backward in f16: the fused op (no mask) against the composition (the
+/// same attention with a zero mask), their agreement, and the bytes each forward keeps for
+/// backward (`quick`: on [1, 2, 40, 16]).
+pub fn attention(d: Device, quick: bool) -> Result<String> {
+    let [n, h, l, e] = if quick {
+        [1, 2, 40, 16]
+    } else {
+        [4, 16, 2048, 64]
+    };
+    let mut gen = Generator::new(7);
+    let mut make = || Tensor::randn_with(&[n, h, l, e], 0.0, 1.0, DType::F16, d, &mut gen);
+    let [q, k, v] = [make()?, make()?, make()?].map(|t| t.requires_grad(true));
+    let (q, k, v) = (q?, k?, v?);
+    let g = make()?;
+    let zero = Tensor::zeros(&[l, l], DType::F16, d)?;
+    let run = |mask: Option<&Tensor>| -> Result<Tensor> {
+        let o = AttentionOptions {
+            attn_mask: mask,
+            ..Default::default()
+        };
+        q.scaled_dot_product_attention(&k, &v, o)
+    };
+    let kept = |mask: Option<&Tensor>| -> Result<u64> {
+        let before = live_storage_bytes();
+        let y = run(mask)?;
+        let bytes = live_storage_bytes().saturating_sub(before);
+        drop(y);
+        Ok(bytes)
+    };
+    let (fused_kept, composed_kept) = (kept(None)?, kept(Some(&zero))?);
+    let (a, b) = (
+        run(None)?.to_dtype(DType::F32)?,
+        run(Some(&zero))?.to_dtype(DType::F32)?,
+    );
+    let err = a.sub(&b)?.sqr()?.sum_all()?.sqrt()?.item()? / b.sqr()?.sum_all()?.sqrt()?.item()?;
+    let step = |mask: Option<&Tensor>| -> Result<()> {
+        run(mask)?.backward_with(&g)?;
+        [&q, &k, &v].iter().for_each(|t| t.zero_grad());
+        Ok(())
+    };
+    let fused = median_ms(|| step(None), &q)?;
+    let composed = median_ms(|| step(Some(&zero)), &q)?;
+    let mib = |b: u64| b as f64 / 1048576.0;
+    Ok(format!(
+        "attention [{n}, {h}, {l}, {e}] f16, forward + backward: fused {fused:.3} ms, composition \
+         {composed:.3} ms ({:.2}x); forward keeps {:.1} MiB fused, {:.1} MiB composed; relative \
+         difference {err:.1e}",
+        composed / fused,
+        mib(fused_kept),
+        mib(composed_kept)
+    ))
 }
 
 /// The channels-last convolution against the NCHW one (`quick`: on [2, 8, 12, 12]).

@@ -327,6 +327,7 @@ fn main() {
         println!("{}", engine::transfers(0)?);
         println!("{}", engine::training_step(d)?);
         println!("{}", engine::conv_formats(d, quick)?);
+        println!("{}", engine::attention(d, quick)?);
         println!("{}", bandwidth::elementwise(d, quick)?);
         println!("{}", bandwidth::resnet_passes(d, quick)?);
         println!("{}", bandwidth::conv_bn_fusion(d, quick)?);
