@@ -6,7 +6,7 @@
 use super::ops::{BinaryOp, CmpOp, OptimUpdate, Pool2dParams, ReduceOp, UnaryOp};
 use super::rounding::Rounding;
 use super::{
-    AmpOps, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
+    AmpOps, AttnDims, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
     ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
     RnnOps, SoftmaxOps, Storage,
 };

@@ -9,7 +9,6 @@ mod metrics;
 mod plot;
 mod progress;
 
-#[cfg(feature = "train-ui")]
 pub use crate::fs::{check_writable_dir, check_writable_file};
 pub use batch_size::{
     classifier_fits, find_batch_size, step_fits, BatchSizeSearch, BatchSizeTrials,
@@ -19,5 +18,6 @@ pub use classify::{
     Accumulation,
 };
 pub use metrics::{EpochMetrics, LossUnit, MetricsLog};
+#[cfg(feature = "train-ui")]
 pub use plot::plot_metrics;
 pub use progress::EpochProgress;
