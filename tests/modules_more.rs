@@ -336,16 +336,22 @@ fn gru_learns_a_running_mean_and_continues_from_its_state() {
 }
 
 #[test]
-fn unmasked_attention_is_one_fused_op_that_autocast_runs_in_half() {
+fn attention_fuses_when_asked_as_one_op_that_autocast_runs_in_half() {
     let (q, k, v) = (
         f32s(&[2, 3, 5, 8], 1),
         f32s(&[2, 3, 7, 8], 2),
         f32s(&[2, 3, 7, 4], 3),
     );
     let [q, k, v] = [q, k, v].map(|t| t.requires_grad(true).unwrap());
-    let y = q
-        .scaled_dot_product_attention(&k, &v, Default::default())
-        .unwrap();
+    let unmasked = || {
+        q.scaled_dot_product_attention(&k, &v, Default::default())
+            .unwrap()
+    };
+    // By default these few scores take the composition; asked for, the fused op.
+    assert_eq!(attention_kernel(), AttentionKernel::Auto);
+    assert_ne!(unmasked().op_name(), Some("scaled_dot_product_attention"));
+    set_attention_kernel(AttentionKernel::Fused);
+    let y = unmasked();
     // One node over q, k and v (the scores are never a tensor of the graph).
     assert_eq!(y.op_name(), Some("scaled_dot_product_attention"));
     // The same op with a mask is the composition, whose last op is the product with v.
@@ -375,5 +381,9 @@ fn unmasked_attention_is_one_fused_op_that_autocast_runs_in_half() {
             .unwrap()
     };
     assert_eq!(h.dtype(), DType::BF16);
+    assert_eq!(h.op_name(), Some("scaled_dot_product_attention"));
     assert!(rel_err(&vals(&h), &vals(&y)) < 2e-2);
+    set_attention_kernel(AttentionKernel::Composed);
+    assert_ne!(unmasked().op_name(), Some("scaled_dot_product_attention"));
+    set_attention_kernel(AttentionKernel::Auto);
 }

@@ -952,6 +952,8 @@ fn run_cases(device: Device) -> (Vec<String>, usize, usize) {
 /// On the CPU, then on the first CUDA device when there is one.
 #[test]
 fn ops_match_pytorch() {
+    // The unmasked attention cases check the fused op (the masked ones, the composition).
+    mantissa::set_attention_kernel(mantissa::AttentionKernel::Fused);
     let mut devices = vec![Device::Cpu];
     match Device::cuda(0) {
         Ok(d) => devices.push(d),

@@ -118,9 +118,9 @@ fn median_ms(iteration: impl Fn() -> Result<()>, sync: &Tensor) -> Result<f64> {
     Ok(times[2])
 }
 
-/// Attention forward + backward in f16: the fused op (no mask) against the composition (the
-/// same attention with a zero mask), their agreement, and the bytes each forward keeps for
-/// backward (`quick`: on [1, 2, 40, 16]).
+/// Attention forward + backward in f16: the fused op against the composition (chosen with
+/// `set_attention_kernel`), their agreement, and the bytes each forward keeps for backward
+/// (`quick`: on [1, 2, 40, 16]).
 pub fn attention(d: Device, quick: bool) -> Result<String> {
     let [n, h, l, e] = if quick {
         [1, 2, 40, 16]
@@ -132,34 +132,33 @@ pub fn attention(d: Device, quick: bool) -> Result<String> {
     let [q, k, v] = [make()?, make()?, make()?].map(|t| t.requires_grad(true));
     let (q, k, v) = (q?, k?, v?);
     let g = make()?;
-    let zero = Tensor::zeros(&[l, l], DType::F16, d)?;
-    let run = |mask: Option<&Tensor>| -> Result<Tensor> {
-        let o = AttentionOptions {
-            attn_mask: mask,
-            ..Default::default()
-        };
-        q.scaled_dot_product_attention(&k, &v, o)
+    let run = |kernel: AttentionKernel| -> Result<Tensor> {
+        set_attention_kernel(kernel);
+        let y = q.scaled_dot_product_attention(&k, &v, AttentionOptions::default());
+        set_attention_kernel(AttentionKernel::Auto);
+        y
     };
-    let kept = |mask: Option<&Tensor>| -> Result<u64> {
+    let kept = |kernel: AttentionKernel| -> Result<u64> {
         let before = live_storage_bytes();
-        let y = run(mask)?;
+        let y = run(kernel)?;
         let bytes = live_storage_bytes().saturating_sub(before);
         drop(y);
         Ok(bytes)
     };
-    let (fused_kept, composed_kept) = (kept(None)?, kept(Some(&zero))?);
-    let (a, b) = (
-        run(None)?.to_dtype(DType::F32)?,
-        run(Some(&zero))?.to_dtype(DType::F32)?,
+    let (fused_kept, composed_kept) = (
+        kept(AttentionKernel::Fused)?,
+        kept(AttentionKernel::Composed)?,
     );
+    let a = run(AttentionKernel::Fused)?.to_dtype(DType::F32)?;
+    let b = run(AttentionKernel::Composed)?.to_dtype(DType::F32)?;
     let err = a.sub(&b)?.sqr()?.sum_all()?.sqrt()?.item()? / b.sqr()?.sum_all()?.sqrt()?.item()?;
-    let step = |mask: Option<&Tensor>| -> Result<()> {
-        run(mask)?.backward_with(&g)?;
+    let step = |kernel: AttentionKernel| -> Result<()> {
+        run(kernel)?.backward_with(&g)?;
         [&q, &k, &v].iter().for_each(|t| t.zero_grad());
         Ok(())
     };
-    let fused = median_ms(|| step(None), &q)?;
-    let composed = median_ms(|| step(Some(&zero)), &q)?;
+    let fused = median_ms(|| step(AttentionKernel::Fused), &q)?;
+    let composed = median_ms(|| step(AttentionKernel::Composed), &q)?;
     let mib = |b: u64| b as f64 / 1048576.0;
     Ok(format!(
         "attention [{n}, {h}, {l}, {e}] f16, forward + backward: fused {fused:.3} ms, composition \

@@ -1,15 +1,61 @@
-//! Scaled dot-product attention (PyTorch's `F.scaled_dot_product_attention`). Without a mask
-//! or dropout, and with heads of up to 128, one fused op (the backends' `attention`: the
-//! `[L, S]` scores are never stored; backward recomputes them from each query's
-//! log-sum-exp); otherwise a composition of the batched product, masking and softmax with
-//! their backward. Under autocast both run their products in the low dtype.
+//! Scaled dot-product attention (PyTorch's `F.scaled_dot_product_attention`): a composition
+//! of the batched product, masking and softmax with their backward, or, without a mask or
+//! dropout and with heads of up to 128, one fused op (the backends' `attention`: the `[L, S]`
+//! scores are never stored; backward recomputes them from each query's log-sum-exp), as
+//! [`set_attention_kernel`] chooses. Under autocast both run their products in the low dtype.
 
 use super::{dispatch, Op};
 use crate::backend::AttnDims;
 use crate::{DType, Error, Result, Tensor};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The largest head size (E and Ev) of the fused op (the CUDA kernel's `ATT_MAX_E`).
 const FUSED_MAX_HEAD: usize = 128;
+
+/// With [`AttentionKernel::Auto`], the fused op from this many scores (`[.., L, S]`
+/// elements) up: 2^26, whose scores and softmax (both kept for backward) take 512 MiB in
+/// f32.
+const FUSED_FROM: usize = 1 << 26;
+
+/// Which implementation [`Tensor::scaled_dot_product_attention`] uses where both apply (no
+/// mask, no dropout, heads up to 128, one float dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// The composition while its `[.., L, S]` scores stay below 2^26 elements (its products
+    /// are cuBLAS's on a GPU), the fused op from there on (it never stores the scores).
+    #[default]
+    Auto,
+    /// Always the fused op.
+    Fused,
+    /// Always the composition.
+    Composed,
+}
+
+static KERNEL: AtomicU8 = AtomicU8::new(0);
+
+/// Chooses the attention implementation for the whole process (PyTorch's
+/// `torch.backends.cuda.enable_flash_attention` and friends). The fused kernels are plain
+/// tiled ones without tensor cores, not yet timed on a GPU: [`AttentionKernel::Auto`] keeps
+/// the composition until the memory of its scores is the larger cost.
+///
+/// ```
+/// use mantissa::{attention_kernel, set_attention_kernel, AttentionKernel};
+/// set_attention_kernel(AttentionKernel::Fused);
+/// assert_eq!(attention_kernel(), AttentionKernel::Fused);
+/// set_attention_kernel(AttentionKernel::Auto);
+/// ```
+pub fn set_attention_kernel(k: AttentionKernel) {
+    KERNEL.store(k as u8, Ordering::Relaxed);
+}
+
+/// The implementation [`set_attention_kernel`] chose.
+pub fn attention_kernel() -> AttentionKernel {
+    match KERNEL.load(Ordering::Relaxed) {
+        1 => AttentionKernel::Fused,
+        2 => AttentionKernel::Composed,
+        _ => AttentionKernel::Auto,
+    }
+}
 
 /// Options of [`Tensor::scaled_dot_product_attention`] (PyTorch's defaults: no mask, no
 /// dropout, not causal, scale `1/sqrt(E)`).
@@ -31,8 +77,9 @@ impl Tensor {
     /// `softmax(q k^T scale + mask) v` for queries `[.., L, E]` (this tensor), keys
     /// `[.., S, E]` and values `[.., S, Ev]`: `[.., L, Ev]`. A row whose keys are all masked
     /// is NaN, as in PyTorch. Without a mask or dropout, with the same batch dims and heads
-    /// (E, Ev) up to 128, it is one fused op whose graph keeps O(L) per query row instead of
-    /// the `[.., L, S]` scores; otherwise a composition of existing ops.
+    /// (E, Ev) up to 128, it can be one fused op whose graph keeps one float per query (its
+    /// log-sum-exp) instead of the `[.., L, S]` scores ([`set_attention_kernel`]: by default
+    /// from 2^26 scores up); otherwise a composition of existing ops.
     ///
     /// ```
     /// use mantissa::{AttentionOptions, Tensor, DType, Device};
@@ -101,8 +148,8 @@ impl Tensor {
 }
 
 /// The fused op when it applies (no mask, no dropout, equal batch dims, one float dtype that
-/// is not f64 once autocast has cast, heads up to [`FUSED_MAX_HEAD`], no empty dim), else
-/// `None` for the composition.
+/// is not f64 once autocast has cast, heads up to [`FUSED_MAX_HEAD`], no empty dim) and
+/// [`attention_kernel`] wants it, else `None` for the composition.
 fn fused(
     q: &Tensor,
     k: &Tensor,
@@ -120,6 +167,18 @@ fn fused(
     if !plain || !same_batch || [q, k, v].iter().any(|t| t.numel() == 0) {
         return Ok(None);
     }
+    let scores = batch.iter().product::<usize>() as u128
+        * q.shape()[r - 2] as u128
+        * k.shape()[r - 2] as u128;
+    let wanted = match attention_kernel() {
+        AttentionKernel::Auto => scores >= FUSED_FROM as u128,
+        AttentionKernel::Fused => true,
+        AttentionKernel::Composed => false,
+    };
+    if !wanted {
+        return Ok(None);
+    }
+    let _prof = crate::profiler::op(Op::Attention.name());
     let [q, k, v] = dispatch(Op::Attention, [q, k, v])?;
     let dt = q.dtype();
     let floats = matches!(dt, DType::F32 | DType::F16 | DType::BF16);

@@ -22,7 +22,7 @@ mod rnn;
 mod softmax;
 mod sort;
 
-pub use attention::AttentionOptions;
+pub use attention::{attention_kernel, set_attention_kernel, AttentionKernel, AttentionOptions};
 pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
 pub use loss::{CrossEntropyOptions, Reduction};

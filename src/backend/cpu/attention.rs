@@ -4,7 +4,7 @@
 //! recomputes the probabilities from each query's log-sum-exp. f32 arithmetic for
 //! f32/f16/bf16 inputs (converted once), f64 for f64.
 
-use super::{CpuStorage, PAR_MIN};
+use super::{host_can_hold, CpuStorage, PAR_MIN};
 use crate::backend::AttnDims;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -64,9 +64,15 @@ pub(crate) fn attention(
     (v, lv): (&CpuStorage, &Layout),
     d: AttnDims,
 ) -> Result<(CpuStorage, CpuStorage)> {
+    // The output rows with their log-sum-exp (checked against the host's limit first).
+    let rows_out = d.b.checked_mul(d.l).and_then(|n| n.checked_mul(d.ev + 1));
+    host_can_hold(rows_out.unwrap_or(usize::MAX), DType::F32)?;
     let (qf, kf, vf) = (floats(q, lq)?, floats(k, lk)?, floats(v, lv)?);
     let (e, ev, scale) = (d.e, d.ev, d.scale as f32);
-    let work = d.b * d.l * d.s * (e + ev);
+    let work =
+        d.b.saturating_mul(d.l)
+            .saturating_mul(d.s)
+            .saturating_mul(e + ev);
     // Each output row with its log-sum-exp after it.
     let mut out = vec![0f32; d.b * d.l * (ev + 1)];
     rows(&mut out, ev + 1, work, |row, o| {
@@ -103,12 +109,18 @@ pub(crate) fn attention_backward(
     (g, lg): (&CpuStorage, &Layout),
     d: AttnDims,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    // dk and dv side by side, the largest buffer (checked against the host's limit first).
+    let kv = d.b.checked_mul(d.s).and_then(|n| n.checked_mul(d.e + d.ev));
+    host_can_hold(kv.unwrap_or(usize::MAX), DType::F32)?;
     let (qf, kf, vf) = (floats(q, lq)?, floats(k, lk)?, floats(v, lv)?);
     let of = floats(o, &Layout::contiguous(&[d.b * d.l * d.ev]))?;
     let gf = floats(g, lg)?;
     let lse = floats(lse, &Layout::contiguous(&[d.b * d.l]))?;
     let (e, ev, scale) = (d.e, d.ev, d.scale as f32);
-    let work = d.b * d.l * d.s * (e + ev);
+    let work =
+        d.b.saturating_mul(d.l)
+            .saturating_mul(d.s)
+            .saturating_mul(e + ev);
     // D_i = do_i . o_i per query.
     let dsum: Vec<f32> = (0..d.b * d.l)
         .map(|r| dot(&gf[r * ev..][..ev], &of[r * ev..][..ev]))

@@ -23,6 +23,8 @@ fn tiles(b: usize, rows: usize) -> LaunchConfig {
     }
 }
 
+/// The kernels' limits: heads up to [`MAX_HEAD`] (so `b l ev` is at most 128 times the
+/// queries' count, which exists), at least one key.
 fn check(d: &AttnDims) -> Result<()> {
     if d.e > MAX_HEAD || d.ev > MAX_HEAD || d.s == 0 {
         return Err(Error::invalid(
@@ -53,7 +55,7 @@ pub(crate) fn attention(
     check(&d)?;
     let t = float_kname("scaled_dot_product_attention", q.dtype())?;
     let (qd, kd, vd) = (q.contiguous(lq)?, k.contiguous(lk)?, v.contiguous(lv)?);
-    let out = CudaStorage::alloc_on(q.rt(), q.dtype(), lq.numel() / d.e.max(1) * d.ev)?;
+    let out = CudaStorage::alloc_on(q.rt(), q.dtype(), d.b * d.l * d.ev)?;
     let lse = CudaStorage::alloc_on(q.rt(), DType::F32, d.b * d.l)?;
     let ([b, l, s, e, ev], scale, causal) = sizes(&d);
     let (qp, kp, vp, op, lp) = (qd.ptr(), kd.ptr(), vd.ptr(), out.ptr(), lse.ptr());
