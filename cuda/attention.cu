@@ -25,6 +25,11 @@ __device__ __forceinline__ void att_load(float* dst, const T* src, i64 b, i64 r0
     }
 }
 
+// The keys a tile of queries from i0 sees: all S, or with `causal` those up to its last query.
+__device__ __forceinline__ i64 att_keys_end(i64 i0, i64 S, int causal) {
+    return causal && i0 + ATT_TILE < S ? i0 + ATT_TILE : S;
+}
+
 __device__ __forceinline__ float att_dot(const float* a, const float* b, i64 n) {
     float s = 0.0f;
     for (i64 e = 0; e < n; e++) s += a[e] * b[e];
@@ -45,8 +50,7 @@ __device__ void attn_forward(const T* __restrict__ q, const T* __restrict__ k,
         for (i64 e = 0; e < E; e++) qr[e] = live ? to_f32(q[(b * L + i) * E + e]) * scale : 0.0f;
         for (i64 e = 0; e < Ev; e++) acc[e] = 0.0f;
         float m = -INFINITY, l = 0.0f;
-        // Causal: no query of this tile sees a key past its last query.
-        i64 end = causal ? (i0 + ATT_TILE < S ? i0 + ATT_TILE : S) : S;
+        i64 end = att_keys_end(i0, S, causal);
         for (i64 j0 = 0; j0 < end; j0 += ATT_TILE) {
             att_load(ks, k, b, j0, S, E);
             att_load(vs, v, b, j0, S, Ev);
@@ -97,7 +101,7 @@ __device__ void attn_backward_q(const T* __restrict__ q, const T* __restrict__ k
             d += live ? dor[e] * to_f32(o[row * Ev + e]) : 0.0f;
         }
         if (live) dsum[row] = d;
-        i64 end = causal ? (i0 + ATT_TILE < S ? i0 + ATT_TILE : S) : S;
+        i64 end = att_keys_end(i0, S, causal);
         for (i64 j0 = 0; j0 < end; j0 += ATT_TILE) {
             att_load(ks, k, b, j0, S, E);
             att_load(vs, v, b, j0, S, Ev);

@@ -222,7 +222,6 @@ fn fused(
         move |g, _| {
             let g3 = crate::no_grad(|| g.reshape(&[d.b, d.l, d.ev]))?;
             let o3 = crate::no_grad(|| saved_out.reshape(&[d.b, d.l, d.ev])?.contiguous())?;
-            let lse = lse.contiguous()?;
             let (dq, dk, dv) = q3.storage().attention_backward(
                 q3.layout(),
                 (&k3.storage(), k3.layout()),

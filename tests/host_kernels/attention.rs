@@ -33,24 +33,8 @@ fn attention_kernels_match_the_cpu_on_emulated_blocks() {
         f32,
         i32,
     ) -> ();
-    type BwdQ = unsafe extern "C" fn(
-        *const f32,
-        *const f32,
-        *const f32,
-        *const f32,
-        *const f32,
-        *const f32,
-        *mut f32,
-        *mut f32,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        f32,
-        i32,
-    ) -> ();
-    type BwdKv = unsafe extern "C" fn(
+    // dq (with D) and dk/dv take the same argument types: six inputs, two outputs, sizes.
+    type Bwd = unsafe extern "C" fn(
         *const f32,
         *const f32,
         *const f32,
@@ -68,8 +52,8 @@ fn attention_kernels_match_the_cpu_on_emulated_blocks() {
         i32,
     ) -> ();
     let fwd: Fwd = function(lib, "attn_forward_float");
-    let bq: BwdQ = function(lib, "attn_backward_q_float");
-    let bkv: BwdKv = function(lib, "attn_backward_kv_float");
+    let bq: Bwd = function(lib, "attn_backward_q_float");
+    let bkv: Bwd = function(lib, "attn_backward_kv_float");
     let (b, l, s, e, ev) = (2usize, 37usize, 45usize, 8usize, 5usize);
     let data = |shape: &[usize], seed| randn(shape, seed).to_vec::<f32>().unwrap();
     let (q, k, v, g) = (
