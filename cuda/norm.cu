@@ -659,13 +659,36 @@ PART(bf16, BN(bf16))
 // ...] (f32, [4, C] or longer), as f16 scale and bias, out = [alpha | gamma - alpha center]
 // ([2, C]): the map a convolution applies in its prologue in cuDNN's graph, whose operands
 // there are f16 (src/backend/cuda/conv_wgrad.rs). The bias is formed in f32, rounded once.
+// A channel whose scale or bias passes f16's range (an almost constant channel far from
+// zero: |mean| / std of 65504 or more) is stored divided by a power of two, factor[c] (else
+// 1), so that its map stays finite: the convolution's weight gradient is linear in each
+// input channel and ReLU commutes with a positive factor, so wgrad_rescale_f16 multiplies
+// that channel's gradient back, exactly (a power of two).
 #if PART_HAS_1
 extern "C" __global__ void bn_scale_bias_f16(const float* __restrict__ coef, f16* __restrict__ out,
-                                             i64 C) {
+                                             float* __restrict__ factor, i64 C) {
     for (i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x; c < C; c += (i64)gridDim.x * blockDim.x) {
         float a = coef[c];
-        out[c] = from_f32<f16>(a);
-        out[C + c] = from_f32<f16>(coef[2 * C + c] - a * coef[C + c]);
+        float b = coef[2 * C + c] - a * coef[C + c];
+        // The smallest power of two that brings both within 2^15 (well inside f16, and the
+        // smaller of the two as far from f16's subnormals as it can be). A value that is not
+        // finite already stays as it is.
+        float m = fmaxf(fabsf(a), fabsf(b)), e = 1.0f;
+        if (!(m <= 3.0e38f)) m = 0.0f;
+        while (m / e > 32768.0f) e *= 2.0f;
+        out[c] = from_f32<f16>(a / e);
+        out[C + c] = from_f32<f16>(b / e);
+        factor[c] = e;
+    }
+}
+
+// dw (f16, KRSC: the input channel innermost, C of them) times factor[c] where it is not 1
+// (bn_scale_bias_f16's): a read of the factors alone when no channel was scaled.
+extern "C" __global__ void wgrad_rescale_f16(f16* __restrict__ dw, const float* __restrict__ factor,
+                                             i64 n, i64 C) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        float e = factor[i % C];
+        if (e != 1.0f) dw[i] = from_f32<f16>(to_f32(dw[i]) * e);
     }
 }
 #endif

@@ -517,6 +517,64 @@ fn weight_gradient_applies_batch_norm_in_its_prologue() {
     set_conv_bn_fusion(false);
 }
 
+/// A batch norm channel whose map's f16 scale would overflow in the weight gradient's
+/// prologue: channel 0's filters are zero, so its output is constant, its variance 0 and its
+/// scale gamma / sqrt(eps) = 220 x 316 = 69,570, past f16's 65,504. The map is given to
+/// cuDNN divided by a power of two and the gradient multiplied back (`wgrad_rescale_f16`),
+/// so the weight gradient stays finite and matches the CPU, which computes it unfused.
+#[test]
+fn a_prologue_scale_past_f16_stays_finite() {
+    use mantissa::backend::cuda::conv_stats::set_conv_bn_fusion;
+    let Some(d) = gpu() else { return };
+    let _serial = serial();
+    set_conv_bn_fusion(true);
+    let (c, m, o) = (8, 16, 8);
+    let half = |v: Vec<f32>, shape: &[usize]| {
+        Tensor::from_vec(v, shape, Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap()
+    };
+    let mut w1 = vals(&input(&[m, c, 3, 3], DType::F32, 161).mul(0.3).unwrap());
+    w1[..c * 9].iter_mut().for_each(|v| *v = 0.0);
+    let mut g = vals(&input(&[m], DType::F32, 162));
+    g[0] = 220.0;
+    let mut b = vals(&input(&[m], DType::F32, 163));
+    b[0] = 0.5;
+    // Channel 0's input gradient through the batch norm is its scale times the gradient
+    // that reaches it: small weights keep it inside f16 on both devices.
+    let mut w2 = vals(&input(&[o, m, 1, 1], DType::F32, 164).mul(0.3).unwrap());
+    w2.iter_mut().step_by(m).for_each(|v| *v *= 0.01);
+    let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+    let ins = [
+        input(&[2, c, 5, 4], DType::F16, 160),
+        half(f32s(w1), &[m, c, 3, 3]),
+        half(f32s(g), &[m]),
+        half(f32s(b), &[m]),
+        half(f32s(w2), &[o, m, 1, 1]),
+    ];
+    parity("a scale past f16", d, &ins, conv_bn_conv);
+    if emulated(d) {
+        let on: Vec<Tensor> = ins
+            .iter()
+            .map(|t| own(t, d).requires_grad(true).unwrap())
+            .collect();
+        let ((), p) = profiler::profile(|_| {
+            let y = conv_bn_conv(&on).unwrap();
+            y.sum_all().unwrap().backward().unwrap();
+            vals(&on[4].grad().unwrap());
+        })
+        .unwrap();
+        let names = kernel_counts(&p);
+        let fused = (
+            count(&names, "cudnn wgrad+bn"),
+            count(&names, "wgrad_rescale_f16"),
+        );
+        assert_eq!(fused, (1, 1), "{names:?}");
+    }
+    set_conv_bn_fusion(false);
+}
+
 /// A graph whose plan cuDNN finalized but whose execution it refuses (NOT_SUPPORTED; the
 /// emulated cuDNN does so with MANTISSA_EMU_GRAPH_EXECUTE=not-supported) is remembered as
 /// declined: the plain convolutions and batch norm run, and the results match the CPU.

@@ -7,7 +7,10 @@ use crate::{Device, Error, Result, Tensor};
 use std::time::Duration;
 
 #[cfg(feature = "cuda-backend")]
-use crate::backend::cuda::nccl::{self, Collective, NcclComm};
+use crate::backend::cuda::{
+    nccl::{self, Collective},
+    nccl_comm::NcclComm,
+};
 #[cfg(feature = "cuda-backend")]
 use crate::backend::Storage;
 #[cfg(feature = "cuda-backend")]
@@ -61,11 +64,13 @@ pub struct ProcessGroup {
     world_size: usize,
     local_rank: usize,
     device: Device,
+    timeout: Duration,
     pub(crate) comm: Comm,
 }
 
-/// How long the rendezvous and a communicator's creation wait for every rank by default
-/// (`MANTISSA_DIST_TIMEOUT_S` changes it), as PyTorch's default process-group timeout.
+/// How long the rendezvous, a communicator's creation and each collective wait for every
+/// rank by default (`MANTISSA_DIST_TIMEOUT_S` changes it), as PyTorch's default
+/// process-group timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl std::fmt::Debug for ProcessGroup {
@@ -86,6 +91,7 @@ impl ProcessGroup {
             world_size: 1,
             local_rank: 0,
             device,
+            timeout: DEFAULT_TIMEOUT,
             comm: Comm::Single,
         }
     }
@@ -131,7 +137,11 @@ impl ProcessGroup {
     }
 
     /// Joins the group `env` describes with `device` (rank 0 hands NCCL's id to the others
-    /// through the rendezvous; every wait is bounded by `timeout`). A world of more than one
+    /// through the rendezvous). Every wait is bounded by `timeout`: the rendezvous, the
+    /// communicator's creation, and each collective, which a watchdog thread follows as
+    /// PyTorch's does: one that has not completed within `timeout` (a peer failed, left or
+    /// never called it) aborts this rank's communicator, and the rank's next synchronisation
+    /// or collective returns [`Error::Distributed`] naming it. A world of more than one
     /// needs a CUDA device per rank (NCCL): the CPU is refused. A world of one on a CUDA
     /// device has an NCCL communicator of one rank when NCCL loads (as PyTorch's: the same
     /// path as many ranks, for measuring the wrapper), else none ([`ProcessGroup::backend`]
@@ -145,7 +155,12 @@ impl ProcessGroup {
         };
         let ordinal = match device {
             Device::Cuda(n) => n,
-            Device::Cpu if env.world_size == 1 => return Ok(ProcessGroup::single(device)),
+            Device::Cpu if env.world_size == 1 => {
+                return Ok(ProcessGroup {
+                    timeout,
+                    ..ProcessGroup::single(device)
+                })
+            }
             Device::Cpu => {
                 return Err(err(
                     "a world of more than one process needs a CUDA device per rank (NCCL); \
@@ -166,7 +181,7 @@ impl ProcessGroup {
         {
             let joined = crate::backend::cuda::runtime::runtime(ordinal).and_then(|rt| {
                 let id = rendezvous::share(&meeting, nccl::unique_id)?;
-                NcclComm::new(rt, env.rank, env.world_size, &id)
+                NcclComm::new(rt, env.rank, env.world_size, &id, timeout)
             });
             let comm = match joined {
                 Ok(c) => Comm::Nccl(Arc::new(c)),
@@ -181,6 +196,7 @@ impl ProcessGroup {
                 world_size: env.world_size,
                 local_rank: env.local_rank,
                 device,
+                timeout,
                 comm,
             })
         }
@@ -188,7 +204,10 @@ impl ProcessGroup {
         {
             let _ = (meeting, ordinal);
             match env.world_size {
-                1 => Ok(ProcessGroup::single(device)),
+                1 => Ok(ProcessGroup {
+                    timeout,
+                    ..ProcessGroup::single(device)
+                }),
                 _ => Err(err("this build has no CUDA backend (feature `cuda`)".into())),
             }
         }
@@ -210,6 +229,11 @@ impl ProcessGroup {
     /// The device this rank's tensors live on.
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// How long a collective (and the group's creation) may wait for the other ranks.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// What joins the ranks: `"none (world of one)"`, or `"NCCL 2.x.y"`.
@@ -294,10 +318,12 @@ impl ProcessGroup {
         match &self.comm {
             Comm::Single => Ok(()),
             #[cfg(feature = "cuda-backend")]
-            Comm::Nccl(c) => in_place(t, |p, n| {
-                c.after_compute()?;
-                c.launch(Collective::AllReduce(op.nccl()), p, p, n, t.dtype())
-            }),
+            Comm::Nccl(c) => {
+                c.check_usable("ncclAllReduce")?;
+                in_place(t, |p, n| {
+                    c.launch(Collective::AllReduce(op.nccl()), p, p, n, t.dtype())
+                })
+            }
         }
     }
 
@@ -320,8 +346,8 @@ impl ProcessGroup {
             Comm::Single => Ok(()),
             #[cfg(feature = "cuda-backend")]
             Comm::Nccl(c) => {
+                c.check_usable("ncclBroadcast")?;
                 in_place(t, |p, n| {
-                    c.after_compute()?;
                     c.launch(Collective::Broadcast { root }, p, p, n, t.dtype())
                 })?;
                 c.before_compute()
@@ -419,15 +445,13 @@ fn out_of_place(
     out: &Tensor,
     count: usize,
 ) -> Result<()> {
+    c.check_usable(what.name())?;
     let src = t.storage();
     let Storage::Cuda(s) = &*src else {
         unreachable!("checked: on this rank's CUDA device")
     };
     let sp = s.ptr_at(t.layout().offset());
-    in_place(out, |p, _| {
-        c.after_compute()?;
-        c.launch(what, sp, p, count, t.dtype())
-    })?;
+    in_place(out, |p, _| c.launch(what, sp, p, count, t.dtype()))?;
     c.before_compute()
 }
 

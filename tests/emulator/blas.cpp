@@ -12,7 +12,7 @@
 #include <cstring>
 
 typedef int Status;
-enum { SUCCESS = 0, INVALID_VALUE = 7, NOT_SUPPORTED = 15 };
+enum { SUCCESS = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7, NOT_SUPPORTED = 15 };
 enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
 enum { COMPUTE_32F_FAST_TF32 = 77 };
 
@@ -48,11 +48,23 @@ static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     }
 }
 
-API Status cublasCreate_v2(Handle** h) { return create_handle(h); }
+API Status cublasCreate_v2(Handle** h) { return create_handle(h, "cublasCreate", NOT_INITIALIZED); }
 API Status cublasDestroy_v2(Handle* h) { return destroy_handle(h); }
 API Status cublasSetStream_v2(Handle* h, void* stream) { return set_handle_stream(h, stream); }
 API Status cublasSetMathMode(void*, int) { return SUCCESS; }
-API Status cublasSetWorkspace_v2(void*, void*, size_t) { return SUCCESS; }
+API Status cublasSetWorkspace_v2(Handle* h, void* ws, size_t bytes) {
+    if (bytes > 0 && (!ws || (uintptr_t)ws % 256 != 0)) return INVALID_VALUE;
+    h->workspace = ws, h->workspace_bytes = bytes;
+    return SUCCESS;
+}
+// A product queued into a capture on a handle without a workspace of its own: real cuBLAS
+// would allocate one inside the capture (a memory node outside the caching allocator, and
+// possibly other kernels than the eager steps chose), so it is refused here.
+static bool unplanned_capture(const Handle* h, const char* what) {
+    if (h->workspace_bytes > 0 || !capturing(h->stream)) return false;
+    fprintf(stderr, "emulated %s: a product captured on a handle without cublasSetWorkspace\n", what);
+    return true;
+}
 
 API Status cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int n, int k, const void* alpha,
                                       const void* a, int at, int lda, long long sa, const void* b, int bt,
@@ -64,6 +76,7 @@ API Status cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int n, i
         fprintf(stderr, "emulated cublasGemmStridedBatchedEx: bad leading dimension\n");
         return INVALID_VALUE;
     }
+    if (unplanned_capture(h, "cublasGemmStridedBatchedEx")) return NOT_SUPPORTED;
     int size = at == R_32F ? 4 : 2;
     float al = *(const float*)alpha, be = *(const float*)beta; // host scalars: read now
     bool tf = at == R_32F && compute == COMPUTE_32F_FAST_TF32;
@@ -102,6 +115,7 @@ struct LtDesc {
 API size_t cublasLtGetVersion() { return 130000; }
 static int handle_token;
 API Status cublasLtCreate(void** h) {
+    if (capture_refuses("cublasLtCreate")) return NOT_INITIALIZED;
     *h = &handle_token;
     return SUCCESS;
 }

@@ -10,7 +10,8 @@
 
 
 API size_t cudnnGetVersion() { return 90100; }
-API Status cudnnCreate(Handle** h) { return create_handle(h); }
+// cuDNN 9's CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED: the handle's device memory.
+API Status cudnnCreate(Handle** h) { return create_handle(h, "cudnnCreate", 4001); }
 API Status cudnnDestroy(Handle* h) { return destroy_handle(h); }
 API Status cudnnSetStream(Handle* h, void* stream) { return set_handle_stream(h, stream); }
 API const char* cudnnGetErrorString(Status) { return "emulated cuDNN error"; }

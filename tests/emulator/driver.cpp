@@ -171,8 +171,12 @@ API CUresult cuCtxGetFlags(unsigned* f) {
 // order after the stream runs before it; the default runs only what the wait needs, so that
 // work the host did not order before it has not run yet.
 struct Graph;
+// A piece of queued work: true once it has run, false while it waits for another device's
+// work (an emulated collective whose peers have not come): it then stays at the front of its
+// queue, as a GPU kernel that spins, and is tried again at the next wait.
+typedef std::function<bool()> Work;
 struct Stream {
-    std::deque<std::function<void()>> q;
+    std::deque<Work> q;
     bool blocking; // synchronises with the legacy stream (not CU_STREAM_NON_BLOCKING)
     Graph* capture = nullptr; // while a capture records this stream's work (see "Graphs")
 };
@@ -186,7 +190,21 @@ struct Event {
     std::shared_ptr<Marker> last;
     Graph* captured = nullptr; // the capture its latest record went into, if any
 };
-static std::recursive_mutex run_mu; // every queue, and running queued work
+// Every queue, and running queued work, under one lock (recursive: queued work calls back
+// in). A host wait for work that cannot run yet lets go of it between tries (yield_run_lock),
+// so that the threads of the other devices queue and run the work it waits for.
+static std::recursive_mutex run_mu;
+static thread_local int run_depth = 0; // how many times this thread holds run_mu
+struct RunLock {
+    RunLock() { run_mu.lock(), run_depth++; }
+    ~RunLock() { run_depth--, run_mu.unlock(); }
+};
+static void yield_run_lock() {
+    int d = run_depth;
+    for (int i = 0; i < d; i++) run_mu.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    for (int i = 0; i < d; i++) run_mu.lock();
+}
 // MANTISSA_EMU_TRACE=1: launches (as they are queued), host waits and event queries on stderr.
 static bool trace() {
     static bool on = getenv("MANTISSA_EMU_TRACE") != nullptr;
@@ -198,19 +216,51 @@ static std::set<Stream*> streams = {&legacy};
 static Stream* S(CUstream s) { // 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the legacy stream
     return (uintptr_t)s <= 2 ? &legacy : (Stream*)s;
 }
-static void run_front(Stream* s) {
+// Runs the front of `s`'s queue: true when it ran (and left the queue), false when it waits.
+static bool run_front(Stream* s) {
     auto f = std::move(s->q.front());
     s->q.pop_front();
-    f();
+    if (f()) return true;
+    s->q.push_front(std::move(f));
+    return false;
 }
-static void drain(Stream* s) {
-    while (!s->q.empty()) run_front(s);
+// Runs `s`'s queue as far as it can: true when it is empty.
+static bool drain(Stream* s) {
+    while (!s->q.empty()) {
+        if (!run_front(s)) return false;
+    }
+    return true;
 }
-static void drain_all() {
-    for (bool any = true; any;) {
-        any = false;
+static bool drain_all() {
+    for (bool progress = true; progress;) {
+        progress = false;
         for (Stream* s : streams) {
-            if (!s->q.empty()) any = true, drain(s);
+            size_t before = s->q.size();
+            drain(s);
+            if (s->q.size() != before) progress = true;
+        }
+    }
+    for (Stream* s : streams) {
+        if (!s->q.empty()) return false;
+    }
+    return true;
+}
+// The host waits until `step` (which runs queued work and says whether the wait is over)
+// succeeds, letting the other threads at the queues between tries. A GPU would wait forever
+// for a collective whose peers never come; here, past MANTISSA_EMU_HANG_S (default 120 s),
+// the process stops with a message instead of hanging the test run.
+template <typename F> static void host_loop(const char* what, F step) {
+    static double limit = [] {
+        const char* v = getenv("MANTISSA_EMU_HANG_S");
+        return v ? atof(v) : 120.0;
+    }();
+    auto start = Clock::now();
+    while (!step()) {
+        yield_run_lock();
+        if (std::chrono::duration<double>(Clock::now() - start).count() > limit) {
+            fprintf(stderr, "emulated driver: %s waited %g s for work that cannot run (a collective "
+                            "whose peers never came?): the GPU would hang here\n", what, limit);
+            abort();
         }
     }
 }
@@ -218,7 +268,7 @@ static void drain_all() {
 // left out: the backend's streams are non-blocking).
 static void legacy_waits() {
     for (Stream* s : streams) {
-        if (s->blocking) drain(s);
+        if (s->blocking) host_loop("the legacy stream", [s] { return drain(s); });
     }
 }
 // The host waits for `s` (up to the record `m`, when given).
@@ -234,15 +284,17 @@ static void host_waits(Stream* s, const std::shared_ptr<Marker>& m = nullptr) {
         }
     }
     if (s == &legacy) legacy_waits();
-    if (m) {
-        while (!m->done) run_front(s);
-    } else {
-        drain(s);
-    }
+    host_loop("a host wait", [&] {
+        if (!m) return drain(s);
+        while (!m->done) {
+            if (!run_front(s)) return false;
+        }
+        return true;
+    });
 }
-static void record(Graph* g, std::function<void()> f);
-static void enqueue(CUstream s, std::function<void()> f) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+static void record(Graph* g, Work f);
+static void enqueue_work(CUstream s, Work f) {
+    RunLock g;
     Stream* st = S(s);
     if (st->capture) {
         record(st->capture, std::move(f));
@@ -250,10 +302,14 @@ static void enqueue(CUstream s, std::function<void()> f) {
     }
     if (st == &legacy) {
         legacy_waits();
-        f();
+        host_loop("a synchronous call", f);
         return;
     }
     st->q.push_back(std::move(f));
+}
+// Work that always runs when its turn comes.
+static void enqueue(CUstream s, std::function<void()> f) {
+    enqueue_work(s, [f = std::move(f)] { return f(), true; });
 }
 // For the emulated cuBLAS and cuDNN: queue run(ctx) on stream s; drop(ctx) once no queue or
 // graph holds it any more (a captured call runs at every replay).
@@ -262,22 +318,30 @@ API int emu_enqueue(CUstream s, void (*run)(void*), void* ctx, void (*drop)(void
     enqueue(s, [run, held] { run(held.get()); });
     return 0;
 }
+// For the emulated NCCL: queue try_run(ctx) on stream s, which returns nonzero once it has
+// run and 0 while it waits for the other ranks (it is tried again at the next wait, as a
+// collective kernel spins on the GPU); drop(ctx) as above.
+API int emu_enqueue_waiting(CUstream s, int (*try_run)(void*), void* ctx, void (*drop)(void*)) {
+    std::shared_ptr<void> held(ctx, drop);
+    enqueue_work(s, [try_run, held] { return try_run(held.get()) != 0; });
+    return 0;
+}
 // Runs now, after the legacy stream's queued work: a synchronous call.
 static void now(std::function<void()> f) { enqueue(nullptr, std::move(f)); }
 
 #include "graph.inc" // Graphs: stream capture and replay
 
 API CUresult cuCtxSynchronize() {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     if (!capturing.empty()) {
         invalidate("cuCtxSynchronize");
         return CAPTURE_UNSUPPORTED;
     }
-    drain_all();
+    host_loop("cuCtxSynchronize", drain_all);
     return OK;
 }
 API CUresult cuStreamCreate(CUstream* s, unsigned flags) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Stream* st = new Stream{{}, (flags & 1) == 0};
     streams.insert(st);
     *s = st;
@@ -290,24 +354,24 @@ API CUresult cuCtxGetStreamPriorityRange(int* lo, int* hi) {
     return OK;
 }
 API CUresult cuStreamDestroy_v2(CUstream s) { // its queued work still runs
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Stream* st = S(s);
     if (st == &legacy) return INVALID_HANDLE;
     if (st->capture) return ILLEGAL_STATE;
-    drain(st);
+    host_loop("cuStreamDestroy", [st] { return drain(st); });
     streams.erase(st);
     delete st;
     return OK;
 }
 API CUresult cuStreamSynchronize(CUstream s) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     if (CUresult r = on_captured(S(s), "cuStreamSynchronize")) return r;
     host_waits(S(s));
     return OK;
 }
 // Not ready while work is queued; each query runs one piece, so that polling ends.
 API CUresult cuStreamQuery(CUstream s) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Stream* st = S(s);
     if (CUresult r = on_captured(st, "cuStreamQuery")) return r;
     if (st->q.empty()) return OK;
@@ -320,12 +384,12 @@ API CUresult cuEventCreate(CUevent* e, unsigned) {
     return OK;
 }
 API CUresult cuEventDestroy_v2(CUevent e) { // a queued record still completes
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     delete (Event*)e;
     return OK;
 }
 API CUresult cuEventRecord(CUevent e, CUstream s) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Event* ev = (Event*)e;
     auto m = std::make_shared<Marker>();
     ev->stream = S(s);
@@ -338,12 +402,16 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     return OK;
 }
 API CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned) { return cuEventRecord(e, s); }
-// Runs `st`'s queue up to the record `m` (already run when the stream is gone).
-static void reach(Stream* st, const std::shared_ptr<Marker>& m) {
-    while (m && !m->done) run_front(st);
+// Runs `st`'s queue up to the record `m` (already run when the stream is gone): false while
+// the work before it waits.
+static bool reach(Stream* st, const std::shared_ptr<Marker>& m) {
+    while (m && !m->done) {
+        if (!run_front(st)) return false;
+    }
+    return true;
 }
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Event* ev = (Event*)e;
     if (!ev->last) return OK; // never recorded: nothing to wait for
     Stream* waiter = S(s);
@@ -357,11 +425,11 @@ API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned) {
     }
     Stream* from = ev->stream;
     auto m = ev->last;
-    enqueue(s, [from, m] { reach(from, m); });
+    enqueue_work(s, [from, m] { return reach(from, m); });
     return OK;
 }
 API CUresult cuEventSynchronize(CUevent e) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Event* ev = (Event*)e;
     if (ev->captured && capturing.count(ev->captured)) {
         invalidate("cuEventSynchronize on a captured event");
@@ -371,7 +439,7 @@ API CUresult cuEventSynchronize(CUevent e) {
     return OK;
 }
 API CUresult cuEventQuery(CUevent e) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     Event* ev = (Event*)e;
     if (ev->captured && capturing.count(ev->captured)) {
         invalidate("cuEventQuery on a captured event");
@@ -383,7 +451,7 @@ API CUresult cuEventQuery(CUevent e) {
     return ev->last->done ? OK : NOT_READY;
 }
 API CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     auto ma = ((Event*)a)->last, mb = ((Event*)b)->last;
     if (!ma || !mb) return INVALID_HANDLE;
     if (!ma->done || !mb->done) return NOT_READY;
@@ -428,21 +496,22 @@ static CUresult release(CUdeviceptr p) {
     return OK;
 }
 API CUresult cuMemFree_v2(CUdeviceptr p) { // waits for all queued work, as the GPU's does
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     if (!capturing.empty()) { // memory a graph may use is never freed under its capture
         invalidate("cuMemFree");
         return CAPTURE_UNSUPPORTED;
     }
-    drain_all();
+    host_loop("cuMemFree", drain_all);
     return release(p);
 }
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     if (S(s)->capture) { // not a graph allocation: a free node cannot take it
         invalidate("cuMemFreeAsync of memory not allocated in the graph");
         return INVALID_VALUE;
     }
-    drain(S(s));
+    Stream* st = S(s);
+    host_loop("cuMemFreeAsync", [st] { return drain(st); });
     return release(p);
 }
 
@@ -478,7 +547,7 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) {
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, CUstream s) {
     if (!inside(d, n, "cuMemcpyHtoDAsync")) return INVALID_VALUE;
     if (S(s)->capture && !is_pinned(h, n)) {
-        std::lock_guard<std::recursive_mutex> g(run_mu);
+        RunLock g;
         invalidate("a copy from pageable host memory into a captured stream");
         return CAPTURE_UNSUPPORTED;
     }
@@ -500,7 +569,7 @@ API CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) {
 // it has (after the stream's earlier work).
 API CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, CUstream s) {
     if (!inside(d, n, "cuMemcpyDtoHAsync")) return INVALID_VALUE;
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     if (!is_pinned(h, n)) {
         if (CUresult r = on_captured(S(s), "a copy into pageable host memory (the host waits for it)")) return r;
     }
@@ -564,12 +633,12 @@ API CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
 }
 API CUresult cuMemAllocHost_v2(void** p, size_t bytes) { return cuMemHostAlloc(p, bytes, 0); }
 API CUresult cuMemFreeHost(void* p) { // waits for all queued work, as the GPU's does
-    std::lock_guard<std::recursive_mutex> g(run_mu);
+    RunLock g;
     if (!capturing.empty()) {
         invalidate("cuMemFreeHost");
         return CAPTURE_UNSUPPORTED;
     }
-    drain_all();
+    host_loop("cuMemFreeHost", drain_all);
     std::lock_guard<std::mutex> m(mu);
     if (pinned.erase((uintptr_t)p) == 0) return INVALID_VALUE;
     free(p);
@@ -588,8 +657,12 @@ struct Function {
     void (*thread)(unsigned, unsigned, unsigned, unsigned);
     bool cooperative; // it reaches barriers, shuffles or CAS: a block's threads take turns
     std::string name;
+    size_t param_bytes; // its parameter buffer
 };
+// Loading a module while a capture is open is refused, as the driver refuses it (it may
+// synchronise and allocate device memory for the module).
 API CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+    if (CUresult r = unsafe_call("cuModuleLoadData")) return r;
     void* lib = dlopen((const char*)image, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         fprintf(stderr, "emulated cuModuleLoadData: %s\n", dlerror());
@@ -605,13 +678,15 @@ API CUresult cuModuleGetFunction(void** f, CUmodule m, const char* name) {
     void *bind = sym("__bind"), *run = sym("__run"), *release = sym("__release");
     if (!bind || !run || !release) return NOT_FOUND;
     auto coop = (int*)sym("__cooperative");
+    auto param_bytes = (size_t*)sym("__param_bytes");
     *f = new Function{(void* (*)(void**))bind,
                       (void (*)(void*))run,
                       (void (*)(void*))release,
                       (int (*)(unsigned, unsigned, void (*)(void*), void*))dlsym(lib, "host_run_grid"),
                       (void (*)(unsigned, unsigned, unsigned, unsigned))dlsym(lib, "host_thread"),
                       coop && *coop != 0,
-                      name};
+                      name,
+                      param_bytes ? *param_bytes : 0};
     return OK;
 }
 API CUresult cuFuncGetAttribute(int* v, int, void*) {
@@ -628,6 +703,13 @@ API CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, uns
         return INVALID_VALUE;
     }
     Function* f = (Function*)fp;
+    // The 4 KB of kernel parameters every CUDA version and GPU takes (larger lists need
+    // CUDA 12.1 and Volta or later, up to 32 KB).
+    if (f->param_bytes > 4096) {
+        fprintf(stderr, "emulated cuLaunchKernel: %s takes %zu bytes of parameters, past the 4096 a launch may pass\n",
+                f->name.c_str(), f->param_bytes);
+        return INVALID_VALUE;
+    }
     if (trace()) fprintf(stderr, "launch %s grid %u block %u%s\n", f->name.c_str(), gx, bx, f->cooperative ? " (cooperative)" : "");
     // The arguments are copied now, as the driver does; the grid runs when the stream does.
     std::shared_ptr<void> held(f->bind(params), f->release);

@@ -1,16 +1,25 @@
 // An emulated NCCL (libnccl.so.2) for the data-parallel tests: the ranks are threads of one
 // process, each with its emulated device (MANTISSA_EMU_DEVICES), joined by the id rank 0
-// makes. A collective is called by every rank; the call first runs the work queued before it
-// on its stream (so the send buffer holds what the stream order says), hands its data to the
-// round and waits for the other ranks' calls (a barrier on the host: NCCL's calls return at
-// once, but every rank must make them in the same order, which this checks), then queues the
-// writing of the result on the stream: the result appears when the stream runs there, and
-// the compute stream sees it only after waiting for this stream, as on a GPU.
+// makes. As NCCL's, a collective call checks its arguments, takes its place in the
+// communicator's sequence and returns at once; its work is queued on the stream
+// (later_waiting): when the stream reaches it, it reads the send buffer, hands its data to
+// the round and waits (stays queued, as a kernel that spins on the GPU) until every rank's
+// part has come, then writes the result. The compute stream sees it only after waiting for
+// this stream, as on a GPU.
 //
-// Failures as NCCL reports them: a rank that aborts its communicator (or never comes, past
-// MANTISSA_EMU_NCCL_TIMEOUT_S, default 60 s) breaks the clique: waiting calls return
-// ncclRemoteError and ncclCommGetAsyncError reports it. Ranks that call different collectives
-// (kind, count, dtype, op, root) in the same round get ncclInvalidUsage.
+// Failures as NCCL on one node shows them: none crosses to the peers. A rank that aborts or
+// destroys its communicator, or never calls a collective, leaves the others' collectives
+// waiting forever (the driver stops the process past MANTISSA_EMU_HANG_S, as a test run must
+// not hang): their own watchdog must give up and abort their communicator, which ends their
+// waiting work (its result unwritten). ncclCommAbort returns at once; ncclCommDestroy waits
+// for the communicator's queued collectives, as NCCL's does. A communicator made by
+// ncclCommInitRankConfig with blocking = 0 is ready once every rank has joined
+// (ncclCommGetAsyncError says ncclInProgress until then); ncclCommInitRank waits for them (at
+// most MANTISSA_EMU_NCCL_TIMEOUT_S, default 60 s). MANTISSA_EMU_NCCL_LOST_RANK=r makes rank r's
+// init fail without joining, as a process that dies between the rendezvous and NCCL's init.
+// Stricter than NCCL: ranks that call different collectives (kind, count, dtype, op, root)
+// in the same round get ncclInvalidUsage (NCCL would hang or mix the data), as does a
+// collective on a communicator that has not finished joining.
 // Sums are taken in double and rounded once to the dtype.
 
 #include "half.h"
@@ -18,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdio>
 #include <map>
@@ -29,7 +39,14 @@
 
 #define API extern "C" __attribute__((visibility("default")))
 
-enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
+enum {
+    SUCCESS = 0,
+    SYSTEM_ERROR = 2,
+    INVALID_ARGUMENT = 4,
+    INVALID_USAGE = 5,
+    REMOTE_ERROR = 6,
+    IN_PROGRESS = 7
+};
 enum { ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER };
 
 struct Id {
@@ -45,17 +62,22 @@ struct Round {
 
 struct Clique {
     int n;
-    std::vector<bool> left; // ranks whose communicator was destroyed
     int joined = 0;
-    bool failed = false;
-    std::string why;
+    bool misused = false; // ranks called different collectives
     std::map<uint64_t, Round> rounds;
 };
 
-struct Comm {
+// One rank's communicator; its queued collectives share it, and outlive an abort.
+struct State {
     std::shared_ptr<Clique> clique;
     int rank;
-    uint64_t seq = 0;
+    bool aborted = false;
+    uint64_t seq = 0;       // collectives called so far
+    int inflight = 0;       // queued and not yet run
+    void* stream = nullptr; // of the latest collective
+};
+struct Comm {
+    std::shared_ptr<State> s;
 };
 
 static std::mutex mu;
@@ -65,19 +87,6 @@ static std::map<std::string, std::shared_ptr<Clique>> cliques;
 static double timeout_s() {
     const char* v = getenv("MANTISSA_EMU_NCCL_TIMEOUT_S");
     return v ? atof(v) : 60.0;
-}
-
-// Waits (lock held) until `done` or the clique fails; false on failure or timeout.
-template <typename F> static bool wait_for(std::unique_lock<std::mutex>& g, Clique& c, F done) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s());
-    while (!done() && !c.failed) {
-        if (cv.wait_until(g, until) == std::cv_status::timeout && !done()) {
-            c.failed = true;
-            c.why = "a rank did not come within MANTISSA_EMU_NCCL_TIMEOUT_S";
-            cv.notify_all();
-        }
-    }
-    return !c.failed;
 }
 
 static size_t elem_size(int dtype) {
@@ -117,16 +126,17 @@ static StreamSync stream_sync() {
 }
 
 API int ncclGetVersion(int* v) {
-    *v = 23003;
+    *v = 21903;
     return SUCCESS;
 }
 API const char* ncclGetErrorString(int r) {
     switch (r) {
     case SUCCESS: return "no error";
-    case SYSTEM_ERROR: return "unhandled system error (emulated: a rank did not come in time)";
+    case SYSTEM_ERROR: return "unhandled system error (emulated: a rank did not join in time, or was lost)";
     case INVALID_ARGUMENT: return "invalid argument";
-    case INVALID_USAGE: return "invalid usage (emulated: ranks called different collectives)";
+    case INVALID_USAGE: return "invalid usage (emulated: ranks called different collectives, or a collective before the communicator was ready)";
     case REMOTE_ERROR: return "remote process exited or there was a network error";
+    case IN_PROGRESS: return "NCCL operation in progress";
     default: return "unknown result code";
     }
 }
@@ -138,50 +148,86 @@ API int ncclGetUniqueId(Id* id) {
              (long long)std::chrono::steady_clock::now().time_since_epoch().count());
     return SUCCESS;
 }
-API int ncclCommInitRank(Comm** out, int n, Id id, int rank) {
+// ncclConfig_t's first fields (NCCL reads those its size and version cover).
+struct Config {
+    size_t size;
+    unsigned magic, version;
+    int blocking;
+};
+static int init(Comm** out, int n, Id id, int rank, bool blocking) {
+    *out = nullptr;
     if (n < 1 || rank < 0 || rank >= n) return INVALID_ARGUMENT;
     std::string key(id.bytes, strnlen(id.bytes, 128));
     if (key.rfind("emulated-nccl-", 0) != 0) return INVALID_ARGUMENT;
+    const char* lost = getenv("MANTISSA_EMU_NCCL_LOST_RANK");
+    if (lost && atoi(lost) == rank) return SYSTEM_ERROR;
     std::unique_lock<std::mutex> g(mu);
     auto& c = cliques[key];
-    if (!c) c = std::make_shared<Clique>(Clique{n, std::vector<bool>(n)});
+    if (!c) c = std::make_shared<Clique>(Clique{n});
     if (c->n != n) return INVALID_USAGE;
     std::shared_ptr<Clique> clique = c;
     clique->joined++;
     cv.notify_all();
-    if (!wait_for(g, *clique, [&] { return clique->joined >= clique->n; })) return SYSTEM_ERROR;
-    *out = new Comm{clique, rank};
-    return SUCCESS;
-}
-static void break_clique(Comm* c, const char* why) {
-    std::lock_guard<std::mutex> g(mu);
-    if (!c->clique->failed) {
-        c->clique->failed = true;
-        c->clique->why = why;
+    auto ready = [&] { return clique->joined >= clique->n; };
+    if (blocking) {
+        auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s());
+        if (!cv.wait_until(g, until, ready)) {
+            clique->joined--;
+            return SYSTEM_ERROR;
+        }
     }
-    cv.notify_all();
+    *out = new Comm{std::make_shared<State>(State{clique, rank})};
+    return ready() ? SUCCESS : IN_PROGRESS;
 }
+API int ncclCommInitRank(Comm** out, int n, Id id, int rank) { return init(out, n, id, rank, true); }
+API int ncclCommInitRankConfig(Comm** out, int n, Id id, int rank, Config* cfg) {
+    bool blocking = true;
+    if (cfg) {
+        if (cfg->size < sizeof(Config) || cfg->magic != 0xcafebeef) {
+            fprintf(stderr, "emulated ncclCommInitRankConfig: a config not made as NCCL_CONFIG_INITIALIZER makes it\n");
+            return INVALID_ARGUMENT;
+        }
+        if (cfg->version >= 21400 && cfg->blocking != INT_MIN) blocking = cfg->blocking != 0;
+    }
+    return init(out, n, id, rank, blocking);
+}
+// Local, as NCCL's: the peers are not told. The communicator's queued work ends unwritten.
 API int ncclCommAbort(Comm* c) {
-    if (!c) return SUCCESS;
-    break_clique(c, "a rank aborted its communicator");
-    delete c;
-    return SUCCESS;
-}
-// A rank that leaves (its process ends) fails the rounds that wait for it, as a peer's
-// closed connection does.
-API int ncclCommDestroy(Comm* c) {
     if (!c) return SUCCESS;
     {
         std::lock_guard<std::mutex> g(mu);
-        c->clique->left[c->rank] = true;
-        cv.notify_all();
+        c->s->aborted = true;
     }
     delete c;
     return SUCCESS;
 }
-API int ncclCommGetAsyncError(Comm* c, int* err) {
+// Waits for the communicator's queued collectives (the stream runs them), then frees it; a
+// collective whose peers never come keeps it waiting, as NCCL's does.
+API int ncclCommDestroy(Comm* c) {
+    if (!c) return SUCCESS;
+    void* stream = nullptr;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        if (c->s->inflight > 0) stream = c->s->stream;
+    }
+    if (stream) stream_sync()(stream);
+    {
+        std::lock_guard<std::mutex> g(mu);
+        c->s->aborted = true;
+    }
+    delete c;
+    return SUCCESS;
+}
+API int ncclCommFinalize(Comm* c) {
+    if (!c) return INVALID_ARGUMENT;
     std::lock_guard<std::mutex> g(mu);
-    *err = c->clique->failed ? REMOTE_ERROR : SUCCESS;
+    return c->s->inflight > 0 ? IN_PROGRESS : SUCCESS;
+}
+API int ncclCommGetAsyncError(Comm* c, int* err) {
+    if (!c || !err) return INVALID_ARGUMENT;
+    std::lock_guard<std::mutex> g(mu);
+    const Clique& q = *c->s->clique;
+    *err = q.misused ? INVALID_USAGE : q.joined < q.n ? IN_PROGRESS : SUCCESS;
     return SUCCESS;
 }
 
@@ -190,64 +236,72 @@ static int collective(int kind, const void* send, void* recv, size_t count, int 
                       int root, Comm* c, void* stream) {
     size_t es = elem_size(dtype);
     if (!c || es == 0 || op < 0 || op > 4) return INVALID_ARGUMENT;
-    stream_sync()(stream); // what the stream order puts before this call
-    Clique& q = *c->clique;
-    int n = q.n;
-    size_t in = kind == REDUCE_SCATTER ? count * n : count;
-    std::vector<double> mine(in);
-    for (size_t i = 0; i < in; i++) mine[i] = get(send, dtype, i);
-    std::unique_lock<std::mutex> g(mu);
-    if (q.failed) return REMOTE_ERROR;
-    uint64_t seq = c->seq++;
-    auto [it, fresh] = q.rounds.try_emplace(seq);
-    Round& r = it->second;
-    if (fresh) {
-        r.kind = kind, r.dtype = dtype, r.op = op, r.root = root, r.count = count;
-        r.data.resize(n);
-    } else if (r.kind != kind || r.dtype != dtype || r.op != op || r.root != root ||
-               r.count != count) {
-        q.failed = true;
-        q.why = "ranks called different collectives";
-        cv.notify_all();
-        return INVALID_USAGE;
+    std::shared_ptr<State> st = c->s;
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        const Clique& q = *st->clique;
+        if (q.joined < q.n) {
+            fprintf(stderr, "emulated NCCL: a collective on a communicator that is still joining "
+                            "(poll ncclCommGetAsyncError until ncclSuccess first)\n");
+            return INVALID_USAGE;
+        }
+        if (q.misused) return INVALID_USAGE;
+        seq = st->seq++;
+        st->inflight++;
+        st->stream = stream;
     }
-    r.data[c->rank] = std::move(mine);
-    r.arrived++;
-    cv.notify_all();
-    auto all_here = [&] {
-        if (r.arrived == n) return true;
-        for (int k = 0; k < n; k++) {
-            if (q.left[k] && r.data[k].empty() && count > 0) {
-                q.failed = true;
-                q.why = "a rank left";
-                cv.notify_all();
+    later_waiting(stream, [=, deposited = false]() mutable {
+        std::lock_guard<std::mutex> g(mu);
+        Clique& q = *st->clique;
+        int n = q.n;
+        auto finish = [&] { return st->inflight--, true; };
+        if (st->aborted || q.misused) return finish();
+        if (!deposited) {
+            // The stream's earlier work has run: the send buffer holds what its order says.
+            size_t in = kind == REDUCE_SCATTER ? count * n : count;
+            std::vector<double> mine(in);
+            for (size_t i = 0; i < in; i++) mine[i] = get(send, dtype, i);
+            auto [it, fresh] = q.rounds.try_emplace(seq);
+            Round& r = it->second;
+            if (fresh) {
+                r.kind = kind, r.dtype = dtype, r.op = op, r.root = root, r.count = count;
+                r.data.resize(n);
+            } else if (r.kind != kind || r.dtype != dtype || r.op != op || r.root != root ||
+                       r.count != count) {
+                fprintf(stderr, "emulated NCCL: ranks called different collectives in round %llu\n",
+                        (unsigned long long)seq);
+                q.misused = true;
+                return finish();
             }
+            r.data[st->rank] = std::move(mine);
+            r.arrived++;
+            deposited = true;
         }
-        return false;
-    };
-    if (!wait_for(g, q, all_here)) return REMOTE_ERROR;
-    size_t out = kind == ALL_GATHER ? count * n : count;
-    std::vector<double> res(out);
-    auto reduce = [&](size_t i) {
-        double v = r.data[0][i];
-        for (int k = 1; k < n; k++) {
-            double w = r.data[k][i];
-            v = op == 1 ? v * w : op == 2 ? std::max(v, w) : op == 3 ? std::min(v, w) : v + w;
+        auto it = q.rounds.find(seq);
+        Round& r = it->second;
+        if (r.arrived < n) return false; // waits for the other ranks
+        size_t out = kind == ALL_GATHER ? count * n : count;
+        auto reduce = [&](size_t i) {
+            double v = r.data[0][i];
+            for (int k = 1; k < n; k++) {
+                double w = r.data[k][i];
+                v = op == 1 ? v * w : op == 2 ? std::max(v, w) : op == 3 ? std::min(v, w) : v + w;
+            }
+            return op == 4 ? v / n : v;
+        };
+        for (size_t i = 0; i < out; i++) {
+            double v;
+            switch (kind) {
+            case ALL_REDUCE: v = reduce(i); break;
+            case BROADCAST: v = r.data[root][i]; break;
+            case ALL_GATHER: v = r.data[i / count][i % count]; break;
+            default: v = reduce(st->rank * count + i);
+            }
+            put(recv, dtype, i, v);
         }
-        return op == 4 ? v / n : v;
-    };
-    for (size_t i = 0; i < out; i++) {
-        switch (kind) {
-        case ALL_REDUCE: res[i] = reduce(i); break;
-        case BROADCAST: res[i] = r.data[root][i]; break;
-        case ALL_GATHER: res[i] = r.data[i / count][i % count]; break;
-        default: res[i] = reduce(c->rank * count + i);
-        }
-    }
-    if (++r.taken == n) q.rounds.erase(it);
-    g.unlock();
-    later(stream, [recv, dtype, res = std::move(res)] {
-        for (size_t i = 0; i < res.size(); i++) put(recv, dtype, i, res[i]);
+        if (++r.taken == n) q.rounds.erase(it);
+        return finish();
     });
     return SUCCESS;
 }
@@ -256,7 +310,7 @@ API int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, Comm* c, 
     return collective(ALL_REDUCE, s, r, n, t, op, 0, c, st);
 }
 API int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, Comm* c, void* st) {
-    if (!c || root < 0 || root >= c->clique->n) return INVALID_ARGUMENT;
+    if (!c || root < 0 || root >= c->s->clique->n) return INVALID_ARGUMENT;
     return collective(BROADCAST, s, r, n, t, 0, root, c, st);
 }
 API int ncclAllGather(const void* s, void* r, size_t n, int t, Comm* c, void* st) {

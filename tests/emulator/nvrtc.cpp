@@ -63,7 +63,7 @@ static bool write(const std::string& path, const std::string& text) {
 
 // Per kernel: NAME__bind copies a launch's arguments (read through the launch's pointers by
 // the kernel's own parameter types), NAME__run calls the kernel with a copy, NAME__release
-// frees it.
+// frees it, NAME__param_bytes is the size of its parameter buffer.
 static const char* TRAMPOLINE = R"(
 #include <cstddef>
 #include <tuple>
@@ -84,6 +84,16 @@ template <typename... A> static void mantissa_run(void (*f)(A...), void* args) {
 }
 template <typename... A> static void mantissa_release(void (*)(A...), void* args) {
     delete static_cast<MantissaArgs<A...>*>(args);
+}
+// The bytes of the kernel's parameter buffer: each parameter at its own alignment, in order,
+// as the CUDA ABI lays them out.
+template <typename... A> static constexpr std::size_t mantissa_param_bytes(void (*)(A...)) {
+    std::size_t at = 0;
+    ((at = (at + alignof(std::remove_cvref_t<A>) - 1) / alignof(std::remove_cvref_t<A>) *
+                   alignof(std::remove_cvref_t<A>) +
+               sizeof(std::remove_cvref_t<A>)),
+     ...);
+    return at;
 }
 )";
 
@@ -210,6 +220,7 @@ API nvrtcResult nvrtcCompileProgram(Program* p, int nopts, const char* const* op
         tramp += "extern \"C\" void " + k + "__run(void* a) { mantissa_run(&" + k + ", a); }\n";
         tramp += "extern \"C\" void " + k + "__release(void* a) { mantissa_release(&" + k + ", a); }\n";
         tramp += "extern \"C\" int " + k + "__cooperative = " + (coop.count(k) ? "1" : "0") + ";\n";
+        tramp += "extern \"C\" std::size_t " + k + "__param_bytes = mantissa_param_bytes(&" + k + ");\n";
     }
     if (!write(base + ".cpp", text + tramp)) return NVRTC_ERROR_INVALID_INPUT;
     std::string so = base + ".so";

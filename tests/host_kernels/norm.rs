@@ -712,34 +712,86 @@ fn layer_norm_kernels_match_the_cpu_on_emulated_blocks() {
 
 /// `bn_scale_bias_f16`: batch norm's map `alpha (x - center) + gamma` as an f16 scale and
 /// bias, `[alpha | gamma - alpha center]`, over more channels than the grid's threads (the
-/// loop strides), each within one f16 rounding of the f32 value.
+/// loop strides), each within one f16 rounding of the f32 value; channels whose scale or
+/// bias passes f16's range come divided by the smallest power of two that brings both
+/// within 2^15, its factor beside them (1 for the others), and `wgrad_rescale_f16`
+/// multiplies a KRSC weight gradient's channels back by those factors.
 #[test]
 fn batch_norm_scale_and_bias_in_f16() {
     let Some(lib) = library("norm") else {
         return;
     };
-    type ScaleBias = unsafe extern "C" fn(*const f32, *mut half::f16, i64) -> ();
+    type ScaleBias = unsafe extern "C" fn(*const f32, *mut half::f16, *mut f32, i64) -> ();
+    type Rescale = unsafe extern "C" fn(*mut half::f16, *const f32, i64, i64) -> ();
     let kernel: ScaleBias = function(lib, "bn_scale_bias_f16");
+    let rescale: Rescale = function(lib, "wgrad_rescale_f16");
     let c = 37;
-    let coef: Vec<f32> = randn(&[4 * c], 60)
+    let mut coef: Vec<f32> = randn(&[4 * c], 60)
         .mul(3.0)
         .unwrap()
         .to_vec::<f32>()
         .unwrap();
+    // Channel 3's scale and channel 5's bias pass f16's 65504; channel 7's is not finite.
+    coef[3] = 9.0e4;
+    (coef[5], coef[c + 5]) = (2.0e3, -4.0e3);
+    coef[7] = f32::INFINITY;
     let mut out = vec![half::f16::NAN; 2 * c];
-    let (ka, oa) = (Addr::of(&coef), Addr::of_mut(&mut out));
+    let mut factor = vec![f32::NAN; c];
+    let (ka, oa, fa) = (
+        Addr::of(&coef),
+        Addr::of_mut(&mut out),
+        Addr::of_mut(&mut factor),
+    );
     run_grid(lib, 2, 8, || {
-        // SAFETY: coef holds 4 c values, out 2 c; each channel is written by one thread.
-        unsafe { kernel(ka.ptr(), oa.ptr(), c as i64) }
+        // SAFETY: coef holds 4 c values, out 2 c, factor c; each channel is written by one
+        // thread.
+        unsafe { kernel(ka.ptr(), oa.ptr(), fa.ptr(), c as i64) }
     });
     for k in 0..c {
         let (a, m, g) = (coef[k], coef[c + k], coef[2 * c + k]);
-        for (got, want, what) in [(out[k], a, "scale"), (out[c + k], g - a * m, "bias")] {
-            let got = got.to_f32();
+        let (scale, bias) = (a, g - a * m);
+        let big = scale.abs().max(bias.abs());
+        let want_factor = match big.is_finite() {
+            true => (0..)
+                .map(|e| 2f32.powi(e))
+                .find(|f| big / f <= 32768.0)
+                .unwrap(),
+            false => 1.0,
+        };
+        assert_eq!(factor[k], want_factor, "factor of channel {k}");
+        assert_eq!(factor[k] != 1.0, [3, 5].contains(&k), "channel {k}");
+        for (got, want, what) in [(out[k], scale, "scale"), (out[c + k], bias, "bias")] {
+            let (got, want) = (got.to_f32() * factor[k], want);
+            if !want.is_finite() {
+                assert_eq!(got, want, "{what} of channel {k}");
+                continue;
+            }
             assert!(
-                (got - want).abs() <= want.abs() * 2f32.powi(-11) * 1.01 + 1e-7,
+                (got - want).abs() <= want.abs() * 2f32.powi(-11) * 1.01 + 1e-7 * factor[k],
                 "{what} of channel {k}: {got} vs {want}"
             );
         }
+    }
+    // A weight gradient [2, 3, 3, c] (KRSC): each channel's values times its factor.
+    let n = 2 * 3 * 3 * c;
+    let dw: Vec<half::f16> = randn(&[n], 61)
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| half::f16::from_f32(v))
+        .collect();
+    let mut scaled = dw.clone();
+    let (sa, fa) = (Addr::of_mut(&mut scaled), Addr::of(&factor));
+    run_grid(lib, 3, 8, || {
+        // SAFETY: scaled holds n values, factor c; each value is written by one thread.
+        unsafe { rescale(sa.ptr(), fa.ptr(), n as i64, c as i64) }
+    });
+    for i in 0..n {
+        let f = factor[i % c];
+        let want = match f == 1.0 {
+            true => dw[i],
+            false => half::f16::from_f32(dw[i].to_f32() * f),
+        };
+        assert_eq!(scaled[i].to_bits(), want.to_bits(), "element {i}");
     }
 }

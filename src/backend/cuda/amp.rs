@@ -169,19 +169,11 @@ fn launch_unscale(
             .filter(|(_, p)| *p == (from, to))
             .map(|(e, _)| *e)
             .collect();
-        let name = format!("amp_unscale_{}_{}", kname(OP, from)?, kname(OP, to)?);
+        let name = kname!("amp_unscale_", kname(OP, from)?, "_", kname(OP, to)?);
         for list in lists(&these) {
             // A block of 256 threads per chunk (the kernel strides past 65,535).
             let cfg = rows_grid(list.chunks());
-            launch!(
-                inv_scale,
-                KernelFile::Amp,
-                name.clone(),
-                cfg,
-                &list,
-                &ip,
-                &fp
-            );
+            launch!(inv_scale, KernelFile::Amp, name, cfg, &list, &ip, &fp);
         }
     }
     Ok(())
@@ -217,12 +209,12 @@ pub(crate) fn sum_squares(grads: &[&CudaStorage]) -> Result<CudaStorage> {
             .filter(|g| g.dtype() == dtype)
             .map(|g| (g.ptr(), 0, g.len()))
             .collect();
-        let name = format!("amp_sum_squares_{}", kname(OP, dtype)?);
+        let name = kname!("amp_sum_squares_", kname(OP, dtype)?);
         for list in lists(&entries) {
             // This list's chunks write their sums after the lists before it.
             let pp = partial.ptr_at(done);
             let cfg = rows_grid(list.chunks());
-            launch!(first, KernelFile::Amp, name.clone(), cfg, &list, &pp);
+            launch!(first, KernelFile::Amp, name, cfg, &list, &pp);
             done += list.chunks();
         }
     }
@@ -244,7 +236,7 @@ pub(crate) fn update_scale(
         scalar(OP, s)?;
     }
     let (sp, tp, fp) = (scale.ptr(), tracker.ptr(), found_inf.ptr());
-    let name = "amp_update_scale".to_string();
+    let name = "amp_update_scale";
     launch!(
         scale,
         KernelFile::Amp,

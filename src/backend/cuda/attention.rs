@@ -62,7 +62,7 @@ pub(crate) fn attention(
     launch!(
         q,
         KernelFile::Attention,
-        format!("attn_forward_{t}"),
+        kname!("attn_forward_", t),
         tiles(d.b, d.l),
         &qp,
         &kp,
@@ -111,7 +111,7 @@ pub(crate) fn attention_backward(
     launch!(
         q,
         KernelFile::Attention,
-        format!("attn_backward_q_{t}"),
+        kname!("attn_backward_q_", t),
         tiles(d.b, d.l),
         &qp,
         &kp,
@@ -132,7 +132,7 @@ pub(crate) fn attention_backward(
     launch!(
         q,
         KernelFile::Attention,
-        format!("attn_backward_kv_{t}"),
+        kname!("attn_backward_kv_", t),
         tiles(d.b, d.s),
         &qp,
         &kp,

@@ -2,16 +2,19 @@
 //! call, the bias added to the f32 accumulator before the result is rounded to the output
 //! dtype, instead of a broadcast copy of the bias followed by a GEMM with `beta = 1`; with the
 //! ReLU, `Sequential`'s Linear + ReLU pairs in one call too. The cuBLAS path in `ops.rs`
-//! remains for everything else and whenever cuBLASLt offers no algorithm.
+//! remains for everything else and whenever cuBLASLt offers no algorithm. Each shape's
+//! descriptors and algorithm are built once and cached; the products run in the workspace
+//! the runtime gives cuBLAS (`libraries.rs`).
 
 use super::runtime::CudaRuntime;
-use super::storage::CudaStorage;
 use super::tf32::product_tf32;
-use crate::{DType, Error, Result};
+use crate::sync::lock;
+use crate::{DType, Device, Error, Result};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys;
 use cudarc::driver::sys::CUdeviceptr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// How cuBLAS reads one operand: its batch stride and, per matrix, whether it is stored
 /// row-major (`false`) or as the transpose of a row-major matrix (`true`), with the leading
@@ -22,9 +25,6 @@ pub(crate) struct Operand {
     pub(crate) transposed: bool,
     pub(crate) ld: i64,
 }
-
-/// Workspace offered to cuBLASLt's algorithms (from the caching allocator, per call).
-const WORKSPACE: usize = 4 << 20;
 
 /// Descriptors destroyed on drop.
 struct Layout(sys::cublasLtMatrixLayout_t);
@@ -58,9 +58,164 @@ fn alignment(ptr: CUdeviceptr) -> u32 {
     }
 }
 
+/// Everything a product's descriptors and algorithm depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    device: Device,
+    dtype: DType,
+    tf32: bool,
+    mnk: (usize, usize, usize),
+    /// Each operand's transpose and leading dimension (`a`, then `b`).
+    ops: [(bool, i64); 2],
+    relu: bool,
+    /// Of `b`, `a`, the output (cuBLASLt's A, B, C and D).
+    aligns: [u32; 3],
+    workspace: usize,
+}
+
+/// A product's layouts, descriptor and chosen algorithm, built once per [`Key`]. The bias
+/// pointer is set on `desc` at each call, under the device's cuBLASLt lock.
+struct Plan {
+    la: Layout,
+    lb: Layout,
+    ld: Layout,
+    desc: Desc,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: a plan's descriptors are host objects cuBLASLt does not tie to a thread; the one
+// change made after they are built (the bias pointer) and every use happen under the
+// cuBLASLt handle's lock of the plan's device (`with_blas_lt`), one thread at a time.
+unsafe impl Send for Plan {}
+// SAFETY: as above: shared references only reach the descriptors under that lock.
+unsafe impl Sync for Plan {}
+
+/// The plans built so far; `None` where cuBLASLt offered no algorithm (not asked again).
+fn plans() -> &'static Mutex<HashMap<Key, Option<Arc<Plan>>>> {
+    static PLANS: OnceLock<Mutex<HashMap<Key, Option<Arc<Plan>>>>> = OnceLock::new();
+    PLANS.get_or_init(Default::default)
+}
+
+/// How many product shapes have their cuBLASLt descriptors and algorithm cached (each is
+/// built once, at its first product, not per call).
+pub(crate) fn plans_cached() -> usize {
+    lock(plans()).len()
+}
+
+/// The compute and data types cuBLASLt takes for `dtype` (TF32 with `tf32`).
+fn types(dtype: DType, tf32: bool) -> (sys::cudaDataType_t, sys::cublasComputeType_t) {
+    use sys::cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
+    use sys::cudaDataType_t::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
+    match dtype {
+        DType::F32 if tf32 => (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
+        DType::F32 => (CUDA_R_32F, CUBLAS_COMPUTE_32F),
+        DType::F16 => (CUDA_R_16F, CUBLAS_COMPUTE_32F),
+        _ => (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
+    }
+}
+
+/// Builds the plan for `key` on `h`: `Ok(None)` when cuBLASLt has no algorithm for it.
+fn build(
+    h: sys::cublasLtHandle_t,
+    key: &Key,
+    fail: &dyn Fn(&str, CublasError) -> Error,
+) -> Result<Option<Plan>> {
+    let (ty, compute) = types(key.dtype, key.tf32);
+    let (m, n, k) = key.mnk;
+    let [(ta, lda), (tb, ldb)] = key.ops;
+    // Row-major `out = a b` is column-major `out^T = b^T a^T`: cuBLASLt's A is `b` (n x k
+    // after its op), its B is `a` (k x m), its D is `out^T` (n x m, ld n); the bias runs
+    // along D's rows, the output features.
+    let stored = |transposed: bool, rows: usize, cols: usize| match transposed {
+        true => (cols as u64, rows as u64),
+        false => (rows as u64, cols as u64),
+    };
+    let (ar, ac) = stored(tb, n, k);
+    let (br, bc) = stored(ta, k, m);
+    let layout = |r: u64, c: u64, ld: i64| {
+        lt::create_matrix_layout(ty, r, c, ld)
+            .map(Layout)
+            .map_err(|e| fail("a matrix layout", e))
+    };
+    let (la, lb, ld) = (
+        layout(ar, ac, ldb)?,
+        layout(br, bc, lda)?,
+        layout(n as u64, m as u64, n as i64)?,
+    );
+    let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)
+        .map(Desc)
+        .map_err(|e| fail("a matmul descriptor", e))?;
+    let pref = lt::create_matmul_pref()
+        .map(Pref)
+        .map_err(|e| fail("a preference", e))?;
+    // cublasOperation_t as its value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+    let (op_a, op_b) = (tb as i32, ta as i32);
+    use sys::cublasLtMatmulDescAttributes_t as D;
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    let epilogue = match key.relu {
+        true => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+        false => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+    };
+    let [align_a, align_b, align_d] = key.aligns;
+    let size = key.workspace;
+    // SAFETY: each attribute value is a live local of the size passed with it; the
+    // descriptors are alive until the end of this function or kept in the plan.
+    let heuristic = unsafe {
+        for (a, (p, s)) in [
+            (D::CUBLASLT_MATMUL_DESC_TRANSA, attr(&op_a)),
+            (D::CUBLASLT_MATMUL_DESC_TRANSB, attr(&op_b)),
+            (D::CUBLASLT_MATMUL_DESC_EPILOGUE, attr(&epilogue)),
+        ] {
+            lt::set_matmul_desc_attribute(desc.0, a, p, s)
+                .map_err(|e| fail("a descriptor attribute", e))?;
+        }
+        for (a, (p, s)) in [
+            (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, attr(&size)),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                attr(&align_a),
+            ),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                attr(&align_b),
+            ),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                attr(&align_d),
+            ),
+            (
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                attr(&align_d),
+            ),
+        ] {
+            lt::set_matmul_pref_attribute(pref.0, a, p, s)
+                .map_err(|e| fail("a preference attribute", e))?;
+        }
+        lt::get_matmul_algo_heuristic(h, desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
+    };
+    match heuristic {
+        Ok(found) => Ok(Some(Plan {
+            la,
+            lb,
+            ld,
+            desc,
+            algo: found.algo,
+        })),
+        Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
+        Err(e) => Err(fail("choosing an algorithm", e)),
+    }
+}
+
+/// An attribute value's address and size.
+fn attr<T>(v: &T) -> (*const std::ffi::c_void, usize) {
+    (v as *const T as *const _, std::mem::size_of::<T>())
+}
+
 /// `out [m, n] (row-major, contiguous) = a [m, k] b [k, n] + bias [n]`, then ReLU with
-/// `relu`, for operands cuBLAS can read in place (`oa`, `ob`, batch 1). `Ok(false)` when
-/// cuBLASLt has no algorithm for it: the caller then takes another path.
+/// `relu`, for operands cuBLAS can read in place (`oa`, `ob`, batch 1), in the runtime's
+/// cuBLAS workspace. `Ok(false)` when cuBLASLt has no algorithm for it: the caller then
+/// takes another path. The descriptors and the algorithm are built at the first product of
+/// each shape and reused ([`plans_cached`]).
 pub(crate) fn gemm_bias(
     rt: &Arc<CudaRuntime>,
     dtype: DType,
@@ -71,25 +226,17 @@ pub(crate) fn gemm_bias(
     relu: bool,
 ) -> Result<bool> {
     let device = rt.device();
-    let (ty, compute) = match dtype {
-        DType::F32 if product_tf32() => (
-            sys::cudaDataType_t::CUDA_R_32F,
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-        ),
-        DType::F32 => (
-            sys::cudaDataType_t::CUDA_R_32F,
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        ),
-        DType::F16 => (
-            sys::cudaDataType_t::CUDA_R_16F,
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        ),
-        _ => (
-            sys::cudaDataType_t::CUDA_R_16BF,
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        ),
+    let (ws, workspace) = rt.blas_workspace().unwrap_or((0, 0));
+    let key = Key {
+        device,
+        dtype,
+        tf32: dtype == DType::F32 && product_tf32(),
+        mnk: (m, n, k),
+        ops: [(oa.transposed, oa.ld), (ob.transposed, ob.ld)],
+        relu,
+        aligns: [ob.ptr, oa.ptr, out].map(alignment),
+        workspace,
     };
-    let ws = CudaStorage::alloc_on(rt, DType::U8, WORKSPACE)?;
     let fail = |what: &str, e: CublasError| Error::CudaLibraryStatus {
         lib: "cuBLASLt",
         op: "matmul",
@@ -97,87 +244,17 @@ pub(crate) fn gemm_bias(
         status: format!("{:?}", e.0),
         what: format!("{what} ({m}x{k} @ {k}x{n} + bias, relu {relu}, {dtype:?})"),
     };
-    // Row-major `out = a b` is column-major `out^T = b^T a^T`: cuBLASLt's A is `b` (n x k
-    // after its op), its B is `a` (k x m), its D is `out^T` (n x m, ld n); the bias runs
-    // along D's rows, the output features.
-    let stored = |o: &Operand, rows: usize, cols: usize| match o.transposed {
-        true => (cols as u64, rows as u64),
-        false => (rows as u64, cols as u64),
-    };
-    let (ar, ac) = stored(ob, n, k);
-    let (br, bc) = stored(oa, k, m);
-    let layout = |r: u64, c: u64, ld: i64| {
-        lt::create_matrix_layout(ty, r, c, ld)
-            .map(Layout)
-            .map_err(|e| fail("a matrix layout", e))
-    };
-    let (la, lb, ld) = (
-        layout(ar, ac, ob.ld)?,
-        layout(br, bc, oa.ld)?,
-        layout(n as u64, m as u64, n as i64)?,
-    );
-    let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)
-        .map(Desc)
-        .map_err(|e| fail("a matmul descriptor", e))?;
-    let pref = lt::create_matmul_pref()
-        .map(Pref)
-        .map_err(|e| fail("a preference", e))?;
-    // cublasOperation_t as its value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
-    let op = |t: bool| t as i32;
-    use sys::cublasLtMatmulDescAttributes_t as D;
-    use sys::cublasLtMatmulPreferenceAttributes_t as P;
-    let (ta, tb) = (op(ob.transposed), op(oa.transposed));
-    let epilogue = match relu {
-        true => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
-        false => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-    };
-    let aligns = [ob.ptr, oa.ptr, out, out].map(alignment);
-    // SAFETY: each attribute value is a live local of the size passed with it; the handles
-    // are alive until the end of this function.
-    let heuristic = unsafe {
-        fn attr<T>(v: &T) -> (*const std::ffi::c_void, usize) {
-            (v as *const T as *const _, std::mem::size_of::<T>())
+    let known = lock(plans()).get(&key).cloned();
+    let plan = match known {
+        Some(plan) => plan,
+        None => {
+            let built = rt.with_blas_lt(|h| build(h, &key, &fail))??.map(Arc::new);
+            lock(plans()).insert(key, built.clone());
+            built
         }
-        for (a, (p, s)) in [
-            (D::CUBLASLT_MATMUL_DESC_TRANSA, attr(&ta)),
-            (D::CUBLASLT_MATMUL_DESC_TRANSB, attr(&tb)),
-            (D::CUBLASLT_MATMUL_DESC_EPILOGUE, attr(&epilogue)),
-            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, attr(&bias)),
-        ] {
-            lt::set_matmul_desc_attribute(desc.0, a, p, s)
-                .map_err(|e| fail("a descriptor attribute", e))?;
-        }
-        let size = WORKSPACE;
-        for (a, (p, s)) in [
-            (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, attr(&size)),
-            (
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                attr(&aligns[0]),
-            ),
-            (
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                attr(&aligns[1]),
-            ),
-            (
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                attr(&aligns[2]),
-            ),
-            (
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                attr(&aligns[3]),
-            ),
-        ] {
-            lt::set_matmul_pref_attribute(pref.0, a, p, s)
-                .map_err(|e| fail("a preference attribute", e))?;
-        }
-        rt.with_blas_lt(|h| {
-            lt::get_matmul_algo_heuristic(h, desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
-        })?
     };
-    let heuristic = match heuristic {
-        Ok(h) => h,
-        Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => return Ok(false),
-        Err(e) => return Err(fail("choosing an algorithm", e)),
+    let Some(plan) = plan else {
+        return Ok(false);
     };
     let (alpha, beta) = (1.0f32, 0.0f32);
     let stream = rt.stream().cu_stream() as sys::cudaStream_t;
@@ -193,30 +270,37 @@ pub(crate) fn gemm_bias(
         2 * m64 * n64 * k64,
         (m64 * k64 + k64 * n64 + m64 * n64 + n64) * elem,
     );
-    // SAFETY: the operands address matrices of the stated shapes on this device, the bias `n`
-    // elements, `out` `m * n`; the workspace outlives the call's work on the stream (a freed
-    // block is reused only by later work on the same stream).
-    rt.with_blas_lt(|h| unsafe {
-        lt::matmul(
-            h,
-            desc.0,
-            &alpha as *const f32 as *const _,
-            &beta as *const f32 as *const _,
-            ob.ptr as *const _,
-            la.0,
-            oa.ptr as *const _,
-            lb.0,
-            out as *const _,
-            ld.0,
-            out as *mut _,
-            ld.0,
-            &heuristic.algo,
-            ws.ptr() as *mut _,
-            WORKSPACE,
-            stream,
-        )
-    })?
-    .map_err(|e| fail("cublasLtMatmul", e))?;
+    rt.with_blas_lt(|h| {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        let (p, s) = attr(&bias);
+        // SAFETY: the bias pointer is a live local of its size; the descriptor is the plan's,
+        // changed and used only under this handle's lock (held here). The operands address
+        // matrices of the stated shapes on this device, the bias `n` elements, `out`
+        // `m * n`; the workspace holds `workspace` bytes for the runtime's life.
+        unsafe {
+            lt::set_matmul_desc_attribute(plan.desc.0, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p, s)
+                .map_err(|e| fail("the bias pointer", e))?;
+            lt::matmul(
+                h,
+                plan.desc.0,
+                &alpha as *const f32 as *const _,
+                &beta as *const f32 as *const _,
+                ob.ptr as *const _,
+                plan.la.0,
+                oa.ptr as *const _,
+                plan.lb.0,
+                out as *const _,
+                plan.ld.0,
+                out as *mut _,
+                plan.ld.0,
+                &plan.algo,
+                ws as *mut _,
+                workspace,
+                stream,
+            )
+            .map_err(|e| fail("cublasLtMatmul", e))
+        }
+    })??;
     if let Some(p) = prof {
         p.end();
     }

@@ -288,6 +288,16 @@ fn run_piece(
         .unwrap_or_else(|p| p.into_inner())
         .get(&key)
         .copied();
+    if known.is_none() && key.benchmark {
+        rt.refuse_in_capture(
+            &format!(
+                "cuDNN's benchmark search for a new {} convolution",
+                pass.op()
+            ),
+            "it times the candidates, synchronising the device; the step's eager warm-up \
+             calls choose every shape's algorithm",
+        )?;
+    }
     rt.with_cudnn(|h| -> Result<()> {
         let candidates = match known {
             Some(c) => vec![c],

@@ -9,7 +9,10 @@
 //! vectors). cuDNN's operands are f16 here, scale and bias included: `bn_scale_bias_f16`
 //! rounds them from batch norm's f32 coefficients, so the input the convolution sees differs
 //! from the made output by that rounding (relative 2^-11 of `alpha x` and of the bias, which
-//! grows with |mean| / std). Anything else, and any graph cuDNN declines (remembered per
+//! grows with |mean| / std). A channel whose scale or bias would pass f16's range is given
+//! divided by a power of two and its gradient multiplied back after the graph
+//! (`wgrad_rescale_f16`: one small pass over the weight's gradient), so it stays finite and
+//! equal to the unfused path's. Anything else, and any graph cuDNN declines (remembered per
 //! shape), makes the output and runs the plain weight gradient.
 
 use super::conv::operands;
@@ -139,8 +142,14 @@ fn build(h: sys::cudnnHandle_t, d: &ConvDims, relu: bool) -> Result<Built> {
 }
 
 /// The f16 scale and bias `[2, c]` of batch norm's map from its coefficients `coef` (`[4, c]`
-/// f32, dense at `lc`'s offset): `bn_scale_bias_f16`.
-fn scale_bias(x: &CudaStorage, coef: &CudaStorage, lc: &Layout, c: usize) -> Result<CudaStorage> {
+/// f32, dense at `lc`'s offset), and the f32 factor `[c]` each channel's pair was divided by
+/// to stay within f16's range (1 for all but extreme channels): `bn_scale_bias_f16`.
+fn scale_bias(
+    x: &CudaStorage,
+    coef: &CudaStorage,
+    lc: &Layout,
+    c: usize,
+) -> Result<(CudaStorage, CudaStorage)> {
     let op = "conv2d_backward_weight";
     let dense = lc.shape() == [4, c] && lc.is_contiguous();
     if coef.dtype() != DType::F32 || !dense || coef.len() < lc.offset() + 3 * c {
@@ -154,19 +163,24 @@ fn scale_bias(x: &CudaStorage, coef: &CudaStorage, lc: &Layout, c: usize) -> Res
         ));
     }
     let out = CudaStorage::alloc_on(x.rt(), DType::F16, 2 * c)?;
-    let (cp, op_) = (coef.ptr_at(lc.offset()), out.ptr());
-    let cfg = LaunchConfig {
-        grid_dim: (c.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let factor = CudaStorage::alloc_on(x.rt(), DType::F32, c)?;
+    let (cp, op_, fp) = (coef.ptr_at(lc.offset()), out.ptr(), factor.ptr());
     let ci = c as i64;
-    let bytes = elems(3 * c, DType::F32) + elems(2 * c, DType::F16);
+    let bytes = elems(3 * c, DType::F32) + elems(2 * c, DType::F16) + elems(c, DType::F32);
     launch!(
         bytes = bytes;
-        x, KernelFile::Norm, "bn_scale_bias_f16".to_string(), cfg, &cp, &op_, &ci
+        x, KernelFile::Norm, "bn_scale_bias_f16", grid(c), &cp, &op_, &fp, &ci
     );
-    Ok(out)
+    Ok((out, factor))
+}
+
+/// A block of 256 threads per 256 items, at most 65,535 blocks (the kernels stride).
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// See [`crate::backend::ConvOps::conv2d_backward_weight_affine`]: the weight's gradient of
@@ -202,7 +216,7 @@ pub(crate) fn conv2d_backward_weight_affine(
     let Some(plan) = plan else {
         return Ok(None);
     };
-    let sb = scale_bias(x, coef, lc, d.c)?;
+    let (sb, factor) = scale_bias(x, coef, lc, d.c)?;
     let dw = CudaStorage::alloc_on(&rt, DType::F16, d.o * d.c * d.kh * d.kw)?;
     let fused = Fused {
         plans: plans(relu),
@@ -219,5 +233,16 @@ pub(crate) fn conv2d_backward_weight_affine(
     // the handle's stream is the runtime's, which orders these buffers' uses (the scale and
     // bias kernel ran on it before).
     let done = rt.with_cudnn(|h| unsafe { fused.run(&rt, h, &plan, d, &UIDS, &ptrs) })??;
-    Ok(done.then_some(dw))
+    if !done {
+        return Ok(None);
+    }
+    // The channels whose scale and bias were divided to fit f16 get their gradient
+    // multiplied back.
+    let (dp, fp) = (dw.ptr(), factor.ptr());
+    let (n, ci) = ((d.o * d.c * d.kh * d.kw) as i64, d.c as i64);
+    launch!(
+        bytes = elems(d.c, DType::F32);
+        x, KernelFile::Norm, "wgrad_rescale_f16", grid(n as usize), &dp, &fp, &n, &ci
+    );
+    Ok(Some(dw))
 }

@@ -97,8 +97,11 @@ pub(crate) fn as_rows(src: &Layout, dst: &Layout) -> Option<(usize, usize, usize
 /// Runs `copies` (all of elements `width` bytes wide) in one launch per list; `s` names the
 /// device.
 pub(super) fn run(s: &CudaStorage, width: usize, copies: &[Copy2d]) -> Result<()> {
-    let bits = match width {
-        1 | 2 | 4 | 8 => width * 8,
+    let name = match width {
+        1 => "copy_list_u8",
+        2 => "copy_list_u16",
+        4 => "copy_list_u32",
+        8 => "copy_list_u64",
         _ => {
             return Err(Error::invalid(
                 "cat",
@@ -106,13 +109,12 @@ pub(super) fn run(s: &CudaStorage, width: usize, copies: &[Copy2d]) -> Result<()
             ))
         }
     };
-    let name = format!("copy_list_u{bits}");
     for (list, part) in lists(copies).iter().zip(copies.chunks(LIST)) {
         let n: usize = part.iter().map(|c| c.rows * c.cols).sum();
         // A block of 256 threads per chunk (the kernel strides past 65,535).
         let cfg = rows_grid(list.chunks as usize);
         let bytes = 2 * elems(n, s.dtype());
-        launch!(bytes = bytes; s, KernelFile::Cast, name.clone(), cfg, list);
+        launch!(bytes = bytes; s, KernelFile::Cast, name, cfg, list);
     }
     Ok(())
 }

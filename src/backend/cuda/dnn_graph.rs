@@ -308,6 +308,13 @@ pub(super) fn plan_for(
     if let Some(known) = cached(plans, key) {
         return Ok(known);
     }
+    if crate::capture::active() {
+        return Err(crate::capture::refuse(
+            format!("building a cuDNN plan for {what} at its first use"),
+            "finalizing a plan may compile and load kernels, which a capture does not allow; \
+             the step's eager warm-up calls build it",
+        ));
+    }
     let plan = match build()? {
         Built::Plan(plan) => Some(Arc::new(plan)),
         Built::Declined(why) => {

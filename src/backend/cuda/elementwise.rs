@@ -27,7 +27,7 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
             bytes = 2 * elems(n, x.dtype());
             x,
             KernelFile::Elementwise,
-            format!("unary_{t}"),
+            kname!("unary_", t),
             // At least four elements a thread (one vector of f32, half of one of f16).
             grid(n.div_ceil(4)),
             &code,
@@ -39,7 +39,7 @@ pub(crate) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
         );
     } else {
         let (src, st) = (x.ptr(), Strided::new("unary", l)?);
-        let name = format!("unary_strided_{t}");
+        let name = kname!("unary_strided_", t);
         launch!(
             bytes = view_bytes(l, x.dtype()) + elems(n, x.dtype());
             x,
@@ -76,7 +76,7 @@ pub(crate) fn unary_grad(
             bytes = 3 * elems(n, x.dtype());
             x,
             KernelFile::Elementwise,
-            format!("unary_grad_contiguous_{t}"),
+            kname!("unary_grad_contiguous_", t),
             // At least four elements a thread, as the forward.
             grid(n.div_ceil(4)),
             &code,
@@ -94,7 +94,7 @@ pub(crate) fn unary_grad(
         g.ptr(),
         Strided::new("unary_grad", lg)?,
     );
-    let name = format!("unary_grad_{t}");
+    let name = kname!("unary_grad_", t);
     launch!(
         bytes = view_bytes(lx, x.dtype()) + view_bytes(lg, g.dtype()) + elems(n, x.dtype());
         x,
@@ -125,7 +125,7 @@ pub(crate) fn binary(
         // Integer counters (a batch-norm's batches tracked) and masks stay on the device too,
         // with the CPU's integer arithmetic (truncated, saturated).
         let out = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
-        let name = format!("binary_strided_{}", kname("binary", x.dtype())?);
+        let name = kname!("binary_strided_", kname("binary", x.dtype())?);
         strided_pair(x, lx, y, ly, op.code(), name, &out)?;
         return Ok(out);
     }
@@ -139,7 +139,7 @@ pub(crate) fn binary(
             bytes = 3 * elems(n, x.dtype());
             x,
             KernelFile::Elementwise,
-            format!("binary_{t}"),
+            kname!("binary_", t),
             grid(n.div_ceil(4)),
             &code,
             &a,
@@ -148,7 +148,7 @@ pub(crate) fn binary(
             &n64
         );
     } else {
-        strided_pair(x, lx, y, ly, code, format!("binary_strided_{t}"), &out)?;
+        strided_pair(x, lx, y, ly, code, kname!("binary_strided_", t), &out)?;
     }
     Ok(out)
 }
@@ -163,7 +163,7 @@ pub(crate) fn cmp(
     same_dtype("cmp", x, y)?;
     let t = kname("cmp", x.dtype())?;
     let out = CudaStorage::alloc_on(x.rt(), DType::U8, lx.numel())?;
-    strided_pair(x, lx, y, ly, op.code(), format!("cmp_{t}"), &out)?;
+    strided_pair(x, lx, y, ly, op.code(), kname!("cmp_", t), &out)?;
     Ok(out)
 }
 
@@ -175,7 +175,7 @@ fn strided_pair(
     y: &CudaStorage,
     ly: &Layout,
     code: i32,
-    name: String,
+    name: &'static str,
     out: &CudaStorage,
 ) -> Result<()> {
     let n = lx.numel();
@@ -223,7 +223,7 @@ pub(crate) fn where_cond(
     let (m, sm) = (c.ptr(), Strided::new("where", lc)?);
     let (a, sa) = (x.ptr(), Strided::new("where", lx)?);
     let (b, sb) = (y.ptr(), Strided::new("where", ly)?);
-    let name = format!("where_{t}");
+    let name = kname!("where_", t);
     let bytes = view_bytes(lc, DType::U8)
         + view_bytes(lx, x.dtype())
         + view_bytes(ly, y.dtype())

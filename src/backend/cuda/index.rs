@@ -91,7 +91,12 @@ fn take(
     select: bool,
 ) -> Result<CudaStorage> {
     expect_indices(op, idx)?;
-    let width = x.dtype().size_in_bytes() * 8;
+    let width = match x.dtype().size_in_bytes() {
+        1 => "u8",
+        2 => "u16",
+        4 => "u32",
+        _ => "u64",
+    };
     let n: usize = out_shape.iter().product();
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), n)?;
     if n == 0 {
@@ -111,7 +116,7 @@ fn take(
             launch!(
                 x,
                 KernelFile::Index,
-                format!("take_u{width}"),
+                kname!("take_", width),
                 grid(n),
                 &xp,
                 &base,
@@ -151,7 +156,7 @@ fn check_only(
             launch!(
                 like,
                 KernelFile::Index,
-                "check_indices".to_string(),
+                "check_indices",
                 grid(n),
                 &ip,
                 &n64,
@@ -217,7 +222,7 @@ fn add_at(
             launch!(
                 dst,
                 KernelFile::Index,
-                format!("add_at_{t}"),
+                kname!("add_at_", t),
                 grid(n),
                 &dp,
                 &dbase,
@@ -290,7 +295,7 @@ fn add_pairs(
     launch!(
         dst,
         KernelFile::Index,
-        format!("add_groups_{t}"),
+        kname!("add_groups_", t),
         grid(groups),
         &dptr,
         &dpp,

@@ -45,7 +45,7 @@ pub(crate) fn layer_norm(
     let stats = CudaStorage::alloc_on(x.rt(), DType::F32, 2 * rows)?;
     let (xp, yp, sp) = (x.ptr(), y.ptr(), stats.ptr());
     let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
-    let name = format!("ln_forward_{t}");
+    let name = kname!("ln_forward_", t);
     let cfg = super::storage::rows_grid(rows);
     let vectors = [wp, bp].iter().filter(|&&p| p != 0).count() as u64;
     let bytes = 2 * elems(lx.numel(), x.dtype())
@@ -85,7 +85,7 @@ pub(crate) fn layer_norm_backward(
     let dx = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
     let (dp, xp, sp, op_) = (dy.ptr(), x.ptr(), stats.ptr(), dx.ptr());
     let (r64, c64) = (rows as i64, cols as i64);
-    let name = format!("ln_backward_{t}");
+    let name = kname!("ln_backward_", t);
     let cfg = super::storage::rows_grid(rows);
     let vectors = u64::from(wp != 0);
     let bytes = 3 * elems(lx.numel(), x.dtype())

@@ -52,7 +52,7 @@ pub(crate) fn cross_entropy(
             bytes = bytes;
             x,
             KernelFile::SoftmaxXent,
-            format!("xent_rows_{t}"),
+            kname!("xent_rows_", t),
             rows_grid(rows),
             &xp,
             &tp,
@@ -103,7 +103,7 @@ pub(crate) fn cross_entropy_backward(
         bytes = bytes;
         x,
         KernelFile::SoftmaxXent,
-        format!("xent_backward_{t}"),
+        kname!("xent_backward_", t),
         grid(n),
         &xp,
         &tp,

@@ -59,6 +59,17 @@ fn readable<'a>(
     Ok(operand(copy, &Layout::contiguous(l.shape())).expect("contiguous is readable"))
 }
 
+/// How many product shapes have their cuBLASLt descriptors and algorithm built and cached
+/// (Linear's bias epilogue): each is built at its first product, not per call.
+///
+/// ```
+/// # #[cfg(feature = "cuda-backend")]
+/// let _shapes = mantissa::backend::cuda::matmul::cublaslt_plans_cached();
+/// ```
+pub fn cublaslt_plans_cached() -> usize {
+    super::blaslt::plans_cached()
+}
+
 /// `a @ b + bias` for one matrix, then ReLU with `relu`, in cuBLASLt's epilogue; `None` when
 /// cuBLASLt offers no algorithm (or the product is empty).
 fn lt_bias(

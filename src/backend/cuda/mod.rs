@@ -5,9 +5,11 @@
 //! the backend traits (`backend.rs`). Index tensors stay on the device: the kernels check them,
 //! and an index out of range is reported at the next read (`faults.rs`).
 
-/// Launches `$name` of kernel file `$file` on `$s`'s stream over `$cfg`, with the arguments
-/// given as references to locals (cudarc stores argument pointers until the launch). With a
-/// leading `bytes = expr;`, a running profile gets the bytes the launch reads and writes.
+/// Launches `$name` (a `&'static str`: `kname!`) of kernel file `$file` on `$s`'s stream over
+/// `$cfg`, with the arguments given as references to locals (cudarc stores argument pointers
+/// until the launch). The site keeps the kernels it launched (`sites::Site`): a launch
+/// formats nothing and takes no lock to find its kernel. With a leading `bytes = expr;`, a
+/// running profile gets the bytes the launch reads and writes.
 macro_rules! launch {
     (bytes = $bytes:expr; $s:expr, $file:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
         launch!(@go Some($bytes), $s, $file, $name, $cfg, $($arg),+)
@@ -16,13 +18,14 @@ macro_rules! launch {
         launch!(@go None, $s, $file, $name, $cfg, $($arg),+)
     }};
     (@go $bytes:expr, $s:expr, $file:expr, $name:expr, $cfg:expr, $($arg:expr),+) => {{
-        let name: String = $name;
-        let f = $s.function($file, &name)?;
+        static SITE: $crate::backend::cuda::sites::Site = $crate::backend::cuda::sites::Site::new();
+        let name: &'static str = $name;
+        let f = SITE.function($s.rt(), $file, name)?;
         let mut b = $s.rt().stream().launch_builder(&f);
         $( b.arg($arg); )+
         let cfg: cudarc::driver::LaunchConfig = $cfg;
         let bytes: Option<u64> = $bytes;
-        let prof = $crate::backend::cuda::profile::kernel($s.rt(), || name.clone(), &cfg, bytes);
+        let prof = $crate::backend::cuda::profile::kernel($s.rt(), || name.to_string(), &cfg, bytes);
         // SAFETY: the arguments match the kernel's parameter list in `cuda/`, and the
         // pointers address device blocks that hold the elements the kernel touches.
         unsafe { b.launch(cfg) }.map_err(|e| Error::CudaDriver {
@@ -34,6 +37,39 @@ macro_rules! launch {
             p.end();
         }
     }};
+}
+
+/// A kernel's name, `$prefix` and a dtype suffix of `storage::kname` (or a width such as
+/// `u16`), then optionally `$mid` and a second suffix, as a `&'static str` spelled from
+/// literals: no formatting at a launch. A suffix outside those is interned once
+/// (`sites::intern`).
+macro_rules! kname {
+    ($p:literal, $t:expr) => {
+        kname!(@one $p, $t)
+    };
+    ($p:literal, $t:expr, $m:literal, $u:expr) => {
+        match $t {
+            "float" => kname!(@one concat!($p, "float", $m), $u),
+            "f16" => kname!(@one concat!($p, "f16", $m), $u),
+            "bf16" => kname!(@one concat!($p, "bf16", $m), $u),
+            "i64" => kname!(@one concat!($p, "i64", $m), $u),
+            "u8" => kname!(@one concat!($p, "u8", $m), $u),
+            other => $crate::backend::cuda::sites::intern(format!("{}{}{}{}", $p, other, $m, $u)),
+        }
+    };
+    (@one $p:expr, $t:expr) => {
+        match $t {
+            "float" => concat!($p, "float"),
+            "f16" => concat!($p, "f16"),
+            "bf16" => concat!($p, "bf16"),
+            "i64" => concat!($p, "i64"),
+            "u8" => concat!($p, "u8"),
+            "u16" => concat!($p, "u16"),
+            "u32" => concat!($p, "u32"),
+            "u64" => concat!($p, "u64"),
+            other => $crate::backend::cuda::sites::intern(format!("{}{}", $p, other)),
+        }
+    };
 }
 
 pub(crate) mod amp;
@@ -61,11 +97,13 @@ mod host_kernels;
 pub mod index;
 pub mod kernels;
 pub(crate) mod layer_norm;
+mod libraries;
 pub mod libs;
 pub mod limits;
 pub mod loss;
 pub mod matmul;
 pub(crate) mod nccl;
+pub(crate) mod nccl_comm;
 pub mod norm;
 pub mod nvrtc;
 pub mod optim;
@@ -77,6 +115,7 @@ pub(crate) mod random;
 pub(crate) mod reduce;
 pub mod rnn;
 pub mod runtime;
+pub mod sites;
 pub(crate) mod softmax;
 mod sort;
 pub mod storage;

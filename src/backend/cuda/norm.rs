@@ -154,7 +154,7 @@ fn partial(
         1
     };
     let bytes = planes * elems(n, x.dtype()) + elems(chunks * s.channels * 2, DType::F32);
-    let name = format!("bn_partial_{t}");
+    let name = kname!("bn_partial_", t);
     launch!(
         bytes = bytes;
         x, KernelFile::Norm, name, cfg, &mode, &xp, &dp, &mask, &masked, &sp, &pp, &outer, &c,
@@ -210,7 +210,7 @@ fn finalize(
     let bytes = elems(2 * chunks * s.channels + 9 * s.channels, DType::F32);
     launch!(
         bytes = bytes;
-        x, KernelFile::Norm, "bn_finalize".to_string(), cfg, &pp, &a, &outer, &c, &inner, &chunk
+        x, KernelFile::Norm, "bn_finalize", cfg, &pp, &a, &outer, &c, &inner, &chunk
     );
     Ok(())
 }
@@ -459,8 +459,8 @@ pub(crate) fn channel_affine(
     // A fused ReLU's backward that recomputes its mask from x has a kernel of its own (its
     // whole-row path holds more coefficients; the other keeps fewer registers).
     let name = match fp != 0 && mask == 0 {
-        true => format!("bn_affine_fc_{t}"),
-        false => format!("bn_affine_{t}"),
+        true => kname!("bn_affine_fc_", t),
+        false => kname!("bn_affine_", t),
     };
     // x in, the addend in when given, the output out; the coefficients are four f32 per
     // channel, and a recomputed mask reads the forward's five more.

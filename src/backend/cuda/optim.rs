@@ -367,20 +367,13 @@ pub(crate) fn optim_update_many(
                 .sum();
             // A block of 256 threads per chunk (the kernel strides past 65,535).
             let cfg = rows_grid(list.chunks as usize);
-            launch!(bytes = bytes; s, KernelFile::Optim, name.to_string(), cfg, &a, list, &fp, &hyper);
+            launch!(bytes = bytes; s, KernelFile::Optim, name, cfg, &a, list, &fp, &hyper);
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
                 block_dim: (LIST as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            launch!(
-                s,
-                KernelFile::Optim,
-                "optim_count".to_string(),
-                cfg,
-                list,
-                &fp
-            );
+            launch!(s, KernelFile::Optim, "optim_count", cfg, list, &fp);
         }
     }
     Ok(rest)
@@ -414,7 +407,7 @@ pub(crate) fn round_from_master(
             launch!(
                 w,
                 KernelFile::Optim,
-                "round_master_f16".to_string(),
+                "round_master_f16",
                 grid(n),
                 &mp,
                 &wp,
@@ -429,7 +422,7 @@ pub(crate) fn round_from_master(
             launch!(
                 w,
                 KernelFile::Optim,
-                "round_master_bf16".to_string(),
+                "round_master_bf16",
                 grid(n),
                 &mp,
                 &wp,

@@ -129,22 +129,53 @@ fn kernels(
 /// `n` written elements: a thread per element, or per vector of them.
 fn plan(
     k: Kernels,
-    stem: &str,
+    stem: &'static str,
     backward: bool,
-    t: &str,
+    t: &'static str,
     dtype: DType,
     n: usize,
-) -> (KernelFile, String, LaunchConfig) {
-    let dir = if backward { "_backward" } else { "" };
+) -> (KernelFile, &'static str, LaunchConfig) {
     let vectors = grid(n / (16 / dtype.size_in_bytes()));
-    match k {
-        Kernels::Elements => (KernelFile::Pool, format!("{stem}{dir}_{t}"), grid(n)),
-        Kernels::Channels => (KernelFile::PoolVec, format!("{stem}_cl{dir}_{t}"), vectors),
-        Kernels::Rows => (
-            KernelFile::PoolVec,
-            format!("{stem}_rows{dir}_{t}"),
-            vectors,
-        ),
+    let (file, form, cfg) = match k {
+        Kernels::Elements => (KernelFile::Pool, "", grid(n)),
+        Kernels::Channels => (KernelFile::PoolVec, "_cl", vectors),
+        Kernels::Rows => (KernelFile::PoolVec, "_rows", vectors),
+    };
+    (file, pool_name(stem, form, backward, t), cfg)
+}
+
+/// `{stem}{form}{_backward}_{t}` as a `&'static str`, spelled from literals for the pooling
+/// kernels `cuda/pool.cu` and `cuda/pool_vec.cu` have (interned past them).
+fn pool_name(
+    stem: &'static str,
+    form: &'static str,
+    backward: bool,
+    t: &'static str,
+) -> &'static str {
+    macro_rules! names {
+        ($($stem:literal, $form:literal => $fwd:literal, $bwd:literal;)*) => {
+            match (stem, form, backward) {
+                $(
+                    ($stem, $form, false) => kname!($fwd, t),
+                    ($stem, $form, true) => kname!($bwd, t),
+                )*
+                _ => {
+                    let dir = if backward { "_backward" } else { "" };
+                    super::sites::intern(format!("{stem}{form}{dir}_{t}"))
+                }
+            }
+        };
+    }
+    names! {
+        "max_pool2d", "" => "max_pool2d_", "max_pool2d_backward_";
+        "max_pool2d_taps", "" => "max_pool2d_taps_", "max_pool2d_taps_backward_";
+        "max_pool2d_taps", "_cl" => "max_pool2d_taps_cl_", "max_pool2d_taps_cl_backward_";
+        "max_pool2d_taps", "_rows" => "max_pool2d_taps_rows_", "max_pool2d_taps_rows_backward_";
+        "avg_pool2d", "" => "avg_pool2d_", "avg_pool2d_backward_";
+        "avg_pool2d", "_cl" => "avg_pool2d_cl_", "avg_pool2d_cl_backward_";
+        "adaptive_avg_pool2d", "" => "adaptive_avg_pool2d_", "adaptive_avg_pool2d_backward_";
+        "adaptive_avg_pool2d", "_cl" => "adaptive_avg_pool2d_cl_", "adaptive_avg_pool2d_cl_backward_";
+        "adaptive_avg_pool2d", "_rows" => "adaptive_avg_pool2d_rows_", "adaptive_avg_pool2d_rows_backward_";
     }
 }
 

@@ -18,7 +18,7 @@ pub(crate) fn dropout_mask(
     let out = CudaStorage::alloc(ordinal, dtype, n)?;
     let (dst, n64, sc) = (out.ptr(), n as i64, scale as f32);
     let (seed, start, state) = in_graph(seed, start)?;
-    let name = format!("dropout_mask_{t}");
+    let name = kname!("dropout_mask_", t);
     launch!(
         out,
         KernelFile::Random,
@@ -59,7 +59,7 @@ pub(crate) fn normal(
     let out = CudaStorage::alloc(ordinal, dtype, n)?;
     let (dst, n64) = (out.ptr(), n as i64);
     let (seed, start, state) = in_graph(seed, start)?;
-    let name = format!("normal_{t}");
+    let name = kname!("normal_", t);
     launch!(
         out,
         KernelFile::Random,

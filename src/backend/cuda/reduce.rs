@@ -43,7 +43,7 @@ pub(crate) fn reduce(
             let sign: f32 = if op == ReduceOp::ArgMax { 1.0 } else { -1.0 };
             let out = CudaStorage::alloc_on(x.rt(), DType::I64, rows)?;
             let dst = out.ptr();
-            let name = format!("argmax_rows_{t}");
+            let name = kname!("argmax_rows_", t);
             launch!(
                 bytes = elems(rows * cols, x.dtype()) + elems(rows, DType::I64);
                 x,
@@ -61,7 +61,7 @@ pub(crate) fn reduce(
     };
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), rows)?;
     let dst = out.ptr();
-    let name = format!("reduce_rows_{t}");
+    let name = kname!("reduce_rows_", t);
     launch!(
         bytes = elems(rows * cols, x.dtype()) + elems(rows, x.dtype());
         x,
@@ -109,7 +109,7 @@ fn reduce_leading(
         bytes = elems(reduced * kept, x.dtype()) + elems(items, DType::F32);
         x,
         KernelFile::Reduce,
-        format!("reduce_cols_partial_{t}"),
+        kname!("reduce_cols_partial_", t),
         grid(items),
         &code,
         &src,
@@ -122,7 +122,7 @@ fn reduce_leading(
         bytes = elems(items, DType::F32) + elems(kept, x.dtype());
         x,
         KernelFile::Reduce,
-        format!("reduce_cols_final_{t}"),
+        kname!("reduce_cols_final_", t),
         grid(kept),
         &code,
         &pp,
@@ -182,7 +182,7 @@ fn int_extreme(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Res
     launch!(
         x,
         KernelFile::Reduce,
-        format!("extreme_rows_{t}"),
+        kname!("extreme_rows_", t),
         rows_grid(rows),
         &code,
         &src,

@@ -36,7 +36,7 @@ pub(crate) fn lstm_cell(
     let (_c, cp, sc) = rows(g, (c, lc))?;
     let out = CudaStorage::alloc_on(g.rt(), g.dtype(), batch * 2 * h)?;
     let (op, b64, h64) = (out.ptr(), batch as i64, h as i64);
-    let name = format!("lstm_cell_{t}");
+    let name = kname!("lstm_cell_", t);
     // The four gates and c in, h and c out, per batch row.
     let bytes = elems(batch * 7 * h, g.dtype());
     launch!(
@@ -91,7 +91,7 @@ pub(crate) fn lstm_cell_backward(
     let out = CudaStorage::alloc_on(g.rt(), g.dtype(), batch * 5 * h)?;
     let op = out.ptr();
     let (b64, h64) = (batch as i64, h as i64);
-    let name = format!("lstm_cell_backward_{t}");
+    let name = kname!("lstm_cell_backward_", t);
     // The gates, c, dh, dc (and a second dh) in, the five gradient planes out.
     let planes = 7 + usize::from(dh2p != 0) + 5;
     let bytes = elems(batch * planes * h, g.dtype());

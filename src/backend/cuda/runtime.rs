@@ -8,12 +8,11 @@ use super::faults::{Faults, GraphFaults};
 use super::handles::{DnnHandle, LtHandle, PinnedMemory};
 // The device memory source of the runtime's caching allocator, public here as before.
 pub use super::handles::DriverMemory;
-use super::libs::{self, Lib};
 use super::{compile, kernels, nvrtc, probe};
 use crate::backend::caching::{CachingAllocator, Fence, MemoryStats};
 use crate::sync::lock;
 use crate::{Device, Error, Result};
-use cudarc::cublas::{sys as bs, CudaBlas};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -36,12 +35,15 @@ pub struct CudaRuntime {
     pinned: Mutex<CachingAllocator<PinnedMemory>>,
     /// The stream batches are uploaded on ahead of the compute stream, created at first use.
     copy_stream: Mutex<Option<Arc<CudaStream>>>,
-    /// The cuBLAS handle on `stream`, created at the first product.
-    blas: Mutex<Option<CudaBlas>>,
+    /// The cuBLAS handle on `stream`, created at the first product (`libraries.rs`).
+    pub(super) blas: Mutex<Option<CudaBlas>>,
     /// The cuDNN handle on `stream`, created at the first convolution.
-    dnn: Mutex<Option<DnnHandle>>,
+    pub(super) dnn: Mutex<Option<DnnHandle>>,
     /// The cuBLASLt handle, created at the first product with a bias epilogue.
-    lt: Mutex<Option<LtHandle>>,
+    pub(super) lt: Mutex<Option<LtHandle>>,
+    /// The workspace cuBLAS and cuBLASLt share for the runtime's life (address, bytes),
+    /// allocated with the first of their handles.
+    pub(super) blas_workspace: Mutex<Option<(sys::CUdeviceptr, usize)>>,
     /// Faults kernels found, reported at the next synchronisation.
     faults: Mutex<Faults>,
     /// The stream capture open on the compute stream, if any (`graph.rs`).
@@ -52,6 +54,16 @@ pub struct CudaRuntime {
     graphs: Mutex<Vec<(u64, Weak<()>)>>,
     /// The fault words of the live graphs replayed since the last synchronisation.
     replayed: Mutex<Vec<Weak<GraphFaults>>>,
+    /// What may break outside any op on this device (the NCCL communicators), checked at
+    /// each synchronisation.
+    health: Mutex<Vec<Weak<dyn Health>>>,
+}
+
+/// Something on a device that may break outside any op, whose failure the device's next
+/// [`CudaRuntime::synchronize`] reports: an NCCL communicator its watchdog aborted, whose
+/// collectives' results are then missing.
+pub(crate) trait Health: Send + Sync {
+    fn failure(&self) -> Option<Error>;
 }
 
 /// `MANTISSA_NO_CUDA_MEMORY_CACHING=1` (as PyTorch's `PYTORCH_NO_CUDA_MEMORY_CACHING`): device
@@ -109,11 +121,13 @@ pub fn runtime(ordinal: usize) -> Result<Arc<CudaRuntime>> {
         blas: Mutex::new(None),
         dnn: Mutex::new(None),
         lt: Mutex::new(None),
+        blas_workspace: Mutex::new(None),
         faults: Mutex::new(Faults::default()),
         capture: Mutex::new(None),
         capturing: AtomicBool::new(false),
         graphs: Mutex::new(Vec::new()),
         replayed: Mutex::new(Vec::new()),
+        health: Mutex::new(Vec::new()),
     });
     // Every run makes f32 tensors: the f32 and integer part of the kernel files starts
     // compiling now, in the background, while the caller builds its model.
@@ -182,6 +196,11 @@ impl CudaRuntime {
         if let Some(m) = lock(&self.modules).get(&(*name, part)) {
             return Ok(m.clone());
         }
+        self.refuse_in_capture(
+            &format!("loading kernel file {name}.cu (part {part}) at its first use"),
+            "a module load (and its NVRTC compile) is not allowed while a stream is captured; \
+             the step's eager warm-up calls load what it uses",
+        )?;
         // Compiled without the lock held: other threads may load other parts meanwhile.
         let bin = compile::cubin(name, part, self.arch)?;
         let mut modules = lock(&self.modules);
@@ -310,69 +329,6 @@ impl CudaRuntime {
         Ok(s)
     }
 
-    /// Runs `f` with this device's cuBLAS handle (bound to the compute stream; calls are
-    /// serialised, as a handle is not safe to share between threads).
-    pub fn with_blas<R>(&self, f: impl FnOnce(bs::cublasHandle_t) -> R) -> Result<R> {
-        let mut blas = lock(&self.blas);
-        if blas.is_none() {
-            // Found first where the loader path lacks it (cudarc opens it by name only).
-            libs::load(Lib::CublasLt)?;
-            libs::load(Lib::Cublas)?;
-            let handle = CudaBlas::new(self.stream.clone()).map_err(|e| Error::CudaLibrary {
-                lib: "cuBLAS",
-                msg: format!("creating a handle on {}: {e:?}", self.device),
-            })?;
-            *blas = Some(handle);
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
-        Ok(f(*blas.as_ref().expect("set above").handle()))
-    }
-
-    /// Runs `f` with this device's cuBLASLt handle (calls are serialised; each names the
-    /// stream itself). Errors, naming the library and how to install it, when it is missing.
-    pub(crate) fn with_blas_lt<R>(
-        &self,
-        f: impl FnOnce(cudarc::cublaslt::sys::cublasLtHandle_t) -> R,
-    ) -> Result<R> {
-        let mut lt = lock(&self.lt);
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
-        if lt.is_none() {
-            *lt = Some(LtHandle::new(self.device)?);
-        }
-        Ok(f(lt.as_ref().expect("set above").0))
-    }
-
-    /// Runs `f` with this device's cuDNN handle (bound to the compute stream; calls are
-    /// serialised). Errors, naming the library and how to install it, when cuDNN is missing.
-    pub fn with_cudnn<R>(
-        &self,
-        f: impl FnOnce(cudarc::cudnn::sys::cudnnHandle_t) -> R,
-    ) -> Result<R> {
-        let mut dnn = lock(&self.dnn);
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
-        if dnn.is_none() {
-            libs::load(Lib::Cudnn)?;
-            let err = |what: &str, e: cudarc::cudnn::result::CudnnError| Error::CudaLibrary {
-                lib: "cuDNN",
-                msg: format!("{what} on {}: {e:?}", self.device),
-            };
-            let h =
-                cudarc::cudnn::result::create_handle().map_err(|e| err("creating a handle", e))?;
-            let h = DnnHandle(h);
-            // SAFETY: the handle was just created; the stream lives as long as this runtime.
-            unsafe { cudarc::cudnn::result::set_stream(h.0, self.stream.cu_stream() as _) }
-                .map_err(|e| err("setting the stream", e))?;
-            *dnn = Some(h);
-        }
-        Ok(f(dnn.as_ref().expect("set above").0))
-    }
-
     /// Waits for all work queued on the stream; `Err` when a kernel found a fault in its
     /// input meanwhile (an index or class target out of range: the kernels record it on the
     /// device and this reports it, naming the op).
@@ -394,7 +350,18 @@ impl CudaRuntime {
                 first = r;
             }
         }
-        first
+        first?;
+        let mut health = lock(&self.health);
+        health.retain(|h| h.strong_count() > 0);
+        match health.iter().find_map(|h| h.upgrade()?.failure()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Has [`CudaRuntime::synchronize`] report `h`'s failure while `h` lives.
+    pub(crate) fn watch_health(&self, h: Weak<dyn Health>) {
+        lock(&self.health).push(h);
     }
 
     /// Whether a stream capture is open on the compute stream and this thread is the one
@@ -449,6 +416,12 @@ impl CudaRuntime {
         let token = Arc::new(());
         let epoch = {
             let mut memory = lock(&self.memory);
+            // The general cache's free segments go back to the driver first, as PyTorch
+            // empties its cache before a graph: the graph's pool takes new segments, which
+            // the cached ones would otherwise keep from it (a step that uses more than half
+            // the device could not be captured, and each capture would leave its
+            // predecessor's pool cached beside its own).
+            memory.empty_cache();
             memory.hold_stream(pool);
             memory.keep_segments(true);
             memory.stats().requests
@@ -555,7 +528,7 @@ impl CudaRuntime {
         r
     }
 
-    fn driver(&self, op: &'static str, e: cudarc::driver::DriverError) -> Error {
+    pub(super) fn driver(&self, op: &'static str, e: cudarc::driver::DriverError) -> Error {
         Error::CudaDriver {
             op,
             device: self.device,

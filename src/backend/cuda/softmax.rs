@@ -16,7 +16,7 @@ pub(crate) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
     let dense = with_dims_last(x, l, &[dim])?;
     let out = CudaStorage::alloc_on(x.rt(), x.dtype(), l.numel())?;
     let (src, dst, r64, c64, lg) = (dense.ptr(), out.ptr(), rows as i64, cols as i64, log as i32);
-    let name = format!("softmax_rows_{t}");
+    let name = kname!("softmax_rows_", t);
     launch!(
         x,
         KernelFile::SoftmaxXent,

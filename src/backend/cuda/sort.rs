@@ -37,7 +37,7 @@ pub(crate) fn argsort(x: &CudaStorage, l: &Layout, descending: bool) -> Result<C
         launch!(
             x,
             KernelFile::Sort,
-            format!("argsort_rows_{t}"),
+            kname!("argsort_rows_", t),
             rows_grid(rows),
             &xp,
             &op_,
@@ -61,7 +61,7 @@ pub(crate) fn argsort(x: &CudaStorage, l: &Layout, descending: bool) -> Result<C
     launch!(
         x,
         KernelFile::Sort,
-        format!("argsort_init_{t}"),
+        kname!("argsort_init_", t),
         grid(places),
         &xp,
         &kp,
@@ -78,7 +78,7 @@ pub(crate) fn argsort(x: &CudaStorage, l: &Layout, descending: bool) -> Result<C
             launch!(
                 x,
                 KernelFile::Sort,
-                format!("argsort_step_{k}"),
+                kname!("argsort_step_", k),
                 grid(places / 2),
                 &kp,
                 &ip,

@@ -11,7 +11,7 @@ use crate::backend::host::CpuStorage;
 use crate::layout::Layout;
 use crate::profiler::DeviceWork;
 use crate::{DType, Device, Error, Result};
-use cudarc::driver::{result, sys, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, sys, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -228,15 +228,6 @@ impl CudaStorage {
         }
     }
 
-    /// Kernel `name` of kernel file `file`, with the context bound to this thread.
-    pub(crate) fn function(&self, file: KernelFile, name: &str) -> Result<CudaFunction> {
-        self.rt()
-            .context()
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
-        self.rt().function(file.name(), name)
-    }
-
     /// Copies the selected elements of a host storage to device `ordinal`, row-major. Up to
     /// [`STAGE_MAX_BYTES`] are copied into a pinned block from the runtime's pool and uploaded
     /// from there on the compute stream, and the host does not wait (the driver's own path
@@ -449,7 +440,7 @@ impl CudaStorage {
         // The kernel reads the view's elements and writes `n` of the same width.
         launch!(
             bytes = view_bytes(l, self.dtype) + elems(n, self.dtype);
-            self, KernelFile::Cast, format!("copy_strided_{width}"), grid(n), &src, &st, &dst, &n64
+            self, KernelFile::Cast, kname!("copy_strided_", width), grid(n), &src, &st, &dst, &n64
         );
         Ok(out)
     }
@@ -487,14 +478,14 @@ impl CudaStorage {
             // `n` elements in, `n` out, of the kernel's types.
             launch!(
                 bytes = elems(n, self.dtype) + elems(n, dtype);
-                self, KernelFile::Cast, format!("cast_{from}_{to}"), grid(n), &src, &dst, &n64
+                self, KernelFile::Cast, kname!("cast_", from, "_", to), grid(n), &src, &dst, &n64
             );
         } else {
             let (src, st) = (self.ptr(), Strided::new("to_dtype", l)?);
             // As above, reading through the view.
             launch!(
                 bytes = view_bytes(l, self.dtype) + elems(n, dtype);
-                self, KernelFile::Cast, format!("cast_strided_{from}_{to}"), grid(n), &src, &st, &dst, &n64
+                self, KernelFile::Cast, kname!("cast_strided_", from, "_", to), grid(n), &src, &st, &dst, &n64
             );
         }
         Ok(out)
@@ -519,7 +510,12 @@ impl CudaStorage {
             *self = Self::from_cpu(&host, &Layout::contiguous(&[self.len]), self.ordinal())?;
             return Ok(());
         }
-        let width = self.dtype.size_in_bytes() * 8;
+        let width = match self.dtype.size_in_bytes() {
+            1 => "u8",
+            2 => "u16",
+            4 => "u32",
+            _ => "u64",
+        };
         let (src, st, dst, n64) = (
             dense.ptr(),
             Strided::new("copy_", dl)?,
@@ -528,7 +524,7 @@ impl CudaStorage {
         );
         // The kernel reads `n` elements of `dense` and writes the `n` distinct elements of
         // the view `dl`, which lies inside this storage.
-        let name = format!("copy_into_strided_u{width}");
+        let name = kname!("copy_into_strided_", width);
         launch!(bytes = 2 * elems(n, self.dtype); self, KernelFile::Cast, name, grid(n), &src, &st, &dst, &n64);
         Ok(())
     }
