@@ -45,6 +45,10 @@ pub(super) struct UnscaleList {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for UnscaleList {}
 
+// The unscale kernels take the list and two pointers: within a launch's 4,096 bytes of
+// parameters.
+const _: () = assert!(std::mem::size_of::<UnscaleList>() + 16 <= 4096);
+
 impl UnscaleList {
     /// The chunks of all its gradients: the blocks' work items.
     pub(super) fn chunks(&self) -> usize {

@@ -33,6 +33,9 @@ pub(crate) struct CopyList {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for CopyList {}
 
+// The copy kernels take the list alone: within a launch's 4,096 bytes of parameters.
+const _: () = assert!(std::mem::size_of::<CopyList>() <= 4096);
+
 /// One copy: `rows x cols` elements from `src` (row stride `sld`) to `dst` (row stride
 /// `dld`), addresses of the first element.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -206,6 +206,11 @@ pub(super) struct OptimList {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl DeviceRepr for OptimList {}
 
+// The update kernels take the arguments, the list and two pointers: within the 4,096 bytes
+// of parameters a launch may pass on every CUDA version (the emulated driver refuses more).
+const _: () =
+    assert!(std::mem::size_of::<OptimArgs>() + std::mem::size_of::<OptimList>() + 16 <= 4096);
+
 /// One tensor's operands for [`OptimList`]: addresses of parameter, gradient, up to three states, working
 /// copy and step count (0 for an absent state or working copy), its length and its stochastic
 /// rounding seed.
