@@ -464,6 +464,22 @@ fn conv_bn_conv(x: &[Tensor]) -> Result<Tensor> {
     h.conv2d(&w, None, Conv2dOptions::default())
 }
 
+/// The kernels and library calls of [`conv_bn_conv`]'s forward and backward on `d` (copies of
+/// `ins`), with the profile.
+fn conv_bn_conv_profile(d: Device, ins: &[Tensor]) -> (Vec<(String, u64)>, profiler::Profile) {
+    let on: Vec<Tensor> = ins
+        .iter()
+        .map(|t| own(t, d).requires_grad(true).unwrap())
+        .collect();
+    let ((), p) = profiler::profile(|_| {
+        let y = conv_bn_conv(&on).unwrap();
+        y.sum_all().unwrap().backward().unwrap();
+        vals(&on[4].grad().unwrap());
+    })
+    .unwrap();
+    (kernel_counts(&p), p)
+}
+
 /// With `set_conv_bn_fusion(true)`, the second convolution's weight gradient applies the
 /// batch norm's map in its prologue (`cudnn wgrad+bn`, its f16 scale and bias from
 /// `bn_scale_bias_f16`) instead of making the batch norm's output again
@@ -485,17 +501,7 @@ fn weight_gradient_applies_batch_norm_in_its_prologue() {
             let w2 = input(&[o, m, 1, 1], dt, 154).mul(0.3).unwrap();
             let ins = [x, w1, g, b, w2];
             parity(&what, d, &ins, conv_bn_conv);
-            let on: Vec<Tensor> = ins
-                .iter()
-                .map(|t| own(t, d).requires_grad(true).unwrap())
-                .collect();
-            let ((), p) = profiler::profile(|_| {
-                let y = conv_bn_conv(&on).unwrap();
-                y.sum_all().unwrap().backward().unwrap();
-                vals(&on[4].grad().unwrap());
-            })
-            .unwrap();
-            let names = kernel_counts(&p);
+            let (names, p) = conv_bn_conv_profile(d, &ins);
             let fused = (
                 count(&names, "cudnn wgrad+bn"),
                 count(&names, "bn_scale_bias"),
@@ -555,17 +561,7 @@ fn a_prologue_scale_past_f16_stays_finite() {
     ];
     parity("a scale past f16", d, &ins, conv_bn_conv);
     if emulated(d) {
-        let on: Vec<Tensor> = ins
-            .iter()
-            .map(|t| own(t, d).requires_grad(true).unwrap())
-            .collect();
-        let ((), p) = profiler::profile(|_| {
-            let y = conv_bn_conv(&on).unwrap();
-            y.sum_all().unwrap().backward().unwrap();
-            vals(&on[4].grad().unwrap());
-        })
-        .unwrap();
-        let names = kernel_counts(&p);
+        let (names, _) = conv_bn_conv_profile(d, &ins);
         let fused = (
             count(&names, "cudnn wgrad+bn"),
             count(&names, "wgrad_rescale_f16"),
@@ -597,19 +593,9 @@ fn graphs_refused_at_run_time_fall_back() {
     let w2 = input(&[32, 16, 1, 1], dt, 164).mul(0.3).unwrap();
     let ins = [x, w1, g, b, w2];
     parity("refused graphs", d, &ins, conv_bn_conv);
-    let on: Vec<Tensor> = ins
-        .iter()
-        .map(|t| own(t, d).requires_grad(true).unwrap())
-        .collect();
-    let ((), p) = profiler::profile(|_| {
-        let y = conv_bn_conv(&on).unwrap();
-        y.sum_all().unwrap().backward().unwrap();
-        vals(&on[4].grad().unwrap());
-    })
-    .unwrap();
+    let (names, p) = conv_bn_conv_profile(d, &ins);
     std::env::remove_var("MANTISSA_EMU_GRAPH_EXECUTE");
     set_conv_bn_fusion(false);
-    let names = kernel_counts(&p);
     let fused = count(&names, "cudnn conv+stats") + count(&names, "cudnn wgrad+bn");
     assert_eq!(fused, 0, "{names:?}");
     assert_eq!(count(&names, "bn_partial"), 2, "{names:?}");

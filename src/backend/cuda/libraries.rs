@@ -28,6 +28,13 @@ pub(crate) fn workspace_bytes(arch: u32) -> usize {
 const MIN_WORKSPACE: usize = 64 << 10;
 
 impl CudaRuntime {
+    /// Makes this device's context current on the calling thread, as a library call needs.
+    fn bind(&self) -> Result<()> {
+        self.context()
+            .bind_to_thread()
+            .map_err(|e| self.driver("binding the context", e))
+    }
+
     /// The workspace cuBLAS and cuBLASLt share, allocated once (the first of their handles):
     /// [`workspace_bytes`], at most a 64th of the device's memory (a small device, such as
     /// the emulated one of a test, keeps room for its tensors), or the largest power-of-two
@@ -97,9 +104,7 @@ impl CudaRuntime {
             }
             *blas = Some(handle);
         }
-        self.context()
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
+        self.bind()?;
         Ok(f(*blas.as_ref().expect("set above").handle()))
     }
 
@@ -111,9 +116,7 @@ impl CudaRuntime {
         f: impl FnOnce(cudarc::cublaslt::sys::cublasLtHandle_t) -> R,
     ) -> Result<R> {
         let mut lt = lock(&self.lt);
-        self.context()
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
+        self.bind()?;
         if lt.is_none() {
             self.refuse_in_capture(
                 "creating the cuBLASLt handle at the first product with an epilogue",
@@ -132,9 +135,7 @@ impl CudaRuntime {
         f: impl FnOnce(cudarc::cudnn::sys::cudnnHandle_t) -> R,
     ) -> Result<R> {
         let mut dnn = lock(&self.dnn);
-        self.context()
-            .bind_to_thread()
-            .map_err(|e| self.driver("binding the context", e))?;
+        self.bind()?;
         if dnn.is_none() {
             self.refuse_in_capture(
                 "creating the cuDNN handle at the first convolution",
