@@ -139,7 +139,9 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$
         # version, or says it has none) and trains through DistributedDataParallel: W3 fp16
         # images/s with and without it (alternating, twice each; the line: at most 3% lost),
         # then the MNIST CNN fp16 for 3 epochs with and without torchrun, one seed, no cudnn
-        # benchmark: the two metrics.csv's losses and accuracies identical.
+        # benchmark, deterministic algorithms (--cudnn-deterministic; cuDNN's heuristics may
+        # otherwise pick backward algorithms that add with atomics): the two metrics.csv's
+        # losses and accuracies identical.
         trun="$PY -m torch.distributed.run --standalone --nproc-per-node 1 --no-python"
         w3="--data synthetic --arch resnet50 --batch-size 256 --channels-last --cudnn-benchmark --steps 30 --warmup 5 --precision fp16"
         acc nccl-found 10 bash -c 'ldconfig -p | grep -i nccl; echo "$LD_LIBRARY_PATH" | tr : "\n" | grep -i nccl'
@@ -148,9 +150,9 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$
         acc w3-ddp-b 40 $trun .gpu/resnet $w3
         acc w3-plain-b 40 .gpu/resnet $w3 --device cuda:0
         acc cnn-fp16-ddp 100 $trun .gpu/mnist --model cnn --epochs 3 --precision fp16 \
-            --out /tmp/cnn-ddp
+            --cudnn-deterministic --out /tmp/cnn-ddp
         acc cnn-fp16 90 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --precision fp16 \
-            --out /tmp/cnn-plain
+            --cudnn-deterministic --out /tmp/cnn-plain
         acc losses-identical 5 cmp <(cut -d, -f1-6 /tmp/cnn-ddp/metrics.csv) \
             <(cut -d, -f1-6 /tmp/cnn-plain/metrics.csv)
         acc ddp-overhead 5 bash -c "grep -h 'images/s' /tmp/run.w3-* | sed 's/^/  /'"
@@ -158,9 +160,11 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$
         # Issue 42's GPU lines (limits add up to 520 s), with --cuda-graph: W1 (MLP) and W2
         # (CNN) in fp16 and W4 (LSTM 2 x 512) in fp16 and fp32, each beside the eager run and
         # PyTorch eager (samples or tokens per second; the graph is captured in the warm-up),
-        # then the CNN fp16 recipe for 3 epochs with and without --cuda-graph, one seed and no
-        # cudnn benchmark (timed algorithm choices may differ between processes): accuracy
-        # >= 99.0% and the epochs' losses and accuracies of the two metrics.csv identical.
+        # then the CNN fp16 recipe for 3 epochs with and without --cuda-graph, one seed, no
+        # cudnn benchmark (timed algorithm choices may differ between processes) and
+        # deterministic algorithms only (--cudnn-deterministic: none that adds with atomics):
+        # accuracy >= 99.0% and the epochs' losses and accuracies of the two metrics.csv
+        # identical.
         # Host time per replayed step: the profiled LSTM steps' host column. First the
         # capture tests on the real driver (N replays bit-identical to N eager steps).
         acc test-cuda_graph 40 .gpu/tests/cuda_graph --test-threads 1
@@ -178,9 +182,9 @@ if [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] || [ "$
             acc "w4-$p-peer" 40 $PY bench/lstm_peer.py --device cuda --amp $p --steps 200
         done
         acc cnn-fp16-graph 60 .gpu/mnist --model cnn --epochs 3 --device cuda:0 \
-            --precision fp16 --cuda-graph --out /tmp/cnn-graph
+            --precision fp16 --cuda-graph --cudnn-deterministic --out /tmp/cnn-graph
         acc cnn-fp16 60 .gpu/mnist --model cnn --epochs 3 --device cuda:0 --precision fp16 \
-            --out /tmp/cnn-eager
+            --cudnn-deterministic --out /tmp/cnn-eager
         acc w2-fp16-peer 45 $PY bench/mnist_peer.py --model cnn --epochs 1 --batch-size 64 \
             --optimizer adam --amp fp16 --device cuda
         acc losses-identical 5 cmp <(cut -d, -f1-5 /tmp/cnn-graph/metrics.csv) \

@@ -43,7 +43,21 @@ pub fn cudnn_benchmark() -> bool {
 }
 
 /// Restricts convolutions to deterministic algorithms, so a run repeats bit for bit
-/// (PyTorch's `torch.backends.cudnn.deterministic = True`). Off by default.
+/// (PyTorch's `torch.backends.cudnn.deterministic = True`): cuDNN's backward algorithms
+/// that add with atomics (reported `CUDNN_NON_DETERMINISTIC`) are never chosen, by the
+/// heuristics or by [`set_cudnn_benchmark`]'s timing (cuDNN's search times every algorithm;
+/// the fastest deterministic one is kept), and the graph API's fused convolutions
+/// ([`super::conv_stats::set_conv_bn_fusion`]) run only on engines without the numerical
+/// note `NONDETERMINISTIC`, or unfused. Choices are remembered per shape and per setting of
+/// this switch. Off by default; read at each convolution, so set it before the runs that
+/// must agree (a process-wide switch).
+///
+/// ```
+/// use mantissa::backend::cuda::conv::{cudnn_deterministic, set_cudnn_deterministic};
+/// set_cudnn_deterministic(true);
+/// assert!(cudnn_deterministic());
+/// set_cudnn_deterministic(false);
+/// ```
 pub fn set_cudnn_deterministic(on: bool) {
     DETERMINISTIC.store(on, Ordering::Relaxed);
 }
