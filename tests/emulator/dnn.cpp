@@ -9,7 +9,9 @@
 // of a call counter), so that two runs of the same call differ in their last f32 bits, and
 // algorithm 1 is deterministic. The heuristics and the timed search list algorithm 0 first.
 // It checks the descriptors the backend builds (shapes agree, one format, one data type),
-// not cuDNN itself. The convolutions run when their stream does (queue.h).
+// not cuDNN itself, and refuses (BAD_PARAM, said on stderr) a call whose data pointers are
+// not 16-byte aligned, as the real library's tensor-core kernels require (a piece of a split
+// batch must start aligned). The convolutions run when their stream does (queue.h).
 
 #include "dnn.h"
 #include <atomic>
@@ -209,6 +211,11 @@ static Status run(Handle* h, Pass pass, const float* alpha, const float* beta, c
                   const void* yp, int algo, size_t ws) {
     if (!agree(x, w, c, y) || algo < 0 || algo > 1) return BAD_PARAM;
     if (algo == 1 && ws < (1u << 20)) return BAD_PARAM;
+    for (const void* p : {xp, wp, yp})
+        if ((uintptr_t)p % 16 != 0) {
+            fprintf(stderr, "emulated cuDNN: a convolution's data pointer %p is not 16-byte aligned\n", p);
+            return BAD_PARAM;
+        }
     float al = *alpha, be = *beta;
     bool vary = !deterministic(pass, algo);
     later(h->stream, [=] { conv_compute(pass, al, be, x, xp, w, wp, c, y, yp, vary); });
