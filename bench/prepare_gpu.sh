@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds what bench/gpu_session.sh runs on the GPU machine into .gpu/ (git-ignored): the
-# gpu_check and mnist examples, MNIST, and the test binaries that touch CUDA, stripped.
+# gpu_check, mnist, resnet and lstm examples, MNIST, and the CUDA test files as one binary
+# (tests/gpu_suite: each file a module, the engine linked once), stripped, packed as
+# .gpu/bin.tar.gz. The package travels in a carry of 64 MiB at most: this script prints its
+# size and fails at 40 MiB or more, to leave room.
 set -eu
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude)
@@ -13,17 +16,29 @@ cp target/release/examples/gpu_check target/release/examples/mnist target/releas
 # The GPU machine has no network: MNIST travels gzip-compressed (MNIST_DIR=.gpu/data there).
 mkdir -p .gpu/data
 for f in data/mnist/*-ubyte; do gzip -c "$f" > ".gpu/data/$(basename "$f").gz"; done
-for t in cuda_kernels cuda_parity cuda_semantics cuda_transfer cuda_fusions data fuzz_api \
-    torch_reference hostile_input profiler cuda_tf32 cuda_limits batch_size recompute cuda_graph; do
-    bin=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
+# The test files of tests/gpu_suite/main.rs (cuda_kernels cuda_parity cuda_semantics
+# cuda_transfer cuda_fusions cuda_determinism data fuzz_api torch_reference hostile_input
+# profiler cuda_tf32 cuda_limits batch_size recompute cuda_graph data_parallel), one binary;
+# run one file's tests with its module as the filter: `.gpu/tests/gpu_suite cuda_parity::`.
+bin=$(cargo test --release --test gpu_suite --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("profile", {}).get("test") and m.get("executable"): print(m["executable"])' | tail -n1)
-    cp "$bin" ".gpu/tests/$t"
-done
+[ -n "$bin" ] || { echo "prepare_gpu.sh: the gpu_suite test binary did not build" >&2; exit 1; }
+cp "$bin" .gpu/tests/gpu_suite
 strip .gpu/gpu_check .gpu/mnist .gpu/resnet .gpu/lstm .gpu/tests/*
-# The binaries travel gzip-compressed (a carry is 64 MiB at most); gpu_session.sh unpacks them.
+# The commit the binaries were built from, for the session's summary.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo ' (with changes)')" \
+    > .gpu/commit
+# The binaries travel gzip-compressed; gpu_session.sh unpacks them.
 tar -czf .gpu/bin.tar.gz -C .gpu gpu_check mnist resnet lstm tests
 rm -rf .gpu/gpu_check .gpu/mnist .gpu/resnet .gpu/lstm .gpu/tests
-du -sh .gpu
+bytes=$(du -sb .gpu | cut -f1)
+mib=$(python3 -c "print(f'{$bytes / 2**20:.1f}')")
+echo "package .gpu: $mib MiB ($bytes bytes; a carry holds 64 MiB, this script allows under 40)"
+du -sh .gpu/* | sed 's/^/  /'
+if [ "$bytes" -ge $((40 << 20)) ]; then
+    echo "prepare_gpu.sh: the package is $mib MiB, 40 MiB or more" >&2
+    exit 1
+fi

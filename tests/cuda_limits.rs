@@ -1,7 +1,9 @@
 //! cuDNN's 32-bit limits: a convolution whose activations pass 2^31 - 1 elements (cuDNN's
 //! descriptors refuse such a tensor) runs in pieces of the batch, forward and both backward
 //! passes, with the results of one call over the whole batch; one image past the limit is
-//! `Error::TooLarge`.
+//! `Error::TooLarge`. Every piece starts on a 16-byte boundary (odd image sizes in f16 and
+//! f32: a whole number of images that lines both activations up, or aligned copies of a
+//! piece where fewer than that many images fit).
 //!
 //! On a real GPU the limit is cuDNN's, and the batch here is gigabytes. On the emulated
 //! device (tests/emulator) run it with `MANTISSA_CUDA_INDEX_LIMIT` set low (`.ci/run` uses
@@ -13,6 +15,7 @@ mod common;
 use common::parity::{emulated, gpu};
 use common::*;
 use mantissa::backend::cuda::limits::library_index_limit;
+use mantissa::nn::Module;
 use mantissa::*;
 
 /// `||a - b|| / ||b||`, computed on the device (the tensors may be gigabytes).
@@ -125,6 +128,25 @@ fn a_convolution_past_the_32_bit_limit_runs_in_pieces_of_the_batch() {
                 split_matches([n, 3, 16, 16], 8, dtype, format, true);
             }
         }
+        // Odd image sizes (315 output elements an image, 13 of which fit 4096): pieces start
+        // on 16-byte boundaries every 8 images in f16 and every 4 in f32, so the pieces hold
+        // 8 or 12 images (the emulated cuDNN refuses an unaligned pointer).
+        let n = 2 * (limit / 315) + 1;
+        for dtype in [DType::F32, DType::F16] {
+            for format in formats {
+                split_matches([n, 3, 9, 7], 5, dtype, format, true);
+            }
+        }
+        // Fewer than 8 such images fit (the largest odd side s with 5 s^2 elements within
+        // the limit: 27 for 4096): no piece after the first starts aligned, and each runs
+        // on aligned copies of its images.
+        let side = (1..).step_by(2).take_while(|s| 5 * s * s <= limit).last();
+        let side = side.expect("MANTISSA_CUDA_INDEX_LIMIT of 5 elements or more");
+        assert!(8 * 5 * side * side > limit, "{side}");
+        for format in formats {
+            split_matches([3, 3, side, side], 5, DType::F16, format, true);
+        }
+        staged_residual(side, dev);
         // One image past the limit cannot be split: an error naming the limit.
         let x = Tensor::ones(&[1, 1, 128, 128], DType::F32, dev).unwrap();
         let w = Tensor::ones(&[1, 1, 3, 3], DType::F32, dev).unwrap();
@@ -142,4 +164,49 @@ fn a_convolution_past_the_32_bit_limit_runs_in_pieces_of_the_batch() {
             memory::empty_cache(dev).unwrap();
         }
     }
+}
+
+/// A residual block `relu(relu(conv(h)) + h)` in f16 over `side` x `side` images of 3 channels (one
+/// image a piece, see above): the convolution's backward adds the input's gradient onto the
+/// shortcut's in cuDNN's own pass (`beta = 1`), so each unaligned piece's copy starts from
+/// the shortcut's gradient; the gradients match the CPU's.
+fn staged_residual(side: usize, dev: Device) {
+    let x = common::parity::input(&[3, 3, side, side], DType::F16, 4);
+    let w = common::parity::input(&[3, 3, 3, 3], DType::F16, 5)
+        .mul(0.2)
+        .unwrap();
+    let block = |x: &[Tensor]| -> Result<Tensor> {
+        // The input as an op's output: the engine sums the gradients of those (a leaf's go
+        // to its `.grad()`).
+        let conv = mantissa::nn::Conv2d {
+            weight: x[1].mul(1.0)?,
+            bias: None,
+            options: Conv2dOptions {
+                padding: [1, 1],
+                ..Default::default()
+            },
+        };
+        // A ReLU after the convolution: its gradient is a tensor of its own, so the
+        // shortcut's (the add's incoming gradient) is held by nothing else when the
+        // convolution's backward adds onto it.
+        let main = mantissa::nn::Sequential::new()
+            .push(conv)
+            .push(mantissa::nn::Activation::Relu);
+        mantissa::nn::Residual::new(main, None).forward(&x[0].mul(1.0)?)
+    };
+    let ins = [x, w];
+    common::parity::parity("staged residual block", dev, &ins, block);
+    let on: Vec<Tensor> = ins
+        .iter()
+        .map(|t| common::parity::own(t, dev).requires_grad(true).unwrap())
+        .collect();
+    let ((), p) = profiler::profile(|_| {
+        block(&on).unwrap().sum_all().unwrap().backward().unwrap();
+        vals(&on[0].grad().unwrap());
+    })
+    .unwrap();
+    // Backward data and filter for each of the 3 images, and no add of the gradients: the
+    // input's gradient was added in cuDNN's pass, the staged pieces' included.
+    let conv = p.op("conv2d.backward").expect("the conv's backward ran");
+    assert_eq!((conv.launches, conv.library_calls), (0, 6), "{conv:?}");
 }

@@ -264,6 +264,11 @@ fn flags_that_do_not_apply_and_unwritable_paths_are_refused_before_training() {
             vec!["--device", "cpu", "--model", "mlp", "--channels-last"],
             "applies",
         ),
+        (
+            "mnist",
+            vec!["--device", "cpu", "--model", "mlp", "--cudnn-deterministic"],
+            "--cudnn-deterministic applies",
+        ),
     ];
     for (name, args, says) in cases {
         let Some(err) = run_refused(name, &args) else {

@@ -310,13 +310,14 @@ fn device_step_launches_match_the_emulator_trace() {
         return;
     }
     // The emulator prints each launch as it is queued: the same step in a child process.
+    // The child test's name as the harness knows it: its module's path within the binary
+    // too where this file is a module of one (tests/gpu_suite).
+    let child = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::device_step_child"),
+        None => "device_step_child".to_string(),
+    };
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "device_step_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([child.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env("MANTISSA_PROFILER_CHILD", "1")
         .env("MANTISSA_EMU_TRACE", "1")
         .output()

@@ -1,5 +1,5 @@
 //! What the training examples share: the run flags (device, precision, memory format, cuDNN
-//! benchmark, loader workers, seed, profiling), the file flags (`files`), opening the device,
+//! benchmark and determinism, loader workers, seed, profiling), the file flags (`files`), opening the device,
 //! and `--profile`.
 
 use clap::Args;
@@ -29,6 +29,12 @@ pub struct RunFlags {
     /// (PyTorch's `cudnn.benchmark = True`).
     #[arg(long)]
     pub cudnn_benchmark: bool,
+    /// On a GPU: deterministic convolution algorithms only, so that two runs of one seed
+    /// give the same losses bit for bit (PyTorch's `cudnn.deterministic = True`): none that
+    /// adds with atomics, with --cudnn-benchmark the fastest deterministic one, and the
+    /// fused graphs of --fuse-conv-bn on deterministic engines or unfused.
+    #[arg(long)]
+    pub cudnn_deterministic: bool,
     /// On a GPU: training batch norm on channels-last input through cuDNN's NHWC batch norm
     /// (with its ReLU and residual-add fusions) instead of the engine's kernels.
     #[arg(long)]
@@ -77,6 +83,7 @@ impl RunFlags {
         let given: Vec<&str> = [
             (self.channels_last, "--channels-last"),
             (self.cudnn_benchmark, "--cudnn-benchmark"),
+            (self.cudnn_deterministic, "--cudnn-deterministic"),
             (self.cudnn_batch_norm, "--cudnn-batch-norm"),
             (self.fuse_conv_bn, "--fuse-conv-bn"),
         ]
@@ -96,7 +103,7 @@ impl RunFlags {
         })
     }
 
-    /// The device (with its report printed, and cuDNN's benchmark mode set, on a GPU), the
+    /// The device (with its report printed, and cuDNN's switches set, on a GPU), the
     /// autocast dtype and the memory format the flags ask for.
     pub fn open(&self) -> Result<(Device, Option<DType>, MemoryFormat)> {
         // Launched by torchrun, srun or mpirun: cuda:LOCAL_RANK.
@@ -115,6 +122,7 @@ impl RunFlags {
         if let Device::Cuda(n) = device {
             println!("{}", mantissa::backend::cuda::probe::report(n)?);
             mantissa::backend::cuda::conv::set_cudnn_benchmark(self.cudnn_benchmark);
+            mantissa::backend::cuda::conv::set_cudnn_deterministic(self.cudnn_deterministic);
             mantissa::backend::cuda::dnn_norm::set_cudnn_batch_norm(self.cudnn_batch_norm);
             mantissa::backend::cuda::conv_stats::set_conv_bn_fusion(self.fuse_conv_bn);
         }

@@ -93,3 +93,25 @@ pub fn parity(what: &str, gpu: Device, inputs: &[Tensor], f: impl Fn(&[Tensor]) 
         }
     }
 }
+
+/// cuDNN's deterministic algorithms only (`conv::set_cudnn_deterministic`) while this lives:
+/// for tests that compare two runs bit for bit, which a backward algorithm that adds with
+/// atomics would fail (on the emulated device, its algorithm 0 of backward data and filter
+/// sums in another order each run). The switch is process-wide: hold it under the test's
+/// serial lock.
+pub struct CudnnDeterministic(());
+
+impl CudnnDeterministic {
+    pub fn on() -> CudnnDeterministic {
+        #[cfg(feature = "cuda-backend")]
+        mantissa::backend::cuda::conv::set_cudnn_deterministic(true);
+        CudnnDeterministic(())
+    }
+}
+
+impl Drop for CudnnDeterministic {
+    fn drop(&mut self) {
+        #[cfg(feature = "cuda-backend")]
+        mantissa::backend::cuda::conv::set_cudnn_deterministic(false);
+    }
+}

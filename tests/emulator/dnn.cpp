@@ -1,12 +1,20 @@
 // An emulated cuDNN 9 for the emulated driver (driver.cpp): 2-D cross-correlation forward,
 // backward data and backward filter in NCHW/KCRS or NHWC/KRSC, with groups, stride, padding
 // and dilation, computed naively on the host with f32 accumulation. It offers two
-// "algorithms" per pass, the first deterministic without a workspace, the second not, with a
-// 1 MiB workspace, so that the backend's choice and workspace paths run. It checks the
-// descriptors the backend builds (shapes agree, one format, one data type), not cuDNN itself.
-// The convolutions run when their stream does (queue.h).
+// "algorithms" per pass, the first without a workspace, the second with a 1 MiB one, so that
+// the backend's choice and workspace paths run. Both forward algorithms are deterministic, as
+// the real library documents all of its own; of backward data and backward filter, algorithm 0 is
+// reported non-deterministic (the real ALGO_0 of both adds with atomics) and sums in another
+// order each time it runs (the batch and output-channel loops rotated and reversed by a hash
+// of a call counter), so that two runs of the same call differ in their last f32 bits, and
+// algorithm 1 is deterministic. The heuristics and the timed search list algorithm 0 first.
+// It checks the descriptors the backend builds (shapes agree, one format, one data type),
+// not cuDNN itself, and refuses (BAD_PARAM, said on stderr) a call whose data pointers are
+// not 16-byte aligned, as the real library's tensor-core kernels require (a piece of a split
+// batch must start aligned). The convolutions run when their stream does (queue.h).
 
 #include "dnn.h"
+#include <atomic>
 
 
 API size_t cudnnGetVersion() { return 90100; }
@@ -89,24 +97,44 @@ struct Perf {
     int math;
     int reserved[3];
 };
-static Status candidates(const Tensor& x, const Tensor& w, const Conv& c, const Tensor& y, int requested,
-                         int* count, Perf* out) {
+// Whether algorithm `algo` of `pass` gives the same bits every run (see the top of the file).
+static bool deterministic(Pass pass, int algo) { return pass == FORWARD || algo == 1; }
+// The two algorithms, fastest (algorithm 0) first: its workspace, determinism and math type.
+static Status candidates(Pass pass, const Tensor& x, const Tensor& w, const Conv& c, const Tensor& y,
+                         int requested, int* count, Perf* out) {
     if (!agree(x, w, c, y)) return BAD_PARAM;
     *count = requested < 2 ? requested : 2;
-    for (int i = 0; i < *count; i++) out[i] = Perf{i, SUCCESS, 0.1f * (i + 1), i == 0 ? 0u : 1u << 20, i == 0, c.math, {0, 0, 0}};
+    for (int i = 0; i < *count; i++)
+        out[i] = Perf{i, SUCCESS, 0.1f * (i + 1), i == 0 ? 0u : 1u << 20, deterministic(pass, i), c.math, {0, 0, 0}};
     return SUCCESS;
 }
-#define QUERIES(NAME, A, B, C, D, ARGS)                                                            \
+#define QUERIES(NAME, PASS, A, B, C, D)                                                            \
     API Status NAME(void*, const Tensor* A, const Tensor* B, const Conv* C, const Tensor* D, int n, \
                     int* count, Perf* out) {                                                        \
-        return candidates ARGS;                                                                     \
+        return candidates(PASS, *x, *w, *c, *y, n, count, out);                                     \
     }
-QUERIES(cudnnGetConvolutionForwardAlgorithm_v7, x, w, c, y, (*x, *w, *c, *y, n, count, out))
-QUERIES(cudnnFindConvolutionForwardAlgorithm, x, w, c, y, (*x, *w, *c, *y, n, count, out))
-QUERIES(cudnnGetConvolutionBackwardDataAlgorithm_v7, w, y, c, x, (*x, *w, *c, *y, n, count, out))
-QUERIES(cudnnFindConvolutionBackwardDataAlgorithm, w, y, c, x, (*x, *w, *c, *y, n, count, out))
-QUERIES(cudnnGetConvolutionBackwardFilterAlgorithm_v7, x, y, c, w, (*x, *w, *c, *y, n, count, out))
-QUERIES(cudnnFindConvolutionBackwardFilterAlgorithm, x, y, c, w, (*x, *w, *c, *y, n, count, out))
+QUERIES(cudnnGetConvolutionForwardAlgorithm_v7, FORWARD, x, w, c, y)
+QUERIES(cudnnFindConvolutionForwardAlgorithm, FORWARD, x, w, c, y)
+QUERIES(cudnnGetConvolutionBackwardDataAlgorithm_v7, DATA, w, y, c, x)
+QUERIES(cudnnFindConvolutionBackwardDataAlgorithm, DATA, w, y, c, x)
+QUERIES(cudnnGetConvolutionBackwardFilterAlgorithm_v7, FILTER, x, y, c, w)
+QUERIES(cudnnFindConvolutionBackwardFilterAlgorithm, FILTER, x, y, c, w)
+
+// The summation order of a non-deterministic run: a hash (splitmix64) of how many such runs
+// came before it in this process, so that no two runs are likely to share one.
+static uint64_t next_order() {
+    static std::atomic<uint64_t> runs{0};
+    uint64_t z = runs.fetch_add(1) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+// The i-th of m loop indices in the order `v`: rotated by v % m, reversed when bit 40 is set;
+// v = 0 is the plain order.
+static int nth(int i, int m, uint64_t v) {
+    int j = (int)((i + v % (uint64_t)m) % (uint64_t)m);
+    return (v >> 40) & 1 ? m - 1 - j : j;
+}
 
 // A tensor's values as f32 in NCHW (KCRS) order, whatever its format.
 static std::vector<float> unpack(const Tensor& t, const void* p) {
@@ -118,7 +146,7 @@ static std::vector<float> unpack(const Tensor& t, const void* p) {
     return v;
 }
 void conv_compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
-                    const void* wp, const Conv& c, const Tensor& y, const void* yp) {
+                  const void* wp, const Conv& c, const Tensor& y, const void* yp, bool vary) {
     // The two inputs as f32 NCHW; the result accumulated in f32 NCHW. f32 inputs are rounded
     // to TF32 unless the math type is FMA (exact f32), as tensor cores read them.
     std::vector<float> X = pass == DATA ? std::vector<float>(x.size(), 0.0f) : unpack(x, xp);
@@ -130,9 +158,12 @@ void conv_compute(Pass pass, float alpha, float beta, const Tensor& x, const voi
                 for (float& v : *in) v = tf32(v);
     }
     int kg = w.n / c.groups;
-    for (int n = 0; n < y.n; n++)
-        for (int k = 0; k < y.c; k++)
-            for (int ci = 0; ci < w.c; ci++) {
+    // The batch and output-channel loops in this run's order: the weight's gradient adds the
+    // images' parts, the input's gradient the output channels', in that order.
+    uint64_t order = vary ? next_order() : 0;
+    for (int in = 0; in < y.n; in++)
+        for (int ik = 0; ik < y.c; ik++)
+            for (int ci = 0, n = nth(in, y.n, order), k = nth(ik, y.c, order >> 8); ci < w.c; ci++) {
                 int xc = (k / kg) * w.c + ci;
                 for (int r = 0; r < w.h; r++)
                     for (int s = 0; s < w.w; s++) {
@@ -181,8 +212,14 @@ static Status run(Handle* h, Pass pass, const float* alpha, const float* beta, c
                   const void* yp, int algo, size_t ws) {
     if (!agree(x, w, c, y) || algo < 0 || algo > 1) return BAD_PARAM;
     if (algo == 1 && ws < (1u << 20)) return BAD_PARAM;
+    for (const void* p : {xp, wp, yp})
+        if ((uintptr_t)p % 16 != 0) {
+            fprintf(stderr, "emulated cuDNN: a convolution's data pointer %p is not 16-byte aligned\n", p);
+            return BAD_PARAM;
+        }
     float al = *alpha, be = *beta;
-    later(h->stream, [=] { conv_compute(pass, al, be, x, xp, w, wp, c, y, yp); });
+    bool vary = !deterministic(pass, algo);
+    later(h->stream, [=] { conv_compute(pass, al, be, x, xp, w, wp, c, y, yp, vary); });
     return SUCCESS;
 }
 API Status cudnnConvolutionForward(Handle* h, const float* alpha, const Tensor* xd, const void* x, const Tensor* wd,

@@ -40,6 +40,7 @@ struct Conv {
 
 enum Pass { FORWARD, DATA, FILTER };
 // One pass of the convolution c, now, on the host (dnn.cpp): forward y = alpha conv(x, w) +
-// beta y, backward data into x, backward filter into w, f32 accumulation.
+// beta y, backward data into x, backward filter into w, f32 accumulation; `vary`: in another
+// summation order each run, as a non-deterministic algorithm adds.
 void conv_compute(Pass pass, float alpha, float beta, const Tensor& x, const void* xp, const Tensor& w,
-                  const void* wp, const Conv& c, const Tensor& y, const void* yp);
+                  const void* wp, const Conv& c, const Tensor& y, const void* yp, bool vary = false);

@@ -4,10 +4,14 @@
 // gradient whose input is x * scale + bias, clamped at 0 or not (Mul -> Add [-> ReLU] ->
 // ConvolutionBwdFilter, ConvBNwgrad's). Descriptors keep their attributes as set; finalizing
 // checks what each kind needs and that the operands agree, as the real library does. The
-// heuristics offer one engine configuration for either graph in f16 (f32 sums, f32 virtual
+// heuristics offer engine configurations for either graph in f16 (f32 sums, f32 virtual
 // intermediates), packed NHWC activations and KRSC weights, without dilation, and none for
 // anything else, so that the backend's unfused path runs (match_graph; the dilation rule is
-// this emulator's assumption, not a published one of cuDNN's). A plan asks for a 64 KiB
+// this emulator's assumption, not a published one of cuDNN's): one for the forward with its
+// sums, two for the weight gradient, the first with the numerical note NONDETERMINISTIC (its
+// sum over the batch in another order each run, as dnn.cpp's non-deterministic algorithms),
+// the second without, so that the backend's deterministic mode must read the engines' notes
+// (CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE) to skip it. A plan asks for a 64 KiB
 // workspace, so the backend's workspace path runs; executing checks that every tensor that is
 // not virtual has an address, 16-byte aligned (what the engines ask for), and queues the work
 // on the handle's stream: the convolution (dnn.cpp) and the sums of its stored output in f64
@@ -22,6 +26,7 @@ namespace {
 enum Kind {
     POINTWISE = 0,
     CONVOLUTION = 1,
+    ENGINE = 2,
     ENGINECFG = 3,
     ENGINEHEUR = 4,
     EXECUTION_PLAN = 5,
@@ -43,6 +48,7 @@ enum Type {
     T_VOID_PTR = 6,
     T_CONVOLUTION_MODE = 7,
     T_HEUR_MODE = 8,
+    T_NUMERICAL_NOTE = 11,
     T_POINTWISE_MODE = 14,
     T_BACKEND_DESCRIPTOR = 15,
     T_GENSTATS_MODE = 16,
@@ -60,6 +66,7 @@ enum Attr {
     HEUR_MODE = 200,
     HEUR_GRAPH = 201,
     HEUR_RESULTS = 202,
+    ENGINECFG_ENGINE = 300,
     PLAN_HANDLE = 400,
     PLAN_ENGINE_CONFIG = 401,
     PLAN_WORKSPACE_SIZE = 402,
@@ -95,9 +102,11 @@ enum Attr {
     PACK_UIDS = 1000,
     PACK_POINTERS = 1001,
     PACK_WORKSPACE = 1003,
+    ENGINE_NUMERICAL_NOTE = 1303,
 };
 enum { CROSS_CORRELATION = 1, GENSTATS_SUM_SQSUM = 0 };
 enum { PW_ADD = 0, PW_MUL = 1, PW_RELU_FWD = 100 };
+enum { NOTE_TENSOR_CORE = 0, NOTE_NONDETERMINISTIC = 4 };
 constexpr int64_t WORKSPACE = 64 << 10;
 
 // Bytes of one element of an attribute type: pointers and 64-bit values 8, bool 1, enums 4.
@@ -125,7 +134,8 @@ struct Desc {
     Conv conv;
     int pw_mode = -1; // a pointwise descriptor's mode
     const Desc* graph = nullptr;
-    bool supported = false; // an operation graph: the heuristics offer an engine for it
+    int engines = 0; // an operation graph: how many engine configurations the heuristics offer
+    int engine = 0;  // an engine, its configuration or a plan: which of the graph's engines
 
     // Attribute `name` as `n` values of type T (n < 0: any count), if set with type `type`.
     template <typename T> bool get(int name, int type, std::vector<T>& out, int n = -1) const {
@@ -314,7 +324,8 @@ Status finalize(Desc& d) {
             return BAD_PARAM;
         for (Desc* o : ops)
             if (!o || !o->final) return BAD_PARAM;
-        d.supported = match_graph(d).kind != Match::NONE;
+        Match m = match_graph(d);
+        d.engines = m.kind == Match::WGRAD ? 2 : m.kind == Match::FWD_STATS ? 1 : 0;
         return SUCCESS;
     }
     case ENGINEHEUR: {
@@ -327,7 +338,7 @@ Status finalize(Desc& d) {
     case EXECUTION_PLAN: {
         const Desc* cfg = d.desc(PLAN_ENGINE_CONFIG, ENGINECFG);
         if (!d.get(PLAN_HANDLE, T_HANDLE, p, 1) || !cfg || !cfg->graph) return BAD_PARAM;
-        d.graph = cfg->graph;
+        d.graph = cfg->graph, d.engine = cfg->engine;
         return SUCCESS;
     }
     case VARIANT_PACK: {
@@ -340,6 +351,10 @@ Status finalize(Desc& d) {
     default: return NOT_SUPPORTED;
     }
 }
+
+// Whether the engine of an engine descriptor or a plan adds in another order each run: the
+// weight gradient's first (see the top of the file).
+bool nondeterministic(const Desc& d) { return d.engine == 0 && match_graph(*d.graph).kind == Match::WGRAD; }
 
 // The address the pack gives tensor t: 16-byte aligned, or null (said on stderr).
 void* address(const Desc* pack, const Desc* t) {
@@ -389,7 +404,7 @@ Status run_fwd_stats(Handle* h, const Match& m, const Desc* pack) {
 
 // Queues the prologue (x * scale + bias, clamped with a ReLU, in f32, rounded to f16 as the
 // convolution's operand) and the weight's gradient.
-Status run_wgrad(Handle* h, const Match& m, const Desc* pack) {
+Status run_wgrad(Handle* h, const Match& m, const Desc* pack, bool vary) {
     const Desc* ts[] = {m.mul->desc(OP_PW_X, TENSOR), m.mul->desc(OP_PW_B, TENSOR), m.add->desc(OP_PW_B, TENSOR),
                         m.wgrad->desc(WGRAD_DY, TENSOR), m.wgrad->desc(WGRAD_DW, TENSOR)};
     void* at[5] = {};
@@ -413,7 +428,7 @@ Status run_wgrad(Handle* h, const Match& m, const Desc* pack) {
                         store(in.data(), HALF, i, relu && v < 0.0f ? 0.0f : v);
                     }
             }
-        conv_compute(FILTER, al, be, x, in.data(), dw, at[4], c, dy, at[3]);
+        conv_compute(FILTER, al, be, x, in.data(), dw, at[4], c, dy, at[3], vary);
     });
     return SUCCESS;
 }
@@ -423,6 +438,7 @@ API Status cudnnBackendCreateDescriptor(int kind, Desc** d) {
     switch (kind) {
     case POINTWISE:
     case CONVOLUTION:
+    case ENGINE:
     case ENGINECFG:
     case ENGINEHEUR:
     case EXECUTION_PLAN:
@@ -457,14 +473,30 @@ API Status cudnnBackendGetAttribute(const Desc* d, int name, int type, int64_t r
                                     void* out) {
     if (!d || !d->final || !count) return BAD_PARAM;
     if (d->kind == ENGINEHEUR && name == HEUR_RESULTS && type == T_BACKEND_DESCRIPTOR) {
-        int64_t n = d->graph->supported ? 1 : 0;
+        int64_t n = d->graph->engines;
         if (requested == 0) return *count = n, SUCCESS;
         *count = std::min(n, requested);
         for (int64_t i = 0; i < *count; i++) {
             Desc* cfg = ((Desc**)out)[i];
             if (!cfg || cfg->kind != ENGINECFG) return BAD_PARAM;
-            cfg->graph = d->graph, cfg->final = true;
+            cfg->graph = d->graph, cfg->engine = (int)i, cfg->final = true;
         }
+        return SUCCESS;
+    }
+    // A configuration's engine, copied into the caller's engine descriptor.
+    if (d->kind == ENGINECFG && name == ENGINECFG_ENGINE && type == T_BACKEND_DESCRIPTOR && requested >= 1) {
+        Desc* e = ((Desc**)out)[0];
+        if (!e || e->kind != ENGINE) return BAD_PARAM;
+        e->graph = d->graph, e->engine = d->engine, e->final = true;
+        return *count = 1, SUCCESS;
+    }
+    // An engine's numerical notes: tensor cores, and NONDETERMINISTIC for the weight
+    // gradient's first engine.
+    if (d->kind == ENGINE && name == ENGINE_NUMERICAL_NOTE && type == T_NUMERICAL_NOTE) {
+        std::vector<int> notes{NOTE_TENSOR_CORE};
+        if (nondeterministic(*d)) notes.push_back(NOTE_NONDETERMINISTIC);
+        *count = std::min<int64_t>((int64_t)notes.size(), requested);
+        if (*count > 0) memcpy(out, notes.data(), *count * sizeof(int));
         return SUCCESS;
     }
     if (d->kind == EXECUTION_PLAN && name == PLAN_WORKSPACE_SIZE && type == T_INT64 && requested >= 1) {
@@ -487,7 +519,7 @@ API Status cudnnBackendExecute(Handle* h, const Desc* plan, const Desc* pack) {
     Match m = match_graph(*plan->graph);
     switch (m.kind) {
     case Match::FWD_STATS: return run_fwd_stats(h, m, pack);
-    case Match::WGRAD: return run_wgrad(h, m, pack);
+    case Match::WGRAD: return run_wgrad(h, m, pack, nondeterministic(*plan));
     default: return BAD_PARAM;
     }
 }

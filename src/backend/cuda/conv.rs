@@ -8,8 +8,8 @@
 //! (`torch.backends.cudnn.allow_tf32 = True`); [`set_cudnn_allow_tf32`]`(false)` makes them
 //! exact f32 (FMA math). f16 and bf16 use tensor cores with f32 accumulation.
 
-use super::conv_desc::{dnn_err, Descriptors, Pass};
-use super::limits::{items_per_call, library_index_limit};
+use super::conv_desc::{dnn_err, list, Algo, Candidate, Descriptors, Pass};
+use super::limits::{aligned_items, items_per_call, library_index_limit, LIBRARY_ALIGN};
 use super::storage::{float_kname, CudaStorage, Dense};
 pub use super::tf32::{cudnn_allow_tf32, set_cudnn_allow_tf32};
 use crate::backend::spec::ConvDims;
@@ -43,7 +43,21 @@ pub fn cudnn_benchmark() -> bool {
 }
 
 /// Restricts convolutions to deterministic algorithms, so a run repeats bit for bit
-/// (PyTorch's `torch.backends.cudnn.deterministic = True`). Off by default.
+/// (PyTorch's `torch.backends.cudnn.deterministic = True`): cuDNN's backward algorithms
+/// that add with atomics (reported `CUDNN_NON_DETERMINISTIC`) are never chosen, by the
+/// heuristics or by [`set_cudnn_benchmark`]'s timing (cuDNN's search times every algorithm;
+/// the fastest deterministic one is kept), and the graph API's fused convolutions
+/// ([`super::conv_stats::set_conv_bn_fusion`]) run only on engines without the numerical
+/// note `NONDETERMINISTIC`, or unfused. Choices are remembered per shape and per setting of
+/// this switch. Off by default; read at each convolution, so set it before the runs that
+/// must agree (a process-wide switch).
+///
+/// ```
+/// use mantissa::backend::cuda::conv::{cudnn_deterministic, set_cudnn_deterministic};
+/// set_cudnn_deterministic(true);
+/// assert!(cudnn_deterministic());
+/// set_cudnn_deterministic(false);
+/// ```
 pub fn set_cudnn_deterministic(on: bool) {
     DETERMINISTIC.store(on, Ordering::Relaxed);
 }
@@ -51,24 +65,6 @@ pub fn set_cudnn_deterministic(on: bool) {
 /// Whether only deterministic convolution algorithms are used.
 pub fn cudnn_deterministic() -> bool {
     DETERMINISTIC.load(Ordering::Relaxed)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Algo {
-    Forward(sys::cudnnConvolutionFwdAlgo_t),
-    Data(sys::cudnnConvolutionBwdDataAlgo_t),
-    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
-}
-
-/// One algorithm cuDNN offers for a problem.
-#[derive(Debug, Clone, Copy)]
-struct Candidate {
-    algo: Algo,
-    workspace: usize,
-    deterministic: bool,
-    /// The math type cuDNN chose the algorithm with; set on the descriptor before it runs
-    /// (cuDNN picks tensor-core kernels from the algorithm and this together).
-    math: sys::cudnnMathType_t,
 }
 
 /// Everything the algorithm choice depends on.
@@ -90,109 +86,6 @@ fn chosen() -> &'static Mutex<HashMap<Key, Candidate>> {
     CHOSEN.get_or_init(Default::default)
 }
 
-/// Up to this many candidates are asked for (cuDNN has at most 8 per pass).
-const MAX_ALGOS: usize = 10;
-
-/// Runs a cuDNN `Get*_v7` (heuristic) or `Find*` (timed) query `$f($args.., n, count, perf)`
-/// and lists the candidates that can run, best first.
-macro_rules! candidates {
-    ($perf:ty, $variant:path, $f:path, $($arg:expr),+) => {{
-        // SAFETY: the perf structs are plain C data (all-zero is a valid value of each field);
-        // the handle and descriptors in the arguments are alive and the buffer holds
-        // MAX_ALGOS entries.
-        let mut perf: Vec<$perf> = vec![unsafe { std::mem::zeroed() }; MAX_ALGOS];
-        let mut count = 0i32;
-        let status = unsafe { $f($($arg),+, MAX_ALGOS as i32, &mut count, perf.as_mut_ptr()) };
-        let list = perf[..count.max(0) as usize]
-            .iter()
-            .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
-            .map(|p| Candidate {
-                algo: $variant(p.algo),
-                workspace: p.memory,
-                deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
-                math: p.mathType,
-            })
-            .collect::<Vec<Candidate>>();
-        (status, list)
-    }};
-}
-
-fn list(
-    h: sys::cudnnHandle_t,
-    pass: Pass,
-    s: &Descriptors,
-    timed: bool,
-) -> (sys::cudnnStatus_t, Vec<Candidate>) {
-    use sys::{
-        cudnnConvolutionBwdDataAlgoPerf_t as DataPerf,
-        cudnnConvolutionBwdFilterAlgoPerf_t as FilterPerf,
-        cudnnConvolutionFwdAlgoPerf_t as FwdPerf,
-    };
-    let (x, w, y, c) = (s.x, s.w, s.y, s.conv);
-    match (pass, timed) {
-        (Pass::Forward, false) => candidates!(
-            FwdPerf,
-            Algo::Forward,
-            sys::cudnnGetConvolutionForwardAlgorithm_v7,
-            h,
-            x,
-            w,
-            c,
-            y
-        ),
-        (Pass::Forward, true) => candidates!(
-            FwdPerf,
-            Algo::Forward,
-            sys::cudnnFindConvolutionForwardAlgorithm,
-            h,
-            x,
-            w,
-            c,
-            y
-        ),
-        (Pass::Data, false) => candidates!(
-            DataPerf,
-            Algo::Data,
-            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7,
-            h,
-            w,
-            y,
-            c,
-            x
-        ),
-        (Pass::Data, true) => candidates!(
-            DataPerf,
-            Algo::Data,
-            sys::cudnnFindConvolutionBackwardDataAlgorithm,
-            h,
-            w,
-            y,
-            c,
-            x
-        ),
-        (Pass::Filter, false) => candidates!(
-            FilterPerf,
-            Algo::Filter,
-            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7,
-            h,
-            x,
-            y,
-            c,
-            w
-        ),
-        (Pass::Filter, true) => candidates!(
-            FilterPerf,
-            Algo::Filter,
-            sys::cudnnFindConvolutionBackwardFilterAlgorithm,
-            h,
-            x,
-            y,
-            c,
-            w
-        ),
-    }
-}
-
 /// Runs one pass: `a` and `b` are the two inputs (forward: x, w; data: dy, w; filter: x, dy),
 /// `out` the result (`beta` times its previous values added: 0 or 1), all dense on one
 /// device: NCHW / KCRS, or NHWC / KRSC when `d.channels_last`.
@@ -201,6 +94,13 @@ fn list(
 /// pieces of the batch that fit (the batch is the outermost dim in both layouts, so a piece
 /// is a contiguous range); the weight's gradient adds each piece's part onto the first's.
 /// One image past the limit, or a weight past it, is [`Error::TooLarge`].
+///
+/// Every piece starts on a 16-byte boundary, as cuDNN's tensor-core kernels require: the
+/// pieces hold a whole number of the images after which both activations line up again
+/// (`limits::aligned_items`: 8 images of an odd number of f16 elements). Where even that
+/// many images pass the limit (huge images of such sizes), a piece that would start
+/// unaligned runs on aligned copies of its images instead ([`run_staged`]), at the cost of
+/// a piece's worth of memory and copies.
 fn run(
     pass: Pass,
     d: &ConvDims,
@@ -229,7 +129,12 @@ fn run(
     if d.n <= per_call {
         return run_piece(pass, d, a.rt(), a.dtype(), ptrs, beta);
     }
-    let elem = a.dtype().size_in_bytes() as u64;
+    let elem_bytes = a.dtype().size_in_bytes();
+    let (per_call, staged) = match aligned_items(per_call, elem_bytes, &[input, output]) {
+        0 => (per_call, true),
+        k => (k, false),
+    };
+    let elem = elem_bytes as u64;
     for start in (0..d.n).step_by(per_call) {
         let piece = ConvDims {
             n: per_call.min(d.n - start),
@@ -248,9 +153,54 @@ fn run(
             // Every piece adds its part of the weight's gradient onto the first's.
             Pass::Filter => ((pa + i, pb + o, po), if start == 0 { beta } else { 1.0 }),
         };
-        run_piece(pass, &piece, a.rt(), a.dtype(), ptrs, beta)?;
+        let aligned = [ptrs.0, ptrs.1, ptrs.2]
+            .iter()
+            .all(|p| p % LIBRARY_ALIGN as u64 == 0);
+        match staged && !aligned {
+            true => run_staged(pass, &piece, start, (a, b, out), beta)?,
+            false => run_piece(pass, &piece, a.rt(), a.dtype(), ptrs, beta)?,
+        }
     }
     Ok(())
+}
+
+/// The piece of `piece.n` images from image `start` of a split batch (see [`run`]) over
+/// 16-byte aligned copies of its operands that are split with the batch: their images copied
+/// out, the result computed into a copy (of its previous values where `beta` adds onto them)
+/// and copied back into place.
+fn run_staged(
+    pass: Pass,
+    piece: &ConvDims,
+    start: usize,
+    (a, b, out): (&CudaStorage, &CudaStorage, &CudaStorage),
+    beta: f32,
+) -> Result<()> {
+    let (input, output) = (piece.c * piece.h * piece.w, piece.o * piece.ho * piece.wo);
+    // Elements per image of the operands split with the batch (a, b, out; the weight or
+    // its gradient is not).
+    let (ea, eb, eo) = match pass {
+        Pass::Forward => (Some(input), None, Some(output)),
+        Pass::Data => (Some(output), None, Some(input)),
+        Pass::Filter => (Some(input), Some(output), None),
+    };
+    // The piece's images of `s` (`e` elements each) as a new, aligned storage.
+    let images = |s: &CudaStorage, e: usize| {
+        s.copy_strided(&Layout::new(vec![piece.n * e], vec![1], start * e))
+    };
+    let ta = ea.map(|e| images(a, e)).transpose()?;
+    let tb = eb.map(|e| images(b, e)).transpose()?;
+    let to = match eo {
+        Some(e) if beta != 0.0 => Some(images(out, e)?),
+        Some(e) => Some(CudaStorage::alloc_on(out.rt(), out.dtype(), piece.n * e)?),
+        None => None,
+    };
+    let at = |t: &Option<CudaStorage>, s: &CudaStorage| t.as_ref().map_or(s.ptr(), |t| t.ptr());
+    let ptrs = (at(&ta, a), at(&tb, b), at(&to, out));
+    run_piece(pass, piece, a.rt(), a.dtype(), ptrs, beta)?;
+    match (to, eo) {
+        (Some(t), Some(e)) => out.write_at(start * e, &t),
+        _ => Ok(()),
+    }
 }
 
 /// One cuDNN call of `pass` over the problem `d`, whose tensors fit cuDNN's limits: the
@@ -361,8 +311,9 @@ fn run_piece(
             );
             // SAFETY: the pointers address contiguous NCHW (NHWC) buffers of the shapes in
             // the descriptors, on this device (a piece of the batch starts inside its
-            // storage: `run` offsets by whole images below `d.n`); the workspace holds `c.workspace` bytes; the
-            // handle's stream is the runtime's stream, which orders these buffers' uses.
+            // storage: `run` offsets by whole images below `d.n`, or `run_staged` passes
+            // copies of the piece); the workspace holds `c.workspace` bytes; the handle's
+            // stream is the runtime's stream, which orders these buffers' uses.
             let status = unsafe {
                 match c.algo {
                     Algo::Forward(al) => sys::cudnnConvolutionForward(

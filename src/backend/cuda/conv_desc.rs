@@ -1,5 +1,7 @@
 //! The cuDNN descriptors of one convolution problem (`conv.rs`): input, filter, output and
-//! the convolution itself, in NCHW / KCRS or NHWC / KRSC, destroyed on drop.
+//! the convolution itself, in NCHW / KCRS or NHWC / KRSC, destroyed on drop; and the
+//! algorithms cuDNN lists for them ([`list`]), with their workspace, determinism and math
+//! type.
 
 use crate::backend::spec::ConvDims;
 use crate::{DType, Device, Error, Result};
@@ -145,5 +147,130 @@ impl Descriptors {
                 .map_err(|e| err("group count", e.0))?;
         }
         Ok(s)
+    }
+}
+
+/// A cuDNN algorithm of one pass (its name in the profiler's label of the call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// One algorithm cuDNN offers for a problem.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Candidate {
+    pub(super) algo: Algo,
+    pub(super) workspace: usize,
+    pub(super) deterministic: bool,
+    /// The math type cuDNN chose the algorithm with; set on the descriptor before it runs
+    /// (cuDNN picks tensor-core kernels from the algorithm and this together).
+    pub(super) math: sys::cudnnMathType_t,
+}
+
+/// Up to this many candidates are asked for (cuDNN has at most 8 per pass).
+const MAX_ALGOS: usize = 10;
+
+/// Runs a cuDNN `Get*_v7` (heuristic) or `Find*` (timed) query `$f($args.., n, count, perf)`
+/// and lists the candidates that can run, best first.
+macro_rules! candidates {
+    ($perf:ty, $variant:path, $f:path, $($arg:expr),+) => {{
+        // SAFETY: the perf structs are plain C data (all-zero is a valid value of each field);
+        // the handle and descriptors in the arguments are alive and the buffer holds
+        // MAX_ALGOS entries.
+        let mut perf: Vec<$perf> = vec![unsafe { std::mem::zeroed() }; MAX_ALGOS];
+        let mut count = 0i32;
+        let status = unsafe { $f($($arg),+, MAX_ALGOS as i32, &mut count, perf.as_mut_ptr()) };
+        let list = perf[..count.max(0) as usize]
+            .iter()
+            .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+            .map(|p| Candidate {
+                algo: $variant(p.algo),
+                workspace: p.memory,
+                deterministic: p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
+                math: p.mathType,
+            })
+            .collect::<Vec<Candidate>>();
+        (status, list)
+    }};
+}
+
+/// The candidates cuDNN lists for `pass` of the problem `s` on handle `h`, best first: by its
+/// heuristics, or timed (`cudnnFind*`: every algorithm run once) when `timed`; with the
+/// query's status.
+pub(super) fn list(
+    h: sys::cudnnHandle_t,
+    pass: Pass,
+    s: &Descriptors,
+    timed: bool,
+) -> (sys::cudnnStatus_t, Vec<Candidate>) {
+    use sys::{
+        cudnnConvolutionBwdDataAlgoPerf_t as DataPerf,
+        cudnnConvolutionBwdFilterAlgoPerf_t as FilterPerf,
+        cudnnConvolutionFwdAlgoPerf_t as FwdPerf,
+    };
+    let (x, w, y, c) = (s.x, s.w, s.y, s.conv);
+    match (pass, timed) {
+        (Pass::Forward, false) => candidates!(
+            FwdPerf,
+            Algo::Forward,
+            sys::cudnnGetConvolutionForwardAlgorithm_v7,
+            h,
+            x,
+            w,
+            c,
+            y
+        ),
+        (Pass::Forward, true) => candidates!(
+            FwdPerf,
+            Algo::Forward,
+            sys::cudnnFindConvolutionForwardAlgorithm,
+            h,
+            x,
+            w,
+            c,
+            y
+        ),
+        (Pass::Data, false) => candidates!(
+            DataPerf,
+            Algo::Data,
+            sys::cudnnGetConvolutionBackwardDataAlgorithm_v7,
+            h,
+            w,
+            y,
+            c,
+            x
+        ),
+        (Pass::Data, true) => candidates!(
+            DataPerf,
+            Algo::Data,
+            sys::cudnnFindConvolutionBackwardDataAlgorithm,
+            h,
+            w,
+            y,
+            c,
+            x
+        ),
+        (Pass::Filter, false) => candidates!(
+            FilterPerf,
+            Algo::Filter,
+            sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+            h,
+            x,
+            y,
+            c,
+            w
+        ),
+        (Pass::Filter, true) => candidates!(
+            FilterPerf,
+            Algo::Filter,
+            sys::cudnnFindConvolutionBackwardFilterAlgorithm,
+            h,
+            x,
+            y,
+            c,
+            w
+        ),
     }
 }

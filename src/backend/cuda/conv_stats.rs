@@ -84,8 +84,8 @@ pub(super) fn eligible(dtype: DType, d: &ConvDims) -> bool {
 }
 
 /// The graph `y = conv(x, w); sum, sqsum = genstats(y)` for `d` (f16 NHWC / KRSC, f32
-/// sums), built into a plan on `h`.
-fn build(h: sys::cudnnHandle_t, d: &ConvDims) -> Result<Built> {
+/// sums), built into a plan on `h` (on a deterministic engine when `deterministic`).
+fn build(h: sys::cudnnHandle_t, d: &ConvDims, deterministic: bool) -> Result<Built> {
     let half = sys::cudnnDataType_t::CUDNN_DATA_HALF;
     let float = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
     let [xd, wd, yd] = conv_dims(d);
@@ -132,7 +132,12 @@ fn build(h: sys::cudnnHandle_t, d: &ConvDims) -> Result<Built> {
         return Ok(Built::Declined(why));
     }
     // The operations are the last two descriptors.
-    Plan::build(h, vec![x, w, y, sum, sqsum, conv, fwd, stats], 2)
+    Plan::build(
+        h,
+        vec![x, w, y, sum, sqsum, conv, fwd, stats],
+        2,
+        deterministic,
+    )
 }
 
 /// `conv2d` of f16 channels-last `x` and `w` whose epilogue also writes the per-channel sums
@@ -162,7 +167,7 @@ pub(crate) fn conv2d_with_sums(
     let sums = CudaStorage::alloc_on(&rt, DType::F32, 2 * d.o)?;
     let ran = rt.with_cudnn(|h| -> Result<bool> {
         let what = "convolution with channel sums";
-        let Some(plan) = plan_for(plans(), &key, what, || build(h, d))? else {
+        let Some(plan) = plan_for(plans(), &key, what, || build(h, d, key.deterministic()))? else {
             return Ok(false);
         };
         let sq = sums.ptr() + 4 * d.o as u64;
@@ -215,8 +220,15 @@ impl Fused<'_> {
         let prof = super::profile::library(
             rt,
             || {
+                // A plan on a non-deterministic engine says so (what deterministic mode
+                // avoids: `conv::set_cudnn_deterministic`).
+                let nondet = if plan.nondeterministic {
+                    " nondeterministic"
+                } else {
+                    ""
+                };
                 format!(
-                    "cudnn {} n{} c{} {}x{} o{} k{}x{} s{} f16 nhwc",
+                    "cudnn {} n{} c{} {}x{} o{} k{}x{} s{} f16 nhwc{nondet}",
                     self.label, d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.p.stride[0]
                 )
             },

@@ -78,8 +78,8 @@ fn pointwise(
 
 /// The graph `dw = wgrad(relu?(x * scale + bias), dy)` for `d` (f16 NHWC x and dy, f16
 /// `[1, c, 1, 1]` scale and bias, f16 KRSC dw; the intermediates virtual, in f32), built into
-/// a plan on `h`.
-fn build(h: sys::cudnnHandle_t, d: &ConvDims, relu: bool) -> Result<Built> {
+/// a plan on `h` (on a deterministic engine when `deterministic`).
+fn build(h: sys::cudnnHandle_t, d: &ConvDims, relu: bool, deterministic: bool) -> Result<Built> {
     use sys::cudnnPointwiseMode_t::{
         CUDNN_POINTWISE_ADD, CUDNN_POINTWISE_MUL, CUDNN_POINTWISE_RELU_FWD,
     };
@@ -138,7 +138,7 @@ fn build(h: sys::cudnnHandle_t, d: &ConvDims, relu: bool) -> Result<Built> {
     let n = ops.len();
     descs.extend(ops.into_iter().map(|(op, _)| op));
     // The operations are the last `n` descriptors.
-    Plan::build(h, descs, n)
+    Plan::build(h, descs, n, deterministic)
 }
 
 /// The f16 scale and bias `[2, c]` of batch norm's map from its coefficients `coef` (`[4, c]`
@@ -211,7 +211,11 @@ pub(crate) fn conv2d_backward_weight_affine(
     let what = "weight gradient with batch norm's map in its prologue";
     let plan = match known {
         Some(plan) => plan,
-        None => rt.with_cudnn(|h| plan_for(plans(relu), &key, what, || build(h, d, relu)))??,
+        None => rt.with_cudnn(|h| {
+            plan_for(plans(relu), &key, what, || {
+                build(h, d, relu, key.deterministic())
+            })
+        })??,
     };
     let Some(plan) = plan else {
         return Ok(None);

@@ -1,7 +1,8 @@
 //! cuDNN's graph (backend) API, the part the engine uses: descriptors made, given their
 //! attributes and finalized ([`Desc`]); an operation graph turned into an execution plan by
 //! cuDNN's heuristics ([`Plan::build`]: mode A, then the fallback list, the first engine
-//! configuration that finalizes wins); a plan run on a variant pack of device addresses
+//! configuration that finalizes wins, in deterministic mode the first whose engine has no
+//! `NONDETERMINISTIC` numerical note); a plan run on a variant pack of device addresses
 //! ([`Plan::execute`]). cudarc wraps none of this safely, so this file holds the raw calls.
 //!
 //! A graph cuDNN cannot run (no engine, or none that finalizes for these operands) is
@@ -240,23 +241,31 @@ pub(super) fn op_ready(op: &Desc, what: &str) -> std::result::Result<(), String>
     op.finalize().map_err(|s| format!("{what}: {s:?}"))
 }
 
-/// Everything a convolution graph's plan depends on: the device (its handle) and the
-/// problem.
+/// Everything a convolution graph's plan depends on: the device (its handle), the problem,
+/// and whether only deterministic engines may run it (`conv::set_cudnn_deterministic`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct ConvKey {
     device: Device,
     dims: [usize; 9],
     params: [usize; 7],
+    deterministic: bool,
 }
 
 impl ConvKey {
+    /// The key of `d` on `device` under the deterministic switch as it is now.
     pub(super) fn new(device: Device, d: &ConvDims) -> ConvKey {
         let (dims, params) = d.key();
         ConvKey {
             device,
             dims,
             params,
+            deterministic: super::conv::cudnn_deterministic(),
         }
+    }
+
+    /// Whether the plan must run on a deterministic engine.
+    pub(super) fn deterministic(&self) -> bool {
+        self.deterministic
     }
 }
 
@@ -341,6 +350,9 @@ pub(super) enum Built {
 pub(super) struct Plan {
     plan: Desc,
     pub(super) workspace: usize,
+    /// Its engine carries the numerical note `NONDETERMINISTIC` (named in the profiler's
+    /// label of its runs).
+    pub(super) nondeterministic: bool,
     _keep: Vec<Desc>,
 }
 
@@ -348,8 +360,16 @@ impl Plan {
     /// Builds the operation graph of the last `ops` descriptors of `descs` (the ones before
     /// are the tensors and others they refer to) on handle `h`, and the first execution
     /// plan that finalizes among the engine configurations cuDNN's heuristics list (mode A,
-    /// then the fallback list).
-    pub(super) fn build(h: sys::cudnnHandle_t, descs: Vec<Desc>, ops: usize) -> Result<Built> {
+    /// then the fallback list). With `deterministic`, a configuration whose engine carries
+    /// the numerical note `NONDETERMINISTIC` (it adds with atomics), or whose notes cannot be
+    /// read, is skipped, as PyTorch's `cudnn.deterministic` filters them; the graph is
+    /// declined when no other one runs it.
+    pub(super) fn build(
+        h: sys::cudnnHandle_t,
+        descs: Vec<Desc>,
+        ops: usize,
+        deterministic: bool,
+    ) -> Result<Built> {
         let graph = Desc::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
         graph.handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, h)?;
         let first = descs.len().saturating_sub(ops);
@@ -375,6 +395,20 @@ impl Plan {
                 continue;
             }
             for cfg in configs(&heur)? {
+                let nondet = nondeterministic(&cfg);
+                if deterministic {
+                    match &nondet {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            last = format!("only non-deterministic engines ({mode:?})");
+                            continue;
+                        }
+                        Err(e) => {
+                            last = format!("an engine's numerical notes ({mode:?}): {e}");
+                            continue;
+                        }
+                    }
+                }
                 let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
                 plan.handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?;
                 plan.descs(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?;
@@ -386,6 +420,7 @@ impl Plan {
                         return Ok(Built::Plan(Plan {
                             plan,
                             workspace: usize::try_from(ws).unwrap_or(0),
+                            nondeterministic: matches!(nondet, Ok(true)),
                             _keep: keep,
                         }));
                     }
@@ -427,6 +462,45 @@ impl Plan {
             s => Err(format!("{s:?}")),
         }
     }
+}
+
+/// Whether the engine of configuration `cfg` (as the heuristics filled it in) carries the
+/// numerical note `NONDETERMINISTIC`; `Err` where cuDNN does not say.
+fn nondeterministic(cfg: &Desc) -> Result<bool> {
+    use sys::cudnnBackendNumericalNote_t as Note;
+    let engine = Desc::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    let (mut raw, mut n) = (engine.0, 0i64);
+    // SAFETY: room for one descriptor, the created engine descriptor cuDNN copies the
+    // configuration's engine into.
+    let s = unsafe {
+        sys::cudnnBackendGetAttribute(
+            cfg.0,
+            Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
+            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            1,
+            &mut n,
+            &mut raw as *mut sys::cudnnBackendDescriptor_t as *mut c_void,
+        )
+    };
+    status(|| "reading an engine configuration's engine".into(), s)?;
+    // The notes as their C enum's values (u32), so that a value these bindings do not name
+    // is still a valid one to hold.
+    let mut notes = [u32::MAX; Note::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize];
+    let mut got = 0i64;
+    // SAFETY: room for `notes.len()` enum values, as requested.
+    let s = unsafe {
+        sys::cudnnBackendGetAttribute(
+            engine.0,
+            Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+            Ty::CUDNN_TYPE_NUMERICAL_NOTE,
+            notes.len() as i64,
+            &mut got,
+            notes.as_mut_ptr() as *mut c_void,
+        )
+    };
+    status(|| "reading an engine's numerical notes".into(), s)?;
+    let got = got.clamp(0, notes.len() as i64) as usize;
+    Ok(notes[..got].contains(&(Note::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32)))
 }
 
 /// The engine configurations the finalized heuristics `heur` lists, best first.

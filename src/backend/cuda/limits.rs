@@ -3,6 +3,10 @@
 //! the limit is split along the batch into pieces that fit (PyTorch does the same for its
 //! convolutions), or runs on the engine's own kernels, which index in 64 bits.
 //!
+//! A piece of the batch starts on a 16-byte boundary, as cuDNN's tensor-core kernels and its
+//! graph API require of every pointer: `aligned_items` cuts the batch where every split
+//! tensor's piece does.
+//!
 //! `MANTISSA_CUDA_INDEX_LIMIT` (elements, read once) lowers the limit, so that the split can
 //! be exercised without gigabytes of data; the emulated cuDNN of the tests reads the same
 //! variable and refuses what passes it.
@@ -40,9 +44,46 @@ pub(crate) fn items_per_call(per_item: usize) -> Option<usize> {
     }
 }
 
+/// The byte alignment cuDNN's tensor-core kernels and its graph API ask of every data
+/// pointer.
+pub(crate) const LIBRARY_ALIGN: usize = 16;
+
+/// `items` rounded down to a whole number of runs of the fewest items after which every
+/// tensor split with the batch (`per_item` elements each, of `elem_bytes` bytes) ends on a
+/// [`LIBRARY_ALIGN`]-byte boundary: a batch cut into pieces of that many items, from an
+/// aligned start, starts every piece aligned. 0 when `items` is below one such run.
+pub(crate) fn aligned_items(items: usize, elem_bytes: usize, per_item: &[usize]) -> usize {
+    // Each tensor's run is a power of two (16 over the largest power of two, at most 16,
+    // that divides an item's bytes), so the longest of them is a whole number of the others.
+    let run = per_item
+        .iter()
+        .map(|&n| {
+            let bytes = n.saturating_mul(elem_bytes);
+            LIBRARY_ALIGN >> bytes.trailing_zeros().min(LIBRARY_ALIGN.trailing_zeros())
+        })
+        .max()
+        .unwrap_or(1);
+    items / run * run
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{items_per_call, library_index_limit};
+    use super::{aligned_items, items_per_call, library_index_limit};
+
+    #[test]
+    fn pieces_are_cut_where_every_split_tensor_starts_aligned() {
+        // f16 items of an odd number of elements: 8 of them make 16 bytes.
+        assert_eq!(aligned_items(13, 2, &[189, 315]), 8);
+        assert_eq!(aligned_items(7, 2, &[189, 315]), 0);
+        // f32: 4 items of an odd count; 2 of 6 elements (24 bytes: 48 = 3 x 16).
+        assert_eq!(aligned_items(13, 4, &[189]), 12);
+        assert_eq!(aligned_items(13, 4, &[6]), 12);
+        assert_eq!(aligned_items(13, 4, &[6, 8]), 12);
+        // Items of whole 16-byte vectors: any count; the longest run rules.
+        assert_eq!(aligned_items(13, 2, &[8, 24]), 13);
+        assert_eq!(aligned_items(13, 2, &[8, 4]), 12);
+        assert_eq!(aligned_items(usize::MAX, 2, &[0]), usize::MAX);
+    }
 
     #[test]
     fn a_batch_is_cut_where_its_pieces_fit_the_limit() {

@@ -422,6 +422,17 @@ impl CudaStorage {
         Ok(())
     }
 
+    /// Writes all of `src` (same dtype) over this storage's elements from `offset` on, by a
+    /// device copy.
+    pub(crate) fn write_at(&self, offset: usize, src: &CudaStorage) -> Result<()> {
+        if src.dtype != self.dtype || offset + src.len > self.len {
+            let (n, t, len, dt) = (src.len, src.dtype, self.len, self.dtype);
+            let msg = format!("internal: writing {n} {t:?} values at {offset} of {len} {dt:?}");
+            return Err(Error::invalid("copy", msg));
+        }
+        self.dtod(self.ptr_at(offset), src.ptr(), src.len)
+    }
+
     /// The view `l` as a new contiguous storage (a device copy, or a strided-copy kernel).
     pub(crate) fn copy_strided(&self, l: &Layout) -> Result<CudaStorage> {
         let n = l.numel();

@@ -1,0 +1,51 @@
+//! The CUDA test files as one binary for the GPU machine (`bench/prepare_gpu.sh` packs it;
+//! `bench/gpu_session.sh` runs it): each file is a module here, so the engine is linked once
+//! instead of once per file, and a module runs alone by its name as a filter
+//! (`gpu_suite cuda_parity::`). Not built by a plain `cargo test` (`test = false` in
+//! Cargo.toml: CI runs the files as their own binaries); `cargo test --release --test
+//! gpu_suite` builds and runs it.
+//!
+//! Run it with `--test-threads 1`: the files hold process-wide switches (TF32, cuDNN's
+//! benchmark and deterministic modes, the batch-norm and fusion switches, the recompute
+//! policy, the profiler), each behind a lock of its own, which serialises a file's tests
+//! but not two files' against each other. hostile_input's counting allocator becomes the
+//! whole binary's (it counts per thread and forwards every call to the system's).
+
+// Each file declares its own `mod common;` (the shared helpers of tests/common), as a test
+// binary of its own must: here that module is compiled once per file that uses it.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "../batch_size.rs"]
+mod batch_size;
+#[path = "../cuda_determinism.rs"]
+mod cuda_determinism;
+#[path = "../cuda_fusions.rs"]
+mod cuda_fusions;
+#[path = "../cuda_graph.rs"]
+mod cuda_graph;
+#[path = "../cuda_kernels.rs"]
+mod cuda_kernels;
+#[path = "../cuda_limits.rs"]
+mod cuda_limits;
+#[path = "../cuda_parity.rs"]
+mod cuda_parity;
+#[path = "../cuda_semantics.rs"]
+mod cuda_semantics;
+#[path = "../cuda_tf32.rs"]
+mod cuda_tf32;
+#[path = "../cuda_transfer.rs"]
+mod cuda_transfer;
+#[path = "../data.rs"]
+mod data;
+#[path = "../data_parallel.rs"]
+mod data_parallel;
+#[path = "../fuzz_api.rs"]
+mod fuzz_api;
+#[path = "../hostile_input.rs"]
+mod hostile_input;
+#[path = "../profiler.rs"]
+mod profiler;
+#[path = "../recompute.rs"]
+mod recompute;
+#[path = "../torch_reference.rs"]
+mod torch_reference;
