@@ -64,7 +64,7 @@ run() { # name, limit in seconds, command...
 }
 mode=${1:-all}
 # The modules of .gpu/tests/gpu_suite (tests/gpu_suite/main.rs), one per CUDA test file.
-suite_modules="batch_size cuda_determinism cuda_fusions cuda_graph cuda_kernels cuda_limits
+suite_modules="batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels cuda_limits
     cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel fuzz_api
     hostile_input profiler recompute torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
@@ -181,8 +181,11 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         export MANTISSA_FUZZ_CASES=4000
         suite=.gpu/tests/gpu_suite
         acc gpu_check 50 .gpu/gpu_check
+        # First uses inside a capture are refused by name: a process of its own, in which
+        # nothing has loaded a kernel module or made a library handle before.
+        acc test-cuda_capture 20 $suite cuda_capture:: --test-threads 1
         acc test-suite 150 $suite --test-threads 1 --skip cuda_graph:: --skip cuda_fusions:: \
-            --skip torch_reference::
+            --skip torch_reference:: --skip cuda_capture::
         acc test-cuda_graph 40 $suite cuda_graph:: --test-threads 1
         acc test-cuda_fusions 30 $suite cuda_fusions:: --test-threads 1 --nocapture
         acc test-torch_reference 40 $suite torch_reference:: --test-threads 1 --nocapture

@@ -10,6 +10,8 @@
 //! policy, the profiler), each behind a lock of its own, which serialises a file's tests
 //! but not two files' against each other. hostile_input's counting allocator becomes the
 //! whole binary's (it counts per thread and forwards every call to the system's).
+//! cuda_capture checks first uses (a kernel module, the library handles): it runs alone, as
+//! a process of its own (`gpu_suite cuda_capture::`), before the others load them.
 
 // Each file declares its own `mod common;` (the shared helpers of tests/common), as a test
 // binary of its own must: here that module is compiled once per file that uses it.
@@ -17,6 +19,8 @@
 
 #[path = "../batch_size.rs"]
 mod batch_size;
+#[path = "../cuda_capture.rs"]
+mod cuda_capture;
 #[path = "../cuda_determinism.rs"]
 mod cuda_determinism;
 #[path = "../cuda_fusions.rs"]
