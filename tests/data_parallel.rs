@@ -506,6 +506,26 @@ fn a_rank_that_fails_or_leaves_makes_the_others_error_at_the_deadline() {
     // As on one machine with NCCL: a rank's abort or exit is not seen by its peers, whose
     // collectives wait until their watchdog's deadline (2 s here) aborts their communicator.
     let limit = Duration::from_secs(2);
+    // The same steps with every rank present first, under the usual timeout: the kernels are
+    // compiled and loaded then, so that no healthy collective below waits past 2 s for a
+    // peer that is compiling.
+    let Some(warm) = ranks(2, |pg| {
+        let net = mlp(pg.device(), false);
+        let _ddp = DistributedDataParallel::new(&pg, &net.parameters())?;
+        let (x, y) = batch(0, pg.device());
+        net.forward(&x)?
+            .cross_entropy(&y, CrossEntropyOptions::default())?
+            .backward()?;
+        let one = Tensor::ones(&[4], DType::F32, pg.device())?;
+        pg.all_reduce(&one, ReduceOp::Sum)?;
+        net.parameters()[0].grad().unwrap().to_vec::<f32>()?;
+        one.to_vec::<f32>()
+    }) else {
+        return;
+    };
+    assert!(warm
+        .iter()
+        .all(|r| r.as_ref().is_ok_and(|v| v == &[2.0; 4])));
     let t = std::time::Instant::now();
     // Rank 1 gives up (abort) before the all-reduce: rank 0's read of the result fails.
     let Some(out) = ranks_within(2, limit, |pg| {
