@@ -186,8 +186,9 @@ impl GradScaler {
                         expected: "f32 gradients (attempting to unscale FP16 gradients: keep f32 parameters, or turn on Optimizer::use_master_weights)",
                     });
                 }
-                // Each gradient's storage is walked as it lies, which keeps its memory format;
-                // a gradient that does not fill its storage densely is copied first.
+                // Each gradient is walked where it lies, a dense range of its storage (its
+                // memory format kept; a view of a data-parallel bucket is not copied); one
+                // whose elements are not one dense range is copied first.
                 grads.push(crate::optim::in_storage_order(g)?);
                 params.push(p);
             }

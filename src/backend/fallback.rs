@@ -12,7 +12,7 @@
 
 use super::ops::OptimUpdate;
 use super::rounding::Rounding;
-use super::{cpu, host, BackendStorage, CpuStorage};
+use super::{cpu, host, BackendStorage, CpuStorage, Span};
 use crate::layout::Layout;
 use crate::Result;
 
@@ -53,17 +53,19 @@ pub(crate) fn index_add<B: BackendStorage>(
     upload(dst, d)
 }
 
-/// [`super::OptimOps::optim_update`] on host copies of every operand, written back.
+/// [`super::OptimOps::optim_update`] on host copies of every operand (of the gradient, its
+/// range), written back.
 pub(crate) fn optim_update<B: BackendStorage>(
     p: &mut B,
-    grad: &B,
+    grad: Span<'_, B>,
     states: &mut [&mut B],
     step: &mut B,
     found_inf: Option<&B>,
     u: &OptimUpdate,
     working: Option<(&mut B, Rounding)>,
 ) -> Result<()> {
-    let g = grad.host()?;
+    let range = Layout::new(vec![grad.len()], vec![1], grad.range.start);
+    let g = grad.storage.to_host(&range)?;
     let found = match found_inf {
         Some(f) => Some(f.host()?),
         None => None,
@@ -81,7 +83,8 @@ pub(crate) fn optim_update<B: BackendStorage>(
     {
         let mut refs: Vec<&mut CpuStorage> = hs.iter_mut().collect();
         let wk = hw.as_mut().zip(r);
-        cpu::optim_update(&mut hp, &g, &mut refs, &mut hstep, found.as_deref(), u, wk)?;
+        let g = Span::whole(&g, g.len());
+        cpu::optim_update(&mut hp, g, &mut refs, &mut hstep, found.as_deref(), u, wk)?;
     }
     upload(p, hp)?;
     upload(step, hstep)?;

@@ -44,7 +44,7 @@ use cpu::CpuStorage;
 pub(crate) use cuda::storage::CudaStorage;
 #[cfg(not(feature = "cuda-backend"))]
 pub(crate) use no_cuda::CudaStorage;
-pub(crate) use spec::{CellGrads, ConvDims, PoolDims};
+pub(crate) use spec::{CellGrads, ConvDims, PoolDims, Span};
 
 pub(crate) use amp::AmpOps;
 pub(crate) use conv::ConvOps;

@@ -8,7 +8,7 @@ use super::rounding::Rounding;
 use super::{
     AmpOps, AttnDims, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps, CpuStorage,
     ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
-    RnnOps, SoftmaxOps, Storage,
+    RnnOps, SoftmaxOps, Span, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -205,21 +205,31 @@ impl RnnOps for CudaStorage {
 
 impl OptimOps for CudaStorage {
     uninhabited! {
-        fn optim_update(&mut self, _g: &Self, _st: &mut [&mut Self], _step: &mut Self,
+        fn optim_update(&mut self, _g: Span<'_, Self>, _st: &mut [&mut Self], _step: &mut Self,
             _f: Option<&Self>, _u: &OptimUpdate, _w: Option<(&mut Self, Rounding)>) -> Result<()>;
         fn round_from_master(&mut self, _m: &Self, _r: Rounding, _step: &Self) -> Result<()>;
     }
 }
 
 impl AmpOps for CudaStorage {
-    fn unscale_grads(_g: &[&Self], inv: &Self, _f: &mut Self, _out: DType) -> Result<Vec<Self>> {
+    fn unscale_grads(
+        _g: &[Span<'_, Self>],
+        inv: &Self,
+        _f: &mut Self,
+        _out: DType,
+    ) -> Result<Vec<Self>> {
         match *inv {}
     }
-    fn unscale_grads_(_g: &mut [&mut Self], inv: &Self, _f: &mut Self) -> Result<()> {
+    fn unscale_grads_(
+        _g: &mut [&mut Self],
+        _r: &[(usize, std::ops::Range<usize>)],
+        inv: &Self,
+        _f: &mut Self,
+    ) -> Result<()> {
         match *inv {}
     }
-    fn sum_squares(grads: &[&Self]) -> Result<Self> {
-        match *grads[0] {}
+    fn sum_squares(grads: &[Span<'_, Self>]) -> Result<Self> {
+        match *grads[0].storage {}
     }
     uninhabited! {
         fn update_scale(&mut self, _t: &mut Self, _f: &Self, _g: f32, _b: f32, _i: i32)

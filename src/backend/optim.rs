@@ -2,7 +2,8 @@
 //! arithmetic type), the [`OptimOps`] family and its dispatch.
 
 use super::rounding::Rounding;
-use super::{on_device, Backend, BackendStorage, Storage};
+use super::spec::check_within;
+use super::{on_device, Backend, BackendStorage, Span, Storage};
 use crate::dtype::Float;
 use crate::Result;
 
@@ -10,10 +11,11 @@ use crate::Result;
 pub(crate) trait OptimOps: BackendStorage {
     /// Applies `u` in place (`self` is the parameter, or its f32 master when `working` is
     /// given: then the f16/bf16 working copy is written in the same pass) and counts it in
-    /// `step`, unless `found_inf` holds a nonzero flag.
+    /// `step`, unless `found_inf` holds a nonzero flag. The gradient is a range of its
+    /// storage (a view of a data-parallel bucket, say), the other operands whole storages.
     fn optim_update(
         &mut self,
-        grad: &Self,
+        grad: Span<'_, Self>,
         states: &mut [&mut Self],
         step: &mut Self,
         found_inf: Option<&Self>,
@@ -29,8 +31,9 @@ pub(crate) trait OptimOps: BackendStorage {
     ) -> Result<()> {
         for it in items.iter_mut() {
             let working = it.working.as_mut().map(|(w, r)| (&mut **w, *r));
+            let grad = it.grad.clone();
             it.param
-                .optim_update(it.grad, &mut it.states, it.step, found_inf, u, working)?;
+                .optim_update(grad, &mut it.states, it.step, found_inf, u, working)?;
         }
         Ok(())
     }
@@ -39,12 +42,13 @@ pub(crate) trait OptimOps: BackendStorage {
     fn round_from_master(&mut self, master: &Self, rounding: Rounding, step: &Self) -> Result<()>;
 }
 
-/// One parameter's operands of an update: the parameter (or its f32 master), its gradient,
-/// the states the update reads and writes, its step count and, for a master, the working copy
-/// with its rounding.
+/// One parameter's operands of an update: the parameter (or its f32 master), its gradient
+/// (a range of its storage, which may hold more: a data-parallel bucket), the states the
+/// update reads and writes, its step count and, for a master, the working copy with its
+/// rounding. Everything but the gradient fills its storage.
 pub(crate) struct OptimItem<'a, S> {
     pub param: &'a mut S,
-    pub grad: &'a S,
+    pub grad: Span<'a, S>,
     pub states: Vec<&'a mut S>,
     pub step: &'a mut S,
     pub working: Option<(&'a mut S, Rounding)>,
@@ -59,7 +63,8 @@ impl Storage {
     ) -> Result<()> {
         let mut all: Vec<&Storage> = found_inf.into_iter().collect();
         for it in &items {
-            all.extend([&*it.param, it.grad, &*it.step]);
+            check_within("optimizer step", &it.grad.range, it.grad.storage.len())?;
+            all.extend([&*it.param, it.grad.storage, &*it.step]);
             all.extend(it.states.iter().map(|s| &**s));
             all.extend(it.working.as_ref().map(|(w, _)| &**w));
         }
@@ -72,7 +77,7 @@ impl Storage {
                 .into_iter()
                 .map(|it| OptimItem {
                     param: B::part_mut(it.param),
-                    grad: B::part(it.grad),
+                    grad: it.grad.map(B::part),
                     states: it.states.into_iter().map(B::part_mut).collect(),
                     step: B::part_mut(it.step),
                     working: it.working.map(|(w, r)| (B::part_mut(w), r)),
@@ -448,5 +453,108 @@ impl<A: Float> Prepared<A> {
             Prepared::RmsProp(r) => r.apply(p, g, s),
             Prepared::Adagrad(r) => r.apply(p, g, s),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::{CpuStorage, IntoStorage};
+
+    fn cpu(v: Vec<f32>) -> Storage {
+        Storage::Cpu(v.into_storage())
+    }
+
+    fn f32s(s: &Storage) -> Vec<f32> {
+        match s {
+            Storage::Cpu(CpuStorage::F32(v)) => v.clone(),
+            _ => unreachable!("an f32 CPU storage"),
+        }
+    }
+
+    #[test]
+    fn a_gradient_is_read_as_a_range_of_a_larger_storage() {
+        let u = OptimUpdate::Adam {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            decoupled: true,
+        };
+        // Two parameters whose gradients sit side by side in one buffer (a bucket), against
+        // the same gradients each in a storage of its own.
+        let bucket = cpu(vec![9.0, 0.5, -1.0, 2.0, 0.25, -3.0, 9.0]);
+        let own = [cpu(vec![0.5, -1.0, 2.0]), cpu(vec![0.25, -3.0])];
+        let mut runs = Vec::new();
+        for as_views in [true, false] {
+            let mut params = [cpu(vec![1.0, 2.0, 3.0]), cpu(vec![-1.0, 4.0])];
+            let mut states: Vec<Storage> = [3, 3, 2, 2].map(|n| cpu(vec![0.0; n])).into();
+            let mut steps = [cpu(vec![0.0]), cpu(vec![0.0])];
+            let grads = match as_views {
+                true => [
+                    Span {
+                        storage: &bucket,
+                        range: 1..4,
+                    },
+                    Span {
+                        storage: &bucket,
+                        range: 4..6,
+                    },
+                ],
+                false => [Span::whole(&own[0], 3), Span::whole(&own[1], 2)],
+            };
+            let [s0, s1, s2, s3] = &mut states[..] else {
+                unreachable!("four states")
+            };
+            let [p0, p1] = &mut params;
+            let [t0, t1] = &mut steps;
+            let [g0, g1] = grads;
+            let items = vec![
+                OptimItem {
+                    param: p0,
+                    grad: g0,
+                    states: vec![s0, s1],
+                    step: t0,
+                    working: None,
+                },
+                OptimItem {
+                    param: p1,
+                    grad: g1,
+                    states: vec![s2, s3],
+                    step: t1,
+                    working: None,
+                },
+            ];
+            Storage::optim_update_many(items, None, &u).unwrap();
+            runs.push((
+                params.each_ref().map(f32s),
+                states.iter().map(f32s).collect::<Vec<_>>(),
+            ));
+        }
+        assert_eq!(runs[0], runs[1]);
+        assert_ne!(runs[0].0[0], vec![1.0, 2.0, 3.0]);
+        // A range past the end of its storage is refused by name.
+        let mut p = cpu(vec![1.0]);
+        let mut t = cpu(vec![0.0]);
+        let items = vec![OptimItem {
+            param: &mut p,
+            grad: Span {
+                storage: &bucket,
+                range: 6..8,
+            },
+            states: Vec::new(),
+            step: &mut t,
+            working: None,
+        }];
+        let sgd = OptimUpdate::Sgd {
+            lr: 0.1,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        };
+        let e = Storage::optim_update_many(items, None, &sgd).unwrap_err();
+        assert!(e.to_string().contains("outside a storage of 7"), "{e}");
     }
 }

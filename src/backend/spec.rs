@@ -1,11 +1,109 @@
 //! Backend-neutral descriptors that both backends read: the geometry of a convolution or
 //! pooling window as the user gives it, the sizes of a convolution and of a
 //! pooling op, the `[outer, channels, inner]` view of batch norm, the gradients an LSTM
-//! cell's backward starts from, and the multi-index walk over a layout that the indexing
-//! kernels' host sides share. Neither backend imports the other's internals for these.
+//! cell's backward starts from, the multi-index walk over a layout that the indexing
+//! kernels' host sides share, and the ranges of storages the multi-tensor passes walk.
+//! Neither backend imports the other's internals for these.
 
 use crate::layout::Layout;
 use crate::{Error, Result};
+use std::ops::Range;
+
+/// Elements `range` of `storage`, in storage order: one tensor of a multi-tensor pass (the
+/// loss scaler's unscale, clipping's sum of squares, the fused optimizer's gradient). The
+/// storage may hold more than the range: a gradient that is a view of a data-parallel
+/// bucket is walked where it lies, without a copy.
+pub(crate) struct Span<'a, S> {
+    pub storage: &'a S,
+    pub range: Range<usize>,
+}
+
+impl<'a, S> Span<'a, S> {
+    /// The whole of `storage`, of `len` elements.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub(crate) fn whole(storage: &'a S, len: usize) -> Span<'a, S> {
+        Span {
+            storage,
+            range: 0..len,
+        }
+    }
+
+    /// The number of elements.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub(crate) fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// The same range of `f(storage)` (another view of the same storage: a backend's part).
+    pub(crate) fn map<T>(&self, f: impl FnOnce(&'a S) -> &'a T) -> Span<'a, T> {
+        Span {
+            storage: f(self.storage),
+            range: self.range.clone(),
+        }
+    }
+}
+
+impl<S> Clone for Span<'_, S> {
+    fn clone(&self) -> Self {
+        Span {
+            storage: self.storage,
+            range: self.range.clone(),
+        }
+    }
+}
+
+/// `Err` naming `op` unless `range` lies within a storage of `len` elements.
+pub(crate) fn check_within(op: &'static str, range: &Range<usize>, len: usize) -> Result<()> {
+    if range.start > range.end || range.end > len {
+        return Err(Error::invalid(
+            op,
+            format!("elements {range:?} are outside a storage of {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The ranges taken so far on each storage (named by a key: an index or an address), to
+/// tell whether a new one overlaps them.
+#[derive(Default)]
+pub(crate) struct Taken(std::collections::HashMap<usize, std::collections::BTreeMap<usize, usize>>);
+
+impl Taken {
+    /// Takes `r` on storage `key` and returns true, or returns false (taking nothing) when
+    /// it overlaps a range taken there before. An empty range overlaps nothing.
+    pub(crate) fn take(&mut self, key: usize, r: &Range<usize>) -> bool {
+        if r.is_empty() {
+            return true;
+        }
+        // Ranges on one storage by start (each start once: they do not overlap).
+        let taken = self.0.entry(key).or_default();
+        let before = taken.range(..=r.start).next_back();
+        let after = taken.range(r.start..).next();
+        let overlaps = before.is_some_and(|(_, &end)| end > r.start)
+            || after.is_some_and(|(&start, _)| start < r.end);
+        if !overlaps {
+            taken.insert(r.start, r.end);
+        }
+        !overlaps
+    }
+}
+
+/// `Err` naming `op` when two of the ranges `(storage index, range)`, written in place in one
+/// pass, overlap on one storage (an element would be written twice, or by two blocks at once).
+pub(crate) fn check_disjoint(op: &'static str, ranges: &[(usize, Range<usize>)]) -> Result<()> {
+    let mut taken = Taken::default();
+    for (storage, r) in ranges {
+        if !taken.take(*storage, r) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "elements {r:?} of storage {storage} overlap another range written in place"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Geometry of a 2-D convolution (also used by conv_transpose2d).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

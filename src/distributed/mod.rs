@@ -10,6 +10,7 @@
 //!   buckets launched during backward.
 //! - [`DistributedSampler`]: each rank its shard of every epoch.
 
+mod bucket;
 mod ddp;
 mod group;
 mod launch;
@@ -18,7 +19,8 @@ mod launch;
 pub(crate) mod rendezvous;
 mod sampler;
 
-pub use ddp::{DistributedDataParallel, BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES};
+pub use bucket::{BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES};
+pub use ddp::DistributedDataParallel;
 pub use group::{ProcessGroup, ReduceOp, DEFAULT_TIMEOUT};
 pub use launch::{LaunchEnv, Launcher, DEFAULT_PORT};
 pub use sampler::DistributedSampler;

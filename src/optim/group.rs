@@ -5,7 +5,7 @@
 use super::Rounding;
 use crate::backend::ops::OptimUpdate;
 use crate::backend::optim::OptimItem;
-use crate::backend::Storage;
+use crate::backend::{Span, Storage};
 use crate::{DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
 
@@ -260,6 +260,9 @@ struct Prepared {
     /// The parameter, or its f32 master.
     target: Tensor,
     grad: Tensor,
+    /// The range of its storage the gradient fills in the parameter's order (its storage may
+    /// hold more: a data-parallel bucket).
+    grad_range: std::ops::Range<usize>,
     states: Vec<Tensor>,
     step: Tensor,
     /// A master's f16/bf16 working copy, written in the same pass.
@@ -316,7 +319,21 @@ fn prepare(
     } else {
         g.to_dtype(p.dtype())?
     };
-    let g = g.filled_in(format)?;
+    // A gradient that lies in the parameter's order is read where it is, even as a range of
+    // a larger storage (a view of a data-parallel bucket); any other is copied into that order.
+    let g = match g.range_in(format) {
+        Some(_) => g,
+        None => g.filled_in(format)?,
+    };
+    let grad_range = g.range_in(format).ok_or_else(|| {
+        Error::invalid(
+            "optimizer step",
+            format!(
+                "the gradient (strides {:?}) is not in {format:?} order",
+                g.strides()
+            ),
+        )
+    })?;
     let mut states = Vec::with_capacity(names.len());
     for &n in names {
         let t = match st.tensors.get(n) {
@@ -348,6 +365,7 @@ fn prepare(
     Ok(Prepared {
         target,
         grad: g,
+        grad_range,
         states,
         step,
         working,
@@ -388,7 +406,10 @@ fn apply(items: &[Prepared], found_inf: Option<&Tensor>, u: OptimUpdate) -> Resu
             };
             ops.push(OptimItem {
                 param: &mut **param,
-                grad: g,
+                grad: Span {
+                    storage: &**g,
+                    range: it.grad_range.clone(),
+                },
                 states: states.iter_mut().map(|s| &mut **s).collect(),
                 step: &mut **step,
                 working,

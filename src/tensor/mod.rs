@@ -16,6 +16,7 @@ use crate::layout::Layout;
 use crate::sync::lock;
 use crate::{DType, Device, Error, Result};
 use node::Node;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -392,6 +393,27 @@ impl Tensor {
         (self.is_contiguous() || self.is_channels_last())
             && self.layout().offset() == 0
             && self.storage().len() == self.numel()
+    }
+
+    /// The range of its storage this tensor's elements fill, one each, in `format`'s order
+    /// (row-major or channels-last), whatever else the storage holds (a gradient that is a
+    /// view of a data-parallel bucket); `None` when they are not laid out so. What the fused
+    /// optimizer may walk as a gradient, beside a parameter in `format`.
+    pub(crate) fn range_in(&self, format: crate::MemoryFormat) -> Option<Range<usize>> {
+        let laid =
+            self.memory_format() == format && (self.is_contiguous() || self.is_channels_last());
+        let at = self.layout().offset();
+        laid.then(|| at..at + self.numel())
+    }
+
+    /// The range of its storage this tensor's elements fill, one each, in some dense order
+    /// (row-major, channels-last, a transpose of either), whatever else the storage holds;
+    /// `None` for a layout with gaps, overlaps or broadcast dims. What a pass that treats
+    /// every element alike (the loss scaler's unscale, clipping) may walk in storage order.
+    pub(crate) fn dense_range(&self) -> Option<Range<usize>> {
+        let dense = self.is_contiguous() || self.layout().dense_order().is_some();
+        let at = self.layout().offset();
+        dense.then(|| at..at + self.numel())
     }
 
     /// True when nothing else can see this tensor's storage: no other handle to this tensor

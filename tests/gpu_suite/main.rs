@@ -43,6 +43,8 @@ mod cuda_transfer;
 mod data;
 #[path = "../data_parallel.rs"]
 mod data_parallel;
+#[path = "../data_parallel_buckets.rs"]
+mod data_parallel_buckets;
 #[path = "../fuzz_api.rs"]
 mod fuzz_api;
 #[path = "../hostile_input.rs"]

@@ -46,7 +46,7 @@ fn unscale_kernels_match_the_cpu_bit_for_bit() {
                     #[allow(unreachable_patterns)]
                     _ => unreachable!("a CPU tensor"),
                 };
-                let (want, bad) = amp::unscale(&gs, inv, to).unwrap();
+                let (want, bad) = amp::unscale(&gs, 0..n, inv, to).unwrap();
                 want_bad |= bad;
                 wants.push(want);
                 inputs.push(gs.to_le_bytes(&crate::layout::Layout::contiguous(&[n])));

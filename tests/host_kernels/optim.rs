@@ -7,7 +7,7 @@ use crate::backend::cuda::optim::{args, kernel, lists, ListEntry, OptimArgs, Opt
 use crate::backend::ops::OptimUpdate;
 use crate::backend::optim::OptimItem;
 use crate::backend::rounding::Rounding;
-use crate::backend::Storage;
+use crate::backend::{Span, Storage};
 use crate::{DType, Tensor};
 use std::ffi::c_void;
 
@@ -159,7 +159,7 @@ fn optimizer_kernel_matches_the_cpu_update() {
                     .zip(&gs)
                     .map(|(o, g)| OptimItem {
                         param: &mut o.pc,
-                        grad: g,
+                        grad: Span::whole(g, g.len()),
                         states: o.sc.iter_mut().collect(),
                         step: &mut o.tc,
                         working: o.wc.as_mut().zip(work).map(|(w, (_, r))| (w, r)),

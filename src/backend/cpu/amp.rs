@@ -7,10 +7,11 @@ use crate::dtype::Float;
 use crate::{DType, Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::ops::Range;
 
-/// The sum of the squares of `g`'s elements, in f64: per chunk in parallel, the chunks joined
-/// in order (the same bits whatever the thread count).
-pub(crate) fn sum_squares(g: &CpuStorage) -> Result<f64> {
+/// The sum of the squares of elements `range` of `g`, in f64: per chunk in parallel, the
+/// chunks joined in order (the same bits whatever the thread count).
+pub(crate) fn sum_squares(g: &CpuStorage, range: Range<usize>) -> Result<f64> {
     fn go<S: CpuElem>(v: &[S]) -> f64 {
         let _iso = crate::parallel::Isolated::new();
         let parts: Vec<f64> = v
@@ -26,13 +27,18 @@ pub(crate) fn sum_squares(g: &CpuStorage) -> Result<f64> {
             .collect();
         parts.iter().sum()
     }
-    Ok(super::map_float!("clip_grad_norm", g, v => go(v)))
+    Ok(super::map_float!("clip_grad_norm", g, v => go(&v[range])))
 }
 
-/// The elements of `g` (in storage order) times `inv_scale`, computed in the element's
-/// arithmetic type (f32 for f32/f16/bf16) and stored as `out`, which is `g`'s dtype or f32;
-/// and whether any element of `g` is inf or NaN.
-pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(CpuStorage, bool)> {
+/// Elements `range` of `g` (in storage order) times `inv_scale`, computed in the element's
+/// arithmetic type (f32 for f32/f16/bf16) and stored as `out`, which is `g`'s dtype or f32,
+/// in a new storage of the range's length; and whether any of them is inf or NaN.
+pub(crate) fn unscale(
+    g: &CpuStorage,
+    range: Range<usize>,
+    inv_scale: f32,
+    out: DType,
+) -> Result<(CpuStorage, bool)> {
     fn go<S: CpuElem, D: CpuElem + bytemuck::Pod>(v: &[S], inv: f32) -> (CpuStorage, bool) {
         let _iso = crate::parallel::Isolated::new();
         let inv = <S::Acc as Float>::from_f64_(inv as f64);
@@ -55,12 +61,12 @@ pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(Cpu
         (D::wrap(out), bad)
     }
     Ok(match (g, out) {
-        (CpuStorage::F32(v), DType::F32) => go::<f32, f32>(v, inv_scale),
-        (CpuStorage::F16(v), DType::F16) => go::<f16, f16>(v, inv_scale),
-        (CpuStorage::F16(v), DType::F32) => go::<f16, f32>(v, inv_scale),
-        (CpuStorage::BF16(v), DType::BF16) => go::<bf16, bf16>(v, inv_scale),
-        (CpuStorage::BF16(v), DType::F32) => go::<bf16, f32>(v, inv_scale),
-        (CpuStorage::F64(v), DType::F64) => go::<f64, f64>(v, inv_scale),
+        (CpuStorage::F32(v), DType::F32) => go::<f32, f32>(&v[range], inv_scale),
+        (CpuStorage::F16(v), DType::F16) => go::<f16, f16>(&v[range], inv_scale),
+        (CpuStorage::F16(v), DType::F32) => go::<f16, f32>(&v[range], inv_scale),
+        (CpuStorage::BF16(v), DType::BF16) => go::<bf16, bf16>(&v[range], inv_scale),
+        (CpuStorage::BF16(v), DType::F32) => go::<bf16, f32>(&v[range], inv_scale),
+        (CpuStorage::F64(v), DType::F64) => go::<f64, f64>(&v[range], inv_scale),
         (g, _) => {
             return Err(Error::DType {
                 op: "GradScaler::unscale_",
@@ -71,9 +77,13 @@ pub(crate) fn unscale(g: &CpuStorage, inv_scale: f32, out: DType) -> Result<(Cpu
     })
 }
 
-/// [`unscale`] in place, in `g`'s own dtype (the same products, rounded once); whether any
-/// element was inf or NaN.
-pub(crate) fn unscale_in_place(g: &mut CpuStorage, inv_scale: f32) -> Result<bool> {
+/// [`unscale`] in place over elements `range` of `g`, in `g`'s own dtype (the same products,
+/// rounded once); whether any of them was inf or NaN.
+pub(crate) fn unscale_in_place(
+    g: &mut CpuStorage,
+    range: Range<usize>,
+    inv_scale: f32,
+) -> Result<bool> {
     fn go<S: CpuElem>(v: &mut [S], inv: f32) -> bool {
         let _iso = crate::parallel::Isolated::new();
         let inv = <S::Acc as Float>::from_f64_(inv as f64);
@@ -90,10 +100,10 @@ pub(crate) fn unscale_in_place(g: &mut CpuStorage, inv_scale: f32) -> Result<boo
             .reduce(|| false, |a, b| a | b)
     }
     Ok(match g {
-        CpuStorage::F32(v) => go(v, inv_scale),
-        CpuStorage::F16(v) => go(v, inv_scale),
-        CpuStorage::BF16(v) => go(v, inv_scale),
-        CpuStorage::F64(v) => go(v, inv_scale),
+        CpuStorage::F32(v) => go(&mut v[range], inv_scale),
+        CpuStorage::F16(v) => go(&mut v[range], inv_scale),
+        CpuStorage::BF16(v) => go(&mut v[range], inv_scale),
+        CpuStorage::F64(v) => go(&mut v[range], inv_scale),
         g => {
             return Err(Error::DType {
                 op: "GradScaler::unscale_",

@@ -8,7 +8,7 @@ use crate::backend::rounding::Rounding;
 use crate::backend::{
     host, AmpOps, AttnDims, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps,
     ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps, ReduceOps,
-    RnnOps, SoftmaxOps, Storage,
+    RnnOps, SoftmaxOps, Span, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -382,7 +382,7 @@ impl RnnOps for CpuStorage {
 impl OptimOps for CpuStorage {
     fn optim_update(
         &mut self,
-        grad: &Self,
+        grad: Span<'_, Self>,
         states: &mut [&mut Self],
         step: &mut Self,
         found_inf: Option<&Self>,
@@ -398,7 +398,7 @@ impl OptimOps for CpuStorage {
 
 impl AmpOps for CpuStorage {
     fn unscale_grads(
-        grads: &[&Self],
+        grads: &[Span<'_, Self>],
         inv_scale: &Self,
         found_inf: &mut Self,
         out: DType,
@@ -409,7 +409,7 @@ impl AmpOps for CpuStorage {
         let mut outs = Vec::with_capacity(grads.len());
         let mut any_bad = false;
         for g in grads {
-            let (o, bad) = amp::unscale(g, inv, out)?;
+            let (o, bad) = amp::unscale(g.storage, g.range.clone(), inv, out)?;
             outs.push(o);
             any_bad |= bad;
         }
@@ -420,6 +420,7 @@ impl AmpOps for CpuStorage {
     }
     fn unscale_grads_(
         grads: &mut [&mut Self],
+        ranges: &[(usize, std::ops::Range<usize>)],
         inv_scale: &Self,
         found_inf: &mut Self,
     ) -> Result<()> {
@@ -427,18 +428,19 @@ impl AmpOps for CpuStorage {
         let inv = amp::scalar_f32(inv_scale, OP)?;
         amp::scalar_f32(found_inf, OP)?;
         let mut any_bad = false;
-        for g in grads.iter_mut() {
-            any_bad |= amp::unscale_in_place(g, inv)?;
+        // One range at a time: ranges on one storage are disjoint (checked by the dispatch).
+        for (k, r) in ranges {
+            any_bad |= amp::unscale_in_place(grads[*k], r.clone(), inv)?;
         }
         if any_bad {
             *found_inf = vec![1.0f32].into_storage();
         }
         Ok(())
     }
-    fn sum_squares(grads: &[&Self]) -> Result<Self> {
+    fn sum_squares(grads: &[Span<'_, Self>]) -> Result<Self> {
         let mut total = 0f64;
         for g in grads {
-            total += amp::sum_squares(g)?;
+            total += amp::sum_squares(g.storage, g.range.clone())?;
         }
         Ok(vec![total as f32].into_storage())
     }

@@ -5,6 +5,7 @@
 use super::{CpuElem, CpuStorage, PAR_MIN};
 use crate::backend::ops::{OptimUpdate, Prepared, UpdateRule};
 use crate::backend::rounding::{bf16_stochastic, stochastic_bits, stochastic_key, Rounding};
+use crate::backend::Span;
 use crate::dtype::Float as _;
 use crate::{DType, Error, Result};
 use half::{bf16, f16};
@@ -204,7 +205,7 @@ fn state_slices<'a, T: CpuElem>(states: &'a mut [&mut CpuStorage]) -> Option<[&'
 /// Typed slices, length checks and the run; `None` when dtypes or lengths disagree.
 fn typed<T, G>(
     p: &mut CpuStorage,
-    g: &CpuStorage,
+    g: Span<'_, CpuStorage>,
     states: &mut [&mut CpuStorage],
     w: Working,
     u: &OptimUpdate,
@@ -214,7 +215,7 @@ where
     T: CpuElem,
     G: CpuElem<Acc = T::Acc>,
 {
-    let g = G::slice(g)?;
+    let g = G::slice(g.storage)?.get(g.range)?;
     let p = T::slice_mut(p)?;
     let s = state_slices::<T>(states)?;
     let n = p.len();
@@ -253,15 +254,16 @@ fn working(w: Option<(&mut CpuStorage, Rounding)>, steps: u64) -> Result<Working
     })
 }
 
-/// Applies `u` to a contiguous parameter with a contiguous gradient of the same length and
-/// `u.num_states()` state buffers, then counts the step in `step` (an f32 scalar). The
-/// gradient has the parameter's dtype, or f16/bf16 for an f32 parameter. With `work`, the
-/// parameter is an f32 master and the working copy is written from it in the same pass.
+/// Applies `u` to a contiguous parameter with a contiguous gradient of the same length (a
+/// range of its storage) and `u.num_states()` state buffers, then counts the step in `step`
+/// (an f32 scalar). The gradient has the parameter's dtype, or f16/bf16 for an f32
+/// parameter. With `work`, the parameter is an f32 master and the working copy is written
+/// from it in the same pass.
 /// When `found_inf` (an f32 scalar) is nonzero nothing changes at all: the skip is decided
 /// here, where the flag lives, not by the caller.
 pub(crate) fn optim_update(
     p: &mut CpuStorage,
-    g: &CpuStorage,
+    g: Span<'_, CpuStorage>,
     states: &mut [&mut CpuStorage],
     step: &mut CpuStorage,
     found_inf: Option<&CpuStorage>,
@@ -280,7 +282,7 @@ pub(crate) fn optim_update(
         }
     }
     let steps = scalar(step).ok_or_else(|| bad("the step count"))? as f64;
-    let (dtype, gdtype, n) = (p.dtype(), g.dtype(), p.len());
+    let (dtype, gdtype, n) = (p.dtype(), g.storage.dtype(), p.len());
     if work.is_some() && dtype != DType::F32 {
         return Err(Error::invalid(
             "optimizer step",

@@ -6,8 +6,10 @@
 
 use super::kernels::KernelFile;
 use super::storage::{kname, one_thread, rows_grid, CudaStorage};
+use crate::backend::Span;
 use crate::{DType, Error, Result};
 use cudarc::driver::{DeviceRepr, PushKernelArg};
+use std::ops::Range;
 
 /// Checks that `s` is the one-element f32 storage the scaler keeps its values in.
 fn scalar(op: &'static str, s: &CudaStorage) -> Result<()> {
@@ -78,13 +80,13 @@ pub(super) fn lists(entries: &[(u64, u64, usize)]) -> Vec<UnscaleList> {
         .collect()
 }
 
-/// Every element of each gradient (in storage order) times `inv_scale`, as new storages of
-/// dtype `out`; sets `found_inf` to 1 when an element is inf or NaN. One launch per dtype
-/// pair and list of [`LIST`]. Kernels exist for each float dtype into its own (the in-place
-/// pass, [`unscale_grads_`], uses them too) and f16/bf16 into f32 (master weights); every
-/// pair is checked before anything runs.
+/// Every element of each gradient (its range, in storage order) times `inv_scale`, as new
+/// storages of dtype `out`; sets `found_inf` to 1 when an element is inf or NaN. One launch
+/// per dtype pair and list of [`LIST`]. Kernels exist for each float dtype into its own (the
+/// in-place pass, [`unscale_grads_`], uses them too) and f16/bf16 into f32 (master weights);
+/// every pair is checked before anything runs.
 pub(crate) fn unscale_grads(
-    grads: &[&CudaStorage],
+    grads: &[Span<'_, CudaStorage>],
     inv_scale: &CudaStorage,
     found_inf: &CudaStorage,
     out: DType,
@@ -102,31 +104,35 @@ pub(crate) fn unscale_grads(
     ];
     let pair = |g: &CudaStorage| (g.dtype(), out);
     for g in grads {
-        if !PAIRS.contains(&pair(g)) {
+        if !PAIRS.contains(&pair(g.storage)) {
             return Err(Error::DType {
                 op: OP,
-                dtype: g.dtype(),
+                dtype: g.storage.dtype(),
                 expected: "f32, f16 or bf16 gradients into their own dtype, or f16/bf16 into f32",
             });
         }
     }
     let outs = grads
         .iter()
-        .map(|g| CudaStorage::alloc_on(g.rt(), pair(g).1, g.len()))
+        .map(|g| CudaStorage::alloc_on(g.storage.rt(), out, g.len()))
         .collect::<Result<Vec<_>>>()?;
     let entries: Vec<_> = grads
         .iter()
         .zip(&outs)
-        .map(|(g, o)| ((g.ptr(), o.ptr(), g.len()), pair(g)))
+        .map(|(g, o)| {
+            let at = g.storage.ptr_at(g.range.start);
+            ((at, o.ptr(), g.len()), pair(g.storage))
+        })
         .collect();
     launch_unscale(&entries, inv_scale, found_inf)?;
     Ok(outs)
 }
 
-/// [`unscale_grads`] in place: each gradient's output is itself (the kernels allow it), in
-/// its own dtype.
+/// [`unscale_grads`] in place: each range `(k, range)` of `grads[k]` is its own output (the
+/// kernels allow it), in its own dtype. The ranges do not overlap (the dispatch checked).
 pub(crate) fn unscale_grads_(
     grads: &[&CudaStorage],
+    ranges: &[(usize, Range<usize>)],
     inv_scale: &CudaStorage,
     found_inf: &CudaStorage,
 ) -> Result<()> {
@@ -142,9 +148,13 @@ pub(crate) fn unscale_grads_(
             });
         }
     }
-    let entries: Vec<_> = grads
+    let entries: Vec<_> = ranges
         .iter()
-        .map(|g| ((g.ptr(), g.ptr(), g.len()), (g.dtype(), g.dtype())))
+        .map(|(k, r)| {
+            let g = grads[*k];
+            let at = g.ptr_at(r.start);
+            ((at, at, r.len()), (g.dtype(), g.dtype()))
+        })
         .collect();
     launch_unscale(&entries, inv_scale, found_inf)
 }
@@ -183,20 +193,20 @@ fn launch_unscale(
     Ok(())
 }
 
-/// The sum of the squares of every element of every gradient, an f32 scalar: one launch per
-/// dtype and list of [`LIST`] writes each chunk's sum, and one reduction joins them in a
-/// fixed order (the same bits every run).
-pub(crate) fn sum_squares(grads: &[&CudaStorage]) -> Result<CudaStorage> {
+/// The sum of the squares of every element of every gradient (its range), an f32 scalar: one
+/// launch per dtype and list of [`LIST`] writes each chunk's sum, and one reduction joins
+/// them in a fixed order (the same bits every run).
+pub(crate) fn sum_squares(grads: &[Span<'_, CudaStorage>]) -> Result<CudaStorage> {
     const OP: &str = "clip_grad_norm";
-    let Some(first) = grads.first() else {
+    let Some(first) = grads.first().map(|g| g.storage) else {
         return Err(Error::invalid(OP, "no gradients to sum"));
     };
     use DType::{BF16, F16, F32};
     for g in grads {
-        if !matches!(g.dtype(), F32 | F16 | BF16) {
+        if !matches!(g.storage.dtype(), F32 | F16 | BF16) {
             return Err(Error::DType {
                 op: OP,
-                dtype: g.dtype(),
+                dtype: g.storage.dtype(),
                 expected: "f32, f16 or bf16 gradients (f64 takes the per-tensor path)",
             });
         }
@@ -210,8 +220,8 @@ pub(crate) fn sum_squares(grads: &[&CudaStorage]) -> Result<CudaStorage> {
     for dtype in [F32, F16, BF16] {
         let entries: Vec<(u64, u64, usize)> = grads
             .iter()
-            .filter(|g| g.dtype() == dtype)
-            .map(|g| (g.ptr(), 0, g.len()))
+            .filter(|g| g.storage.dtype() == dtype)
+            .map(|g| (g.storage.ptr_at(g.range.start), 0, g.len()))
             .collect();
         let name = kname!("amp_sum_squares_", kname(OP, dtype)?);
         for list in lists(&entries) {

@@ -13,7 +13,7 @@ use crate::backend::rounding::Rounding;
 use crate::backend::{
     fallback, AmpOps, AttnDims, Backend, BackendStorage, CellGrads, ConvDims, ConvOps, CopyOps,
     CpuStorage, ElementwiseOps, IndexOps, LossOps, MatmulOps, NormOps, OptimOps, PoolDims, PoolOps,
-    ReduceOps, RnnOps, SoftmaxOps, Storage,
+    ReduceOps, RnnOps, SoftmaxOps, Span, Storage,
 };
 use crate::layout::Layout;
 use crate::{DType, Device, Error, Result};
@@ -427,7 +427,7 @@ impl OptimOps for CudaStorage {
     /// The fused kernels where they cover the dtypes, else the host.
     fn optim_update(
         &mut self,
-        grad: &Self,
+        grad: Span<'_, Self>,
         states: &mut [&mut Self],
         step: &mut Self,
         found_inf: Option<&Self>,
@@ -454,7 +454,7 @@ impl OptimOps for CudaStorage {
             let working = it.working.as_mut().map(|(w, r)| (&mut **w, *r));
             fallback::optim_update(
                 it.param,
-                it.grad,
+                it.grad.clone(),
                 &mut it.states,
                 it.step,
                 found_inf,
@@ -475,7 +475,7 @@ impl OptimOps for CudaStorage {
 
 impl AmpOps for CudaStorage {
     fn unscale_grads(
-        grads: &[&Self],
+        grads: &[Span<'_, Self>],
         inv_scale: &Self,
         found_inf: &mut Self,
         out: DType,
@@ -484,13 +484,14 @@ impl AmpOps for CudaStorage {
     }
     fn unscale_grads_(
         grads: &mut [&mut Self],
+        ranges: &[(usize, std::ops::Range<usize>)],
         inv_scale: &Self,
         found_inf: &mut Self,
     ) -> Result<()> {
         let grads: Vec<&Self> = grads.iter().map(|g| &**g).collect();
-        amp::unscale_grads_(&grads, inv_scale, found_inf)
+        amp::unscale_grads_(&grads, ranges, inv_scale, found_inf)
     }
-    fn sum_squares(grads: &[&Self]) -> Result<Self> {
+    fn sum_squares(grads: &[Span<'_, Self>]) -> Result<Self> {
         amp::sum_squares(grads)
     }
     fn update_scale(

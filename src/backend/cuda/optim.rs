@@ -263,10 +263,10 @@ type OptimItem<'a> = crate::backend::optim::OptimItem<'a, CudaStorage>;
 /// Checks one item against the update and returns its kernel (`None`: no kernel covers its
 /// dtypes) and list entry.
 fn entry(it: &OptimItem<'_>, u: &OptimUpdate) -> Result<Option<(&'static str, bool, ListEntry)>> {
-    let (p, g) = (&*it.param, it.grad);
+    let (p, g) = (&*it.param, &it.grad);
     let Some(name) = kernel(
         p.dtype(),
-        g.dtype(),
+        g.storage.dtype(),
         it.working.as_ref().map(|(w, _)| w.dtype()),
     ) else {
         return Ok(None);
@@ -303,7 +303,7 @@ fn entry(it: &OptimItem<'_>, u: &OptimUpdate) -> Result<Option<(&'static str, bo
                  dtypes disagree",
                 p.dtype(),
                 g.len(),
-                g.dtype(),
+                g.storage.dtype(),
                 it.states
                     .iter()
                     .map(|s| (s.len(), s.dtype()))
@@ -314,7 +314,8 @@ fn entry(it: &OptimItem<'_>, u: &OptimUpdate) -> Result<Option<(&'static str, bo
     let state = |i: usize| it.states.get(i).map_or(0, |s| s.ptr());
     let e = ListEntry {
         p: p.ptr(),
-        g: g.ptr(),
+        // The gradient's range may start inside its storage (a data-parallel bucket).
+        g: g.storage.ptr_at(g.range.start),
         s0: state(0),
         s1: state(1),
         s2: state(2),
