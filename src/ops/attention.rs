@@ -75,8 +75,11 @@ pub struct AttentionOptions<'a> {
 
 impl Tensor {
     /// `softmax(q k^T scale + mask) v` for queries `[.., L, E]` (this tensor), keys
-    /// `[.., S, E]` and values `[.., S, Ev]`: `[.., L, Ev]`. A row whose keys are all masked
-    /// is NaN, as in PyTorch. Without a mask or dropout, with the same batch dims and heads
+    /// `[.., S, E]` and values `[.., S, Ev]`: `[.., L, Ev]`. A query whose keys are all masked
+    /// attends to nothing, as in PyTorch 2.5 and later: its output row is 0 and no gradient
+    /// flows through it (not NaN, which would reach every parameter before it). An
+    /// `attn_mask` together with `is_causal` is refused, as PyTorch refuses it: fold the
+    /// causal mask into `attn_mask`. Without a mask or dropout, with the same batch dims and heads
     /// (E, Ev) up to 128, it can be one fused op whose graph keeps one float per query (its
     /// log-sum-exp) instead of the `[.., L, S]` scores ([`set_attention_kernel`]: by default
     /// from 2^26 scores up); otherwise a composition of existing ops.
@@ -113,6 +116,13 @@ impl Tensor {
                 ),
             ));
         }
+        if o.is_causal && o.attn_mask.is_some() {
+            return Err(Error::invalid(
+                "scaled_dot_product_attention",
+                "an attn_mask together with is_causal (PyTorch refuses them too): fold the \
+                 causal mask into attn_mask",
+            ));
+        }
         if !(0.0..1.0).contains(&o.dropout_p) {
             return Err(Error::invalid(
                 "scaled_dot_product_attention",
@@ -132,13 +142,25 @@ impl Tensor {
             let later = cols.unsqueeze(0)?.gt(&rows.unsqueeze(1)?)?;
             scores = scores.masked_fill(&later, f64::NEG_INFINITY)?;
         }
+        // A row with no key left: its scores are all -inf, whose softmax is NaN. Such a row's
+        // scores are replaced by zeros (a finite softmax, so that its backward is finite
+        // too) and its weights by zeros afterwards (PyTorch 2.5's rule). The causal mask
+        // alone never empties a row: query i keeps key 0.
+        let mut dead = None;
         if let Some(m) = o.attn_mask {
             scores = match m.dtype() {
                 DType::U8 => scores.masked_fill(&m.eq(0)?, f64::NEG_INFINITY)?,
                 _ => scores.add(m)?,
             };
+            let rows = crate::no_grad(|| scores.max(-1, true)?.0.eq(f64::NEG_INFINITY))?;
+            scores = scores.masked_fill(&rows, 0.0)?;
+            dead = Some(rows);
         }
         let weights = scores.softmax(-1)?;
+        let weights = match &dead {
+            Some(rows) => weights.masked_fill(rows, 0.0)?,
+            None => weights,
+        };
         let weights = match o.dropout_p > 0.0 {
             true => weights.dropout(o.dropout_p, true)?,
             false => weights,
