@@ -215,25 +215,35 @@ __device__ __forceinline__ i64 pow_i64(i64 a, i64 b) {
     }
     return (i64)acc;
 }
-/* u8 powers exactly, saturated at 255 as the CPU's `pow_u8`. */
+/* u8 powers modulo 256, as the CPU's `pow_u8`. */
 __device__ __forceinline__ u8 pow_u8(u8 a, u8 b) {
-    unsigned int acc = 1;
-    for (unsigned int k = 0; k < b; ++k) {
-        acc *= a;
-        if (acc >= 255) return 255;
-        if (acc == 0) return 0;
+    unsigned int base = a, acc = 1, e = b;
+    while (e) {
+        if (e & 1) acc = (acc * base) & 255u;
+        base = (base * base) & 255u;
+        e >>= 1;
     }
     return (u8)acc;
 }
+/* Integer arithmetic as the CPU's `int_op_i64`: sums, differences and products modulo 2^64
+   (unsigned arithmetic: signed overflow is undefined), maximum and minimum exactly, powers
+   exactly; division (which the ops promote to a float first) through f64, truncated. */
 #if PART_HAS_0
 extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, const i64* y,
                                               Strided ly, i64* out, i64 n) {
     FOR_EACH(i, n) {
-        if (op == 4) {
-            out[i] = pow_i64(x[strided_index(lx, i)], y[strided_index(ly, i)]);
-            continue;
+        i64 a = x[strided_index(lx, i)], b = y[strided_index(ly, i)];
+        unsigned long long ua = (unsigned long long)a, ub = (unsigned long long)b;
+        switch (op) {
+        case BINARY_ADD: out[i] = (i64)(ua + ub); continue;
+        case BINARY_SUB: out[i] = (i64)(ua - ub); continue;
+        case BINARY_MUL: out[i] = (i64)(ua * ub); continue;
+        case BINARY_MAX: out[i] = a > b ? a : b; continue;
+        case BINARY_MIN: out[i] = a < b ? a : b; continue;
+        case BINARY_POW: out[i] = pow_i64(a, b); continue;
+        default: break;
         }
-        double r = binary_d(op, (double)x[strided_index(lx, i)], (double)y[strided_index(ly, i)]);
+        double r = binary_d(op, (double)a, (double)b);
         i64 v;
 #ifdef __CUDACC_RTC__
         asm("cvt.rzi.s64.f64 %0, %1;" : "=l"(v) : "d"(r));
@@ -245,18 +255,24 @@ extern "C" __global__ void binary_strided_i64(int op, const i64* x, Strided lx, 
 }
 #endif
 
-/* U8 arithmetic as the CPU backend does it: in f32 (exact: a product of two bytes fits), the
-   result truncated toward zero and saturated to 0..255, NaN to 0 (Rust's `as u8`), so
-   7 / 2 = 3, 3 - 5 = 0 and x / 0 = 255. */
+/* U8 arithmetic as the CPU's `int_op_u8`: modulo 256 (0 - 5 = 251), maximum and minimum
+   exactly; division through f32, the result truncated toward zero and saturated to 0..255,
+   NaN to 0 (Rust's `as u8`), so 7 / 2 = 3 and x / 0 = 255. */
 #if PART_HAS_0
 extern "C" __global__ void binary_strided_u8(int op, const u8* x, Strided lx, const u8* y,
                                              Strided ly, u8* out, i64 n) {
     FOR_EACH(i, n) {
-        if (op == 4) {
-            out[i] = pow_u8(x[strided_index(lx, i)], y[strided_index(ly, i)]);
-            continue;
+        unsigned int a = x[strided_index(lx, i)], b = y[strided_index(ly, i)];
+        switch (op) {
+        case BINARY_ADD: out[i] = (u8)((a + b) & 255u); continue;
+        case BINARY_SUB: out[i] = (u8)((a - b) & 255u); continue;
+        case BINARY_MUL: out[i] = (u8)((a * b) & 255u); continue;
+        case BINARY_MAX: out[i] = (u8)(a > b ? a : b); continue;
+        case BINARY_MIN: out[i] = (u8)(a < b ? a : b); continue;
+        case BINARY_POW: out[i] = pow_u8((u8)a, (u8)b); continue;
+        default: break;
         }
-        float r = binary_f(op, (float)x[strided_index(lx, i)], (float)y[strided_index(ly, i)]);
+        float r = binary_f(op, (float)a, (float)b);
         out[i] = r != r || r <= 0.0f ? 0 : r >= 255.0f ? 255 : (u8)r;
     }
 }

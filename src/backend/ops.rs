@@ -430,19 +430,46 @@ pub fn pow_i64(a: i64, b: i64) -> i64 {
     acc
 }
 
-/// `a ^ b` for u8, exactly, saturated at 255 as the engine's other u8 arithmetic.
+/// `a ^ b` for u8, modulo 256 as PyTorch's integer arithmetic (2^9 is 0): square and
+/// multiply, wrapping.
 pub fn pow_u8(a: u8, b: u8) -> u8 {
-    let mut acc: u32 = 1;
-    for _ in 0..b {
-        acc *= a as u32;
-        if acc >= 255 {
-            return 255;
+    let (mut base, mut e, mut acc) = (a, b, 1u8);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.wrapping_mul(base);
         }
-        if acc == 0 {
-            return 0;
-        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
     }
-    acc as u8
+    acc
+}
+
+/// `a op b` for i64 as PyTorch computes it: sums, differences and products modulo 2^64
+/// (wrapping), maximum and minimum exactly; `None` for the ops computed through f64 (true
+/// division, which the ops promote to a float dtype first; powers: [`pow_i64`]).
+pub fn int_op_i64(op: BinaryOp) -> Option<fn(i64, i64) -> i64> {
+    Some(match op {
+        BinaryOp::Add => i64::wrapping_add,
+        BinaryOp::Sub => i64::wrapping_sub,
+        BinaryOp::Mul => i64::wrapping_mul,
+        BinaryOp::Max => std::cmp::max,
+        BinaryOp::Min => std::cmp::min,
+        BinaryOp::Pow => pow_i64,
+        BinaryOp::Div => return None,
+    })
+}
+
+/// [`int_op_i64`] for u8: modulo 256 (`0 - 200` is 56).
+pub fn int_op_u8(op: BinaryOp) -> Option<fn(u8, u8) -> u8> {
+    Some(match op {
+        BinaryOp::Add => u8::wrapping_add,
+        BinaryOp::Sub => u8::wrapping_sub,
+        BinaryOp::Mul => u8::wrapping_mul,
+        BinaryOp::Max => std::cmp::max,
+        BinaryOp::Min => std::cmp::min,
+        BinaryOp::Pow => pow_u8,
+        BinaryOp::Div => return None,
+    })
 }
 
 /// Comparisons; they give a `U8` mask of 0 and 1.

@@ -289,15 +289,7 @@ impl Tensor {
     /// `-self`. An integer tensor stays integer, wrapping as PyTorch's does (`-u8 200` is 56).
     pub fn neg(&self) -> Result<Tensor> {
         match self.dtype() {
-            // 256 - x where x is not 0, in i64 (u8 arithmetic here saturates).
-            DType::U8 => {
-                let wide = self.to_dtype(DType::I64)?;
-                let nonzero = self.ne(0.0)?.to_dtype(DType::I64)?;
-                wide.mul(-1i64)?
-                    .add(256i64)?
-                    .mul(&nonzero)?
-                    .to_dtype(DType::U8)
-            }
+            // 0 - x, which integer arithmetic wraps.
             d if !d.is_float() => Tensor::zeros(self.shape(), d, self.device())?.sub(self),
             _ => self.unary(UnaryOp::Neg),
         }

@@ -3,7 +3,7 @@
 use super::{dispatch, expect_float, expect_nonempty_reduction, Op};
 use crate::backend::ops::ReduceOp;
 use crate::layout::{normalize_dim, normalize_dims};
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
     /// Runs a reduction kernel; the result has the reduced dims kept as size 1.
@@ -60,8 +60,45 @@ impl Tensor {
     /// assert_eq!(x.sum(&[0], true)?.shape(), &[1, 2]);
     /// # Ok::<(), mantissa::Error>(())
     /// ```
+    ///
+    /// An integer or U8 (bool) tensor sums to I64, modulo 2^64, as PyTorch's integer and bool
+    /// sums do.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return self.int_sum(dims, keepdim);
+        }
         self.sum_like(dims, keepdim, ReduceOp::Sum, Op::Sum)
+    }
+
+    /// [`Tensor::sum`] of an integer tensor: in I64, a tree of pairwise adds along each
+    /// reduced dim (exact integer adds on every backend).
+    fn int_sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let _prof = crate::profiler::op(Op::Sum.name());
+        let mut d = normalize_dims("sum", dims, self.shape())?;
+        if d.is_empty() {
+            d = (0..self.rank()).collect();
+        }
+        let mut y = self.to_dtype(DType::I64)?;
+        for &i in &d {
+            let di = i as isize;
+            let mut n = y.shape()[i];
+            if n == 0 {
+                let mut shape = y.shape().to_vec();
+                shape[i] = 1;
+                y = Tensor::zeros(&shape, DType::I64, y.device())?;
+                continue;
+            }
+            while n > 1 {
+                let h = n / 2;
+                let mut z = y.narrow(di, 0, h)?.add(&y.narrow(di, h, h)?)?;
+                if n % 2 == 1 {
+                    z = Tensor::cat(&[&z, &y.narrow(di, 2 * h, 1)?], di)?;
+                }
+                y = z;
+                n = h + n % 2;
+            }
+        }
+        self.finish(y, &d, keepdim)
     }
 
     /// Sum of every element (a 0-d tensor).

@@ -7,6 +7,15 @@ use crate::layout::{normalize_dim, normalize_dims};
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
+    /// This tensor, in I64 when it is U8: the result type of PyTorch's integer and bool
+    /// sums, products and scans.
+    fn widened(&self) -> Result<Tensor> {
+        match self.dtype() {
+            DType::U8 => self.to_dtype(DType::I64),
+            _ => Ok(self.clone()),
+        }
+    }
+
     /// Runs `f` on this tensor in f32 when it is f16/bf16, and casts the result back.
     fn in_f32(&self, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         match self.dtype().is_half() {
@@ -24,10 +33,13 @@ impl Tensor {
     /// assert_eq!(x.cumsum(1)?.to_vec::<f32>()?, vec![1.0, 3.0, 3.0, 7.0]);
     /// # Ok::<(), mantissa::Error>(())
     /// ```
+    ///
+    /// A U8 (bool) tensor's running sums are I64, as PyTorch's; integer sums wrap modulo
+    /// 2^64.
     pub fn cumsum(&self, dim: isize) -> Result<Tensor> {
         let d = normalize_dim("cumsum", dim, self.shape())? as isize;
         let n = self.shape()[d as usize];
-        self.in_f32(|x| {
+        self.widened()?.in_f32(|x| {
             let mut y = x.clone();
             let mut k = 1;
             while k < n {
@@ -48,10 +60,12 @@ impl Tensor {
     /// assert_eq!(x.prod(1, false)?.to_vec::<f32>()?, vec![6.0, 0.0]);
     /// # Ok::<(), mantissa::Error>(())
     /// ```
+    ///
+    /// A U8 (bool) tensor's product is I64, as PyTorch's; integer products wrap modulo 2^64.
     pub fn prod(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         let d = normalize_dim("prod", dim, self.shape())?;
         let di = d as isize;
-        let y = self.in_f32(|x| {
+        let y = self.widened()?.in_f32(|x| {
             let mut n = x.shape()[d];
             if n == 0 {
                 let mut shape = x.shape().to_vec();

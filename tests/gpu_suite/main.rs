@@ -17,6 +17,8 @@
 // binary of its own must: here that module is compiled once per file that uses it.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "../attention_masks.rs"]
+mod attention_masks;
 #[path = "../batch_size.rs"]
 mod batch_size;
 #[path = "../cuda_capture.rs"]
@@ -49,6 +51,8 @@ mod data_parallel_buckets;
 mod fuzz_api;
 #[path = "../hostile_input.rs"]
 mod hostile_input;
+#[path = "../integer_arithmetic.rs"]
+mod integer_arithmetic;
 #[path = "../profiler.rs"]
 mod profiler;
 #[path = "../recompute.rs"]

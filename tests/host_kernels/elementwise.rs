@@ -294,8 +294,9 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
     type I64Binary =
         unsafe extern "C" fn(i32, *const i64, Strided, *const i64, Strided, *mut i64, i64) -> ();
     let f: I64Binary = function(lib, "binary_strided_i64");
-    let xs = vec![7i64, -7, 5, 1 << 40, 0, -3];
-    let ys = vec![2i64, 2, -3, 3, 4, 2];
+    // Sums, differences and products that wrap modulo 2^64, and values past 2^53.
+    let xs = vec![7i64, i64::MAX, 5, (1 << 53) + 1, i64::MIN, 3_037_000_500];
+    let ys = vec![2i64, 2, -3, 3, 4, 3_037_000_500];
     // y is seen transposed against x: [2, 3] and the [3, 2] buffer's transpose.
     let lx = Layout::contiguous(&[2, 3]);
     let ly = Layout::contiguous(&[3, 2]).permute("t", &[1, 0]).unwrap();
@@ -312,6 +313,46 @@ fn i64_arithmetic_kernel_matches_the_cpu() {
         );
         // SAFETY: both inputs hold 6 elements under their views; the output 6.
         unsafe { f(code, xs.as_ptr(), sx, ys.as_ptr(), sy, out.as_mut_ptr(), 6) };
+        assert_eq!(out, want, "{op:?}");
+    }
+}
+
+#[test]
+fn u8_arithmetic_kernel_matches_the_cpu() {
+    use crate::backend::cuda::storage::Strided;
+    let Some(lib) = library("elementwise") else {
+        return;
+    };
+    type U8Binary =
+        unsafe extern "C" fn(i32, *const u8, Strided, *const u8, Strided, *mut u8, i64) -> ();
+    let f: U8Binary = function(lib, "binary_strided_u8");
+    // Values whose sums, differences, products and powers wrap modulo 256; a zero divisor.
+    let xs = vec![0u8, 200, 255, 16, 3, 7];
+    let ys = vec![200u8, 100, 2, 17, 0, 9];
+    let lx = Layout::contiguous(&[2, 3]);
+    let ly = Layout::contiguous(&[3, 2]).permute("t", &[1, 0]).unwrap();
+    let x = Tensor::from_vec(xs.clone(), &[2, 3], Device::Cpu).unwrap();
+    let y = Tensor::from_vec(ys.clone(), &[3, 2], Device::Cpu).unwrap();
+    for op in BINARY_OPS {
+        let want = x.storage().binary(&lx, &y.storage(), &ly, op).unwrap();
+        let want = Tensor::from_storage(want, &[2, 3]).to_vec::<u8>().unwrap();
+        let mut out = vec![0u8; 6];
+        let (sx, sy) = (
+            Strided::new("t", &lx).unwrap(),
+            Strided::new("t", &ly).unwrap(),
+        );
+        // SAFETY: both inputs hold 6 elements under their views; the output 6.
+        unsafe {
+            f(
+                op.code(),
+                xs.as_ptr(),
+                sx,
+                ys.as_ptr(),
+                sy,
+                out.as_mut_ptr(),
+                6,
+            )
+        };
         assert_eq!(out, want, "{op:?}");
     }
 }

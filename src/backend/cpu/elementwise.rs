@@ -214,25 +214,19 @@ pub(crate) fn binary(
         }), [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div])
         .into_storage()
     }
-    // Integer powers are exact integer arithmetic, not a float pow truncated.
-    match (a, b, op) {
-        (CpuStorage::I64(x), CpuStorage::I64(y), BinaryOp::Pow) => {
-            return Ok(CpuStorage::I64(map2(
-                x,
-                la,
-                y,
-                lb,
-                crate::backend::ops::pow_i64,
-            )))
+    // Integer arithmetic is exact, wrapping as PyTorch's (u8 modulo 256, i64 modulo 2^64),
+    // not a float result truncated and saturated.
+    use crate::backend::ops::{int_op_i64, int_op_u8};
+    match (a, b) {
+        (CpuStorage::I64(x), CpuStorage::I64(y)) => {
+            if let Some(f) = int_op_i64(op) {
+                return Ok(CpuStorage::I64(map2(x, la, y, lb, f)));
+            }
         }
-        (CpuStorage::U8(x), CpuStorage::U8(y), BinaryOp::Pow) => {
-            return Ok(CpuStorage::U8(map2(
-                x,
-                la,
-                y,
-                lb,
-                crate::backend::ops::pow_u8,
-            )))
+        (CpuStorage::U8(x), CpuStorage::U8(y)) => {
+            if let Some(f) = int_op_u8(op) {
+                return Ok(CpuStorage::U8(map2(x, la, y, lb, f)));
+            }
         }
         _ => {}
     }

@@ -123,7 +123,7 @@ pub(crate) fn binary(
     same_dtype("binary", x, y)?;
     if let DType::I64 | DType::U8 = x.dtype() {
         // Integer counters (a batch-norm's batches tracked) and masks stay on the device too,
-        // with the CPU's integer arithmetic (truncated, saturated).
+        // with the CPU's integer arithmetic (wrapping; division truncated and saturated).
         let out = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
         let name = kname!("binary_strided_", kname("binary", x.dtype())?);
         strided_pair(x, lx, y, ly, op.code(), name, &out)?;
