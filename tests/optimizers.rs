@@ -272,6 +272,70 @@ fn plateau_cuts_the_rate_and_refuses_bad_settings() {
     assert!(e.contains("factor 1"), "{e}");
 }
 
+/// With parameter groups, each group's rate is cut with its own floor (PyTorch's
+/// `min_lr` as a list, or one value for all): a group at its floor stays there while the
+/// others go on, and the SGD steps take each group's rate.
+#[test]
+fn plateau_floors_each_parameter_group_on_its_own() {
+    let w = Tensor::ones(&[2], DType::F32, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let b = Tensor::ones(&[1], DType::F32, Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(1.0)).unwrap();
+    let group = GroupOptions {
+        lr: Some(0.4),
+        ..Default::default()
+    };
+    opt.add_param_group(vec![b.clone()], group).unwrap();
+    let mut p = ReduceLrOnPlateau::new(1.0);
+    (p.patience, p.factor) = (0, 0.5);
+    p.group_min_lrs = vec![0.05, 0.15];
+    let mut seen = Vec::new();
+    for m in [3.0, 3.0, 3.0, 3.0, 3.0] {
+        seen.push(p.step_optimizer(m, &mut opt).unwrap());
+    }
+    // Group 1 reaches its floor at the second cut (0.4, 0.2, then 0.15 not 0.1); group 0
+    // goes on to its own (0.05).
+    assert_eq!(
+        seen,
+        vec![
+            vec![1.0, 0.4],
+            vec![0.5, 0.2],
+            vec![0.25, 0.15],
+            vec![0.125, 0.15],
+            vec![0.0625, 0.15]
+        ]
+    );
+    // The update uses each group's rate: a gradient of 1 moves w by 0.0625, b by 0.15.
+    (w.mul(1.0).unwrap().sum_all().unwrap())
+        .add(&b.sum_all().unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    opt.step().unwrap();
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.9375; 2]);
+    assert_eq!(b.to_vec::<f32>().unwrap(), vec![0.85]);
+    // One scalar floor for all; a list of the wrong length and a rate of 0 for the first
+    // group beside a nonzero one are refused by name.
+    p.group_min_lrs = vec![0.1];
+    let e = p.step_optimizer(3.0, &mut opt).unwrap_err().to_string();
+    assert!(
+        e.contains("1 values in group_min_lrs for an optimizer of 2"),
+        "{e}"
+    );
+    let e = opt
+        .set_param_group_lrs(&[0.0, 0.1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the first group's rate is 0"), "{e}");
+    assert!(opt.set_param_group_lrs(&[0.1]).is_err());
+    assert!(opt.set_param_group_lrs(&[0.1, -1.0]).is_err());
+}
+
 /// A checkpoint's optimizer state resumes only into the optimizer that wrote it, with the
 /// settings that make the same states: another one's state would be dropped, or its own
 /// started from zero mid-run.

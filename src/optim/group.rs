@@ -152,6 +152,43 @@ impl ParamGroup {
         Ok(())
     }
 
+    /// Sets each group's learning rate (`lrs`, the default group first) as its ratio to the
+    /// first's, which [`ParamGroup::set_lr`] then applies: for a scheduler that moves the
+    /// groups apart (a floor reached by one). A rate of 0 for the first group with a nonzero
+    /// one elsewhere cannot be kept as a ratio and is refused.
+    pub(crate) fn set_ratios(&mut self, lrs: &[f64]) -> Result<()> {
+        const OP: &str = "set_param_group_lrs";
+        if lrs.len() != self.groups.len() + 1 {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{} rates for {} parameter groups",
+                    lrs.len(),
+                    self.groups.len() + 1
+                ),
+            ));
+        }
+        for &lr in lrs {
+            super::check_hyper(OP, "lr", lr)?;
+        }
+        let base = lrs[0];
+        if base == 0.0 && lrs[1..].iter().any(|&lr| lr != 0.0) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "the first group's rate is 0 while others are not ({lrs:?}): the groups' \
+                     rates are kept as ratios to the first's"
+                ),
+            ));
+        }
+        if base > 0.0 {
+            for (g, &lr) in self.groups.iter_mut().zip(&lrs[1..]) {
+                g.lr_scale = lr / base;
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the optimizer's learning rate; each added group's follows in its ratio.
     pub(crate) fn set_lr(&self, lr: f64) {
         self.lr.set(lr);

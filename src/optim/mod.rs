@@ -111,6 +111,29 @@ pub trait Optimizer {
         self.group().group_lrs(self.lr())
     }
 
+    /// Sets every group's learning rate (one per group, the constructor's parameters'
+    /// first), as PyTorch's schedulers set `param_groups[i]['lr']` each: what
+    /// [`ReduceLrOnPlateau::step_optimizer`] does when a floor keeps one group from falling
+    /// with the others. Later [`Optimizer::set_lr`] calls move the groups in the new ratios.
+    ///
+    /// ```
+    /// use mantissa::{nn::{Linear, Module}, optim::{GroupOptions, Optimizer, Sgd, SgdConfig}};
+    /// use mantissa::Generator;
+    /// let model = Linear::new(4, 2, true, &mut Generator::new(0))?;
+    /// let mut p = model.parameters();
+    /// let bias = p.pop().unwrap();
+    /// let mut opt = Sgd::new(p, SgdConfig::new(0.1))?;
+    /// opt.add_param_group(vec![bias], GroupOptions { lr: Some(0.2), ..Default::default() })?;
+    /// opt.set_param_group_lrs(&[0.01, 0.05])?;
+    /// assert_eq!(opt.param_group_lrs(), vec![0.01, 0.05]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    fn set_param_group_lrs(&mut self, lrs: &[f64]) -> Result<()> {
+        self.group_mut().set_ratios(lrs)?;
+        self.set_lr(lrs[0]);
+        Ok(())
+    }
+
     /// Applies one update to every parameter that has a gradient.
     fn step(&mut self) -> Result<()> {
         self.step_unless(None)

@@ -1,6 +1,7 @@
 //! `ReduceLROnPlateau`: the learning rate cut when a watched metric stops improving. Unlike
 //! the schedules, it depends on the metrics seen, so it keeps a state.
 
+use super::Optimizer;
 use crate::{Error, Result};
 
 /// Whether the watched metric improves downwards (a loss) or upwards (an accuracy).
@@ -20,7 +21,9 @@ pub enum ThresholdMode {
 /// PyTorch's `ReduceLROnPlateau`: after more than `patience` epochs without an improvement
 /// (beyond `threshold`) the rate is multiplied by `factor`, not below `min_lr`, and the count
 /// waits `cooldown` epochs before it starts again. Call [`ReduceLrOnPlateau::step`] once per
-/// epoch with the metric and give the rate it returns to the optimizer.
+/// epoch with the metric and give the rate it returns to the optimizer, or, for an optimizer
+/// with parameter groups, [`ReduceLrOnPlateau::step_optimizer`], which cuts each group's rate
+/// with its own floor (`min_lr`, or one value per group in `group_min_lrs`), as PyTorch's.
 ///
 /// ```
 /// use mantissa::optim::ReduceLrOnPlateau;
@@ -43,6 +46,9 @@ pub struct ReduceLrOnPlateau {
     pub threshold_mode: ThresholdMode,
     pub cooldown: usize,
     pub min_lr: f64,
+    /// Each parameter group's floor for [`ReduceLrOnPlateau::step_optimizer`] (PyTorch's
+    /// `min_lr` given as a list); empty: `min_lr` for every group.
+    pub group_min_lrs: Vec<f64>,
     /// A cut smaller than this is not made.
     pub eps: f64,
     lr: f64,
@@ -64,6 +70,7 @@ impl ReduceLrOnPlateau {
             threshold_mode: ThresholdMode::Rel,
             cooldown: 0,
             min_lr: 0.0,
+            group_min_lrs: Vec::new(),
             eps: 1e-8,
             lr,
             best: None,
@@ -81,6 +88,64 @@ impl ReduceLrOnPlateau {
     /// no improvement, as in PyTorch.
     pub fn step(&mut self, metric: f64) -> Result<f64> {
         self.check()?;
+        if self.observe(metric) {
+            self.lr = self.cut(self.lr, self.min_lr);
+        }
+        Ok(self.lr)
+    }
+
+    /// Takes one epoch's metric and, on a plateau, cuts every parameter group's rate of
+    /// `opt` by `factor`, each not below its own floor (`group_min_lrs`, or `min_lr`), as
+    /// PyTorch's scheduler does over `param_groups`: a group that reaches its floor stays
+    /// there while the others go on. Returns the groups' rates for the next epoch.
+    ///
+    /// ```
+    /// use mantissa::{nn::{Linear, Module}, optim::*, Generator};
+    /// let model = Linear::new(4, 2, true, &mut Generator::new(0))?;
+    /// let mut p = model.parameters();
+    /// let bias = p.pop().unwrap();
+    /// let mut opt = Sgd::new(p, SgdConfig::new(1.0))?;
+    /// opt.add_param_group(vec![bias], GroupOptions { lr: Some(0.5), ..Default::default() })?;
+    /// let mut plateau = ReduceLrOnPlateau::new(1.0);
+    /// (plateau.patience, plateau.factor) = (0, 0.5);
+    /// plateau.group_min_lrs = vec![0.1, 0.2];
+    /// for loss in [1.0, 1.0, 1.0] {
+    ///     plateau.step_optimizer(loss, &mut opt)?;
+    /// }
+    /// // Group 1 stopped at its floor of 0.2; group 0 went on to 0.25.
+    /// assert_eq!(opt.param_group_lrs(), vec![0.25, 0.2]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn step_optimizer(&mut self, metric: f64, opt: &mut dyn Optimizer) -> Result<Vec<f64>> {
+        self.check()?;
+        let lrs = opt.param_group_lrs();
+        let floors = match self.group_min_lrs.len() {
+            0 => vec![self.min_lr; lrs.len()],
+            n if n == lrs.len() => self.group_min_lrs.clone(),
+            n => {
+                return Err(Error::invalid(
+                    "ReduceLrOnPlateau::step_optimizer",
+                    format!(
+                        "{n} values in group_min_lrs for an optimizer of {} parameter groups",
+                        lrs.len()
+                    ),
+                ))
+            }
+        };
+        if self.observe(metric) {
+            let cut: Vec<f64> = lrs
+                .iter()
+                .zip(&floors)
+                .map(|(&lr, &floor)| self.cut(lr, floor))
+                .collect();
+            opt.set_param_group_lrs(&cut)?;
+            self.lr = cut[0];
+        }
+        Ok(opt.param_group_lrs())
+    }
+
+    /// Counts one epoch's metric: true when the rates are to be cut now.
+    fn observe(&mut self, metric: f64) -> bool {
         if self.better(metric) {
             self.best = Some(metric);
             self.bad_epochs = 0;
@@ -92,14 +157,20 @@ impl ReduceLrOnPlateau {
             self.bad_epochs = 0;
         }
         if self.bad_epochs > self.patience {
-            let cut = (self.lr * self.factor).max(self.min_lr);
-            if self.lr - cut > self.eps {
-                self.lr = cut;
-            }
             self.cooldown_left = self.cooldown;
             self.bad_epochs = 0;
+            return true;
         }
-        Ok(self.lr)
+        false
+    }
+
+    /// `lr` times `factor`, not below `floor`; `lr` itself when the cut is `eps` or less.
+    fn cut(&self, lr: f64, floor: f64) -> f64 {
+        let cut = (lr * self.factor).max(floor);
+        match lr - cut > self.eps {
+            true => cut,
+            false => lr,
+        }
     }
 
     /// The state to save with a checkpoint: rate, best metric (NaN before the first),
@@ -153,6 +224,9 @@ impl ReduceLrOnPlateau {
             ("eps", self.eps),
         ] {
             super::check_hyper("ReduceLrOnPlateau::step", name, v)?;
+        }
+        for &v in &self.group_min_lrs {
+            super::check_hyper("ReduceLrOnPlateau::step", "group_min_lrs", v)?;
         }
         Ok(())
     }
