@@ -128,6 +128,39 @@ fn a_1d_cnn_with_the_new_layers_trains_and_moves_by_state_dict() {
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
 
+/// A float `num_batches_tracked` (as a state written by another tool, or through a float
+/// format) converts into batch norm's i64 buffer, as PyTorch's `copy_` does; a value the
+/// buffer cannot hold unchanged (2.5, NaN) is refused by name, and nothing is written.
+#[test]
+fn load_state_dict_converts_a_float_counter_into_the_integer_buffer() {
+    let src = nn::BatchNorm2d::new(3).unwrap();
+    let mut state = src.state_dict();
+    state.insert(
+        "num_batches_tracked".into(),
+        Tensor::from_vec(vec![5.0f32], &[], Device::Cpu).unwrap(),
+    );
+    let mut bn = nn::BatchNorm2d::new(3).unwrap();
+    bn.load_state_dict(&state, true).unwrap();
+    let n = &bn.state_dict()["num_batches_tracked"];
+    assert_eq!(
+        (n.dtype(), n.to_vec::<i64>().unwrap()),
+        (DType::I64, vec![5])
+    );
+    for bad in [2.5, f64::NAN] {
+        state.insert(
+            "num_batches_tracked".into(),
+            Tensor::from_vec(vec![bad], &[], Device::Cpu).unwrap(),
+        );
+        let e = bn.load_state_dict(&state, true).unwrap_err().to_string();
+        assert!(
+            e.contains("num_batches_tracked") && e.contains("cannot hold"),
+            "{e}"
+        );
+        let n = &bn.state_dict()["num_batches_tracked"];
+        assert_eq!(n.to_vec::<i64>().unwrap(), vec![5], "unchanged");
+    }
+}
+
 #[test]
 fn load_state_dict_names_every_problem_and_changes_nothing() {
     let net = Net::new(1);

@@ -228,9 +228,11 @@ pub trait Module: Send + Sync {
 
     /// Copies `state` (names as [`Module::state_dict`] gives them) into this module's
     /// tensors, each converted to its tensor's dtype and device (PyTorch's
-    /// `load_state_dict`). A shape that differs is an error; so, with `strict`, is a missing
-    /// or unexpected name; without it those are returned. Nothing is written unless all is
-    /// well.
+    /// `load_state_dict`: a float `num_batches_tracked` goes into the i64 buffer). A shape
+    /// that differs is an error, and so is a value the tensor's dtype cannot hold unchanged
+    /// (a float that is not a whole number, or out of range, for an integer tensor); so,
+    /// with `strict`, is a missing or unexpected name; without it those are returned.
+    /// Nothing is written unless all is well.
     ///
     /// ```
     /// use mantissa::nn::{Linear, Module};

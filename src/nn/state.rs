@@ -48,12 +48,10 @@ pub(super) fn load_state_dict(
                 s.shape(),
                 t.shape()
             )),
-            Some(s) if s.dtype().is_float() != t.dtype().is_float() => problems.push(format!(
-                "{n}: the state is {:?}, the module {:?}",
-                s.dtype(),
-                t.dtype()
-            )),
-            Some(s) => staged.push((t.clone(), s.clone())),
+            Some(s) => match unconvertible(s, t.dtype()) {
+                Some(why) => problems.push(format!("{n}: {why}")),
+                None => staged.push((t.clone(), s.clone())),
+            },
         }
         seen.insert(n);
     });
@@ -76,4 +74,31 @@ pub(super) fn load_state_dict(
         .collect::<Result<Vec<_>>>()?;
     crate::no_grad(|| moved.iter().try_for_each(|(s, t)| t.copy_(s)))?;
     Ok(report)
+}
+
+/// Why the state entry `s` cannot become a tensor of `dtype` unchanged in value (a float
+/// into an integer tensor must hold whole numbers in its range: a float
+/// `num_batches_tracked` converts, 2.5 or NaN does not), or `None`. Float to float rounds,
+/// as PyTorch's `copy_`.
+fn unconvertible(s: &Tensor, dtype: crate::DType) -> Option<String> {
+    use crate::DType;
+    let widening = s.dtype() == dtype || (s.dtype() == DType::U8 && dtype == DType::I64);
+    if dtype.is_float() || widening {
+        return None;
+    }
+    let (lo, hi) = match dtype {
+        DType::U8 => (0.0, 255.0),
+        _ => (i64::MIN as f64, i64::MAX as f64),
+    };
+    let values = match s.to_vec_f64() {
+        Ok(v) => v,
+        Err(e) => return Some(format!("its values could not be read: {e}")),
+    };
+    let bad = values
+        .iter()
+        .find(|v| !(v.fract() == 0.0 && (lo..=hi).contains(*v)))?;
+    Some(format!(
+        "the state is {:?} holding {bad}, which the module's {dtype:?} cannot hold",
+        s.dtype()
+    ))
 }
