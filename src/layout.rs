@@ -311,6 +311,55 @@ impl Layout {
         None
     }
 
+    /// A view of the same elements with `shape` (the same count), when the strides allow it
+    /// without a copy: PyTorch's rule for `view` (its `computeStride`). The dims are cut into
+    /// chunks of dims that are contiguous among themselves (each stride the next one's times
+    /// its size); a new dim may split or merge dims only within one chunk. So the transpose
+    /// of a `[4, 6]` tensor views as `[6, 2, 2]` (its dim of 4 splits), but not as `[24]`.
+    ///
+    /// ```
+    /// use mantissa::layout::Layout;
+    /// let t = Layout::contiguous(&[4, 6]).permute("t", &[1, 0]).unwrap();
+    /// assert_eq!(t.view_as(&[6, 2, 2]).unwrap().strides(), &[1, 12, 6]);
+    /// assert!(t.view_as(&[24]).is_none());
+    /// ```
+    pub fn view_as(&self, shape: &[usize]) -> Option<Layout> {
+        let contiguous = |s: &[usize]| Layout::new(s.to_vec(), contiguous_strides(s), self.offset);
+        if self.numel() == 0 || self.rank() == 0 {
+            // No element to place (or one): any strides will do.
+            return Some(contiguous(shape));
+        }
+        let (old, old_strides) = (&self.shape, &self.strides);
+        let mut strides = vec![0usize; shape.len()];
+        let mut view_d = shape.len() as isize - 1;
+        let mut chunk_base = *old_strides.last()?;
+        let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+        for d in (0..old.len()).rev() {
+            tensor_numel *= old[d];
+            // The end of a chunk: the dim before does not continue it.
+            let ends =
+                d == 0 || (old[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base);
+            if ends {
+                while view_d >= 0 && (view_numel < tensor_numel || shape[view_d as usize] == 1) {
+                    strides[view_d as usize] = view_numel * chunk_base;
+                    view_numel *= shape[view_d as usize];
+                    view_d -= 1;
+                }
+                if view_numel != tensor_numel {
+                    return None;
+                }
+                if d > 0 {
+                    chunk_base = old_strides[d - 1];
+                    (tensor_numel, view_numel) = (1, 1);
+                }
+            }
+        }
+        match view_d {
+            -1 => Some(Layout::new(shape.to_vec(), strides, self.offset)),
+            _ => None,
+        }
+    }
+
     /// Inserts a size-1 dim at `dim`.
     pub fn unsqueeze(&self, dim: usize) -> Layout {
         let mut shape = self.shape.clone();

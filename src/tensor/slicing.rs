@@ -82,29 +82,46 @@ impl Tensor {
     }
 
     /// This tensor with another shape over the same memory, never a copy (PyTorch's `view`):
-    /// one `-1` entry is inferred. A tensor whose elements are not contiguous is an error
+    /// one `-1` entry is inferred. A dim may be split, or dims merged, where the dims
+    /// involved are contiguous among themselves, as PyTorch's rule allows
+    /// ([`Layout::view_as`](crate::layout::Layout::view_as)); any other shape is an error
     /// that says to use [`Tensor::reshape`] (which copies when it must) or `contiguous`.
     ///
     /// ```
     /// use mantissa::{Tensor, Device, DType};
     /// let x = Tensor::zeros(&[2, 6], DType::F32, Device::Cpu)?;
     /// assert_eq!(x.view(&[3, -1])?.shape(), &[3, 4]);
+    /// assert_eq!(x.t()?.view(&[3, 2, 2])?.strides(), &[2, 1, 6]);
     /// assert!(x.t()?.view(&[12]).is_err());
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
-        if !self.is_contiguous() {
+        let dims = self.inferred("view", shape)?;
+        let numel: usize = dims.iter().product();
+        if numel != self.numel() {
+            return Err(Error::Reshape {
+                op: "view",
+                from: self.shape().to_vec(),
+                from_numel: self.numel(),
+                to: dims,
+            });
+        }
+        let Some(layout) = self.layout().view_as(&dims) else {
             return Err(Error::invalid(
                 "view",
                 format!(
-                    "a tensor of shape {:?} with strides {:?} is not contiguous, so no view \
-                     of shape {shape:?} exists; use reshape (which copies) or contiguous() first",
+                    "a tensor of shape {:?} with strides {:?} has no view of shape {shape:?} \
+                     (its dims are not contiguous where that shape splits or merges them); use \
+                     reshape (which copies) or contiguous() first",
                     self.shape(),
                     self.strides()
                 ),
             ));
-        }
-        self.reshape_infer(shape)
+        };
+        let orig = self.shape().to_vec();
+        Ok(self.view_with(layout).attach("view", &[self], move |g, _| {
+            Ok(vec![Some(g.reshape(&orig)?)])
+        }))
     }
 
     /// This tensor tiled `repeats[i]` times along each dim (PyTorch's `repeat`); `repeats`

@@ -50,23 +50,24 @@ impl Tensor {
 
     /// Reshape where one entry may be `-1` (inferred from the element count).
     pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
+        let dims = self.inferred("reshape", shape)?;
+        self.reshape(&dims)
+    }
+
+    /// `shape` with its `-1` entry (at most one) inferred from the element count.
+    pub(crate) fn inferred(&self, op: &'static str, shape: &[isize]) -> Result<Vec<usize>> {
         let known_dims: Vec<usize> = shape
             .iter()
             .filter(|&&d| d >= 0)
             .map(|&d| d as usize)
             .collect();
-        let known = checked_numel("reshape", &known_dims)?;
+        let known = checked_numel(op, &known_dims)?;
         let holes = shape.iter().filter(|&&d| d < 0).count();
-        let bad = || {
-            Error::invalid(
-                "reshape",
-                format!("cannot infer {shape:?} for {:?}", self.shape()),
-            )
-        };
+        let bad = || Error::invalid(op, format!("cannot infer {shape:?} for {:?}", self.shape()));
         if holes > 1 || shape.iter().any(|&d| d < -1) {
             return Err(bad());
         }
-        let dims: Vec<usize> = shape
+        shape
             .iter()
             .map(|&d| {
                 if d >= 0 {
@@ -77,8 +78,7 @@ impl Tensor {
                     Ok(self.numel() / known)
                 }
             })
-            .collect::<Result<_>>()?;
-        self.reshape(&dims)
+            .collect()
     }
 
     /// Flattens dims `start..=end` into one.
