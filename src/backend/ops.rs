@@ -419,12 +419,17 @@ pub fn pow_i64(a: i64, b: i64) -> i64 {
             _ => 0,
         };
     }
-    let (mut base, mut e, mut acc) = (a, b as u64, 1i64);
+    square_and_multiply(a, b as u64, 1, i64::wrapping_mul)
+}
+
+/// `a ^ e` by square and multiply with `mul` (wrapping), starting from `one`.
+fn square_and_multiply<T: Copy>(a: T, mut e: u64, one: T, mul: fn(T, T) -> T) -> T {
+    let (mut base, mut acc) = (a, one);
     while e > 0 {
         if e & 1 == 1 {
-            acc = acc.wrapping_mul(base);
+            acc = mul(acc, base);
         }
-        base = base.wrapping_mul(base);
+        base = mul(base, base);
         e >>= 1;
     }
     acc
@@ -433,15 +438,7 @@ pub fn pow_i64(a: i64, b: i64) -> i64 {
 /// `a ^ b` for u8, modulo 256 as PyTorch's integer arithmetic (2^9 is 0): square and
 /// multiply, wrapping.
 pub fn pow_u8(a: u8, b: u8) -> u8 {
-    let (mut base, mut e, mut acc) = (a, b, 1u8);
-    while e > 0 {
-        if e & 1 == 1 {
-            acc = acc.wrapping_mul(base);
-        }
-        base = base.wrapping_mul(base);
-        e >>= 1;
-    }
-    acc
+    square_and_multiply(a, b as u64, 1, u8::wrapping_mul)
 }
 
 /// `a op b` for i64 as PyTorch computes it: sums, differences and products modulo 2^64

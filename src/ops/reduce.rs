@@ -80,23 +80,14 @@ impl Tensor {
         }
         let mut y = self.to_dtype(DType::I64)?;
         for &i in &d {
-            let di = i as isize;
-            let mut n = y.shape()[i];
-            if n == 0 {
-                let mut shape = y.shape().to_vec();
-                shape[i] = 1;
-                y = Tensor::zeros(&shape, DType::I64, y.device())?;
-                continue;
-            }
-            while n > 1 {
-                let h = n / 2;
-                let mut z = y.narrow(di, 0, h)?.add(&y.narrow(di, h, h)?)?;
-                if n % 2 == 1 {
-                    z = Tensor::cat(&[&z, &y.narrow(di, 2 * h, 1)?], di)?;
+            y = match y.shape()[i] {
+                0 => {
+                    let mut shape = y.shape().to_vec();
+                    shape[i] = 1;
+                    Tensor::zeros(&shape, DType::I64, y.device())?
                 }
-                y = z;
-                n = h + n % 2;
-            }
+                _ => y.pairwise(i, |a, b| a.add(b))?,
+            };
         }
         self.finish(y, &d, keepdim)
     }

@@ -7,6 +7,26 @@ use crate::layout::{normalize_dim, normalize_dims};
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
+    /// Dim `dim` (not empty) combined to size 1 by a tree of pairwise `op`s (half against
+    /// half, an odd last element carried up): `ceil(log2(n))` passes, each one op.
+    pub(crate) fn pairwise(
+        &self,
+        dim: usize,
+        op: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let (di, mut n, mut y) = (dim as isize, self.shape()[dim], self.clone());
+        while n > 1 {
+            let h = n / 2;
+            let mut z = op(&y.narrow(di, 0, h)?, &y.narrow(di, h, h)?)?;
+            if n % 2 == 1 {
+                z = Tensor::cat(&[&z, &y.narrow(di, 2 * h, 1)?], di)?;
+            }
+            y = z;
+            n = h + n % 2;
+        }
+        Ok(y)
+    }
+
     /// This tensor, in I64 when it is U8: the result type of PyTorch's integer and bool
     /// sums, products and scans.
     fn widened(&self) -> Result<Tensor> {
@@ -66,23 +86,12 @@ impl Tensor {
         let d = normalize_dim("prod", dim, self.shape())?;
         let di = d as isize;
         let y = self.widened()?.in_f32(|x| {
-            let mut n = x.shape()[d];
-            if n == 0 {
+            if x.shape()[d] == 0 {
                 let mut shape = x.shape().to_vec();
                 shape[d] = 1;
                 return Tensor::ones(&shape, x.dtype(), x.device());
             }
-            let mut y = x.clone();
-            while n > 1 {
-                let h = n / 2;
-                let mut z = y.narrow(di, 0, h)?.mul(&y.narrow(di, h, h)?)?;
-                if n % 2 == 1 {
-                    z = Tensor::cat(&[&z, &y.narrow(di, 2 * h, 1)?], di)?;
-                }
-                y = z;
-                n = h + n % 2;
-            }
-            Ok(y)
+            x.pairwise(d, |a, b| a.mul(b))
         })?;
         match keepdim {
             true => Ok(y),
