@@ -22,6 +22,7 @@ mod fallback;
 pub(crate) mod host;
 pub(crate) mod host_limit;
 mod index;
+mod int_arith;
 mod loss;
 mod matmul;
 pub mod memory;

@@ -216,7 +216,7 @@ pub(crate) fn binary(
     }
     // Integer arithmetic is exact, wrapping as PyTorch's (u8 modulo 256, i64 modulo 2^64),
     // not a float result truncated and saturated.
-    use crate::backend::ops::{int_op_i64, int_op_u8};
+    use crate::backend::int_arith::{int_op_i64, int_op_u8};
     match (a, b) {
         (CpuStorage::I64(x), CpuStorage::I64(y)) => {
             if let Some(f) = int_op_i64(op) {
