@@ -374,9 +374,13 @@ fn in_place_writes_to_saved_tensors_fail_backward() {
     h.copy_(&v(vec![0.0; 6], &[2, 3])).unwrap();
     let e = m(out.sum_all().unwrap().backward());
     assert!(e.contains("`matmul`") && e.contains("[2, 3]"), "{e}");
-    // An optimizer step between forward and backward writes the weight linear reads.
+    // An optimizer step between forward and backward writes the weight linear reads (for
+    // the gradient of an input that requires grad).
     let w = v(vec![0.5; 6], &[2, 3]).requires_grad(true).unwrap();
     let mut opt = optim::Sgd::new(vec![w.clone()], optim::SgdConfig::new(0.1)).unwrap();
+    let h = v(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
+        .requires_grad(true)
+        .unwrap();
     let out = h.linear(&w, None).unwrap().sum_all().unwrap();
     w.set_grad(Some(v(vec![1.0; 6], &[2, 3]))).unwrap();
     optim::Optimizer::step(&mut opt).unwrap();

@@ -111,3 +111,28 @@ impl Saved {
         }
     }
 }
+
+/// An input that a backward reads only for another input's gradient (`x` of `x * w` is read
+/// for `w`'s): kept when that other input requires grad, else `None`, so that an in-place
+/// write to it afterwards is no error and its memory is not held (PyTorch's saved sets: a
+/// frozen layer keeps no copy of its input).
+pub(crate) fn kept_for(other_requires_grad: bool, t: &Tensor) -> Option<Tensor> {
+    other_requires_grad.then(|| t.clone())
+}
+
+/// The input [`kept_for`] kept, or an error naming `op` when backward asks for a gradient
+/// the forward did not keep it for (an input's requirement is fixed when the op records).
+pub(crate) fn kept<'a>(op: &'static str, t: &'a Option<Tensor>) -> Result<&'a Tensor> {
+    t.as_ref().ok_or_else(|| {
+        crate::Error::Autograd(format!(
+            "backward of {op} needs an input that the forward did not keep: no input that \
+             reads it required grad then"
+        ))
+    })
+}
+
+/// The inputs among `kept` that were kept, as [`crate::Tensor::attach_saving`]'s version
+/// checks take them.
+pub(crate) fn held(kept: &[&Option<Tensor>]) -> Vec<Tensor> {
+    kept.iter().copied().flatten().cloned().collect()
+}

@@ -1,7 +1,7 @@
 //! conv2d and conv_transpose2d, forward and backward, NCHW or channels-last (NHWC).
 
 use super::{dispatch, expect_float, expect_rank, expect_same_dtype, Op};
-use crate::autograd::saved::Saved;
+use crate::autograd::saved::{held, kept, kept_for, Saved};
 use crate::backend::ops::{window_out, Conv2dParams};
 use crate::backend::{ConvDims, Storage};
 use crate::layout::Layout;
@@ -219,22 +219,26 @@ fn conv_fwd(x: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
             }
         }
     };
-    // The input, kept or (a batch norm's output) made again in backward for the weight's
-    // gradient: autograd::saved.
-    let (xs, ws) = (Saved::new(x), w.clone());
-    let kept = xs.kept().cloned();
-    let mut reads: Vec<&Tensor> = kept.iter().collect();
-    reads.push(w);
+    // The input, read only for the weight's gradient: kept or (a batch norm's output) made
+    // again in backward (autograd::saved); the weight, read only for the input's gradient.
+    let xs = w.is_requires_grad().then(|| Saved::new(x));
+    let ws = kept_for(x.is_requires_grad(), w);
+    let kept_x = xs.as_ref().and_then(|xs| xs.kept().cloned());
+    let reads = held(&[&kept_x, &ws]);
+    let reads: Vec<&Tensor> = reads.iter().collect();
     let y = activation(s, [d.n, d.o, d.ho, d.wo], &d)?.attach_saving(
         "conv2d",
         &[x, w],
         &reads,
         move |g, needs| {
             let gx = needs[0]
-                .then(|| conv_bwd_input_onto(g, &ws, d))
+                .then(|| conv_bwd_input_onto(g, kept("conv2d", &ws)?, d))
                 .transpose()?;
             let gw = needs[1]
-                .then(|| conv_bwd_weight_saved(&xs, g, d))
+                .then(|| match &xs {
+                    Some(xs) => conv_bwd_weight_saved(xs, g, d),
+                    None => kept("conv2d", &None).cloned(),
+                })
                 .transpose()?;
             Ok(vec![gx, gw])
         },
@@ -284,14 +288,23 @@ fn conv_bwd_input(gy: &Tensor, w: &Tensor, d: ConvDims) -> Result<Tensor> {
             .storage()
             .conv2d_backward_input(gy.layout(), &w.storage(), w.layout(), &d)?,
     };
-    let (gs, ws) = (gy.clone(), w.clone());
+    // Each operand is read only for the other's gradient.
+    let gs = kept_for(w.is_requires_grad(), gy);
+    let ws = kept_for(gy.is_requires_grad(), w);
+    let reads = held(&[&gs, &ws]);
+    let reads: Vec<&Tensor> = reads.iter().collect();
     Ok(activation(s, [d.n, d.c, d.h, d.w], &d)?.attach_saving(
         "conv_transpose2d",
         &[gy, w],
-        &[gy, w],
+        &reads,
         move |g, needs| {
-            let ggy = needs[0].then(|| conv_fwd(g, &ws, d)).transpose()?;
-            let gw = needs[1].then(|| conv_bwd_weight(g, &gs, d)).transpose()?;
+            let name = "conv_transpose2d";
+            let ggy = needs[0]
+                .then(|| conv_fwd(g, kept(name, &ws)?, d))
+                .transpose()?;
+            let gw = needs[1]
+                .then(|| conv_bwd_weight(g, kept(name, &gs)?, d))
+                .transpose()?;
             Ok(vec![ggy, gw])
         },
     ))

@@ -1,6 +1,7 @@
 //! Elementwise ops with broadcasting, scalars, activations, comparisons and `where`.
 
 use super::{dispatch, expect_float, Op};
+use crate::autograd::saved::{held, kept, kept_for};
 use crate::backend::ops::{BinaryOp, CmpOp, UnaryOp};
 use crate::layout::broadcast_shapes;
 use crate::memory_format::elementwise;
@@ -120,12 +121,23 @@ impl Tensor {
         // NaN stays NaN and passes the gradient either way. The output is what the next op
         // (a convolution, a product) usually keeps too, so saving it instead of the input
         // lets the input go (a batch norm's output in a ResNet: a third of its activations).
+        // A constant derivative (negation, `mul * x + add`) reads nothing: an in-place write
+        // to the input afterwards is no error, as in PyTorch.
         let saved = match op {
-            UnaryOp::Relu => y.detach(),
-            _ => x.clone(),
+            UnaryOp::Relu => Some(y.detach()),
+            UnaryOp::Neg | UnaryOp::Affine { .. } => None,
+            _ => Some(x.clone()),
         };
-        let read = saved.clone();
-        Ok(y.attach_saving(name, &[&x], &[&read], move |g, _| {
+        let reads = held(&[&saved]);
+        let reads: Vec<&Tensor> = reads.iter().collect();
+        Ok(y.attach_saving(name, &[&x], &reads, move |g, _| {
+            let Some(saved) = &saved else {
+                let mul = match op {
+                    UnaryOp::Affine { mul, .. } => mul,
+                    _ => -1.0,
+                };
+                return Ok(vec![Some(g.unary(UnaryOp::Affine { mul, add: 0.0 })?)]);
+            };
             let (s, l) = elementwise(name, [saved.layout(), g.layout()], |[ls, lg]| {
                 saved.storage().unary_grad(ls, &g.storage(), lg, op)
             })?;
@@ -149,17 +161,22 @@ impl Tensor {
             return Ok(out);
         }
         let shapes = (a.shape().to_vec(), b.shape().to_vec());
-        // Sums and differences need no input values: keep only the shapes alive.
-        let saved = match op {
-            BinaryOp::Add | BinaryOp::Sub => None,
-            _ => Some((a.clone(), b.clone())),
+        // What the backward reads, as PyTorch keeps it: sums and differences read no input
+        // values; a product reads each operand only for the other's gradient; a quotient
+        // reads the divisor always and the dividend for the divisor's gradient; powers,
+        // maximum and minimum read both.
+        let (ra, rb) = (a.is_requires_grad(), b.is_requires_grad());
+        let (keep_a, keep_b) = match op {
+            BinaryOp::Add | BinaryOp::Sub => (false, false),
+            BinaryOp::Mul => (rb, ra),
+            BinaryOp::Div => (rb, true),
+            BinaryOp::Pow | BinaryOp::Max | BinaryOp::Min => (true, true),
         };
-        let reads: &[&Tensor] = match saved {
-            Some(_) => &[&a, &b],
-            None => &[],
-        };
-        Ok(out.attach_saving(name, &[&a, &b], reads, move |g, needs| {
-            let (ga, gb) = binary_grads(op, saved.as_ref(), g, needs)?;
+        let saved = (kept_for(keep_a, &a), kept_for(keep_b, &b));
+        let reads = held(&[&saved.0, &saved.1]);
+        let reads: Vec<&Tensor> = reads.iter().collect();
+        Ok(out.attach_saving(name, &[&a, &b], &reads, move |g, needs| {
+            let (ga, gb) = binary_grads(op, (&saved.0, &saved.1), g, needs)?;
             let ga = ga.map(|t| t.sum_to(&shapes.0)).transpose()?;
             let gb = gb.map(|t| t.sum_to(&shapes.1)).transpose()?;
             Ok(vec![ga, gb])
@@ -491,7 +508,7 @@ impl Tensor {
 /// `saved` holds the inputs for the ops whose gradients need them (all but add and sub).
 fn binary_grads(
     op: BinaryOp,
-    saved: Option<&(Tensor, Tensor)>,
+    saved: (&Option<Tensor>, &Option<Tensor>),
     g: &Tensor,
     needs: &[bool],
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -507,45 +524,46 @@ fn binary_grads(
         BinaryOp::Sub => return Ok((want(0, &|| Ok(g.clone()))?, want(1, &|| g.neg())?)),
         _ => {}
     }
-    let Some((a, b)) = saved else {
-        return Err(Error::Autograd(format!(
-            "backward of {op:?} is missing its saved inputs"
-        )));
-    };
+    // Each operand as the forward kept it (`kept_for`), read only by the gradients that
+    // need it.
+    let name = op.name();
+    let a = || kept(name, saved.0);
+    let b = || kept(name, saved.1);
     let dt = g.dtype();
-    // Share of the gradient that goes to `a` for max/min: 1 where a wins, 1/2 on ties.
-    let share = |win: Tensor| -> Result<Tensor> {
-        win.to_dtype(dt)?.add(&a.eq(b)?.to_dtype(dt)?.mul(0.5)?)
-    };
     Ok(match op {
         BinaryOp::Add | BinaryOp::Sub => unreachable!("returned above"),
-        BinaryOp::Mul => (want(0, &|| g.mul(b))?, want(1, &|| g.mul(a))?),
+        BinaryOp::Mul => (want(0, &|| g.mul(b()?))?, want(1, &|| g.mul(a()?))?),
         BinaryOp::Div => (
-            want(0, &|| g.div(b))?,
-            want(1, &|| g.mul(a)?.div(&b.sqr()?)?.neg())?,
+            want(0, &|| g.div(b()?))?,
+            want(1, &|| g.mul(a()?)?.div(&b()?.sqr()?)?.neg())?,
         ),
         // PyTorch's conventions: no gradient to the base where the exponent is 0, none to
         // the exponent where the base is 0 and the exponent >= 0 (not 0 * inf = NaN).
-        BinaryOp::Pow => (
-            want(0, &|| {
-                g.mul(b)?
-                    .mul(&a.pow(&b.sub(1.0)?)?)?
-                    .masked_fill(&b.eq(0.0)?, 0.0)
-            })?,
-            want(1, &|| {
-                let zero_base = a.eq(0.0)?.to_dtype(dt)?.mul(&b.ge(0.0)?.to_dtype(dt)?)?;
-                g.mul(&a.pow(b)?)?
-                    .mul(&a.log()?)?
-                    .masked_fill(&zero_base.gt(0.5)?, 0.0)
-            })?,
-        ),
+        BinaryOp::Pow => {
+            let (a, b) = (a()?, b()?);
+            (
+                want(0, &|| {
+                    g.mul(b)?
+                        .mul(&a.pow(&b.sub(1.0)?)?)?
+                        .masked_fill(&b.eq(0.0)?, 0.0)
+                })?,
+                want(1, &|| {
+                    let zero_base = a.eq(0.0)?.to_dtype(dt)?.mul(&b.ge(0.0)?.to_dtype(dt)?)?;
+                    g.mul(&a.pow(b)?)?
+                        .mul(&a.log()?)?
+                        .masked_fill(&zero_base.gt(0.5)?, 0.0)
+                })?,
+            )
+        }
         BinaryOp::Max | BinaryOp::Min => {
+            let (a, b) = (a()?, b()?);
             let win = if op == BinaryOp::Max {
                 a.gt(b)?
             } else {
                 a.lt(b)?
             };
-            let s = share(win)?;
+            // Share of the gradient that goes to `a`: 1 where a wins, 1/2 on ties.
+            let s = win.to_dtype(dt)?.add(&a.eq(b)?.to_dtype(dt)?.mul(0.5)?)?;
             (want(0, &|| g.mul(&s))?, want(1, &|| g.mul(&s.rsub(1.0)?))?)
         }
     })

@@ -1,6 +1,7 @@
 //! Matrix products: `matmul` with PyTorch's 1-D and batch-broadcast rules, and `linear`.
 
 use super::{dispatch, expect_float, expect_same_dtype, Op};
+use crate::autograd::saved::{held, kept, kept_for};
 use crate::backend::ops::UnaryOp;
 use crate::layout::broadcast_shapes;
 use crate::{Device, Error, Result, Tensor};
@@ -14,25 +15,39 @@ impl Tensor {
     /// Product of `[..., m, k]` and `[..., k, n]` with equal batch dims.
     fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
         let r = self.rank();
+        let k = self.shape()[r - 1];
         let mut shape = self.shape()[..r - 1].to_vec();
         shape.push(rhs.shape()[r - 1]);
         let s = self
             .storage()
             .matmul(self.layout(), &rhs.storage(), rhs.layout())?;
-        let (a, b) = (self.clone(), rhs.clone());
+        // Each operand is read only for the other's gradient.
+        let a = kept_for(rhs.is_requires_grad(), self);
+        let b = kept_for(self.is_requires_grad(), rhs);
+        let reads = held(&[&a, &b]);
+        let reads: Vec<&Tensor> = reads.iter().collect();
         Ok(Tensor::from_storage(s, &shape).attach_saving(
             "matmul",
             &[self, rhs],
-            &[self, rhs],
+            &reads,
             move |g, needs| {
+                let (a, b) = (&a, &b);
                 // The two products are independent: side by side on the CPU.
                 let (ga, gb) = crate::autograd::join::join_backward(
                     g.device() == Device::Cpu
                         && needs[0]
                         && needs[1]
-                        && g.numel() * a.shape()[a.rank() - 1] >= SIDE_BY_SIDE_WORK,
-                    || needs[0].then(|| g.bmm(&b.mt()?)).transpose(),
-                    || needs[1].then(|| a.mt()?.bmm(g)).transpose(),
+                        && g.numel() * k >= SIDE_BY_SIDE_WORK,
+                    || {
+                        needs[0]
+                            .then(|| g.bmm(&kept("matmul", b)?.mt()?))
+                            .transpose()
+                    },
+                    || {
+                        needs[1]
+                            .then(|| kept("matmul", a)?.mt()?.bmm(g))
+                            .transpose()
+                    },
                 );
                 Ok(vec![ga?, gb?])
             },
@@ -132,7 +147,11 @@ impl Tensor {
                     .linear_relu(x.layout(), &w.storage(), &wt, &b.storage(), b.layout())?;
             if let Some(s) = fused {
                 let y = Tensor::from_storage(s, &[x.shape()[0], w.shape()[0]]);
-                let (xs, ws, ys) = (x.clone(), w.clone(), y.detach());
+                let xs = kept_for(w.is_requires_grad(), &x);
+                let ws = kept_for(x.is_requires_grad(), &w);
+                let ys = y.detach();
+                let mut reads = held(&[&xs, &ws]);
+                reads.push(ys.clone());
                 let backward = move |g: &Tensor, needs: &[bool]| {
                     // relu'(pre) = [y > 0]: the pre-activation's gradient from the output.
                     let s = ys.storage().unary_grad(
@@ -142,13 +161,16 @@ impl Tensor {
                         UnaryOp::Relu,
                     )?;
                     let gp = Tensor::from_storage(s, ys.shape());
-                    let gx = needs[0].then(|| gp.matmul(&ws)).transpose()?;
-                    let gw = needs[1].then(|| gp.t()?.matmul(&xs)).transpose()?;
+                    let gx = needs[0]
+                        .then(|| gp.matmul(kept("linear_relu", &ws)?))
+                        .transpose()?;
+                    let gw = needs[1]
+                        .then(|| gp.t()?.matmul(kept("linear_relu", &xs)?))
+                        .transpose()?;
                     let gb = needs[2].then(|| gp.sum(&[0], false)).transpose()?;
                     Ok(vec![gx, gw, gb])
                 };
-                let read = y.detach();
-                let reads = [&x, &w, &read];
+                let reads: Vec<&Tensor> = reads.iter().collect();
                 return Ok(y.attach_saving("linear_relu", &[&x, &w, &b], &reads, backward));
             }
         }
@@ -212,7 +234,10 @@ impl Tensor {
             )?,
             None => x2.storage().matmul(x2.layout(), &w.storage(), &wt)?,
         };
-        let (xs, ws) = (x2.clone(), w.clone());
+        // The input is read only for the weight's gradient, the weight only for the input's.
+        let xs = kept_for(w.is_requires_grad(), &x2);
+        let ws = kept_for(x2.is_requires_grad(), &w);
+        let reads = held(&[&xs, &ws]);
         let backward = move |g: &Tensor, needs: &[bool]| {
             // The input's and the weight's gradients are independent products of equal
             // size: side by side on the CPU.
@@ -221,8 +246,12 @@ impl Tensor {
                     && needs[0]
                     && needs[1]
                     && g.numel() * inputs >= SIDE_BY_SIDE_WORK,
-                || needs[0].then(|| g.matmul(&ws)).transpose(),
-                || needs[1].then(|| g.t()?.matmul(&xs)).transpose(),
+                || needs[0].then(|| g.matmul(kept("linear", &ws)?)).transpose(),
+                || {
+                    needs[1]
+                        .then(|| g.t()?.matmul(kept("linear", &xs)?))
+                        .transpose()
+                },
             );
             let gb = match needs.get(2) {
                 Some(true) => Some(g.sum(&[0], false)?),
@@ -231,9 +260,10 @@ impl Tensor {
             Ok(vec![gx?, gw?, gb])
         };
         let out = Tensor::from_storage(s, &[x2.shape()[0], outputs]);
+        let reads: Vec<&Tensor> = reads.iter().collect();
         let y = match fused {
-            Some(b) => out.attach_saving("linear", &[&x2, &w, b], &[&x2, &w], backward),
-            None => out.attach_saving("linear", &[&x2, &w], &[&x2, &w], backward),
+            Some(b) => out.attach_saving("linear", &[&x2, &w, b], &reads, backward),
+            None => out.attach_saving("linear", &[&x2, &w], &reads, backward),
         };
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("rank >= 1") = outputs;
