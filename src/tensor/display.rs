@@ -1,5 +1,6 @@
-//! Printing a tensor as PyTorch does: nested brackets, one number format for all shown
-//! values, and past 1000 elements the first and last three of each long dim with `...`
+//! Printing a tensor as PyTorch does (`torch/_tensor_str.py`, default print options): nested
+//! brackets, one number format and width for all shown values, long rows wrapped at 80
+//! columns, and past 1000 elements the first and last three of each long dim with `...`
 //! between; then the shape, the dtype, the device when not the CPU, and the op that made it
 //! (or `requires_grad=true` for a leaf).
 
@@ -7,10 +8,16 @@ use super::Tensor;
 use crate::{DType, Device, Result};
 use std::fmt;
 
-/// Past this many elements, long dims are elided.
+/// Past this many elements, long dims are elided (PyTorch's `threshold`).
 const SUMMARIZE: usize = 1000;
-/// Elements kept at each end of an elided dim.
+/// Elements kept at each end of an elided dim (PyTorch's `edgeitems`).
 const EDGE: usize = 3;
+/// Rows of numbers are wrapped to fit this many columns (PyTorch's `linewidth`).
+const LINE: usize = 80;
+/// Digits after the point in the fixed and scientific forms (PyTorch's `precision`).
+const PRECISION: usize = 4;
+/// The value part starts after `tensor(`, so nested lines are indented by this much.
+const PREFIX: usize = "tensor(".len();
 
 /// What is shown of one dim: the indices kept, and where `...` goes (after that many).
 struct Shown {
@@ -35,8 +42,10 @@ fn shown_dims(shape: &[usize], summarize: bool) -> Vec<Shown> {
 }
 
 /// The shown elements, gathered on the tensor's device (a large tensor is never copied
-/// whole to the host), as f64 in row-major order over the shown indices.
-fn shown_values(t: &Tensor, dims: &[Shown]) -> Result<Vec<f64>> {
+/// whole to the host), in row-major order over the shown indices: floats (f16 and bf16
+/// widened, as PyTorch prints half from float) as f64 numbers, integers as their decimal
+/// text, read as stored so that an i64 past 2^53 is exact.
+fn shown_values(t: &Tensor, dims: &[Shown]) -> Result<Values> {
     let mut x = t.clone();
     for (d, s) in dims.iter().enumerate() {
         if s.gap.is_some() {
@@ -46,114 +55,171 @@ fn shown_values(t: &Tensor, dims: &[Shown]) -> Result<Vec<f64>> {
             x = x.index_select(d as isize, &idx)?;
         }
     }
-    crate::no_grad(|| x.detach().to_vec_f64())
+    crate::no_grad(|| {
+        let x = x.detach();
+        Ok(match x.dtype() {
+            DType::I64 => Values::Int(x.to_vec::<i64>()?.iter().map(i64::to_string).collect()),
+            DType::U8 => Values::Int(x.to_vec::<u8>()?.iter().map(u8::to_string).collect()),
+            _ => Values::Float(x.to_vec_f64()?),
+        })
+    })
 }
 
-/// How the shown values are written: integers, fixed with 4 decimals, or scientific.
-#[derive(Clone, Copy)]
-enum Style {
-    Int,
-    /// Floats that are all whole numbers: `2.`.
+enum Values {
+    Float(Vec<f64>),
+    Int(Vec<String>),
+}
+
+/// How floats are written, chosen from the nonzero finite shown values as PyTorch's
+/// `_Formatter` chooses.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    /// All are whole numbers: `2.` (also when there is no nonzero finite value).
     Whole,
+    /// Four decimals: `2.5000`.
     Fixed,
+    /// Four decimals of a mantissa and a signed exponent of two digits or more: `2.5000e-05`.
     Sci,
 }
 
-fn style(dtype: DType, values: &[f64]) -> Style {
-    if !dtype.is_float() {
-        return Style::Int;
-    }
-    let finite: Vec<f64> = values
-        .iter()
-        .filter(|v| v.is_finite())
-        .map(|v| v.abs())
-        .collect();
-    let nonzero: Vec<f64> = finite.iter().copied().filter(|&v| v > 0.0).collect();
-    let max = finite.iter().copied().fold(0.0, f64::max);
-    if finite.iter().all(|v| v.fract() == 0.0) && max < 1e8 {
-        return Style::Whole;
-    }
-    let min = nonzero.iter().copied().fold(f64::INFINITY, f64::min);
-    match max / min > 1000.0 || max >= 1e8 || min < 1e-4 {
-        true => Style::Sci,
-        false => Style::Fixed,
-    }
+/// The float format and the width every cell is right-aligned to.
+struct Formatter {
+    mode: Mode,
+    width: usize,
 }
 
-fn write_value(v: f64, s: Style) -> String {
-    if v.is_nan() {
-        return "nan".into();
+impl Formatter {
+    /// Zeros (either sign), NaN and infinities neither choose the mode nor set the width; a
+    /// value wider than the width is written unpadded. The largest and smallest magnitudes
+    /// more than 1000 apart, or the largest past 1e8, switch to scientific form; for values
+    /// that are not all whole numbers, so does the smallest below 1e-4.
+    fn new(values: &[f64]) -> Formatter {
+        let nonzero: Vec<f64> = values
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite() && *v != 0.0)
+            .collect();
+        if nonzero.is_empty() {
+            return Formatter {
+                mode: Mode::Whole,
+                width: 1,
+            };
+        }
+        let max = nonzero.iter().fold(0.0, |m: f64, v| m.max(v.abs()));
+        let min = nonzero
+            .iter()
+            .fold(f64::INFINITY, |m: f64, v| m.min(v.abs()));
+        let whole = nonzero.iter().all(|v| *v == v.ceil());
+        let sci = max / min > 1000.0 || max > 1e8 || (!whole && min < 1e-4);
+        let mode = match (sci, whole) {
+            (true, _) => Mode::Sci,
+            (false, true) => Mode::Whole,
+            (false, false) => Mode::Fixed,
+        };
+        let f = Formatter { mode, width: 1 };
+        let width = nonzero.iter().map(|&v| f.text(v).len()).max().unwrap_or(1);
+        Formatter {
+            mode,
+            width: width.max(1),
+        }
     }
-    if v.is_infinite() {
-        return if v > 0.0 { "inf" } else { "-inf" }.into();
-    }
-    match s {
-        Style::Int => format!("{v}"),
-        Style::Whole => format!("{v}."),
-        Style::Fixed => format!("{v:.4}"),
-        Style::Sci => {
-            // Rust writes `1.0000e-5`; PyTorch `1.0000e-05`.
-            let t = format!("{v:.4e}");
-            match t.split_once('e') {
-                Some((m, e)) => {
-                    let e: i32 = e.parse().unwrap_or(0);
-                    let sign = if e < 0 { '-' } else { '+' };
-                    format!("{m}e{sign}{:02}", e.abs())
+
+    /// `v` in this format, unpadded; NaN and infinities as `nan`, `inf`, `-inf`.
+    fn text(&self, v: f64) -> String {
+        if v.is_nan() {
+            return "nan".into();
+        }
+        if v.is_infinite() {
+            return if v > 0.0 { "inf" } else { "-inf" }.into();
+        }
+        match self.mode {
+            Mode::Whole => format!("{v:.0}."),
+            Mode::Fixed => format!("{v:.PRECISION$}"),
+            Mode::Sci => {
+                // Rust writes `1.0000e-5`; PyTorch (Python's `e` format) `1.0000e-05`.
+                let t = format!("{v:.PRECISION$e}");
+                match t.split_once('e') {
+                    Some((m, e)) => {
+                        let e: i32 = e.parse().unwrap_or(0);
+                        let sign = if e < 0 { '-' } else { '+' };
+                        format!("{m}e{sign}{:02}", e.unsigned_abs())
+                    }
+                    None => t,
                 }
-                None => t,
             }
         }
     }
 }
 
-/// Lines are wrapped before this many characters, as PyTorch's `linewidth`.
-const LINE: usize = 80;
+/// Right-aligns every cell to the widest, as PyTorch pads to its formatter's width (for
+/// integers the widest of all shown values).
+fn pad(cells: Vec<String>, width: usize) -> Vec<String> {
+    cells.into_iter().map(|c| format!("{c:>width$}")).collect()
+}
 
-/// Writes the nested brackets of dims `d..` from `cells` (consumed in order, each `width`
-/// wide), the innermost rows wrapped at [`LINE`].
-fn write_nested(
-    out: &mut String,
+/// Writes dims `d..` of the shown cells (consumed in order, all one `width`) in nested
+/// brackets, `indent` columns in, as PyTorch's `_tensor_str_with_formatter`.
+fn nested(
     dims: &[Shown],
     d: usize,
     cells: &mut impl Iterator<Item = String>,
     (indent, width): (usize, usize),
-) {
-    out.push('[');
-    let last = d + 1 == dims.len();
+) -> String {
     let n = dims[d].indices.len();
-    let per_line = (LINE.saturating_sub(indent + 2) / (width + 2)).max(1);
-    for k in 0..n {
-        if k > 0 {
-            out.push(',');
-            match last {
-                true if k % per_line == 0 => {
-                    out.push('\n');
-                    out.push_str(&" ".repeat(indent + 1));
-                }
-                true => out.push(' '),
-                false => {
-                    // One newline between rows, one more per dim above them.
-                    out.push_str(&"\n".repeat(dims.len() - d - 1));
-                    out.push_str(&" ".repeat(indent + 1));
-                }
+    let mut parts: Vec<String> = Vec::with_capacity(n + 1);
+    if d + 1 == dims.len() {
+        // A row: as many cells (and the `...` cell, which counts as one) per line as fit in
+        // the line width after the indent, each taking its width and `, `.
+        for k in 0..n {
+            if dims[d].gap == Some(k) {
+                parts.push(" ...".into());
             }
+            parts.push(cells.next().unwrap_or_default());
         }
-        if dims[d].gap == Some(k) {
-            out.push_str("...,");
-            match last {
-                true => out.push(' '),
-                false => {
-                    out.push_str(&"\n".repeat(dims.len() - d - 1));
-                    out.push_str(&" ".repeat(indent + 1));
-                }
-            }
-        }
-        match last {
-            true => out.push_str(&cells.next().unwrap_or_default()),
-            false => write_nested(out, dims, d + 1, cells, (indent + 1, width)),
-        }
+        let per_line = (LINE.saturating_sub(indent) / (width + 2)).max(1);
+        let lines: Vec<String> = parts.chunks(per_line).map(|l| l.join(", ")).collect();
+        return format!(
+            "[{}]",
+            lines.join(&format!(",\n{}", " ".repeat(indent + 1)))
+        );
     }
-    out.push(']');
+    for k in 0..n {
+        if dims[d].gap == Some(k) {
+            parts.push("...".into());
+        }
+        parts.push(nested(dims, d + 1, cells, (indent + 1, width)));
+    }
+    // One newline between rows, one more per dim below them.
+    let sep = format!(
+        ",{}{}",
+        "\n".repeat(dims.len() - d - 1),
+        " ".repeat(indent + 1)
+    );
+    format!("[{}]", parts.join(&sep))
+}
+
+/// The value part of the printed tensor, between `tensor(` and the shape.
+fn values_text(t: &Tensor) -> Result<String> {
+    if t.numel() == 0 {
+        return Ok("[]".into());
+    }
+    let dims = shown_dims(t.shape(), t.numel() > SUMMARIZE);
+    let (cells, width) = match shown_values(t, &dims)? {
+        Values::Int(cells) => {
+            let width = cells.iter().map(String::len).max().unwrap_or(1);
+            (pad(cells, width), width)
+        }
+        Values::Float(values) => {
+            let f = Formatter::new(&values);
+            let cells = values.iter().map(|&v| f.text(v)).collect();
+            (pad(cells, f.width), f.width)
+        }
+    };
+    let mut cells = cells.into_iter();
+    Ok(match t.rank() {
+        0 => cells.next().unwrap_or_default(),
+        _ => nested(&dims, 0, &mut cells, (PREFIX, width)),
+    })
 }
 
 impl fmt::Display for Tensor {
@@ -167,25 +233,7 @@ impl fmt::Display for Tensor {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims = shown_dims(self.shape(), self.numel() > SUMMARIZE);
-        let body = match shown_values(self, &dims) {
-            Err(e) => format!("<values unreadable: {e}>"),
-            Ok(values) => {
-                let s = style(self.dtype(), &values);
-                let cells: Vec<String> = values.iter().map(|&v| write_value(v, s)).collect();
-                let width = cells.iter().map(|c| c.len()).max().unwrap_or(0);
-                let mut cells = cells.into_iter().map(|c| format!("{c:>width$}"));
-                match self.rank() {
-                    0 => cells.next().unwrap_or_default(),
-                    _ => {
-                        let mut out = String::new();
-                        let at = ("tensor(".len(), width);
-                        write_nested(&mut out, &dims, 0, &mut cells, at);
-                        out
-                    }
-                }
-            }
-        };
+        let body = values_text(self).unwrap_or_else(|e| format!("<values unreadable: {e}>"));
         write!(
             f,
             "tensor({body}, shape={:?}, dtype={:?}",
