@@ -17,7 +17,7 @@ mod recurrent;
 mod residual;
 mod state;
 
-pub use attention::MultiheadAttention;
+pub use attention::{MhaForward, MhaOptions, MultiheadAttention};
 pub use checkpointed::Checkpointed;
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
 pub use gru::Gru;

@@ -129,43 +129,55 @@ impl Tensor {
                 format!("dropout_p {} not in [0, 1)", o.dropout_p),
             ));
         }
-        let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
         let e = q.shape()[q.rank() - 1];
         let scale = o.scale.unwrap_or(1.0 / (e.max(1) as f64).sqrt());
         if let Some(y) = fused(q, k, v, scale, o)? {
             return Ok(y);
         }
-        let mut scores = q.matmul(&k.mt()?)?.mul(scale)?;
-        if o.is_causal {
-            let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, q.device())?;
-            let cols = Tensor::arange(0.0, s as f64, 1.0, DType::I64, q.device())?;
-            let later = cols.unsqueeze(0)?.gt(&rows.unsqueeze(1)?)?;
-            scores = scores.masked_fill(&later, f64::NEG_INFINITY)?;
-        }
-        // A row with no key left: its scores are all -inf, whose softmax is NaN. Such a row's
-        // scores are replaced by zeros (a finite softmax, so that its backward is finite
-        // too) and its weights by zeros afterwards (PyTorch 2.5's rule). The causal mask
-        // alone never empties a row: query i keeps key 0.
-        let mut dead = None;
-        if let Some(m) = o.attn_mask {
-            scores = match m.dtype() {
-                DType::U8 => scores.masked_fill(&m.eq(0)?, f64::NEG_INFINITY)?,
-                _ => scores.add(m)?,
-            };
-            let rows = crate::no_grad(|| scores.max(-1, true)?.0.eq(f64::NEG_INFINITY))?;
-            scores = scores.masked_fill(&rows, 0.0)?;
-            dead = Some(rows);
-        }
-        let weights = scores.softmax(-1)?;
-        let weights = match &dead {
-            Some(rows) => weights.masked_fill(rows, 0.0)?,
-            None => weights,
+        attention_weights(q, k, scale, o)?.matmul(v)
+    }
+}
+
+/// The attention weights `softmax(q k^T scale + mask)` `[.., L, S]` of the composition, after
+/// dropout, a fully masked query's row 0: what `MultiheadAttention` returns with
+/// `need_weights`. The caller has checked the arguments as
+/// [`Tensor::scaled_dot_product_attention`] does.
+pub(crate) fn attention_weights(
+    q: &Tensor,
+    k: &Tensor,
+    scale: f64,
+    o: AttentionOptions<'_>,
+) -> Result<Tensor> {
+    let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
+    let mut scores = q.matmul(&k.mt()?)?.mul(scale)?;
+    if o.is_causal {
+        let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, q.device())?;
+        let cols = Tensor::arange(0.0, s as f64, 1.0, DType::I64, q.device())?;
+        let later = cols.unsqueeze(0)?.gt(&rows.unsqueeze(1)?)?;
+        scores = scores.masked_fill(&later, f64::NEG_INFINITY)?;
+    }
+    // A row with no key left: its scores are all -inf, whose softmax is NaN. Such a row's
+    // scores are replaced by zeros (a finite softmax, so that its backward is finite
+    // too) and its weights by zeros afterwards (PyTorch 2.5's rule). The causal mask
+    // alone never empties a row: query i keeps key 0.
+    let mut dead = None;
+    if let Some(m) = o.attn_mask {
+        scores = match m.dtype() {
+            DType::U8 => scores.masked_fill(&m.eq(0)?, f64::NEG_INFINITY)?,
+            _ => scores.add(m)?,
         };
-        let weights = match o.dropout_p > 0.0 {
-            true => weights.dropout(o.dropout_p, true)?,
-            false => weights,
-        };
-        weights.matmul(v)
+        let rows = crate::no_grad(|| scores.max(-1, true)?.0.eq(f64::NEG_INFINITY))?;
+        scores = scores.masked_fill(&rows, 0.0)?;
+        dead = Some(rows);
+    }
+    let weights = scores.softmax(-1)?;
+    let weights = match &dead {
+        Some(rows) => weights.masked_fill(rows, 0.0)?,
+        None => weights,
+    };
+    match o.dropout_p > 0.0 {
+        true => weights.dropout(o.dropout_p, true),
+        false => Ok(weights),
     }
 }
 

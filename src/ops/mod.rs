@@ -22,6 +22,7 @@ mod rnn;
 mod softmax;
 mod sort;
 
+pub(crate) use attention::attention_weights;
 pub use attention::{attention_kernel, set_attention_kernel, AttentionKernel, AttentionOptions};
 pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
