@@ -137,7 +137,7 @@ fn check(c: &Case, device: Device) -> Result<(Vec<String>, f64)> {
     }
     let leaf = |k: &str| -> Result<Option<Tensor>> {
         c.t.get(k)
-            .map(|t| t.to_device(device)?.requires_grad(true))
+            .map(|t| t.to_device(device)?.detach().requires_grad(true))
             .transpose()
     };
     let (x, h0, c0) = (leaf("x")?.expect("an input"), leaf("h0")?, leaf("c0")?);
