@@ -15,6 +15,7 @@ mod more;
 mod norm;
 mod recurrent;
 mod residual;
+mod rnn_options;
 mod state;
 
 pub use attention::{MhaForward, MhaOptions, MultiheadAttention};
@@ -26,6 +27,7 @@ pub use lstm::Lstm;
 pub use more::{BatchNorm1d, Conv1d, GroupNorm, ModuleList};
 pub use norm::{BatchNorm2d, Dropout, LayerNorm};
 pub use residual::Residual;
+pub use rnn_options::RnnOptions;
 pub use state::LoadReport;
 
 use crate::{DType, Device, Generator, MemoryFormat, Result, Tensor};

@@ -57,5 +57,7 @@ mod integer_arithmetic;
 mod profiler;
 #[path = "../recompute.rs"]
 mod recompute;
+#[path = "../rnn_variants.rs"]
+mod rnn_variants;
 #[path = "../torch_reference.rs"]
 mod torch_reference;
