@@ -427,3 +427,78 @@ fn schedule_settings_are_checked() {
         .contains("MultiStepLr"));
     assert!(ConstantLr(-1.0).check().is_err());
 }
+
+/// Schedules set each parameter group's rate as PyTorch's schedulers do: PyTorch 2.15's
+/// `param_groups[i]['lr']` for groups starting at 0.1 and 0.01, step by step.
+#[test]
+fn schedules_set_each_group_as_pytorch_does() {
+    let p = |v: f32| {
+        Tensor::from_vec(vec![v], &[1], Device::Cpu)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap()
+    };
+    let check = |s: &dyn LrSchedule, want: &[[f64; 2]]| {
+        let mut opt = Sgd::new(vec![p(1.0)], SgdConfig::new(0.1)).unwrap();
+        let g = GroupOptions {
+            lr: Some(0.01),
+            ..Default::default()
+        };
+        opt.add_param_group(vec![p(2.0)], g).unwrap();
+        let initial = opt.param_group_lrs();
+        for (t, w) in want.iter().enumerate() {
+            opt.set_param_group_lrs(&s.group_lrs(t, &initial)).unwrap();
+            let got = opt.param_group_lrs();
+            for (g, w) in got.iter().zip(w) {
+                assert!(
+                    (g - w).abs() <= 1e-12 * w.abs().max(1.0),
+                    "step {t}: {got:?} vs {w:?}"
+                );
+            }
+        }
+    };
+    // CosineAnnealingLR(T_max=4, eta_min=0.002): each group anneals to the same floor.
+    let cos = CosineAnnealing {
+        base: 0.1,
+        t_max: 4,
+        eta_min: 0.002,
+    };
+    check(
+        &cos,
+        &[
+            [0.1, 0.01],
+            [0.08564823227814083, 0.008828427124746189],
+            [0.051000000000000004, 0.005999999999999999],
+            [0.016351767721859173, 0.00317157287525381],
+            [0.002, 0.002],
+        ],
+    );
+    // OneCycleLR(max_lr=0.5, total_steps=6, cycle_momentum=False): one cycle for all groups.
+    check(
+        &OneCycle::new(0.5, 6),
+        &[
+            [0.020000000000000018, 0.020000000000000018],
+            [0.49720771772545586, 0.49720771772545586],
+            [0.4058728269748815, 0.4058728269748815],
+            [0.23131855133348753, 0.23131855133348753],
+            [0.0667387650944153, 0.0667387650944153],
+            [2e-06, 2e-06],
+        ],
+    );
+    // StepLR(step_size=2, gamma=0.5): the groups keep their ratio.
+    let step = StepLr {
+        base: 0.1,
+        step_size: 2,
+        gamma: 0.5,
+    };
+    check(
+        &step,
+        &[
+            [0.1, 0.01],
+            [0.1, 0.01],
+            [0.05, 0.005],
+            [0.05, 0.005],
+            [0.025, 0.0025],
+        ],
+    );
+}

@@ -9,6 +9,28 @@ use std::f64::consts::PI;
 pub trait LrSchedule: Send + Sync {
     fn lr(&self, step: usize) -> f64;
 
+    /// Every parameter group's rate at `step`, for groups whose rates before scheduling were
+    /// `initial` (the first group's first), as PyTorch's schedulers set each group from its
+    /// own initial rate; apply with [`super::Optimizer::set_param_group_lrs`]. By default each
+    /// group follows this schedule's rate in its initial ratio to the first group (PyTorch's
+    /// rule for the schedules that multiply a rate: [`StepLr`], [`MultiStepLr`],
+    /// [`LinearWarmup`]); [`CosineAnnealing`] anneals each group toward the same `eta_min`,
+    /// and [`OneCycle`] gives every group its one `max_lr` cycle, as PyTorch's do.
+    ///
+    /// ```
+    /// use mantissa::optim::{CosineAnnealing, LrSchedule};
+    /// let s = CosineAnnealing { base: 0.1, t_max: 10, eta_min: 0.001 };
+    /// let lrs = s.group_lrs(10, &[0.1, 0.01]);
+    /// assert!(lrs.iter().all(|lr| (lr - 0.001).abs() < 1e-12));
+    /// ```
+    fn group_lrs(&self, step: usize, initial: &[f64]) -> Vec<f64> {
+        let lr = self.lr(step);
+        match initial.first() {
+            Some(&first) if first != 0.0 => initial.iter().map(|&b| lr * (b / first)).collect(),
+            _ => vec![lr; initial.len()],
+        }
+    }
+
     /// `Err` naming the setting when one is out of its range (a rate or factor that is
     /// negative or not finite, a zero period): what a command line's flags go through.
     ///
@@ -81,6 +103,10 @@ impl LrSchedule for CosineAnnealing {
         let t = step.min(self.t_max) as f64 / self.t_max.max(1) as f64;
         self.eta_min + (self.base - self.eta_min) * (1.0 + (PI * t).cos()) / 2.0
     }
+    fn group_lrs(&self, step: usize, initial: &[f64]) -> Vec<f64> {
+        let each = |base| CosineAnnealing { base, ..*self }.lr(step);
+        initial.iter().map(|&b| each(b)).collect()
+    }
     fn check(&self) -> Result<()> {
         nonnegative(
             "CosineAnnealing",
@@ -121,6 +147,11 @@ fn cos_anneal(start: f64, end: f64, pct: f64) -> f64 {
 }
 
 impl LrSchedule for OneCycle {
+    /// Every group the same cycle: PyTorch's `OneCycleLR` with one `max_lr` replaces the
+    /// groups' own rates.
+    fn group_lrs(&self, step: usize, initial: &[f64]) -> Vec<f64> {
+        vec![self.lr(step); initial.len()]
+    }
     fn lr(&self, step: usize) -> f64 {
         let initial = self.max_lr / self.div_factor;
         let min = initial / self.final_div_factor;
