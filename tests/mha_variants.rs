@@ -5,29 +5,15 @@
 //! the same f32 values. Each is loaded here by PyTorch's parameter names and run in f32 on the
 //! CPU; values and gradients must agree within a norm-wise relative error of 1e-5.
 
+mod common;
+use common::stored;
 use mantissa::nn::{MhaForward, MhaOptions, Module, MultiheadAttention};
 use mantissa::{DType, Device, Generator, Tensor};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
 
 const FILE: &[u8] = include_bytes!("torch_ref/mha_variants.safetensors");
 const TOL: f64 = 1e-5;
-
-fn tensor(v: &safetensors::tensor::TensorView) -> Tensor {
-    let (shape, data) = (v.shape(), v.data());
-    match v.dtype() {
-        Dtype::F32 => {
-            let x: Vec<f32> = data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            Tensor::from_vec(x, shape, Device::Cpu)
-        }
-        Dtype::U8 => Tensor::from_vec(data.to_vec(), shape, Device::Cpu),
-        d => panic!("unexpected dtype {d:?}"),
-    }
-    .unwrap()
-}
 
 /// Norm-wise relative error of `got` against `want`.
 fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
@@ -76,7 +62,7 @@ fn cases() -> Vec<Case> {
             .into_iter()
             .filter_map(|(n, v)| {
                 let rest = n.strip_prefix(&format!("{name}."))?;
-                Some((rest.to_string(), tensor(&v)))
+                Some((rest.to_string(), stored(&v)))
             })
             .collect();
         out.push(Case {

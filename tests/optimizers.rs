@@ -200,10 +200,11 @@ fn parameter_groups_keep_their_rate_and_decay() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("add_param_group") && e.contains("lr"), "{e}");
-    let mut zero = Sgd::new(vec![f32s(&[1], 4)], SgdConfig::new(0.0)).unwrap();
+    let trainable = |seed| f32s(&[1], seed).requires_grad(true).unwrap();
+    let mut zero = Sgd::new(vec![trainable(4)], SgdConfig::new(0.0)).unwrap();
     let e = zero
         .add_param_group(
-            vec![f32s(&[1], 5)],
+            vec![trainable(5)],
             GroupOptions {
                 lr: Some(0.1),
                 weight_decay: None,
@@ -500,5 +501,105 @@ fn schedules_set_each_group_as_pytorch_does() {
             [0.05, 0.005],
             [0.025, 0.0025],
         ],
+    );
+}
+
+/// A token embedding and a head that share one weight, as GPT-2 ties them.
+struct Tied {
+    emb: mantissa::nn::Embedding,
+    head: Linear,
+}
+
+impl Module for Tied {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.emb.forward(ids)?)
+    }
+    fn visit(&self, p: &str, f: &mut mantissa::nn::Visitor) {
+        self.emb.visit(&mantissa::nn::join(p, "emb"), f);
+        self.head.visit(&mantissa::nn::join(p, "head"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut mantissa::nn::VisitorMut) -> Result<()> {
+        self.emb.visit_mut(&mantissa::nn::join(p, "emb"), f)?;
+        self.head.visit_mut(&mantissa::nn::join(p, "head"), f)
+    }
+}
+
+#[test]
+fn a_tied_weight_is_one_parameter_clipped_and_updated_once() {
+    let mut g = Generator::new(7);
+    let emb = mantissa::nn::Embedding::new(10, 4, &mut g).unwrap();
+    let mut head = Linear::new(4, 10, true, &mut g).unwrap();
+    head.weight = emb.weight.clone();
+    let m = Tied { emb, head };
+    let names: Vec<String> = m.named_parameters().into_iter().map(|p| p.0).collect();
+    assert_eq!(names, vec!["emb.weight", "head.bias"]);
+    // state_dict keeps both names, as PyTorch's does.
+    let sd = m.state_dict();
+    assert!(sd.contains_key("emb.weight") && sd.contains_key("head.weight"));
+    let ids = Tensor::from_vec(vec![1i64, 3, 3, 9], &[4], Device::Cpu).unwrap();
+    let logits = m.forward(&ids).unwrap();
+    let loss = logits.sqr().unwrap().mean_all().unwrap();
+    loss.backward().unwrap();
+    let params = m.parameters();
+    // The norm over the distinct gradients: each counted once.
+    let want: f64 = params
+        .iter()
+        .map(|p| {
+            let g = p.grad().unwrap().to_vec_f64().unwrap();
+            g.iter().map(|v| v * v).sum::<f64>()
+        })
+        .sum::<f64>()
+        .sqrt();
+    let norm = clip_grad_norm(&params, 1e9).unwrap().item().unwrap();
+    assert!((norm - want).abs() <= 1e-6 * want, "{norm} vs {want}");
+    let before = m.head.weight.to_vec::<f32>().unwrap();
+    let mut opt = Sgd::new(params, SgdConfig::new(0.1)).unwrap();
+    opt.step().unwrap();
+    // One update, seen through both modules.
+    let after = m.emb.weight.to_vec::<f32>().unwrap();
+    assert_ne!(before, after);
+    assert_eq!(after, m.head.weight.to_vec::<f32>().unwrap());
+}
+
+#[test]
+fn optimizers_refuse_by_name_what_they_could_never_train() {
+    let leaf = Tensor::from_vec(vec![1.0f32, 2.0], &[2], Device::Cpu)
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
+    let plain = Tensor::from_vec(vec![1.0f32; 3], &[3], Device::Cpu).unwrap();
+    let e = Sgd::new(vec![leaf.clone(), plain], SgdConfig::new(0.1))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("Sgd::new") && e.contains("parameter 1") && e.contains("[3]"),
+        "{e}"
+    );
+    assert!(e.contains("does not require grad"), "{e}");
+    let computed = leaf.mul(2.0).unwrap();
+    let e = Adam::new(vec![computed], AdamConfig::adam(0.1))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("parameter 0") && e.contains("not a leaf"), "{e}");
+    let e = Sgd::new(vec![leaf.clone(), leaf.clone()], SgdConfig::new(0.1))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("parameter 1") && e.contains("is parameter 0 again"),
+        "{e}"
+    );
+    // A group added later is checked the same way, numbered after the optimizer's.
+    let mut opt = Sgd::new(vec![leaf], SgdConfig::new(0.1)).unwrap();
+    let frozen = Tensor::from_vec(vec![1.0f32; 2], &[2], Device::Cpu).unwrap();
+    let e = opt
+        .add_param_group(vec![frozen], GroupOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("parameter 1") && e.contains("does not require grad"),
+        "{e}"
     );
 }

@@ -12,6 +12,8 @@
 //! training, not on the last layer nor the final states), the reverse direction as a forward
 //! layer over the reversed sequence, PyTorch's parameter order, and the refusals.
 
+mod common;
+use common::stored;
 use mantissa::nn::{Gru, Lstm, Module, RnnOptions};
 use mantissa::{DType, Device, Generator, Result, Tensor};
 use safetensors::SafeTensors;
@@ -20,17 +22,6 @@ use std::collections::{BTreeMap, HashMap};
 const CASES: &[u8] = include_bytes!("torch_ref/rnn_variants.safetensors");
 /// Norm-wise relative error allowed for f32 results against PyTorch's float64 ones.
 const TOL: f64 = 1e-5;
-
-/// A stored f32 tensor on the CPU.
-fn tensor(v: &safetensors::tensor::TensorView) -> Tensor {
-    assert_eq!(v.dtype(), safetensors::Dtype::F32);
-    let x: Vec<f32> = v
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    Tensor::from_vec(x, v.shape(), Device::Cpu).unwrap()
-}
 
 /// The norm-wise relative error of `got` against `want`, or a shape mismatch.
 fn rel_err(got: &Tensor, want: &Tensor) -> std::result::Result<f64, String> {
@@ -91,7 +82,7 @@ fn cases() -> Vec<Case> {
         .collect();
     for name in st.names() {
         let (n, rest) = name.split_once('.').unwrap();
-        let t = tensor(&st.tensor(name).unwrap());
+        let t = stored(&st.tensor(name).unwrap());
         out[n.parse::<usize>().unwrap()]
             .t
             .insert(rest.to_string(), t);

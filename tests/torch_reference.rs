@@ -7,6 +7,8 @@
 //!
 //! All mismatches are listed before the test fails. `MANTISSA_TORCH_CASE=n` runs one case.
 
+mod common;
+use common::stored;
 use mantissa::amp::{GradScaler, GradScalerConfig};
 use mantissa::nn::{
     Activation, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Embedding, Flatten, GroupNorm, Gru,
@@ -22,7 +24,7 @@ use mantissa::{
     CrossEntropyOptions, DType, Device, Generator, MaxPool2dOptions, Operand, Reduction, Result,
     Tensor,
 };
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use std::collections::HashMap;
 
 const CASES: &[u8] = include_bytes!("torch_ref/cases.safetensors");
@@ -113,30 +115,6 @@ impl<'a> Case<'a> {
             None => self.dtype(),
         }
     }
-}
-
-/// The stored tensor as an engine tensor on the CPU (F32, I64 or U8).
-fn tensor(v: &safetensors::tensor::TensorView) -> Tensor {
-    let (shape, data) = (v.shape(), v.data());
-    match v.dtype() {
-        Dtype::F32 => {
-            let x: Vec<f32> = data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            Tensor::from_vec(x, shape, Device::Cpu)
-        }
-        Dtype::I64 => {
-            let x: Vec<i64> = data
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            Tensor::from_vec(x, shape, Device::Cpu)
-        }
-        Dtype::U8 => Tensor::from_vec(data.to_vec(), shape, Device::Cpu),
-        d => panic!("unexpected dtype {d:?}"),
-    }
-    .unwrap()
 }
 
 /// The op of `c` through the engine: its outputs, in PyTorch's order.
@@ -904,7 +882,7 @@ fn run_cases(device: Device) -> (Vec<String>, usize, usize) {
         if only.is_some_and(|o| o != n) {
             continue;
         }
-        let t = tensor(&st.tensor(name).unwrap());
+        let t = stored(&st.tensor(name).unwrap());
         by_case.entry(n).or_default().insert(rest.to_string(), t);
     }
     let mut ids: Vec<usize> = meta

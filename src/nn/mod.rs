@@ -131,9 +131,21 @@ pub trait Module: Send + Sync {
         out
     }
 
-    /// Parameters with their names.
+    /// Parameters with their names. A parameter reached under two names (a weight tied to
+    /// another, as GPT-2's head to its token embedding: `head.weight = wte.weight.clone()`) is
+    /// listed once, under its first name, as PyTorch's `named_parameters` removes duplicates,
+    /// so that clipping counts its gradient once and an optimizer gets it once;
+    /// [`Module::state_dict`] keeps both names.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.named_tensors(TensorKind::Parameter)
+        let mut out: Vec<(String, Tensor)> = Vec::new();
+        for (name, t) in self.named_tensors(TensorKind::Parameter) {
+            // The same tensor: one storage seen through one layout.
+            let same = |(_, k): &(String, Tensor)| k.shares_storage(&t) && k.layout() == t.layout();
+            if !out.iter().any(same) {
+                out.push((name, t));
+            }
+        }
+        out
     }
 
     /// Parameters, in a stable order.

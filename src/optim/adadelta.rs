@@ -18,7 +18,7 @@ impl Adadelta {
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<Adadelta> {
         check_hyper("Adadelta::new", "lr", lr)?;
         Ok(Adadelta {
-            group: ParamGroup::new(params),
+            group: ParamGroup::checked("Adadelta::new", params)?,
             lr,
             rho: 0.9,
             eps: 1e-6,

@@ -65,7 +65,7 @@ impl Adam {
             }
         }
         Ok(Adam {
-            group: ParamGroup::new(params),
+            group: ParamGroup::checked("Adam::new", params)?,
             config,
         })
     }

@@ -82,7 +82,52 @@ impl LrCell {
     }
 }
 
+/// `Err` naming `op` and the parameter unless every tensor of `params` can be trained: a leaf
+/// (PyTorch: "can't optimize a non-leaf Tensor") that requires grad (one that does not would
+/// never get a gradient, so never move), and not given twice (a tied weight listed under both
+/// of its names: `Module::parameters` lists it once). `first` numbers the parameters in the
+/// messages (those of a group added later follow the optimizer's).
+pub(crate) fn check_params(op: &'static str, params: &[Tensor], first: usize) -> Result<()> {
+    for (k, p) in params.iter().enumerate() {
+        let why = if !p.is_leaf() {
+            "is not a leaf (the result of an op; PyTorch cannot optimize it either): give the \
+             tensor it was computed from, or a detached copy that requires grad"
+        } else if !p.is_requires_grad() {
+            "does not require grad, so it would never be updated: call requires_grad(true) on \
+             it first, or leave it out"
+        } else {
+            match params[..k].iter().position(|q| q.shares_storage(p)) {
+                Some(i) => {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "parameter {} (shape {:?}) is parameter {} again (a weight tied \
+                             to another, listed twice?): give each parameter once, as \
+                             Module::parameters lists a tied weight",
+                            first + k,
+                            p.shape(),
+                            first + i
+                        ),
+                    ))
+                }
+                None => continue,
+            }
+        };
+        return Err(Error::invalid(
+            op,
+            format!("parameter {} (shape {:?}) {why}", first + k, p.shape()),
+        ));
+    }
+    Ok(())
+}
+
 impl ParamGroup {
+    /// The parameters, checked by [`check_params`] under `op`'s name.
+    pub(crate) fn checked(op: &'static str, params: Vec<Tensor>) -> Result<ParamGroup> {
+        check_params(op, &params, 0)?;
+        Ok(ParamGroup::new(params))
+    }
+
     pub fn new(params: Vec<Tensor>) -> ParamGroup {
         let states = vec![ParamState::default(); params.len()];
         ParamGroup {
@@ -120,6 +165,7 @@ impl ParamGroup {
                 ))
             }
         };
+        check_params(OP, &params, self.params.len())?;
         for (k, p) in params.iter().enumerate() {
             if let Some(i) = self.params.iter().position(|q| q.shares_storage(p)) {
                 return Err(Error::invalid(

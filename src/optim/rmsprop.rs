@@ -31,7 +31,7 @@ impl RmsProp {
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<RmsProp> {
         check_hyper("RmsProp::new", "lr", lr)?;
         Ok(RmsProp {
-            group: ParamGroup::new(params),
+            group: ParamGroup::checked("RmsProp::new", params)?,
             lr,
             alpha: 0.99,
             eps: 1e-8,
@@ -129,7 +129,7 @@ impl Adagrad {
     pub fn new(params: Vec<Tensor>, lr: f64) -> Result<Adagrad> {
         check_hyper("Adagrad::new", "lr", lr)?;
         Ok(Adagrad {
-            group: ParamGroup::new(params),
+            group: ParamGroup::checked("Adagrad::new", params)?,
             lr,
             lr_decay: 0.0,
             eps: 1e-10,

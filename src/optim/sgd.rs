@@ -53,7 +53,7 @@ impl Sgd {
             ));
         }
         Ok(Sgd {
-            group: ParamGroup::new(params),
+            group: ParamGroup::checked("Sgd::new", params)?,
             config,
         })
     }

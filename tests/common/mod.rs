@@ -242,3 +242,28 @@ pub fn clip_params(d: Device) -> Vec<Tensor> {
     e.set_grad(Some(grad(&[40_000], 4, DType::F32))).unwrap();
     vec![a, b, c, e]
 }
+
+/// A tensor stored in a safetensors file (the PyTorch reference files of `tests/torch_ref/`)
+/// as an engine tensor on the CPU: F32, I64 or U8.
+pub fn stored(v: &safetensors::tensor::TensorView) -> Tensor {
+    let (shape, data) = (v.shape(), v.data());
+    match v.dtype() {
+        safetensors::Dtype::F32 => {
+            let x: Vec<f32> = data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            Tensor::from_vec(x, shape, Device::Cpu)
+        }
+        safetensors::Dtype::I64 => {
+            let x: Vec<i64> = data
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            Tensor::from_vec(x, shape, Device::Cpu)
+        }
+        safetensors::Dtype::U8 => Tensor::from_vec(data.to_vec(), shape, Device::Cpu),
+        d => panic!("unexpected dtype {d:?}"),
+    }
+    .unwrap()
+}
