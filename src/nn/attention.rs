@@ -291,8 +291,9 @@ impl MultiheadAttention {
             (Some(p), true) => Some(p.unsqueeze(0)?),
             (p, _) => p.cloned(),
         };
-        let mask = self.additive_mask(padding.as_ref(), a.attn_mask, (n, l, s), q.dtype())?;
+        // The mask in the projections' dtype (the low one under autocast).
         let (q, k, v, extra) = self.project(&q, &k, &v)?;
+        let mask = self.additive_mask(padding.as_ref(), a.attn_mask, (n, l, s), q.dtype())?;
         let mask = match (mask, extra) {
             (Some(m), 1..) => Some(pad_last(&m, extra)?),
             (m, _) => m,
