@@ -290,3 +290,32 @@ fn weights_sum_to_one_and_a_fully_masked_query_gets_zeros() {
     let live = y.select(1, 0).unwrap().to_vec::<f32>().unwrap();
     assert!(live.iter().all(|v| v.is_finite()) && live != bias.repeat(4));
 }
+
+/// Under bf16 autocast, a masked attention with its weights runs with the mask in the
+/// projections' dtype and stays within bf16's rounding of the f32 result, weights included.
+#[test]
+fn masked_attention_with_weights_runs_under_autocast() {
+    let mut g = Generator::new(5);
+    let o = MhaOptions {
+        add_bias_kv: true,
+        add_zero_attn: true,
+        ..Default::default()
+    };
+    let m = MultiheadAttention::with_options(8, 2, o, &mut g).unwrap();
+    let x = Tensor::randn_with(&[4, 2, 8], 0.0, 1.0, DType::F32, Device::Cpu, &mut g).unwrap();
+    let pad = Tensor::from_vec(vec![0u8, 0, 1, 0, 0, 1, 1, 0], &[2, 4], Device::Cpu).unwrap();
+    let a = MhaForward {
+        key_padding_mask: Some(&pad),
+        ..Default::default()
+    };
+    let (y, w) = m.forward_with(&x, &x, &x, a).unwrap();
+    let (yl, wl) = {
+        let _autocast = mantissa::amp::autocast(DType::BF16);
+        m.forward_with(&x, &x, &x, a).unwrap()
+    };
+    assert_eq!(yl.dtype(), DType::BF16);
+    for (got, want, what) in [(&yl, &y, "output"), (&wl.unwrap(), &w.unwrap(), "weights")] {
+        let e = rel_err(got, want);
+        assert!(e < 3e-2, "{what}: relative error {e:.2e} under autocast");
+    }
+}
