@@ -309,18 +309,6 @@ mod tests {
     #[test]
     fn a_world_of_one_leaves_gradients_as_backward_made_them() {
         let mut g = Generator::new(5);
-        let make = |g: &mut Generator| -> Vec<Tensor> {
-            let w = Tensor::randn_with(&[4, 3, 3, 3], 0.0, 1.0, DType::F32, Device::Cpu, g)
-                .unwrap()
-                .to_memory_format(MemoryFormat::ChannelsLast)
-                .unwrap();
-            let v = Tensor::randn_with(&[6], 0.0, 1.0, DType::F32, Device::Cpu, g).unwrap();
-            let unused = Tensor::randn_with(&[2], 0.0, 1.0, DType::F32, Device::Cpu, g).unwrap();
-            [w, v, unused]
-                .into_iter()
-                .map(|t| t.requires_grad(true).unwrap())
-                .collect()
-        };
         let x = Tensor::randn_with(&[2, 3, 5, 5], 0.0, 1.0, DType::F32, Device::Cpu, &mut g)
             .unwrap()
             .to_memory_format(MemoryFormat::ChannelsLast)
@@ -330,9 +318,9 @@ mod tests {
             let s = y.sum_all().unwrap();
             s.mul(&p[1].sum_all().unwrap()).unwrap()
         };
-        let plain = make(&mut Generator::new(1));
+        let plain = params_from(&mut Generator::new(1));
         loss(&plain).backward().unwrap();
-        let wrapped = make(&mut Generator::new(1));
+        let wrapped = params_from(&mut Generator::new(1));
         let ddp = DistributedDataParallel::with_bucket_cap(
             &ProcessGroup::single(Device::Cpu),
             &wrapped,
@@ -378,7 +366,11 @@ mod tests {
 
     /// A channels-last convolution weight, a vector and a parameter no loss reaches.
     fn three_params() -> Vec<Tensor> {
-        let g = &mut Generator::new(9);
+        params_from(&mut Generator::new(9))
+    }
+
+    /// [`three_params`] drawn from `g`.
+    fn params_from(g: &mut Generator) -> Vec<Tensor> {
         let w = Tensor::randn_with(&[4, 3, 3, 3], 0.0, 1.0, DType::F32, Device::Cpu, g)
             .unwrap()
             .to_memory_format(MemoryFormat::ChannelsLast)
