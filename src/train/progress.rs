@@ -37,6 +37,8 @@ pub struct EpochProgress {
     non_finite: Option<(usize, usize)>,
     /// The unit the loss is shown and reported in (recorded in nats).
     unit: LossUnit,
+    /// What a sample is called in the rate shown (`samples/s`, `tokens/s`).
+    per: &'static str,
 }
 
 impl EpochProgress {
@@ -77,7 +79,21 @@ impl EpochProgress {
             device: None,
             non_finite: None,
             unit: LossUnit::Nats,
+            per: "samples",
         }
+    }
+
+    /// Names the samples counted in the rate shown: `tokens` for a language model whose
+    /// steps count tokens, so the bar shows `tokens/s`.
+    ///
+    /// ```
+    /// # use mantissa::train::EpochProgress;
+    /// let bar = EpochProgress::new("steps", 10).samples_named("tokens");
+    /// assert!(bar.status_line().contains("tokens/s"));
+    /// ```
+    pub fn samples_named(mut self, name: &'static str) -> EpochProgress {
+        self.per = name;
+        self
     }
 
     /// Shows the loss in `unit` and reports it so in [`EpochProgress::metrics`] (the steps'
@@ -240,10 +256,11 @@ impl EpochProgress {
     fn refresh(&self) {
         #[cfg(feature = "train-ui")]
         self.bar.set_message(format!(
-            "{} acc {:.2}% {:.0} samples/s{} {}",
+            "{} acc {:.2}% {:.0} {}/s{} {}",
             self.loss_text(),
             100.0 * self.accuracy(),
             self.samples_per_s(),
+            self.per,
             self.memory_text(),
             self.extra
         ));
@@ -266,13 +283,14 @@ impl EpochProgress {
     /// and the extra text.
     pub fn status_line(&self) -> String {
         let line = format!(
-            "{} {}/{} {} acc {:.2}% {:.0} samples/s{} {}",
+            "{} {}/{} {} acc {:.2}% {:.0} {}/s{} {}",
             self.label,
             self.batches,
             self.total,
             self.loss_text(),
             100.0 * self.accuracy(),
             self.samples_per_s(),
+            self.per,
             self.memory_text(),
             self.extra
         );
