@@ -32,6 +32,11 @@
 #                                        # wrapper under torchrun (world of one, NCCL), twice
 #                                        # each, and the MNIST CNN fp16's losses under
 #                                        # torchrun against a plain run
+#   bash bench/gpu_session.sh gpt        # issue 55's GPU lines, one call (under 540 s): the
+#                                        # GPT tests on the device (PyTorch's 20 losses and
+#                                        # greedy tokens), W5 (GPT-2 124M bf16, batch 16 x 1024
+#                                        # tokens, synthetic) beside PyTorch eager and
+#                                        # torch.compile, profiled, and with --cuda-graph
 #   bash bench/gpu_session.sh verify     # MNIST CNN fp16 and the CUDA tests, one call
 #   bash bench/gpu_session.sh defects    # issue 39's GPU lines, one call (under 540 s): the
 #                                        # first MNIST run's kernel compile from an empty
@@ -66,7 +71,7 @@ mode=${1:-all}
 # The modules of .gpu/tests/gpu_suite (tests/gpu_suite/main.rs), one per CUDA test file.
 suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
-    data_parallel_buckets fuzz_api hostile_input integer_arithmetic profiler recompute
+    data_parallel_buckets fuzz_api gpt hostile_input integer_arithmetic profiler recompute
     torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
 # seconds from this script's start (see acc; MANTISSA_SESSION_DEADLINE sets another, for a
@@ -117,7 +122,7 @@ if [ "$mode" = report ]; then
     exit 0
 fi
 if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode" = defects ] \
-    || [ "$mode" = graphs ] || [ "$mode" = ddp ]; then
+    || [ "$mode" = graphs ] || [ "$mode" = ddp ] || [ "$mode" = gpt ]; then
     # Device calls of under 540 s each (a session has 15 minutes of device time, the
     # machine's start included). One log comes back ($OUT holds at most 8 files) and one
     # summary line per run goes to stdout.
@@ -169,7 +174,7 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
             tr '\r' '\n' <"/tmp/run.$name" | tail -n 120
         } >>"$log"
         echo "$name rc=$rc wall=${wall}s smi-peak=${peak:-?}MiB $(tr '\r' '\n' <"/tmp/run.$name" \
-            | grep -E 'images/s|tokens/s|^torch .*samples/s|peak allocated|warm-up|test result|FAILED|^epoch [0-9]+:|^kernels:|fits on|differ|error|^M5|^  F(16|32) ' | tail -n 8 | tr '\n' ' ')"
+            | grep -E 'images/s|tokens/s|val loss|^torch .*samples/s|peak allocated|warm-up|test result|FAILED|^epoch [0-9]+:|^kernels:|fits on|differ|error|^M5|^  F(16|32) ' | tail -n 8 | tr '\n' ' ')"
     }
     if [ "$mode" = all ]; then
         # Issue 53's run. The correctness checks first: gpu_check (the device report and its
@@ -301,6 +306,22 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         acc test-batch_size 40 .gpu/tests/gpu_suite batch_size:: --test-threads 1
         # Seconds per kernel part, all compiled in parallel from an empty cache.
         acc gpu_check 45 env MANTISSA_CACHE_DIR="$(mktemp -d)" .gpu/gpu_check
+    elif [ "$mode" = gpt ]; then
+        # Limits add up to 535 s. Expected: ours compiles its kernels on the first run (tens of
+        # seconds from an empty cache), then about 20 s a run; PyTorch eager about 30 s, the
+        # compiled peer 60 to 150 s (its compilation in the warm-up steps); the Shakespeare
+        # runs about a minute each.
+        w5="--model gpt2 --data synthetic --batch-size 16 --steps 20"
+        acc test-gpt 45 .gpu/tests/gpu_suite gpt:: --test-threads 1 --nocapture
+        acc w5-bf16 90 .gpu/gpt $w5 --device cuda:0 --precision bf16 --profile 2 --profile-warmup 1
+        acc w5-bf16-peer 60 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16
+        acc w5-bf16-graph 40 .gpu/gpt $w5 --device cuda:0 --precision bf16 --cuda-graph
+        acc w5-bf16-compile 140 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16 --compile
+        # nanoGPT's shakespeare-char for 1000 steps on the same text, each engine's
+        # validation loss at the end (nanoGPT reaches about 1.47 after 5000).
+        sk="--model shakespeare-char --batch-size 64 --steps 1000 --eval-interval 500 --text .gpu/data/shakespeare.txt"
+        acc shakespeare-bf16 80 .gpu/gpt $sk --device cuda:0 --precision bf16 --generate 0
+        acc shakespeare-bf16-peer 80 $PY bench/gpt_peer.py $sk --device cuda --amp bf16
     elif [ "$mode" = accept ]; then
         w3="--arch resnet50 --batch-size 256 --cudnn-benchmark --channels-last --steps 20 --warmup 5"
         # Profiled steps run after the timed ones and do not change the images/s.
@@ -361,7 +382,7 @@ if [ "$mode" = checks ]; then
     exit 0
 fi
 if [ "$mode" != bench ]; then
-    echo "gpu_session.sh: no mode $mode (all, checks, bench, w3, accept, graphs, ddp, verify, defects, report)" >&2
+    echo "gpu_session.sh: no mode $mode (all, checks, bench, w3, accept, gpt, graphs, ddp, verify, defects, report)" >&2
     exit 2
 fi
 run matmul_peer 120 $PY bench/matmul_peer_cuda.py --n 8192

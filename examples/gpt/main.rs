@@ -179,7 +179,9 @@ fn run(mut args: Args) -> Result<()> {
     args.run.refuse_convolution_flags("gpt")?;
     if args.quick {
         if args.model != "baby" || args.init.is_some() {
-            return Err(invalid("--quick trains the baby model from scratch: leave out --model and --init".into()));
+            return Err(invalid(
+                "--quick trains the baby model from scratch: leave out --model and --init".into(),
+            ));
         }
         args.steps.get_or_insert(1000);
         args.tokenizer.get_or_insert("char".into());
@@ -211,7 +213,13 @@ fn run(mut args: Args) -> Result<()> {
     // Tokens: the text's (tokenised once for the default corpus), or random ones.
     let (tok, splits) = match (&args.text, synthetic) {
         (_, true) => {
-            let tok = if gpt2_tokens { Tokenizer::gpt2()? } else { Tokenizer::chars_of("ab") };
+            // 65 symbols, as Shakespeare's characters in nanoGPT's excerpt.
+            let symbols: String = (0..65u8).map(|b| (b' ' + b) as char).collect();
+            let tok = if gpt2_tokens {
+                Tokenizer::gpt2()?
+            } else {
+                Tokenizer::chars_of(&symbols)
+            };
             (tok, None)
         }
         (Some(p), false) => {
@@ -220,15 +228,17 @@ fn run(mut args: Args) -> Result<()> {
                 path: p.display().to_string(),
                 source: e,
             })?;
-            let tok = if gpt2_tokens { Tokenizer::gpt2()? } else { Tokenizer::chars_of(&text) };
+            let tok = if gpt2_tokens {
+                Tokenizer::gpt2()?
+            } else {
+                Tokenizer::chars_of(&text)
+            };
             let s = data::split_tokens(&tok, &text)?;
             (tok, Some(s))
         }
         (None, false) => {
             let dir = PathBuf::from("data/shakespeare");
-            let (tok, s) = data::cached_splits(&dir, gpt2_tokens, || {
-                data::shakespeare_text(&dir)
-            })?;
+            let (tok, s) = data::cached_splits(&dir, gpt2_tokens, || data::shakespeare_text(&dir))?;
             (tok, Some(s))
         }
     };
@@ -270,7 +280,11 @@ fn run(mut args: Args) -> Result<()> {
             seed: args.run.seed,
         })?,
         (true, Some(_)) => opt.use_master_weights(Rounding::Nearest)?,
-        (true, None) => return Err(invalid("--master-weights needs --precision fp16 or bf16".into())),
+        (true, None) => {
+            return Err(invalid(
+                "--master-weights needs --precision fp16 or bf16".into(),
+            ))
+        }
         _ => {}
     }
     let mut scaler = GradScaler::new(GradScalerConfig {
@@ -313,11 +327,23 @@ fn run(mut args: Args) -> Result<()> {
         Some(s) => s,
         None => {
             // Random tokens: the step timed, nothing evaluated or saved.
-            return trainer.synthetic(&mut net, &mut opt, &mut scaler, &dist, ddp.as_ref(), graph.as_mut(), &mut profile);
+            return trainer.synthetic(
+                &mut net,
+                &mut opt,
+                &mut scaler,
+                &dist,
+                ddp.as_ref(),
+                graph.as_mut(),
+                &mut profile,
+            );
         }
     };
     trainer.train(
-        step::Model { net: &mut net, opt: &mut opt, scaler: &mut scaler },
+        step::Model {
+            net: &mut net,
+            opt: &mut opt,
+            scaler: &mut scaler,
+        },
         &splits,
         start,
         &dist,
@@ -333,7 +359,10 @@ fn run(mut args: Args) -> Result<()> {
     }
     if let Some(p) = &args.export {
         weights::save_hf(&net, p)?;
-        println!("weights written as Hugging Face's GPT-2 names them to {}", p.display());
+        println!(
+            "weights written as Hugging Face's GPT-2 names them to {}",
+            p.display()
+        );
     }
     if args.generate == 0 {
         return Ok(());

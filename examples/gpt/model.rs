@@ -255,7 +255,13 @@ impl Gpt {
                 ),
             });
         }
-        let pos = Tensor::arange(past as f64, (past + t) as f64, 1.0, DType::I64, idx.device())?;
+        let pos = Tensor::arange(
+            past as f64,
+            (past + t) as f64,
+            1.0,
+            DType::I64,
+            idx.device(),
+        )?;
         let mut x = dropped(
             &self.drop,
             &self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?,
@@ -324,7 +330,11 @@ impl Module for Gpt {
             b.mlp.drop.visit(&join(&n, "mlp.dropout"), f);
         }
         self.ln_f.visit(&join(&tr, "ln_f"), f);
-        f(join(p, "lm_head.weight"), &self.lm_head, TensorKind::Parameter);
+        f(
+            join(p, "lm_head.weight"),
+            &self.lm_head,
+            TensorKind::Parameter,
+        );
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
         let tr = join(p, "transformer");
@@ -336,7 +346,9 @@ impl Module for Gpt {
             b.ln_1.visit_mut(&join(&n, "ln_1"), f)?;
             b.attn.c_attn.visit_mut(&join(&n, "attn.c_attn"), f)?;
             b.attn.c_proj.visit_mut(&join(&n, "attn.c_proj"), f)?;
-            b.attn.resid_drop.visit_mut(&join(&n, "attn.resid_dropout"), f)?;
+            b.attn
+                .resid_drop
+                .visit_mut(&join(&n, "attn.resid_dropout"), f)?;
             b.ln_2.visit_mut(&join(&n, "ln_2"), f)?;
             b.mlp.c_fc.visit_mut(&join(&n, "mlp.c_fc"), f)?;
             b.mlp.c_proj.visit_mut(&join(&n, "mlp.c_proj"), f)?;
@@ -345,7 +357,11 @@ impl Module for Gpt {
         self.ln_f.visit_mut(&join(&tr, "ln_f"), f)?;
         // The head is the token embedding's weight: it follows whatever the walk made of it
         // (moved, converted, loaded in place), so the two stay one tensor.
-        f(join(p, "lm_head.weight"), &mut self.lm_head, TensorKind::Parameter)?;
+        f(
+            join(p, "lm_head.weight"),
+            &mut self.lm_head,
+            TensorKind::Parameter,
+        )?;
         self.lm_head = self.wte.weight.clone();
         Ok(())
     }

@@ -23,9 +23,17 @@ pub struct SampleOptions {
 impl SampleOptions {
     /// An error naming the option out of range.
     pub fn check(&self, vocab: usize) -> Result<()> {
-        let bad = |msg: String| Err(Error::Invalid { op: "gpt sample", msg });
+        let bad = |msg: String| {
+            Err(Error::Invalid {
+                op: "gpt sample",
+                msg,
+            })
+        };
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
-            return bad(format!("temperature {} (must be above 0)", self.temperature));
+            return bad(format!(
+                "temperature {} (must be above 0)",
+                self.temperature
+            ));
         }
         if let Some(k) = self.top_k.filter(|&k| k == 0 || k > vocab) {
             return bad(format!("top-k {k} (the vocabulary has {vocab} tokens)"));

@@ -27,7 +27,8 @@ pub fn lr_at(step: usize, lr: f64, min_lr: f64, warmup: usize, total: usize) -> 
 /// uninterrupted one would have, and each rank draws its own windows.
 pub fn batch_generator(seed: u64, rank: usize, step: usize) -> Generator {
     // SplitMix64's finaliser over the three, so nearby seeds give unrelated streams.
-    let mut z = seed ^ (rank as u64).rotate_left(40) ^ (step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut z =
+        seed ^ (rank as u64).rotate_left(40) ^ (step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     Generator::new(z ^ (z >> 31))
@@ -74,6 +75,8 @@ pub fn train_step(
     }
     m.scaler.step(m.opt)?;
     m.scaler.update()?;
-    Ok((total.expect("one micro-batch"), last.expect("one micro-batch")))
+    Ok((
+        total.expect("one micro-batch"),
+        last.expect("one micro-batch"),
+    ))
 }
-

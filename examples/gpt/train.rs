@@ -39,7 +39,13 @@ pub struct Trainer {
 
 /// Next-token predictions equal to the target (an f32 count).
 fn hits(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
-    no_grad(|| logits.argmax(2, false)?.eq(y)?.to_dtype(DType::F32)?.sum_all())
+    no_grad(|| {
+        logits
+            .argmax(2, false)?
+            .eq(y)?
+            .to_dtype(DType::F32)?
+            .sum_all()
+    })
 }
 
 /// A row of metrics.csv.
@@ -61,7 +67,14 @@ fn write_metrics(rows: &[Row], out: &Path) -> Result<()> {
     for r in rows {
         s += &format!(
             "{},{:.6},{:.6},{:.6},{:.6},{:.6e},{:.3},{:.1}\n",
-            r.step, r.train_loss, r.val_loss, r.train_acc, r.val_acc, r.lr, r.seconds, r.tokens_per_s
+            r.step,
+            r.train_loss,
+            r.val_loss,
+            r.train_acc,
+            r.val_acc,
+            r.lr,
+            r.seconds,
+            r.tokens_per_s
         );
     }
     let csv = out.join("metrics.csv");
@@ -105,7 +118,10 @@ fn read_metrics(out: &Path, step: usize) -> Result<Vec<Row>> {
     }
     let mut rows = Vec::new();
     for l in lines {
-        let v: Vec<f64> = l.split(',').map(|x| x.parse().map_err(|_| bad())).collect::<Result<_>>()?;
+        let v: Vec<f64> = l
+            .split(',')
+            .map(|x| x.parse().map_err(|_| bad()))
+            .collect::<Result<_>>()?;
         if v.len() != 8 {
             return Err(bad());
         }
@@ -182,7 +198,13 @@ fn flops_per_token(net: &Gpt) -> f64 {
 
 impl Trainer {
     /// One step's micro-batches from `data` for `step` on this rank.
-    fn batches(&self, data: &[u16], rank: usize, step: usize, block: usize) -> Result<Vec<(Tensor, Tensor)>> {
+    fn batches(
+        &self,
+        data: &[u16],
+        rank: usize,
+        step: usize,
+        block: usize,
+    ) -> Result<Vec<(Tensor, Tensor)>> {
         let mut g = batch_generator(self.seed, rank, step);
         (0..self.accumulate)
             .map(|_| random_windows(data, self.batch, block, &mut g, self.device))
@@ -195,7 +217,8 @@ impl Trainer {
         let mut g = batch_generator(self.seed ^ salt, dist.group.rank(), usize::MAX);
         let (mut loss, mut right, mut n) = (0.0, 0.0, 0.0);
         for _ in 0..self.eval_batches {
-            let (x, y) = random_windows(data, self.batch, net.config.block_size, &mut g, self.device)?;
+            let (x, y) =
+                random_windows(data, self.batch, net.config.block_size, &mut g, self.device)?;
             let (l, logits) = no_grad(|| autocast_maybe(self.low, || net.loss(&x, &y)))?;
             loss += l.item()?;
             right += hits(&logits, &y)?.item()?;
@@ -246,7 +269,13 @@ impl Trainer {
                         let mut inner = Model { net, opt, scaler };
                         let (low, clip) = (self.low, self.grad_clip);
                         let o = g.run(&[x.clone(), y.clone()], &mut |b| {
-                            let (l, lg) = train_step(&mut inner, &[(b[0].clone(), b[1].clone())], low, clip, None)?;
+                            let (l, lg) = train_step(
+                                &mut inner,
+                                &[(b[0].clone(), b[1].clone())],
+                                low,
+                                clip,
+                                None,
+                            )?;
                             Ok(vec![l, lg])
                         })?;
                         (o[0].clone(), o[1].clone())
@@ -254,7 +283,11 @@ impl Trainer {
                     None => train_step(&mut m, &micro, self.low, self.grad_clip, ddp)?,
                 };
                 let last_y = &micro[micro.len() - 1].1;
-                bar.step_tensors(tokens, &loss, &hits(&logits, last_y)?.mul(self.accumulate as f64)?)?;
+                bar.step_tensors(
+                    tokens,
+                    &loss,
+                    &hits(&logits, last_y)?.mul(self.accumulate as f64)?,
+                )?;
                 profile.step()?;
             }
             bar.finish()?;
@@ -277,7 +310,16 @@ impl Trainer {
                 100.0 * val_acc,
                 m.opt.lr()
             );
-            rows.push(Row { step, train_loss, val_loss, train_acc, val_acc, lr: m.opt.lr(), seconds, tokens_per_s: rate });
+            rows.push(Row {
+                step,
+                train_loss,
+                val_loss,
+                train_acc,
+                val_acc,
+                lr: m.opt.lr(),
+                seconds,
+                tokens_per_s: rate,
+            });
             write_metrics(&rows, out)?;
             files.save(&*m.net, &*m.opt, &*m.scaler, step)?;
         }
@@ -319,7 +361,13 @@ impl Trainer {
                     let (low, clip) = (self.low, self.grad_clip);
                     let (x, y) = &micro[0];
                     g.run(&[x.clone(), y.clone()], &mut |b| {
-                        let (l, lg) = train_step(&mut inner, &[(b[0].clone(), b[1].clone())], low, clip, None)?;
+                        let (l, lg) = train_step(
+                            &mut inner,
+                            &[(b[0].clone(), b[1].clone())],
+                            low,
+                            clip,
+                            None,
+                        )?;
                         Ok(vec![l, lg])
                     })?[0]
                         .clone()
@@ -348,7 +396,11 @@ impl Trainer {
                 Some(p) => format!(", MFU {:.1}%", 100.0 * flops_per_token(m.net) * rate / p),
                 None => String::new(),
             };
-            println!("{} training tokens/s ({} steps in {secs:.2} s){mfu}", rate.round(), self.steps);
+            println!(
+                "{} training tokens/s ({} steps in {secs:.2} s){mfu}",
+                rate.round(),
+                self.steps
+            );
         }
         super::common::print_peak_memory("mantissa training", self.device)?;
         profile.finish()

@@ -13,7 +13,9 @@ use std::path::Path;
 const CONV1D: [&str; 4] = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"];
 
 fn is_conv1d_weight(name: &str) -> bool {
-    CONV1D.iter().any(|l| name.ends_with(&format!("{l}.weight")))
+    CONV1D
+        .iter()
+        .any(|l| name.ends_with(&format!("{l}.weight")))
 }
 
 fn bad(path: &Path, msg: String) -> Error {
@@ -48,10 +50,18 @@ pub fn read_gpt_state(path: &Path) -> Result<(BTreeMap<String, Tensor>, Option<u
     }
     let wte = state
         .get("transformer.wte.weight")
-        .ok_or_else(|| bad(path, "no token embedding (wte.weight): not a GPT's state".into()))?
+        .ok_or_else(|| {
+            bad(
+                path,
+                "no token embedding (wte.weight): not a GPT's state".into(),
+            )
+        })?
         .clone();
     let c = wte.shape()[1];
-    let hf = match state.get("transformer.h.0.attn.c_attn.weight").map(|t| t.shape()) {
+    let hf = match state
+        .get("transformer.h.0.attn.c_attn.weight")
+        .map(|t| t.shape())
+    {
         Some([rows, cols]) if *rows == c && *cols == 3 * c => true,
         Some([rows, cols]) if *rows == 3 * c && *cols == c => false,
         other => {
@@ -81,8 +91,10 @@ pub fn config_of(
     path: &Path,
 ) -> Result<GptConfig> {
     let dims = |n: &str| state.get(n).map(|t| t.shape().to_vec());
-    let (Some(wte), Some(wpe)) = (dims("transformer.wte.weight"), dims("transformer.wpe.weight"))
-    else {
+    let (Some(wte), Some(wpe)) = (
+        dims("transformer.wte.weight"),
+        dims("transformer.wpe.weight"),
+    ) else {
         return Err(bad(path, "no wte.weight or wpe.weight".into()));
     };
     let n_layer = (0..)
@@ -118,7 +130,9 @@ pub fn save_hf(net: &Gpt, path: &Path) -> Result<()> {
         if name == "lm_head.weight" {
             continue;
         }
-        let t = t.to_device(mantissa::Device::Cpu)?.to_dtype(mantissa::DType::F32)?;
+        let t = t
+            .to_device(mantissa::Device::Cpu)?
+            .to_dtype(mantissa::DType::F32)?;
         let t = match is_conv1d_weight(&name) {
             true => t.t()?.contiguous()?,
             false => t,

@@ -1,8 +1,8 @@
 //! Branch-free f32 `exp`, `tanh` and `sigmoid` that the compiler vectorises (libm's are
 //! calls, one element at a time). Cephes' polynomials: `exp` within 2 ulp over its whole
 //! range (subnormal results included), `tanh` and `sigmoid` within a few ulp; NaN stays NaN
-//! and the infinities give the limits. Used where a kernel computes many activations per
-//! element (the LSTM cell); the elementwise ops keep libm.
+//! and the infinities give the limits. Used by the activations (tanh, sigmoid, SiLU, GELU's
+//! tanh form), softmax and the LSTM cell; the other elementwise ops keep libm.
 
 /// `1.5 * 2^23`: adding it rounds an f32 of magnitude below 2^22 to an integer, and the sum's
 /// low mantissa bits hold that integer.

@@ -37,6 +37,43 @@ fn fill_rows<U: Send, const N: usize>(
     }
 }
 
+/// `o[i] = f(x[i])` over equal-length slices, for `pulp` to compile with the CPU's widest
+/// vector unit (AVX2 and FMA, or AVX-512): the loop is inlined into that copy, so the
+/// compiler vectorises `f` 8 or 16 lanes wide instead of the baseline's 4.
+struct Apply1<'a, T, U, F> {
+    o: &'a mut [U],
+    x: &'a [T],
+    f: &'a F,
+}
+
+impl<T: Copy, U, F: Fn(T) -> U> pulp::WithSimd for Apply1<'_, T, U, F> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        for (o, &x) in self.o.iter_mut().zip(self.x) {
+            *o = (self.f)(x);
+        }
+    }
+}
+
+/// `o[i] = f(a[i], b[i])`, as [`Apply1`].
+struct Apply2<'a, A, B, U, F> {
+    o: &'a mut [U],
+    a: &'a [A],
+    b: &'a [B],
+    f: &'a F,
+}
+
+impl<A: Copy, B: Copy, U, F: Fn(A, B) -> U> pulp::WithSimd for Apply2<'_, A, B, U, F> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        for ((o, &a), &b) in self.o.iter_mut().zip(self.a).zip(self.b) {
+            *o = (self.f)(a, b);
+        }
+    }
+}
+
 /// `out[i] = f(src[l[i]])`.
 pub(crate) fn map1<T: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
     src: &[T],
@@ -45,12 +82,18 @@ pub(crate) fn map1<T: Copy + Sync, U: bytemuck::Pod + Send + Sync>(
 ) -> Vec<U> {
     if let Some(r) = l.contiguous_range() {
         let src = &src[r];
-        return if src.len() < PAR_MIN {
-            src.iter().map(|&x| f(x)).collect()
+        // Every element is written by the loops below.
+        let mut out = super::overwritten_buffer(src.len());
+        let job = |(o, x): (&mut [U], &[T])| pulp::Arch::new().dispatch(Apply1 { o, x, f: &f });
+        if src.len() < PAR_MIN {
+            job((&mut out, src));
         } else {
             let _iso = crate::parallel::Isolated::new();
-            src.par_iter().with_min_len(CHUNK).map(|&x| f(x)).collect()
-        };
+            out.par_chunks_mut(CHUNK)
+                .zip(src.par_chunks(CHUNK))
+                .for_each(job);
+        }
+        return out;
     }
     let rows = Rows::new([l]);
     // fill_rows writes every row.
@@ -82,16 +125,21 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, U: bytemuck::Pod + Send + Syn
     debug_assert_eq!(la.shape(), lb.shape());
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
-        return if a.len() < PAR_MIN {
-            a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+        // Every element is written by the loops below.
+        let mut out = super::overwritten_buffer(a.len());
+        let job = |((o, a), b): ((&mut [U], &[A]), &[B])| {
+            pulp::Arch::new().dispatch(Apply2 { o, a, b, f: &f })
+        };
+        if a.len() < PAR_MIN {
+            job(((&mut out, a), b));
         } else {
             let _iso = crate::parallel::Isolated::new();
-            (a, b)
-                .into_par_iter()
-                .with_min_len(CHUNK)
-                .map(|(&x, &y)| f(x, y))
-                .collect()
-        };
+            out.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK))
+                .zip(b.par_chunks(CHUNK))
+                .for_each(job);
+        }
+        return out;
     }
     let rows = Rows::new([la, lb]);
     // fill_rows writes every row.
