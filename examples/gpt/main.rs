@@ -171,6 +171,17 @@ fn config(args: &Args, vocab: usize) -> Result<GptConfig> {
     Ok(c)
 }
 
+/// How --generate samples, the top-k cut at most the vocabulary.
+fn sample_options(args: &Args, vocab: usize) -> SampleOptions {
+    SampleOptions {
+        new_tokens: args.generate,
+        greedy: args.greedy,
+        temperature: args.temperature,
+        top_k: Some(args.top_k.min(vocab)),
+        top_p: args.top_p,
+    }
+}
+
 fn invalid(msg: String) -> Error {
     Error::Invalid { op: "gpt", msg }
 }
@@ -197,6 +208,9 @@ fn run(mut args: Args) -> Result<()> {
             "--eval-interval, --eval-batches and --batch-size must be at least 1".into(),
         ));
     }
+    // Mistakes in the flags are said before any text is read or fetched.
+    config(&args, 1)?;
+    sample_options(&args, usize::MAX).check(usize::MAX)?;
     let (device, low, _) = args.run.open()?;
     let dist = common::dist::Dist::join(device, "gpt")?;
     dist.check_flags(args.run.cuda_graph, "gpt")?;
@@ -369,13 +383,7 @@ fn run(mut args: Args) -> Result<()> {
     }
     net.eval();
     let prompt = tok.encode(&args.prompt)?;
-    let opts = SampleOptions {
-        new_tokens: args.generate,
-        greedy: args.greedy,
-        temperature: args.temperature,
-        top_k: Some(args.top_k.min(tok.vocab_size())),
-        top_p: args.top_p,
-    };
+    let opts = sample_options(&args, tok.vocab_size());
     println!("--- sample ({} tokens) ---", args.generate);
     print!("{}", args.prompt);
     let mut shown = String::new();
