@@ -49,6 +49,8 @@ mod data_parallel;
 mod data_parallel_buckets;
 #[path = "../fuzz_api.rs"]
 mod fuzz_api;
+#[path = "../gpt_ops.rs"]
+mod gpt_ops;
 #[path = "../hostile_input.rs"]
 mod hostile_input;
 #[path = "../integer_arithmetic.rs"]
