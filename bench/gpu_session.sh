@@ -71,7 +71,7 @@ mode=${1:-all}
 # The modules of .gpu/tests/gpu_suite (tests/gpu_suite/main.rs), one per CUDA test file.
 suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
-    data_parallel_buckets fuzz_api gpt hostile_input integer_arithmetic profiler recompute
+    data_parallel_buckets fuzz_api gpt gpt_ops hostile_input integer_arithmetic profiler recompute
     torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
 # seconds from this script's start (see acc; MANTISSA_SESSION_DEADLINE sets another, for a

@@ -98,3 +98,88 @@ fn half_input_with_f32_parameters_promotes_to_f32() {
     assert_eq!(x.grad().unwrap().dtype(), DType::F16);
     assert_eq!(w.grad().unwrap().dtype(), DType::F32);
 }
+
+/// `(x - mean) / sqrt(var + eps)` over the last dim, times `w`, plus `b`, on host values.
+fn rows_ref(x: &[f64], n: usize, eps: f64, w: Option<&[f64]>, b: Option<&[f64]>) -> Vec<f64> {
+    let mut out = Vec::new();
+    for row in x.chunks(n) {
+        let mean = row.iter().sum::<f64>() / n as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        for (k, v) in row.iter().enumerate() {
+            let y = (v - mean) / (var + eps).sqrt();
+            out.push(y * w.map_or(1.0, |w| w[k]) + b.map_or(0.0, |b| b[k]));
+        }
+    }
+    out
+}
+
+#[test]
+fn layer_norm_module_options() {
+    use mantissa::nn::{LayerNorm, Module};
+    let x = input(&[3, 6], DType::F32, 0.5, 2.0, 7);
+    let xv = vals(&x);
+    // PyTorch's defaults.
+    let ln = LayerNorm::new(&[6]).unwrap();
+    assert_eq!(ln.eps, 1e-5);
+    let (w, b) = (ln.weight.as_ref().unwrap(), ln.bias.as_ref().unwrap());
+    assert_eq!((vals(w), vals(b)), (vec![1.0; 6], vec![0.0; 6]));
+    assert_eq!(
+        ln.state_dict().into_keys().collect::<Vec<_>>(),
+        ["bias", "weight"]
+    );
+    // Weight without bias, another eps.
+    let ln = LayerNorm::with_options(&[6], 0.1, true, false).unwrap();
+    assert!(ln.bias.is_none());
+    let names: Vec<String> = ln.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weight"]);
+    let wv: Vec<f64> = (0..6).map(|k| 0.5 + k as f64 * 0.25).collect();
+    let w = ln.weight.as_ref().unwrap();
+    mantissa::no_grad(|| w.copy_(&Tensor::from_vec(wv.clone(), &[6], Device::Cpu)?)).unwrap();
+    let y = ln.forward(&x).unwrap();
+    common::assert_close(
+        &vals(&y),
+        &rows_ref(&xv, 6, 0.1, Some(&wv), None),
+        1e-6,
+        "weight only",
+    );
+    y.sum_all().unwrap().backward().unwrap();
+    assert!(ln.weight.as_ref().unwrap().grad().is_some());
+    // No affine parameters at all (bias asked for but not made, as in PyTorch).
+    let mut ln = LayerNorm::with_options(&[6], 1e-5, false, true).unwrap();
+    assert!(ln.weight.is_none() && ln.bias.is_none() && ln.parameters().is_empty());
+    assert!(ln.state_dict().is_empty());
+    ln.to_dtype(DType::F16).unwrap();
+    let y = ln.forward(&x).unwrap();
+    common::assert_close(
+        &vals(&y),
+        &rows_ref(&xv, 6, 1e-5, None, None),
+        1e-6,
+        "no affine",
+    );
+    // Over two dims.
+    let ln = LayerNorm::with_options(&[2, 3], 1e-5, true, true).unwrap();
+    let y = ln.forward(&x.reshape(&[3, 2, 3]).unwrap()).unwrap();
+    common::assert_close(
+        &vals(&y),
+        &rows_ref(&xv, 6, 1e-5, None, None),
+        1e-6,
+        "two dims",
+    );
+    // Refused: an empty shape, a zero, eps negative or not finite.
+    for (shape, eps) in [
+        (&[][..], 1e-5),
+        (&[4, 0][..], 1e-5),
+        (&[4][..], -1e-3),
+        (&[4][..], f64::NAN),
+        (&[4][..], f64::INFINITY),
+    ] {
+        let e = LayerNorm::with_options(shape, eps, true, true)
+            .err()
+            .expect("refused");
+        let m = e.to_string();
+        assert!(
+            m.contains("LayerNorm") && m.contains(&format!("{shape:?}")),
+            "{m}"
+        );
+    }
+}

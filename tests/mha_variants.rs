@@ -111,6 +111,7 @@ fn every_variant_matches_pytorch_in_values_and_gradients() {
             attn_mask: c.tensors.get("in.attn_mask"),
             need_weights: c.flag("need_weights"),
             average_attn_weights: c.flag("average_attn_weights"),
+            is_causal: false,
         };
         let (y, w) = m.forward_with(&q, &k, &v, a).unwrap();
         let mut loss = y.mul(c.t("g.y")).unwrap().sum_all().unwrap();

@@ -493,3 +493,147 @@ fn eval_and_train_reach_the_children_of_a_users_module() {
     outer.train();
     assert!(trains(&outer, &bn));
 }
+
+#[test]
+fn embedding_padding_row_starts_at_zero_and_gets_no_gradient() {
+    // The same draws as without padding, the padding row then zeroed (PyTorch's order).
+    let plain = Embedding::new(6, 3, &mut Generator::new(8)).unwrap();
+    let emb = Embedding::with_padding_idx(6, 3, Some(-2), &mut Generator::new(8)).unwrap();
+    assert_eq!(emb.padding_idx, Some(4));
+    let (w, w0) = (vals(&emb.weight), vals(&plain.weight));
+    for r in 0..6 {
+        let want: Vec<f64> = match r {
+            4 => vec![0.0; 3],
+            _ => w0[r * 3..r * 3 + 3].to_vec(),
+        };
+        assert_eq!(&w[r * 3..r * 3 + 3], &want[..], "row {r}");
+    }
+    // Positions read their rows; the padding row's gradient stays zero however often it is
+    // read, the others' gradients are the sums of the output gradients at their positions.
+    no_grad(|| emb.weight.narrow(0, 4, 1).unwrap().fill_(0.5)).unwrap();
+    let idx = Tensor::from_vec(vec![4i64, 1, 4, 4, 1, 0], &[2, 3], Device::Cpu).unwrap();
+    let y = emb.forward(&idx).unwrap();
+    assert_eq!(y.shape(), &[2, 3, 3]);
+    assert_eq!(&vals(&y)[..3], &[0.5, 0.5, 0.5]);
+    let gv: Vec<f32> = (0..18).map(|k| k as f32 + 1.0).collect();
+    let g = Tensor::from_vec(gv.clone(), &[2, 3, 3], Device::Cpu).unwrap();
+    y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+    let mut want = vec![0.0; 18];
+    for (p, &i) in [4usize, 1, 4, 4, 1, 0].iter().enumerate() {
+        if i != 4 {
+            for k in 0..3 {
+                want[i * 3 + k] += gv[p * 3 + k] as f64;
+            }
+        }
+    }
+    assert_eq!(vals(&emb.weight.grad().unwrap()), want);
+    // The functional form, and its range checks.
+    let w = Tensor::ones(&[3, 2], DType::F32, Device::Cpu).unwrap();
+    let i = Tensor::from_vec(vec![0i64, 2], &[2], Device::Cpu).unwrap();
+    let e = Tensor::embedding_padded(&i, &w, Some(3))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("embedding") && e.contains("padding_idx 3"),
+        "{e}"
+    );
+    for p in [6, -7] {
+        let e = Embedding::with_padding_idx(6, 3, Some(p), &mut Generator::new(0));
+        let m = e.err().expect("out of range").to_string();
+        assert!(
+            m.contains(&format!("padding_idx {p}")) && m.contains('6'),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn an_embedding_index_out_of_range_is_the_embeddings_error() {
+    let w = Tensor::ones(&[5, 3], DType::F32, Device::Cpu).unwrap();
+    for bad in [7i64, 5, -1] {
+        let idx = Tensor::from_vec(vec![0, bad, 1], &[3], Device::Cpu).unwrap();
+        let e = Tensor::embedding(&idx, &w).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with("embedding:")
+                && m.contains(&format!("index {bad}"))
+                && m.contains("size 5"),
+            "{m}"
+        );
+        assert!(matches!(
+            e,
+            Error::IndexOutOfRange {
+                op: "embedding",
+                ..
+            }
+        ));
+        let emb = Embedding::new(5, 3, &mut Generator::new(0)).unwrap();
+        assert!(emb
+            .forward(&idx)
+            .unwrap_err()
+            .to_string()
+            .starts_with("embedding:"));
+    }
+}
+
+/// A token embedding and a linear head sharing its weight (GPT-2's tie).
+struct TiedLm {
+    wte: Embedding,
+    head: Linear,
+}
+
+impl Module for TiedLm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.wte.forward(x)?)
+    }
+    fn visit(&self, p: &str, f: &mut Visitor) {
+        self.wte.visit(&join(p, "wte"), f);
+        self.head.visit(&join(p, "head"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
+        self.wte.visit_mut(&join(p, "wte"), f)?;
+        self.head.visit_mut(&join(p, "head"), f)
+    }
+}
+
+#[test]
+fn a_tied_head_stays_tied_through_dtype_and_format_conversions() {
+    let mut g = Generator::new(0);
+    let wte = Embedding::new(10, 4, &mut g).unwrap();
+    let mut head = Linear::new(4, 10, true, &mut g).unwrap();
+    head.weight = wte.weight.clone();
+    let mut m = TiedLm { wte, head };
+    assert_eq!(m.parameters().len(), 2); // the tied weight, the head's bias
+    let before = vals(&m.wte.weight);
+    m.to_dtype(DType::F16).unwrap();
+    assert_eq!(m.wte.weight.dtype(), DType::F16);
+    assert!(m.head.weight.shares_storage(&m.wte.weight));
+    let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["wte.weight", "head.bias"]);
+    assert_eq!(m.state_dict().len(), 3);
+    let after = vals(&m.head.weight);
+    for (a, b) in after.iter().zip(&before) {
+        assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    // Converting to the dtype it has already keeps one tensor too, and so does to_device on
+    // the CPU and a memory format (no 4-D tensor here: nothing changes).
+    m.to_dtype(DType::F16).unwrap();
+    m.to_device(Device::Cpu).unwrap();
+    m.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    assert!(m.head.weight.shares_storage(&m.wte.weight));
+    assert_eq!(m.parameters().len(), 2);
+    // One gradient, from both uses.
+    let idx = Tensor::from_vec(vec![2i64, 7], &[2], Device::Cpu).unwrap();
+    m.forward(&idx)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(m.parameters()[0].grad().is_some());
+    assert!(m.wte.weight.grad().is_some() && m.head.weight.grad().is_some());
+    assert_eq!(
+        vals(&m.wte.weight.grad().unwrap()),
+        vals(&m.head.weight.grad().unwrap())
+    );
+}

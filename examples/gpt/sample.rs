@@ -120,16 +120,3 @@ pub fn generate(
     }
     Ok(seq)
 }
-
-// TEMPORARY until the library's multinomial lands.
-trait Multi {
-    fn multinomial(&self, n: usize, r: bool, g: &mut Generator) -> Result<Tensor>;
-}
-impl Multi for Tensor {
-    fn multinomial(&self, _n: usize, _r: bool, g: &mut Generator) -> Result<Tensor> {
-        let cdf = self.cumsum(-1)?;
-        let total = cdf.narrow(-1, cdf.shape()[1] - 1, 1)?;
-        let u = Tensor::rand_with(&[1, 1], 0.0, 1.0, DType::F32, self.device(), g)?.mul(&total)?;
-        cdf.le(&u)?.to_dtype(DType::I64)?.sum(&[-1], true)
-    }
-}

@@ -104,6 +104,12 @@ pub struct MhaForward<'a> {
     pub need_weights: bool,
     /// Average the returned weights over the heads.
     pub average_attn_weights: bool,
+    /// Query `i` attends to keys `0..=i` only (the top-left causal mask), as a GPT block
+    /// wants. PyTorch takes `is_causal` as a hint that `attn_mask` is the causal mask and
+    /// requires that mask; here `is_causal` alone applies it, and with an `attn_mask` both
+    /// apply (the same result as PyTorch's when the mask given is the causal one). Keys
+    /// appended by `add_bias_kv` or `add_zero_attn` stay visible to every query.
+    pub is_causal: bool,
 }
 
 impl Default for MhaForward<'_> {
@@ -113,6 +119,7 @@ impl Default for MhaForward<'_> {
             attn_mask: None,
             need_weights: true,
             average_attn_weights: true,
+            is_causal: false,
         }
     }
 }
@@ -294,6 +301,20 @@ impl MultiheadAttention {
         // The mask in the projections' dtype (the low one under autocast).
         let (q, k, v, extra) = self.project(&q, &k, &v)?;
         let mask = self.additive_mask(padding.as_ref(), a.attn_mask, (n, l, s), q.dtype())?;
+        // The causal mask goes to the attention itself (where the fused op applies it
+        // without a mask tensor) when it is the only mask and no key was appended; else it
+        // joins the additive mask, before the appended keys' columns.
+        let causal_alone = a.is_causal && mask.is_none() && extra == 0;
+        let mask = match a.is_causal && !causal_alone {
+            true => {
+                let c = causal_mask(l, s, q.dtype(), q.device())?;
+                Some(match mask {
+                    Some(m) => m.add(&c)?,
+                    None => c,
+                })
+            }
+            false => mask,
+        };
         let mask = match (mask, extra) {
             (Some(m), 1..) => Some(pad_last(&m, extra)?),
             (m, _) => m,
@@ -301,6 +322,7 @@ impl MultiheadAttention {
         let o = AttentionOptions {
             attn_mask: mask.as_ref(),
             dropout_p: if self.training { self.dropout } else { 0.0 },
+            is_causal: causal_alone,
             ..Default::default()
         };
         let (y, w) = match a.need_weights {
@@ -448,6 +470,13 @@ impl MultiheadAttention {
         }
         Ok(total)
     }
+}
+
+/// The additive top-left causal mask `[l, s]`: 0 where key `j <= i` of query `i`, -inf after.
+fn causal_mask(l: usize, s: usize, dtype: DType, device: Device) -> Result<Tensor> {
+    let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, device)?.reshape(&[l, 1])?;
+    let cols = Tensor::arange(0.0, s as f64, 1.0, DType::I64, device)?.reshape(&[1, s])?;
+    Tensor::zeros(&[l, s], dtype, device)?.masked_fill(&cols.gt(&rows)?, f64::NEG_INFINITY)
 }
 
 /// `m` with `extra` columns of zeros appended to its last dim: the appended keys are

@@ -9,6 +9,7 @@ mod attention;
 mod checkpointed;
 mod conv;
 mod gru;
+pub mod init;
 mod linear;
 mod lstm;
 mod more;
@@ -183,12 +184,16 @@ pub trait Module: Send + Sync {
 
     /// Moves every tensor to `device` (parameters stay trainable leaves; generator states
     /// stay on the host).
+    ///
+    /// A tensor reached under two names (a tied weight) stays one tensor: both names get
+    /// the same moved tensor, as in PyTorch, where `model.to(...)` moves each parameter once.
     fn to_device(&mut self, device: Device) -> Result<()> {
+        let mut once = ConvertOnce::default();
         self.visit_mut("", &mut |_, t, k| {
             if k == TensorKind::Generator {
                 return Ok(());
             }
-            *t = renew(t.to_device(device)?, k)?;
+            *t = once.convert(t, k, |t| renew(t.to_device(device)?, k))?;
             Ok(())
         })
     }
@@ -208,19 +213,35 @@ pub trait Module: Send + Sync {
     /// # Ok::<(), mantissa::Error>(())
     /// ```
     fn to_memory_format(&mut self, format: MemoryFormat) -> Result<()> {
+        let mut once = ConvertOnce::default();
         self.visit_mut("", &mut |_, t, k| {
             if t.rank() == 4 && k != TensorKind::Generator {
-                *t = renew(t.to_memory_format(format)?, k)?;
+                *t = once.convert(t, k, |t| renew(t.to_memory_format(format)?, k))?;
             }
             Ok(())
         })
     }
 
-    /// Converts the floating tensors to `dtype` (integer buffers stay as they are).
+    /// Converts the floating tensors to `dtype` (integer buffers stay as they are). A tied
+    /// weight stays one tensor, as in [`Module::to_device`].
+    ///
+    /// ```
+    /// use mantissa::nn::{Linear, Module, Sequential};
+    /// use mantissa::{DType, Generator};
+    /// let mut g = Generator::new(0);
+    /// let (a, mut b) = (Linear::new(4, 4, false, &mut g)?, Linear::new(4, 4, false, &mut g)?);
+    /// b.weight = a.weight.clone(); // tied
+    /// let mut net = Sequential::new().push(a).push(b);
+    /// net.to_dtype(DType::F16)?;
+    /// assert_eq!(net.parameters().len(), 1);
+    /// assert_eq!(net.state_dict().len(), 2);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     fn to_dtype(&mut self, dtype: DType) -> Result<()> {
+        let mut once = ConvertOnce::default();
         self.visit_mut("", &mut |_, t, k| {
             if t.dtype().is_float() && k != TensorKind::Generator {
-                *t = renew(t.to_dtype(dtype)?, k)?;
+                *t = once.convert(t, k, |t| renew(t.to_dtype(dtype)?, k))?;
             }
             Ok(())
         })
@@ -292,6 +313,35 @@ fn visit_weight_bias_mut(
     match bias {
         Some(b) => f(join(p, "bias"), b, TensorKind::Parameter),
         None => Ok(()),
+    }
+}
+
+/// The conversions a walk over a module's tensors has made, by the tensor converted: a
+/// tensor met again under another name (a tied weight: the same storage seen through the same
+/// layout, as [`Module::named_parameters`] tells them apart, and of the same kind) gets the
+/// tensor made the first time, so the two names still hold one tensor afterwards.
+#[derive(Default)]
+struct ConvertOnce {
+    done: Vec<(Tensor, TensorKind, Tensor)>,
+}
+
+impl ConvertOnce {
+    /// `f(t)`, or what it gave for the same tensor of the same kind before.
+    fn convert(
+        &mut self,
+        t: &Tensor,
+        kind: TensorKind,
+        f: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let same = |(old, k, _): &&(Tensor, TensorKind, Tensor)| {
+            *k == kind && old.shares_storage(t) && old.layout() == t.layout()
+        };
+        if let Some((.., new)) = self.done.iter().find(same) {
+            return Ok(new.clone());
+        }
+        let new = f(t)?;
+        self.done.push((t.clone(), kind, new.clone()));
+        Ok(new)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::{join, Module, TensorKind, Visitor, VisitorMut};
 use crate::sync::lock;
-use crate::{DType, Device, Generator, Result, Tensor};
+use crate::{DType, Device, Error, Generator, Result, Tensor};
 use std::sync::Mutex;
 
 /// Batch normalisation over `[n, c, h, w]` (`nn.BatchNorm2d`): affine weight 1 and bias 0,
@@ -125,36 +125,96 @@ impl Module for BatchNorm2d {
     }
 }
 
-/// Layer normalisation over the trailing dims (`nn.LayerNorm`), affine weight 1 and bias 0.
+/// Layer normalisation over the trailing dims (`nn.LayerNorm`): each row of the last
+/// `shape.len()` dims normalised to mean 0 and variance 1 (`eps` added to the variance), then
+/// scaled by `weight` (init 1) and shifted by `bias` (init 0) when they are present.
+///
+/// ```
+/// use mantissa::nn::{LayerNorm, Module};
+/// use mantissa::{DType, Device, Tensor};
+/// let ln = LayerNorm::new(&[4])?;
+/// assert!(ln.weight.is_some() && ln.bias.is_some());
+/// let y = ln.forward(&Tensor::randn(&[2, 4], DType::F32, Device::Cpu)?)?;
+/// assert_eq!(y.shape(), &[2, 4]);
+/// # Ok::<(), mantissa::Error>(())
+/// ```
 pub struct LayerNorm {
-    pub weight: Tensor,
-    pub bias: Tensor,
+    /// The elementwise scale (`[shape]`), absent without `elementwise_affine`.
+    pub weight: Option<Tensor>,
+    /// The elementwise shift (`[shape]`), absent without `elementwise_affine` or `bias`.
+    pub bias: Option<Tensor>,
     pub shape: Vec<usize>,
     pub eps: f64,
 }
 
 impl LayerNorm {
+    /// PyTorch's defaults: eps 1e-5, weight and bias.
     pub fn new(shape: &[usize]) -> Result<LayerNorm> {
+        LayerNorm::with_options(shape, 1e-5, true, true)
+    }
+
+    /// PyTorch's `nn.LayerNorm(shape, eps, elementwise_affine, bias)`: a weight only with
+    /// `elementwise_affine`, a bias only with both (GPT-2 style blocks without biases use
+    /// `bias: false`). The shape must be non-empty without zeros, `eps` finite and `>= 0`.
+    ///
+    /// ```
+    /// use mantissa::nn::{LayerNorm, Module};
+    /// let ln = LayerNorm::with_options(&[8], 1e-5, true, false)?;
+    /// assert!(ln.bias.is_none());
+    /// assert_eq!(ln.state_dict().into_keys().collect::<Vec<_>>(), ["weight"]);
+    /// assert!(LayerNorm::with_options(&[8], -1.0, true, true).is_err());
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn with_options(
+        shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+        bias: bool,
+    ) -> Result<LayerNorm> {
+        if shape.is_empty() || shape.contains(&0) || !eps.is_finite() || eps < 0.0 {
+            return Err(Error::invalid(
+                "LayerNorm::with_options",
+                format!(
+                    "normalized shape {shape:?} must be non-empty without zeros, and eps \
+                     {eps} finite and >= 0"
+                ),
+            ));
+        }
+        let param = |v: f64| Tensor::full(shape, v, DType::F32, Device::Cpu)?.requires_grad(true);
         Ok(LayerNorm {
-            weight: Tensor::ones(shape, DType::F32, Device::Cpu)?.requires_grad(true)?,
-            bias: Tensor::zeros(shape, DType::F32, Device::Cpu)?.requires_grad(true)?,
+            weight: elementwise_affine.then(|| param(1.0)).transpose()?,
+            bias: (elementwise_affine && bias)
+                .then(|| param(0.0))
+                .transpose()?,
             shape: shape.to_vec(),
-            eps: 1e-5,
+            eps,
         })
     }
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.layer_norm(&self.shape, Some(&self.weight), Some(&self.bias), self.eps)
+        x.layer_norm(
+            &self.shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
     fn visit(&self, p: &str, f: &mut Visitor) {
-        f(join(p, "weight"), &self.weight, TensorKind::Parameter);
-        f(join(p, "bias"), &self.bias, TensorKind::Parameter);
+        for (name, t) in [("weight", &self.weight), ("bias", &self.bias)] {
+            if let Some(t) = t {
+                f(join(p, name), t, TensorKind::Parameter);
+            }
+        }
     }
     fn visit_mut(&mut self, p: &str, f: &mut VisitorMut) -> Result<()> {
-        f(join(p, "weight"), &mut self.weight, TensorKind::Parameter)?;
-        f(join(p, "bias"), &mut self.bias, TensorKind::Parameter)
+        for (name, t) in [("weight", &mut self.weight), ("bias", &mut self.bias)] {
+            if let Some(t) = t {
+                f(join(p, name), t, TensorKind::Parameter)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -199,17 +199,83 @@ impl Tensor {
         Ok(t)
     }
 
-    /// Rows of `weight` (`[num, dim]`) for each index: output `index.shape + [dim]`.
+    /// Rows of `weight` (`[num, dim]`) for each index: output `index.shape + [dim]`. An index
+    /// outside `0..num` is an [`Error::IndexOutOfRange`] of `embedding` naming it and `num`
+    /// (on a CUDA device the check runs in the kernel, and its error comes at the next read
+    /// from the device, as the gather's does).
+    ///
+    /// ```
+    /// use mantissa::{Device, DType, Tensor};
+    /// let w = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::Cpu)?.reshape(&[3, 2])?;
+    /// let idx = Tensor::from_vec(vec![2i64, 0], &[2], Device::Cpu)?;
+    /// assert_eq!(Tensor::embedding(&idx, &w)?.to_vec::<f32>()?, vec![4.0, 5.0, 0.0, 1.0]);
+    /// let bad = Tensor::from_vec(vec![3i64], &[1], Device::Cpu)?;
+    /// let e = Tensor::embedding(&bad, &w).unwrap_err().to_string();
+    /// assert!(e.contains("embedding") && e.contains("index 3") && e.contains("size 3"), "{e}");
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn embedding(index: &Tensor, weight: &Tensor) -> Result<Tensor> {
         let _prof = crate::profiler::op(Op::Embedding.name());
         let [w, idx] = dispatch(Op::Embedding, [weight, index])?;
         expect_index(Op::Embedding, &idx)?;
         super::expect_rank(Op::Embedding, &w, 2, "the weight")?;
         let flat = idx.flatten(0, -1)?;
-        let rows = w.index_select(0, &flat)?;
+        // The gather's range error, told as the embedding's: the user called this.
+        let rows = w.index_select(0, &flat).map_err(|e| match e {
+            Error::IndexOutOfRange {
+                index, dim, size, ..
+            } => Error::IndexOutOfRange {
+                op: Op::Embedding.name(),
+                index,
+                dim,
+                size,
+            },
+            e => e,
+        })?;
         let mut shape = idx.shape().to_vec();
         shape.push(w.shape()[1]);
         rows.reshape(&shape)
+    }
+
+    /// [`Tensor::embedding`] with PyTorch's `padding_idx`: the positions whose index is
+    /// `padding_idx` read that row as usual but send it no gradient, so the row's gradient is
+    /// always zero (`None`: plain [`Tensor::embedding`]). `padding_idx` must be a row of
+    /// `weight`.
+    ///
+    /// ```
+    /// use mantissa::{Device, DType, Tensor};
+    /// let w = Tensor::ones(&[3, 2], DType::F32, Device::Cpu)?.requires_grad(true)?;
+    /// let idx = Tensor::from_vec(vec![0i64, 1, 0], &[3], Device::Cpu)?;
+    /// Tensor::embedding_padded(&idx, &w, Some(0))?.sum_all()?.backward()?;
+    /// assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
+    pub fn embedding_padded(
+        index: &Tensor,
+        weight: &Tensor,
+        padding_idx: Option<usize>,
+    ) -> Result<Tensor> {
+        let rows = Tensor::embedding(index, weight)?;
+        let Some(p) = padding_idx else {
+            return Ok(rows);
+        };
+        let num = weight.shape()[0];
+        if p >= num {
+            return Err(Error::invalid(
+                Op::Embedding.name(),
+                format!(
+                    "padding_idx {p} out of range for a weight of {num} rows (shape {:?})",
+                    weight.shape()
+                ),
+            ));
+        }
+        if !rows.is_requires_grad() {
+            return Ok(rows);
+        }
+        // The same values everywhere; at the padding positions they come from a detached
+        // copy of the output, so no gradient reaches the padding row through them.
+        let keep = index.ne(p as i64)?.unsqueeze(-1)?;
+        Tensor::where_cond(&keep, &rows, &rows.detach())
     }
 }
 

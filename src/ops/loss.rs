@@ -36,7 +36,10 @@ impl Default for CrossEntropyOptions {
 }
 
 /// Moves the class dim (1) last and flattens: `[N, C, d...]` to `[N * d..., C]`, and the
-/// target `[N, d...]` to `[N * d...]`.
+/// target `[N, d...]` to `[N * d...]`. Logits of rank 3 or more whose target does not fit that
+/// reading but is their shape without the last dim are read with the classes last, as a
+/// language model's `[B, T, V]` logits with `[B, T]` targets (nanoGPT's
+/// `logits.view(-1, V)`): `[B * T, V]`. When both readings fit (T == V), PyTorch's wins.
 fn flatten_classes(op: Op, logits: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor)> {
     if target.dtype() != DType::I64 {
         return Err(Error::DType {
@@ -52,13 +55,31 @@ fn flatten_classes(op: Op, logits: &Tensor, target: &Tensor) -> Result<(Tensor, 
     if r >= 1 {
         want.remove(class_dim);
     }
-    if r < 1 || target.shape() != want.as_slice() {
-        return Err(Error::ShapeMismatch {
-            op: op.name(),
-            lhs: logits.shape().to_vec(),
-            rhs: target.shape().to_vec(),
-        });
+    let class_last =
+        r >= 3 && target.shape() != want.as_slice() && target.shape() == &logits.shape()[..r - 1];
+    if r < 1 {
+        return Err(Error::invalid(
+            op.name(),
+            format!(
+                "logits of shape {:?} have no class dim (targets {:?})",
+                logits.shape(),
+                target.shape()
+            ),
+        ));
     }
+    if target.shape() != want.as_slice() && !class_last {
+        return Err(Error::invalid(
+            op.name(),
+            format!(
+                "logits {:?} need targets {want:?} (classes in dim 1, as PyTorch's) or, with \
+                 the classes last, {:?}; got targets {:?}",
+                logits.shape(),
+                &logits.shape()[..r - 1],
+                target.shape()
+            ),
+        ));
+    }
+    let class_dim = if class_last { r - 1 } else { class_dim };
     let c = logits.shape()[class_dim];
     if c == 0 && target.numel() > 0 {
         return Err(Error::invalid(
@@ -74,6 +95,8 @@ fn flatten_classes(op: Op, logits: &Tensor, target: &Tensor) -> Result<(Tensor, 
         logits.reshape(&[1, c])?
     } else if r == 2 {
         logits.clone()
+    } else if class_last {
+        logits.reshape(&[target.numel(), c])?
     } else {
         let mut perm: Vec<usize> = (0..r).filter(|&d| d != 1).collect();
         perm.push(1);
@@ -116,7 +139,18 @@ fn nll_rows(lp: &Tensor, t: &Tensor, ignore_index: i64) -> Result<(Tensor, Tenso
 
 impl Tensor {
     /// Negative log-likelihood of log-probabilities `[N, C]` (or `[N, C, d...]`, or one
-    /// unbatched `[C]`) and I64 targets `[N]` (or `[N, d...]`, or a scalar).
+    /// unbatched `[C]`) and I64 targets `[N]` (or `[N, d...]`, or a scalar). Log-probabilities
+    /// `[B, T, V]` with targets `[B, T]` are read with the classes last when the first reading
+    /// does not fit, as in [`Tensor::cross_entropy`].
+    ///
+    /// ```
+    /// use mantissa::{Device, DType, Reduction, Tensor};
+    /// let lp = Tensor::zeros(&[2, 3, 5], DType::F32, Device::Cpu)?.log_softmax(-1)?;
+    /// let target = Tensor::zeros(&[2, 3], DType::I64, Device::Cpu)?; // [B, T]: classes last
+    /// let loss = lp.nll_loss(&target, Reduction::Mean, -100)?;
+    /// assert!((loss.item()? - 5f64.ln()).abs() < 1e-6);
+    /// # Ok::<(), mantissa::Error>(())
+    /// ```
     pub fn nll_loss(
         &self,
         target: &Tensor,
@@ -140,6 +174,13 @@ impl Tensor {
     /// Cross-entropy of raw logits against class indices (PyTorch's `F.cross_entropy`):
     /// logits `[N, C]`, `[N, C, d...]` or one unbatched `[C]`, I64 targets of the logits'
     /// shape without the class dim.
+    ///
+    /// A language model's logits `[B, T, V]` with targets `[B, T]` (the logits' shape without
+    /// the last dim) are read with the classes last, as `logits.view(-1, V)` against
+    /// `targets.view(-1)` would be in PyTorch: ignore_index, label smoothing, the reductions
+    /// (the mean over the positions counted) and the gradient as for `[B * T, V]`. Where both
+    /// readings fit (T == V), PyTorch's `[N, C, d]` reading is taken, as PyTorch would: give
+    /// such logits flattened to `[B * T, V]`.
     ///
     /// ```
     /// use mantissa::{Tensor, Device, CrossEntropyOptions};

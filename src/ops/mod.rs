@@ -19,8 +19,10 @@ mod pool;
 mod reduce;
 mod reduce_more;
 mod rnn;
+mod sample;
 mod softmax;
 mod sort;
+mod triangle;
 
 pub(crate) use attention::attention_weights;
 pub use attention::{attention_kernel, set_attention_kernel, AttentionKernel, AttentionOptions};

@@ -51,6 +51,8 @@ mod data_parallel_buckets;
 mod fuzz_api;
 #[path = "../gpt.rs"]
 mod gpt;
+#[path = "../gpt_ops.rs"]
+mod gpt_ops;
 #[path = "../hostile_input.rs"]
 mod hostile_input;
 #[path = "../integer_arithmetic.rs"]
