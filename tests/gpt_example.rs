@@ -22,9 +22,26 @@ fn text() -> String {
 /// Flags for a tiny model on the CPU, writing into `dir`.
 fn small(dir: &str, text: &str) -> Vec<String> {
     let flags = [
-        "--device", "cpu", "--text", text, "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
-        "--block-size", "16", "--batch-size", "4", "--warmup-steps", "3", "--eval-batches", "2",
-        "--out", dir,
+        "--device",
+        "cpu",
+        "--text",
+        text,
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--block-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "3",
+        "--eval-batches",
+        "2",
+        "--out",
+        dir,
     ];
     flags.iter().map(|s| s.to_string()).collect()
 }
@@ -67,7 +84,10 @@ fn trains_saves_resumes_bit_exactly_and_samples() {
     // The uninterrupted run: 20 steps, evaluated every 10.
     let whole = fresh_dir("gpt-whole");
     let base = small(whole.to_str().unwrap(), &text);
-    let out = run(&with(&base, &["--steps", "20", "--eval-interval", "10", "--generate", "30"]));
+    let out = run(&with(
+        &base,
+        &["--steps", "20", "--eval-interval", "10", "--generate", "30"],
+    ));
     assert!(out.contains("step 20: train loss"), "{out}");
     assert!(out.contains("--- sample (30 tokens) ---"), "{out}");
     assert!(has(&whole, "curves.png"));
@@ -77,11 +97,25 @@ fn trains_saves_resumes_bit_exactly_and_samples() {
     let parts = fresh_dir("gpt-parts");
     let ckpt = parts.join("c.safetensors");
     let base = small(parts.to_str().unwrap(), &text);
-    let save = ["--eval-interval", "10", "--generate", "0", "--save", ckpt.to_str().unwrap()];
+    // The first part decays over the whole run's 20 steps, as the run it stands in for.
+    let save = [
+        "--eval-interval",
+        "10",
+        "--generate",
+        "0",
+        "--decay-steps",
+        "20",
+        "--save",
+        ckpt.to_str().unwrap(),
+    ];
     run(&with(&base, &[&["--steps", "10"][..], &save].concat()));
     let out = run(&with(
         &base,
-        &[&["--steps", "20", "--resume", ckpt.to_str().unwrap()][..], &save].concat(),
+        &[
+            &["--steps", "20", "--resume", ckpt.to_str().unwrap()][..],
+            &save,
+        ]
+        .concat(),
     ));
     assert!(out.contains("after step 10"), "{out}");
     assert!(!out.contains("steps 1-10"), "steps ran again:\n{out}");
@@ -95,17 +129,43 @@ fn trains_saves_resumes_bit_exactly_and_samples() {
     let hf = parts.join("hf.safetensors");
     run(&with(
         &base,
-        &["--steps", "0", "--generate", "0", "--resume", ckpt.to_str().unwrap(), "--export", hf.to_str().unwrap()],
+        &[
+            "--steps",
+            "0",
+            "--generate",
+            "0",
+            "--resume",
+            ckpt.to_str().unwrap(),
+            "--export",
+            hf.to_str().unwrap(),
+        ],
     ));
     let init_dir = fresh_dir("gpt-init");
     let init_base = [
-        "--device", "cpu", "--text", &text, "--tokenizer", "char", "--batch-size", "4",
-        "--eval-batches", "2", "--out", init_dir.to_str().unwrap(), "--init", hf.to_str().unwrap(),
-        "--generate", "5", "--greedy",
+        "--device",
+        "cpu",
+        "--text",
+        &text,
+        "--tokenizer",
+        "char",
+        "--batch-size",
+        "4",
+        "--eval-batches",
+        "2",
+        "--out",
+        init_dir.to_str().unwrap(),
+        "--init",
+        hf.to_str().unwrap(),
+        "--generate",
+        "5",
+        "--greedy",
     ];
     let args: Vec<String> = init_base.iter().map(|s| s.to_string()).collect();
     let out = run(&with(&args, &["--steps", "0"]));
-    assert!(out.contains("GPT 2 layers x 2 heads x 32 wide, context 16"), "{out}");
+    assert!(
+        out.contains("GPT 2 layers x 2 heads x 32 wide, context 16"),
+        "{out}"
+    );
     assert!(out.contains("--- sample (5 tokens) ---"), "{out}");
     for d in [whole, parts, init_dir] {
         std::fs::remove_dir_all(d).ok();
@@ -118,17 +178,44 @@ fn flags_that_do_not_fit_are_refused_before_training() {
     let d = dir.to_str().unwrap();
     let text = text();
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--quick", "--model", "gpt2"], "--quick trains the baby model"),
-        (vec!["--model", "gpt3"], "baby, shakespeare-char, gpt2 or gpt2-medium"),
-        (vec!["--tokenizer", "words", "--text", &text], "char or gpt2"),
-        (vec!["--data", "synthetic", "--save", "x.safetensors"], "--data synthetic"),
+        (
+            vec!["--quick", "--model", "gpt2"],
+            "--quick trains the baby model",
+        ),
+        (
+            vec!["--model", "gpt3"],
+            "baby, shakespeare-char, gpt2 or gpt2-medium",
+        ),
+        (
+            vec!["--tokenizer", "words", "--text", &text],
+            "char or gpt2",
+        ),
+        (
+            vec!["--data", "synthetic", "--save", "x.safetensors"],
+            "--data synthetic",
+        ),
         (vec!["--data", "images"], "text or synthetic"),
-        (vec!["--n-embd", "30", "--n-head", "4", "--text", &text], "multiple of the heads"),
-        (vec!["--channels-last", "--text", &text], "--channels-last applies"),
-        (vec!["--master-weights", "--text", &text], "--master-weights needs"),
-        (vec!["--cuda-graph", "--text", &text], "--cuda-graph needs a CUDA device"),
+        (
+            vec!["--n-embd", "30", "--n-head", "4", "--text", &text],
+            "multiple of the heads",
+        ),
+        (
+            vec!["--channels-last", "--text", &text],
+            "--channels-last applies",
+        ),
+        (
+            vec!["--master-weights", "--text", &text],
+            "--master-weights needs",
+        ),
+        (
+            vec!["--cuda-graph", "--text", &text],
+            "--cuda-graph needs a CUDA device",
+        ),
         (vec!["--text", "no-such-file.txt"], "no-such-file.txt"),
-        (vec!["--init", "no-such.safetensors", "--text", &text], "no-such.safetensors"),
+        (
+            vec!["--init", "no-such.safetensors", "--text", &text],
+            "no-such.safetensors",
+        ),
         (vec!["--temperature", "0"], "temperature"),
         (vec!["--top-p", "1.5"], "top-p"),
     ];

@@ -86,6 +86,10 @@ struct Args {
     min_lr: Option<f64>,
     #[arg(long, default_value_t = 100)]
     warmup_steps: usize,
+    /// The step the cosine decay ends at, --min-lr after it (default: --steps; a run meant to
+    /// stop early and be resumed gives the whole run's count).
+    #[arg(long)]
+    decay_steps: Option<usize>,
     #[arg(long, default_value_t = 0.1)]
     weight_decay: f64,
     #[arg(long, default_value_t = 0.95)]
@@ -321,6 +325,7 @@ fn run(mut args: Args) -> Result<()> {
         batch: args.batch_size,
         accumulate: args.run.accumulate,
         steps,
+        decay_steps: args.decay_steps.unwrap_or(steps),
         lr: args.lr,
         min_lr: args.min_lr.unwrap_or(args.lr / 10.0),
         warmup: args.warmup_steps,

@@ -168,17 +168,21 @@ pub struct Gpt {
     lm_head: Tensor,
 }
 
-/// A weight `[rows, cols]` from N(0, std), trainable.
-fn normal(rows: usize, cols: usize, std: f64, g: &mut Generator) -> Result<Tensor> {
-    Tensor::randn_with(&[rows, cols], 0.0, std, DType::F32, Device::Cpu, g)?.requires_grad(true)
+/// An embedding of `rows` vectors of `cols` with GPT-2's initialisation, N(0, 0.02).
+fn embedding(rows: usize, cols: usize, g: &mut Generator) -> Result<Embedding> {
+    let e = Embedding::new(rows, cols, g)?;
+    init::normal_(&e.weight, 0.0, 0.02, g)?;
+    Ok(e)
 }
 
 /// A Linear with GPT-2's initialisation: weight from N(0, std), bias zero.
 fn linear(inputs: usize, outputs: usize, std: f64, g: &mut Generator) -> Result<Linear> {
-    Ok(Linear {
-        weight: normal(outputs, inputs, std, g)?,
-        bias: Some(Tensor::zeros(&[outputs], DType::F32, Device::Cpu)?.requires_grad(true)?),
-    })
+    let l = Linear::new(inputs, outputs, true, g)?;
+    init::normal_(&l.weight, 0.0, std, g)?;
+    if let Some(b) = &l.bias {
+        init::zeros_(b)?;
+    }
+    Ok(l)
 }
 
 impl Gpt {
@@ -191,12 +195,8 @@ impl Gpt {
         let proj_std = 0.02 / (2.0 * config.n_layer as f64).sqrt();
         let p = config.dropout;
         let drop = |k: u64| Dropout::new(p, seed.wrapping_mul(1000).wrapping_add(k));
-        let wte = Embedding {
-            weight: normal(config.vocab_size, c, 0.02, g)?,
-        };
-        let wpe = Embedding {
-            weight: normal(config.block_size, c, 0.02, g)?,
-        };
+        let wte = embedding(config.vocab_size, c, g)?;
+        let wpe = embedding(config.block_size, c, g)?;
         let mut h = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer as u64 {
             h.push(Block {
@@ -290,10 +290,8 @@ impl Gpt {
     /// with the logits.
     pub fn loss(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
         let logits = self.forward(x)?;
-        let v = logits.shape()[2];
-        let loss = logits
-            .reshape(&[y.numel(), v])?
-            .cross_entropy(&y.flatten(0, -1)?, CrossEntropyOptions::default())?;
+        // `[B, T, V]` logits against `[B, T]` targets: the classes are the last dim.
+        let loss = logits.cross_entropy(y, CrossEntropyOptions::default())?;
         Ok((loss, logits))
     }
 

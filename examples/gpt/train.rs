@@ -23,6 +23,8 @@ pub struct Trainer {
     pub batch: usize,
     pub accumulate: usize,
     pub steps: usize,
+    /// The step the cosine reaches `min_lr` at (nanoGPT's `lr_decay_iters`).
+    pub decay_steps: usize,
     pub lr: f64,
     pub min_lr: f64,
     pub warmup: usize,
@@ -259,7 +261,7 @@ impl Trainer {
             bar.show_memory(self.device);
             let clock = Instant::now();
             for s in step..end {
-                let lr = lr_at(s, self.lr, self.min_lr, self.warmup, self.steps);
+                let lr = lr_at(s, self.lr, self.min_lr, self.warmup, self.decay_steps);
                 m.opt.set_lr(lr);
                 let micro = self.batches(&splits.train, dist.group.rank(), s, block)?;
                 let (loss, logits) = match graph.as_deref_mut() {

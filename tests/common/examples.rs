@@ -88,4 +88,3 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 pub fn has(dir: &Path, file: &str) -> bool {
     dir.join(file).is_file()
 }
-
