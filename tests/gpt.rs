@@ -28,6 +28,14 @@ use model::{Gpt, GptConfig};
 use sample::{generate, SampleOptions};
 use std::collections::BTreeMap;
 
+/// Held by each test: a CUDA graph capture records everything queued on the device's
+/// stream, whichever thread queues it, so one test at a time drives the device.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn devices() -> Vec<Device> {
     let mut d = vec![Device::Cpu];
     match Device::cuda(0) {
@@ -113,6 +121,11 @@ fn adamw(net: &Gpt) -> Adam {
 
 /// The reference's 20 steps on `net`, returning each step's loss.
 fn train(net: &mut Gpt, r: &Reference, low: Option<DType>) -> Vec<f64> {
+    train_steps(net, r, low, STEPS)
+}
+
+/// The reference's first `steps` steps (its schedule over all 20).
+fn train_steps(net: &mut Gpt, r: &Reference, low: Option<DType>, steps: usize) -> Vec<f64> {
     let device = net.wte.weight.device();
     let mut opt = adamw(net);
     let mut scaler = GradScaler::new(GradScalerConfig {
@@ -121,7 +134,7 @@ fn train(net: &mut Gpt, r: &Reference, low: Option<DType>) -> Vec<f64> {
     })
     .unwrap();
     let mut losses = Vec::new();
-    for s in 0..STEPS {
+    for s in 0..steps {
         opt.set_lr(step::lr_at(s, LR, MIN_LR, WARMUP, STEPS));
         let x =
             r.x.narrow(0, s, 1)
@@ -169,6 +182,7 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
 
 #[test]
 fn twenty_steps_and_greedy_text_match_pytorch() {
+    let _serial = serial();
     let r = reference();
     for device in devices() {
         let mut net = initial(&r, device);
@@ -206,6 +220,7 @@ fn twenty_steps_and_greedy_text_match_pytorch() {
 
 #[test]
 fn bf16_autocast_stays_within_the_amp_band() {
+    let _serial = serial();
     let r = reference();
     for device in devices() {
         let mut net = initial(&r, device);
@@ -227,6 +242,7 @@ fn bf16_autocast_stays_within_the_amp_band() {
 
 #[test]
 fn the_cache_gives_the_logits_of_a_full_rerun() {
+    let _serial = serial();
     let r = reference();
     for device in devices() {
         let net = initial(&r, device);
@@ -267,6 +283,7 @@ fn the_cache_gives_the_logits_of_a_full_rerun() {
 
 #[test]
 fn sampling_cuts_and_seeds() {
+    let _serial = serial();
     let r = reference();
     let net = initial(&r, Device::Cpu);
     let prompt = [3u32, 14, 15];
@@ -317,6 +334,7 @@ fn sampling_cuts_and_seeds() {
 
 #[test]
 fn hugging_face_layout_round_trips() {
+    let _serial = serial();
     let r = reference();
     let net = initial(&r, Device::Cpu);
     let dir = std::env::temp_dir().join(format!("mantissa-gpt-{}", std::process::id()));
@@ -365,4 +383,64 @@ fn hugging_face_layout_round_trips() {
     };
     assert!(e.contains("not a GPT"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The reference's first 8 steps with the step captured once as a CUDA graph (after two
+/// eager ones) and replayed: the losses and weights of the eager run, bit for bit.
+#[test]
+fn captured_steps_replay_the_eager_losses() {
+    let _serial = serial();
+    let Ok(device) = Device::cuda(0) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let r = reference();
+    let mut eager = initial(&r, device);
+    const CAPTURED: usize = 8;
+    let want = train_steps(&mut eager, &r, None, CAPTURED);
+    let mut net = initial(&r, device);
+    let mut opt = adamw(&net);
+    let mut scaler = GradScaler::new(GradScalerConfig {
+        enabled: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut graph = mantissa::graph::StepGraph::new(device)
+        .unwrap()
+        .watch(&net.parameters());
+    let mut got = Vec::new();
+    for s in 0..CAPTURED {
+        opt.set_lr(step::lr_at(s, LR, MIN_LR, WARMUP, STEPS));
+        let x =
+            r.x.narrow(0, s, 1)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_device(device)
+                .unwrap();
+        let y =
+            r.y.narrow(0, s, 1)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_device(device)
+                .unwrap();
+        let mut m = step::Model {
+            net: &mut net,
+            opt: &mut opt,
+            scaler: &mut scaler,
+        };
+        let out = graph
+            .run(&[x, y], &mut |b| {
+                let batch = [(b[0].clone(), b[1].clone())];
+                let (loss, logits) = step::train_step(&mut m, &batch, None, 0.5, None)?;
+                Ok(vec![loss, logits])
+            })
+            .unwrap();
+        got.push(out[0].item().unwrap());
+    }
+    assert!(graph.replays() > 0, "no step was replayed");
+    assert_eq!(got, want, "captured against eager losses");
+    let values = |t: &Tensor| t.to_vec::<f32>().unwrap();
+    assert_eq!(values(&net.wte.weight), values(&eager.wte.weight));
 }

@@ -255,17 +255,10 @@ impl Gpt {
                 ),
             });
         }
-        let pos = Tensor::arange(
-            past as f64,
-            (past + t) as f64,
-            1.0,
-            DType::I64,
-            idx.device(),
-        )?;
-        let mut x = dropped(
-            &self.drop,
-            &self.wte.forward(idx)?.add(&self.wpe.forward(&pos)?)?,
-        )?;
+        // Positions past..past + t are those rows of the position table: a view, nothing
+        // uploaded (so the step can be captured as a CUDA graph).
+        let pos = self.wpe.weight.narrow(0, past, t)?;
+        let mut x = dropped(&self.drop, &self.wte.forward(idx)?.add(&pos)?)?;
         match caches {
             Some(caches) => {
                 for (block, cache) in self.h.iter().zip(caches.iter_mut()) {

@@ -104,12 +104,15 @@ pub fn generate(
     let window = &seq[seq.len().saturating_sub(block)..];
     let mut logits = run(&tokens_of(window)?, &mut caches)?;
     cached += window.len();
-    for _ in 0..o.new_tokens {
+    for k in 0..o.new_tokens {
         let t = logits.shape()[1];
         let last = logits.narrow(1, t - 1, 1)?.squeeze(1)?;
         let next = no_grad(|| pick(&last, o, g))?.to_vec::<i64>()?[0] as u32;
         seq.push(next);
         on_token(next);
+        if k + 1 == o.new_tokens {
+            break;
+        }
         if cached < block {
             logits = run(&tokens_of(&[next])?, &mut caches)?;
             cached += 1;

@@ -302,8 +302,10 @@ impl Trainer {
             if !dist.is_main() {
                 continue;
             }
+            // Against every rank's GPU together.
+            let gpus = dist.group.world_size() as f64;
             let mfu = match peak {
-                Some(p) => format!(", MFU {:.1}%", 100.0 * flops * rate / p),
+                Some(p) => format!(", MFU {:.1}%", 100.0 * flops * rate / (p * gpus)),
                 None => String::new(),
             };
             println!(
@@ -394,8 +396,12 @@ impl Trainer {
         let tokens = (self.steps * self.batch * c.block_size * self.accumulate) as f64;
         let rate = dist.combine(&[tokens / secs], ReduceOp::Sum)?[0];
         if dist.is_main() {
+            let gpus = dist.group.world_size() as f64;
             let mfu = match peak_flops(self.device) {
-                Some(p) => format!(", MFU {:.1}%", 100.0 * flops_per_token(m.net) * rate / p),
+                Some(p) => format!(
+                    ", MFU {:.1}%",
+                    100.0 * flops_per_token(m.net) * rate / (p * gpus)
+                ),
                 None => String::new(),
             };
             println!(

@@ -474,8 +474,8 @@ impl MultiheadAttention {
 
 /// The additive top-left causal mask `[l, s]`: 0 where key `j <= i` of query `i`, -inf after.
 fn causal_mask(l: usize, s: usize, dtype: DType, device: Device) -> Result<Tensor> {
-    let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, device)?.reshape(&[l, 1])?;
-    let cols = Tensor::arange(0.0, s as f64, 1.0, DType::I64, device)?.reshape(&[1, s])?;
+    let rows = Tensor::ramp(l, device)?.reshape(&[l, 1])?;
+    let cols = Tensor::ramp(s, device)?.reshape(&[1, s])?;
     Tensor::zeros(&[l, s], dtype, device)?.masked_fill(&cols.gt(&rows)?, f64::NEG_INFINITY)
 }
 

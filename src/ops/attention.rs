@@ -151,8 +151,8 @@ pub(crate) fn attention_weights(
     let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
     let mut scores = q.matmul(&k.mt()?)?.mul(scale)?;
     if o.is_causal {
-        let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, q.device())?;
-        let cols = Tensor::arange(0.0, s as f64, 1.0, DType::I64, q.device())?;
+        let rows = Tensor::ramp(l, q.device())?;
+        let cols = Tensor::ramp(s, q.device())?;
         let later = cols.unsqueeze(0)?.gt(&rows.unsqueeze(1)?)?;
         scores = scores.masked_fill(&later, f64::NEG_INFINITY)?;
     }

@@ -37,6 +37,13 @@ impl Tensor {
         self.triangle("triu", diagonal, true)
     }
 
+    /// `0, 1, .., n - 1` as I64, made on `device` by a fill and a running sum: nothing is
+    /// uploaded from the host, so an op that builds its masks from it (the triangles, the
+    /// causal attention mask) can be captured in a CUDA graph.
+    pub(crate) fn ramp(n: usize, device: crate::Device) -> Result<Tensor> {
+        Tensor::ones(&[n], DType::I64, device)?.cumsum(0)?.sub(1)
+    }
+
     /// Zeroes the elements of the last two dims outside the triangle: below `diagonal`
     /// (`upper`) or above it.
     fn triangle(&self, op: &'static str, diagonal: i64, upper: bool) -> Result<Tensor> {
@@ -54,13 +61,12 @@ impl Tensor {
         let _prof = crate::profiler::op(op);
         let (rows, cols) = (self.shape()[r - 2], self.shape()[r - 1]);
         // Past -rows and cols every diagonal gives the same mask; clamped, the bounds stay
-        // small whole numbers that arange reads exactly.
+        // small whole numbers.
         let d = diagonal.clamp(-(rows as i64), cols as i64);
         // Column j of row i is kept where j <= i + d (lower) or j >= i + d (upper).
         let dev = self.device();
-        let edge = Tensor::arange(d as f64, (rows as i64 + d) as f64, 1.0, DType::I64, dev)?;
-        let edge = edge.reshape(&[rows, 1])?;
-        let j = Tensor::arange(0.0, cols as f64, 1.0, DType::I64, dev)?.reshape(&[1, cols])?;
+        let edge = Tensor::ramp(rows, dev)?.add(d)?.reshape(&[rows, 1])?;
+        let j = Tensor::ramp(cols, dev)?.reshape(&[1, cols])?;
         let keep = match upper {
             true => j.ge(&edge)?,
             false => j.le(&edge)?,
