@@ -75,7 +75,7 @@ struct Args {
     data: String,
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
-    /// Optimizer steps (default 2000; 1000 with --quick).
+    /// Optimizer steps (default 2000, as with --quick).
     #[arg(long)]
     steps: Option<usize>,
     /// Peak learning rate.
@@ -106,7 +106,7 @@ struct Args {
     /// bf16/fp16 parameters with f32 master weights in the optimizer.
     #[arg(long)]
     master_weights: bool,
-    /// A fast run: the baby model on characters for 1000 steps (about two minutes on two
+    /// A fast run: the baby model on characters for 2000 steps (about two minutes on two
     /// CPU cores).
     #[arg(long)]
     quick: bool,
@@ -198,7 +198,7 @@ fn run(mut args: Args) -> Result<()> {
                 "--quick trains the baby model from scratch: leave out --model and --init".into(),
             ));
         }
-        args.steps.get_or_insert(1000);
+        args.steps.get_or_insert(2000);
         args.tokenizer.get_or_insert("char".into());
     }
     let steps = args.steps.unwrap_or(2000);

@@ -154,7 +154,11 @@ pub(crate) fn attention_weights(
         let rows = Tensor::ramp(l, q.device())?;
         let cols = Tensor::ramp(s, q.device())?;
         let later = cols.unsqueeze(0)?.gt(&rows.unsqueeze(1)?)?;
-        scores = scores.masked_fill(&later, f64::NEG_INFINITY)?;
+        // Added as a 0 / -inf matrix rather than filled in: the sum's backward passes the
+        // gradient through as it is, where a fill's would select it element by element.
+        let mask = Tensor::zeros(&[l, s], scores.dtype(), q.device())?
+            .masked_fill(&later, f64::NEG_INFINITY)?;
+        scores = scores.add(&mask)?;
     }
     // A row with no key left: its scores are all -inf, whose softmax is NaN. Such a row's
     // scores are replaced by zeros (a finite softmax, so that its backward is finite

@@ -71,7 +71,32 @@ fn softmax_impl<T: CpuElem>(v: &[T], l: &Layout, dim: usize, log: bool) -> Vec<T
 fn softmax_last<T: CpuElem>(x: &[T], d: usize, log: bool) -> Vec<T> {
     let mut out = vec![T::zero(); x.len()];
     let rows_per_job = (PAR_MIN / d).max(1);
-    let job = |(src, dst): (&[T], &mut [T])| {
+    let job = |(src, dst): (&[T], &mut [T])| pulp::Arch::new().dispatch(Rows { src, dst, d, log });
+    let chunk = rows_per_job * d;
+    if x.len() >= PAR_MIN && x.len() > chunk {
+        x.par_chunks(chunk)
+            .zip(out.par_chunks_mut(chunk))
+            .for_each(job);
+    } else {
+        job((x, &mut out));
+    }
+    out
+}
+
+/// The rows of one task of [`softmax_last`], for `pulp` to compile with the CPU's widest
+/// vector unit (the exponentials 8 or 16 lanes wide).
+struct Rows<'a, T> {
+    src: &'a [T],
+    dst: &'a mut [T],
+    d: usize,
+    log: bool,
+}
+
+impl<T: CpuElem> pulp::WithSimd for Rows<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Rows { src, dst, d, log } = self;
         let mut e = vec![T::Acc::zero(); d];
         for (s, o) in src.chunks_exact(d).zip(dst.chunks_exact_mut(d)) {
             for (a, &v) in e.iter_mut().zip(s) {
@@ -98,16 +123,7 @@ fn softmax_last<T: CpuElem>(x: &[T], d: usize, log: bool) -> Vec<T> {
                 }
             }
         }
-    };
-    let chunk = rows_per_job * d;
-    if x.len() >= PAR_MIN && x.len() > chunk {
-        x.par_chunks(chunk)
-            .zip(out.par_chunks_mut(chunk))
-            .for_each(job);
-    } else {
-        job((x, &mut out));
     }
-    out
 }
 
 /// Softmax along `dim`; output contiguous.
