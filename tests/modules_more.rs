@@ -420,3 +420,99 @@ fn attention_fuses_when_asked_as_one_op_that_autocast_runs_in_half() {
     assert_ne!(unmasked().op_name(), Some("scaled_dot_product_attention"));
     set_attention_kernel(AttentionKernel::Auto);
 }
+
+/// A model whose tensors `visit_fields!` finds: a module, a `Vec` of them, an `Option`
+/// (present and absent), a tensor, a renamed field and a Dropout inside the `Vec`.
+struct Fielded {
+    embed: Linear,
+    blocks: Vec<FieldBlock>,
+    extra: Option<Linear>,
+    missing: Option<Linear>,
+    gain: Tensor,
+    head: Linear,
+}
+
+/// A block of the `Vec`: a Linear and a Dropout, its tensors from its fields too.
+struct FieldBlock {
+    fc: Linear,
+    drop: mantissa::nn::Dropout,
+}
+
+impl Module for FieldBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.drop.forward(&self.fc.forward(x)?)
+    }
+    mantissa::visit_fields!(fc, drop);
+}
+
+impl Module for Fielded {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = self.embed.forward(x)?;
+        for b in &self.blocks {
+            h = b.forward(&h)?;
+        }
+        if let Some(e) = &self.extra {
+            h = e.forward(&h)?;
+        }
+        self.head.forward(&h.mul(&self.gain)?)
+    }
+    mantissa::visit_fields!(embed, blocks, extra, missing, gain, head as "out.head");
+}
+
+#[test]
+fn visit_fields_names_walks_and_switches_every_field() {
+    let g = &mut Generator::new(3);
+    let lin = |i, o, g: &mut Generator| Linear::new(i, o, true, g).unwrap();
+    let mut net = Fielded {
+        embed: lin(4, 6, g),
+        blocks: (0..2)
+            .map(|k| FieldBlock {
+                fc: lin(6, 6, g),
+                drop: mantissa::nn::Dropout::new(0.5, k),
+            })
+            .collect(),
+        extra: Some(lin(6, 6, g)),
+        missing: None,
+        gain: Tensor::ones(&[6], DType::F32, Device::Cpu)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap(),
+        head: lin(6, 3, g),
+    };
+    let names: Vec<String> = net.named_parameters().into_iter().map(|(n, _)| n).collect();
+    let want = [
+        "embed.weight",
+        "embed.bias",
+        "blocks.0.fc.weight",
+        "blocks.0.fc.bias",
+        "blocks.1.fc.weight",
+        "blocks.1.fc.bias",
+        "extra.weight",
+        "extra.bias",
+        "gain",
+        "out.head.weight",
+        "out.head.bias",
+    ];
+    assert_eq!(names, want);
+    let gens: Vec<String> = net.named_generators().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(gens, ["blocks.0.drop.generator", "blocks.1.drop.generator"]);
+    // Evaluation mode reaches the Dropouts inside the Vec: two passes agree.
+    let x = Tensor::randn(&[5, 4], DType::F32, Device::Cpu).unwrap();
+    net.eval();
+    let a = net.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a, net.forward(&x).unwrap().to_vec::<f32>().unwrap());
+    // Training mode too: the masks differ from one pass to the next.
+    net.train();
+    let b = net.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_ne!(b, net.forward(&x).unwrap().to_vec::<f32>().unwrap());
+    // Every walk goes through the fields: a dtype conversion, a state dict round trip.
+    net.to_dtype(DType::F64).unwrap();
+    assert!(net
+        .parameters()
+        .iter()
+        .all(|p| p.dtype() == DType::F64 && p.is_leaf()));
+    assert_eq!(net.gain.dtype(), DType::F64);
+    let state = net.state_dict();
+    assert_eq!(state.len(), want.len());
+    net.load_state_dict(&state, true).unwrap();
+}

@@ -147,12 +147,33 @@ pub struct Block {
     pub mlp: Mlp,
 }
 
+// Their tensors by nanoGPT's names, written from the fields by `visit_fields!`.
+impl Module for CausalSelfAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_cached(x, None)
+    }
+    mantissa::visit_fields!(c_attn, c_proj, resid_drop as "resid_dropout");
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let hidden = self.c_fc.forward(x)?.gelu_tanh()?;
+        dropped(&self.drop, &self.c_proj.forward(&hidden)?)
+    }
+    mantissa::visit_fields!(c_fc, c_proj, drop as "dropout");
+}
+
+impl Module for Block {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_cached(x, None)
+    }
+    mantissa::visit_fields!(ln_1, attn, ln_2, mlp);
+}
+
 impl Block {
     fn forward_cached(&self, x: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
         let x = x.add(&self.attn.forward_cached(&self.ln_1.forward(x)?, cache)?)?;
-        let m = &self.mlp;
-        let hidden = m.c_fc.forward(&self.ln_2.forward(&x)?)?.gelu_tanh()?;
-        x.add(&dropped(&m.drop, &m.c_proj.forward(&hidden)?)?)
+        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
     }
 }
 
@@ -309,17 +330,7 @@ impl Module for Gpt {
         self.wte.visit(&join(&tr, "wte"), f);
         self.wpe.visit(&join(&tr, "wpe"), f);
         self.drop.visit(&join(&tr, "drop"), f);
-        for (l, b) in self.h.iter().enumerate() {
-            let n = join(&tr, &format!("h.{l}"));
-            b.ln_1.visit(&join(&n, "ln_1"), f);
-            b.attn.c_attn.visit(&join(&n, "attn.c_attn"), f);
-            b.attn.c_proj.visit(&join(&n, "attn.c_proj"), f);
-            b.attn.resid_drop.visit(&join(&n, "attn.resid_dropout"), f);
-            b.ln_2.visit(&join(&n, "ln_2"), f);
-            b.mlp.c_fc.visit(&join(&n, "mlp.c_fc"), f);
-            b.mlp.c_proj.visit(&join(&n, "mlp.c_proj"), f);
-            b.mlp.drop.visit(&join(&n, "mlp.dropout"), f);
-        }
+        self.h.visit_as(&join(&tr, "h"), f);
         self.ln_f.visit(&join(&tr, "ln_f"), f);
         f(
             join(p, "lm_head.weight"),
@@ -332,22 +343,11 @@ impl Module for Gpt {
         self.wte.visit_mut(&join(&tr, "wte"), f)?;
         self.wpe.visit_mut(&join(&tr, "wpe"), f)?;
         self.drop.visit_mut(&join(&tr, "drop"), f)?;
-        for (l, b) in self.h.iter_mut().enumerate() {
-            let n = join(&tr, &format!("h.{l}"));
-            b.ln_1.visit_mut(&join(&n, "ln_1"), f)?;
-            b.attn.c_attn.visit_mut(&join(&n, "attn.c_attn"), f)?;
-            b.attn.c_proj.visit_mut(&join(&n, "attn.c_proj"), f)?;
-            b.attn
-                .resid_drop
-                .visit_mut(&join(&n, "attn.resid_dropout"), f)?;
-            b.ln_2.visit_mut(&join(&n, "ln_2"), f)?;
-            b.mlp.c_fc.visit_mut(&join(&n, "mlp.c_fc"), f)?;
-            b.mlp.c_proj.visit_mut(&join(&n, "mlp.c_proj"), f)?;
-            b.mlp.drop.visit_mut(&join(&n, "mlp.dropout"), f)?;
-        }
+        self.h.visit_as_mut(&join(&tr, "h"), f)?;
         self.ln_f.visit_mut(&join(&tr, "ln_f"), f)?;
         // The head is the token embedding's weight: it follows whatever the walk made of it
-        // (moved, converted, loaded in place), so the two stay one tensor.
+        // (moved, converted, loaded in place), so the two stay one tensor even under a walk
+        // that does not keep ties.
         f(
             join(p, "lm_head.weight"),
             &mut self.lm_head,

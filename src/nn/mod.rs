@@ -8,6 +8,7 @@
 mod attention;
 mod checkpointed;
 mod conv;
+mod fields;
 mod gru;
 pub mod init;
 mod linear;
@@ -22,6 +23,7 @@ mod state;
 pub use attention::{MhaForward, MhaOptions, MultiheadAttention};
 pub use checkpointed::Checkpointed;
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d};
+pub use fields::Fields;
 pub use gru::Gru;
 pub use linear::{Embedding, Linear};
 pub use lstm::Lstm;
