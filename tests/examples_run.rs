@@ -9,7 +9,7 @@
 #![cfg(feature = "train-ui")]
 
 mod common;
-use common::examples::{fresh_dir, has, run, run_example, run_ok, run_refused};
+use common::examples::{fresh_dir, has, run, run_ok, run_refused};
 use std::time::Duration;
 
 #[test]

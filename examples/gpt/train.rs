@@ -335,6 +335,7 @@ impl Trainer {
 
     /// Tokens/s of `steps` training steps on one batch of random tokens, after 3 untimed
     /// ones (kernels compiled, memory reserved).
+    #[allow(clippy::too_many_arguments)]
     pub fn synthetic(
         &self,
         net: &mut Gpt,
