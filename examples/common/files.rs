@@ -74,15 +74,7 @@ impl FileFlags {
         let Some(path) = &self.resume else {
             return Ok((0, log));
         };
-        let meta = checkpoint::load(path, net, Some(opt))?;
-        let saved: Vec<(String, Tensor)> = checkpoint::read(path)?
-            .0
-            .into_iter()
-            .filter_map(|(k, t)| k.strip_prefix("extra.scaler.").map(|n| (n.to_string(), t)))
-            .collect();
-        if scaler.is_enabled() && !saved.is_empty() {
-            scaler.load_state_dict(&saved)?;
-        }
+        let meta = load_training(path, net, opt, scaler)?;
         let epoch = match meta.get(EPOCH).map(|e| e.parse::<usize>()) {
             Some(Ok(e)) => e,
             _ => {
@@ -134,6 +126,26 @@ impl FileFlags {
             &[(EPOCH, epochs_done.to_string())],
         )
     }
+}
+
+/// Loads a checkpoint written by [`FileFlags::save`]: the model, the optimizer's state and,
+/// when `scaler` is enabled and the file has one, the loss scaler's. Returns the metadata.
+pub fn load_training(
+    path: &Path,
+    net: &mut dyn Module,
+    opt: &mut dyn Optimizer,
+    scaler: &mut GradScaler,
+) -> Result<std::collections::HashMap<String, String>> {
+    let meta = checkpoint::load(path, net, Some(opt))?;
+    let saved: Vec<(String, Tensor)> = checkpoint::read(path)?
+        .0
+        .into_iter()
+        .filter_map(|(k, t)| k.strip_prefix("extra.scaler.").map(|n| (n.to_string(), t)))
+        .collect();
+    if scaler.is_enabled() && !saved.is_empty() {
+        scaler.load_state_dict(&saved)?;
+    }
+    Ok(meta)
 }
 
 /// The checkpoint metadata key of the epochs run.

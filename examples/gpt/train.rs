@@ -14,7 +14,7 @@ use mantissa::graph::StepGraph;
 use mantissa::nn::Module;
 use mantissa::optim::{Adam, Optimizer};
 use mantissa::train::{autocast_maybe, plot_metrics, EpochMetrics, EpochProgress, MetricsLog};
-use mantissa::{checkpoint, no_grad, DType, Device, Error, Generator, Result, Tensor};
+use mantissa::{no_grad, DType, Device, Error, Generator, Result, Tensor};
 use std::path::Path;
 use std::time::Instant;
 
@@ -154,15 +154,7 @@ pub fn resume(
     let Some(path) = &files.resume else {
         return Ok(0);
     };
-    let meta = checkpoint::load(path, net, Some(opt))?;
-    let saved: Vec<(String, Tensor)> = checkpoint::read(path)?
-        .0
-        .into_iter()
-        .filter_map(|(k, t)| k.strip_prefix("extra.scaler.").map(|n| (n.to_string(), t)))
-        .collect();
-    if scaler.is_enabled() && !saved.is_empty() {
-        scaler.load_state_dict(&saved)?;
-    }
+    let meta = super::common::files::load_training(path, net, opt, scaler)?;
     let step = meta
         .get("epoch")
         .and_then(|s| s.parse::<usize>().ok())
@@ -199,6 +191,22 @@ fn flops_per_token(net: &Gpt) -> f64 {
 }
 
 impl Trainer {
+    /// One step on `(x, y)` through `g`: run eagerly for its warm-up, then captured once and
+    /// replayed (the batch copied into the graph's inputs). The loss and the logits.
+    fn replayed(
+        &self,
+        g: &mut StepGraph,
+        m: &mut Model,
+        (x, y): &(Tensor, Tensor),
+    ) -> Result<(Tensor, Tensor)> {
+        let (low, clip) = (self.low, self.grad_clip);
+        let o = g.run(&[x.clone(), y.clone()], &mut |b| {
+            let (l, lg) = train_step(m, &[(b[0].clone(), b[1].clone())], low, clip, None)?;
+            Ok(vec![l, lg])
+        })?;
+        Ok((o[0].clone(), o[1].clone()))
+    }
+
     /// One step's micro-batches from `data` for `step` on this rank.
     fn batches(
         &self,
@@ -265,23 +273,7 @@ impl Trainer {
                 m.opt.set_lr(lr);
                 let micro = self.batches(&splits.train, dist.group.rank(), s, block)?;
                 let (loss, logits) = match graph.as_deref_mut() {
-                    Some(g) => {
-                        let (x, y) = &micro[0];
-                        let (net, opt, scaler) = (&mut *m.net, &mut *m.opt, &mut *m.scaler);
-                        let mut inner = Model { net, opt, scaler };
-                        let (low, clip) = (self.low, self.grad_clip);
-                        let o = g.run(&[x.clone(), y.clone()], &mut |b| {
-                            let (l, lg) = train_step(
-                                &mut inner,
-                                &[(b[0].clone(), b[1].clone())],
-                                low,
-                                clip,
-                                None,
-                            )?;
-                            Ok(vec![l, lg])
-                        })?;
-                        (o[0].clone(), o[1].clone())
-                    }
+                    Some(g) => self.replayed(g, &mut m, &micro[0])?,
                     None => train_step(&mut m, &micro, self.low, self.grad_clip, ddp)?,
                 };
                 let last_y = &micro[micro.len() - 1].1;
@@ -360,23 +352,7 @@ impl Trainer {
         for step in 0..total + self.profile_steps {
             m.opt.set_lr(self.lr);
             let loss = match graph.as_deref_mut() {
-                Some(g) => {
-                    let (net, opt, scaler) = (&mut *m.net, &mut *m.opt, &mut *m.scaler);
-                    let mut inner = Model { net, opt, scaler };
-                    let (low, clip) = (self.low, self.grad_clip);
-                    let (x, y) = &micro[0];
-                    g.run(&[x.clone(), y.clone()], &mut |b| {
-                        let (l, lg) = train_step(
-                            &mut inner,
-                            &[(b[0].clone(), b[1].clone())],
-                            low,
-                            clip,
-                            None,
-                        )?;
-                        Ok(vec![l, lg])
-                    })?[0]
-                        .clone()
-                }
+                Some(g) => self.replayed(g, &mut m, &micro[0])?.0,
                 None => train_step(&mut m, &micro, self.low, self.grad_clip, ddp)?.0,
             };
             if step >= total {
