@@ -54,6 +54,7 @@ cd "$(dirname "$0")/.."
 source bench/gpu_env.sh
 # prepare_gpu.sh packs the binaries; unpack them once per machine.
 [ -x .gpu/mnist ] || tar -xzf .gpu/bin.tar.gz -C .gpu
+[ -f .gpu/data/shakespeare.txt ] || gzip -dc .gpu/data/shakespeare.txt.gz > .gpu/data/shakespeare.txt 2>/dev/null
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$OUT/env.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.log"
 PY=python3

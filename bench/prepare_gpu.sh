@@ -19,7 +19,7 @@ mkdir -p .gpu/data
 for f in data/mnist/*-ubyte; do gzip -c "$f" > ".gpu/data/$(basename "$f").gz"; done
 # Shakespeare's works for the GPT runs (fetched here by the example on first use).
 [ -f data/shakespeare/input.txt ] || target/release/examples/gpt --steps 0 --generate 0 --device cpu
-cp data/shakespeare/input.txt .gpu/data/shakespeare.txt
+gzip -c data/shakespeare/input.txt > .gpu/data/shakespeare.txt.gz
 # The test files of tests/gpu_suite/main.rs (cuda_kernels cuda_parity cuda_semantics
 # cuda_transfer cuda_fusions cuda_determinism data fuzz_api torch_reference hostile_input
 # profiler cuda_tf32 cuda_limits batch_size recompute cuda_graph data_parallel), one binary;
