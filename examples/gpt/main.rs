@@ -75,7 +75,7 @@ struct Args {
     data: String,
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
-    /// Optimizer steps (default 2000, as with --quick).
+    /// Optimizer steps (default 5000, nanoGPT's for shakespeare-char; 2000 with --quick).
     #[arg(long)]
     steps: Option<usize>,
     /// Peak learning rate.
@@ -201,7 +201,7 @@ fn run(mut args: Args) -> Result<()> {
         args.steps.get_or_insert(2000);
         args.tokenizer.get_or_insert("char".into());
     }
-    let steps = args.steps.unwrap_or(2000);
+    let steps = args.steps.unwrap_or(5000);
     let synthetic = match args.data.as_str() {
         "text" => false,
         "synthetic" => true,
