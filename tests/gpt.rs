@@ -124,32 +124,37 @@ fn train(net: &mut Gpt, r: &Reference, low: Option<DType>) -> Vec<f64> {
     train_steps(net, r, low, STEPS)
 }
 
+/// Step `s`'s batch of the reference on `device`.
+fn batch(r: &Reference, s: usize, device: Device) -> (Tensor, Tensor) {
+    let at = |t: &Tensor| {
+        t.narrow(0, s, 1)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_device(device)
+            .unwrap()
+    };
+    (at(&r.x), at(&r.y))
+}
+
+/// The reference trains in fp32 and bf16: no loss scaling.
+fn no_scaler() -> GradScaler {
+    GradScaler::new(GradScalerConfig {
+        enabled: false,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// The reference's first `steps` steps (its schedule over all 20).
 fn train_steps(net: &mut Gpt, r: &Reference, low: Option<DType>, steps: usize) -> Vec<f64> {
     let device = net.wte.weight.device();
     let mut opt = adamw(net);
-    let mut scaler = GradScaler::new(GradScalerConfig {
-        enabled: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut scaler = no_scaler();
     let mut losses = Vec::new();
     for s in 0..steps {
         opt.set_lr(step::lr_at(s, LR, MIN_LR, WARMUP, STEPS));
-        let x =
-            r.x.narrow(0, s, 1)
-                .unwrap()
-                .squeeze(0)
-                .unwrap()
-                .to_device(device)
-                .unwrap();
-        let y =
-            r.y.narrow(0, s, 1)
-                .unwrap()
-                .squeeze(0)
-                .unwrap()
-                .to_device(device)
-                .unwrap();
+        let (x, y) = batch(&r, s, device);
         let mut m = step::Model {
             net,
             opt: &mut opt,
@@ -400,31 +405,14 @@ fn captured_steps_replay_the_eager_losses() {
     let want = train_steps(&mut eager, &r, None, CAPTURED);
     let mut net = initial(&r, device);
     let mut opt = adamw(&net);
-    let mut scaler = GradScaler::new(GradScalerConfig {
-        enabled: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut scaler = no_scaler();
     let mut graph = mantissa::graph::StepGraph::new(device)
         .unwrap()
         .watch(&net.parameters());
     let mut got = Vec::new();
     for s in 0..CAPTURED {
         opt.set_lr(step::lr_at(s, LR, MIN_LR, WARMUP, STEPS));
-        let x =
-            r.x.narrow(0, s, 1)
-                .unwrap()
-                .squeeze(0)
-                .unwrap()
-                .to_device(device)
-                .unwrap();
-        let y =
-            r.y.narrow(0, s, 1)
-                .unwrap()
-                .squeeze(0)
-                .unwrap()
-                .to_device(device)
-                .unwrap();
+        let (x, y) = batch(&r, s, device);
         let mut m = step::Model {
             net: &mut net,
             opt: &mut opt,
