@@ -63,11 +63,12 @@ __device__ void xent_rows(const T* __restrict__ x, const i64* __restrict__ targe
 
 // d loss_r / d x[r, j] = g[r] (softmax_j - (1 - eps) [j == t] - eps / cols); 0 for ignored
 // rows and rows whose target is out of range (the forward reported those). `g` holds each
-// row's incoming gradient (the reduction's scale folded in).
+// row's incoming gradient (the reduction's scale folded in). `dx` may be `x` itself (the
+// gradient written over the logits): each element is read, then written, by one thread.
 template <typename T>
-__device__ void xent_backward(const T* __restrict__ x, const i64* __restrict__ target,
+__device__ void xent_backward(const T* x, const i64* __restrict__ target,
                               const float* __restrict__ lse, const float* __restrict__ g,
-                              T* __restrict__ dx, i64 rows, i64 cols, i64 ignore_index, float eps) {
+                              T* dx, i64 rows, i64 cols, i64 ignore_index, float eps) {
     FOR_EACH(i, rows * cols) {
         i64 r = i / cols, j = i % cols, t = target[r];
         float d = 0.0f;

@@ -154,7 +154,7 @@ fn train_steps(net: &mut Gpt, r: &Reference, low: Option<DType>, steps: usize) -
     let mut losses = Vec::new();
     for s in 0..steps {
         opt.set_lr(step::lr_at(s, LR, MIN_LR, WARMUP, STEPS));
-        let (x, y) = batch(&r, s, device);
+        let (x, y) = batch(r, s, device);
         let mut m = step::Model {
             net,
             opt: &mut opt,
@@ -421,8 +421,8 @@ fn captured_steps_replay_the_eager_losses() {
         let out = graph
             .run(&[x, y], &mut |b| {
                 let batch = [(b[0].clone(), b[1].clone())];
-                let (loss, logits) = step::train_step(&mut m, &batch, None, 0.5, None)?;
-                Ok(vec![loss, logits])
+                let (loss, right) = step::train_step(&mut m, &batch, None, 0.5, None)?;
+                Ok(vec![loss, right])
             })
             .unwrap();
         got.push(out[0].item().unwrap());

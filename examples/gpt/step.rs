@@ -8,7 +8,7 @@ use mantissa::distributed::DistributedDataParallel;
 use mantissa::nn::Module;
 use mantissa::optim::{clip_grad_norm, Adam, Optimizer};
 use mantissa::train::autocast_maybe;
-use mantissa::{DType, Generator, Result, Tensor};
+use mantissa::{no_grad, DType, Generator, Result, Tensor};
 
 /// nanoGPT's schedule: linear warm-up over `warmup` steps to `lr`, then a cosine from `lr`
 /// at `warmup` down to `min_lr` at `total`, and `min_lr` after it.
@@ -57,6 +57,10 @@ pub fn train_step(
     let (mut total, mut last) = (None::<Tensor>, None);
     for (k, (x, y)) in micro.iter().enumerate() {
         let (loss, logits) = autocast_maybe(low, || m.net.loss(x, y))?;
+        if k + 1 == micro.len() {
+            last = Some(hits(&logits, y)?);
+        }
+        drop(logits);
         let mut backward = || m.scaler.scale(&loss.div(n)?)?.backward();
         match ddp {
             Some(d) if k + 1 < micro.len() => d.no_sync(&mut backward)?,
@@ -67,7 +71,6 @@ pub fn train_step(
             Some(t) => t.add(&l)?,
             None => l,
         });
-        last = Some(logits);
     }
     m.scaler.unscale_(m.opt)?;
     if grad_clip > 0.0 {
@@ -79,4 +82,16 @@ pub fn train_step(
         total.expect("one micro-batch"),
         last.expect("one micro-batch"),
     ))
+}
+
+/// How many of `y`'s tokens are the most likely ones of `logits` (`[B, T, V]`), as an f32
+/// scalar on the device.
+pub fn hits(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
+    no_grad(|| {
+        logits
+            .argmax(2, false)?
+            .eq(y)?
+            .to_dtype(DType::F32)?
+            .sum_all()
+    })
 }

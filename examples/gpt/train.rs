@@ -7,7 +7,7 @@ use super::common::files::FileFlags;
 use super::common::StepProfile;
 use super::data::{random_windows, Splits};
 use super::model::Gpt;
-use super::step::{batch_generator, lr_at, train_step, Model};
+use super::step::{batch_generator, hits, lr_at, train_step, Model};
 use mantissa::amp::GradScaler;
 use mantissa::distributed::{DistributedDataParallel, ReduceOp};
 use mantissa::graph::StepGraph;
@@ -37,17 +37,6 @@ pub struct Trainer {
     /// Steps profiled after the timed ones of a synthetic run (--profile-warmup + --profile,
     /// or 0): profiling adds an event pair per launch, so it stays out of the timing.
     pub profile_steps: usize,
-}
-
-/// Next-token predictions equal to the target (an f32 count).
-fn hits(logits: &Tensor, y: &Tensor) -> Result<Tensor> {
-    no_grad(|| {
-        logits
-            .argmax(2, false)?
-            .eq(y)?
-            .to_dtype(DType::F32)?
-            .sum_all()
-    })
 }
 
 /// A row of metrics.csv.
@@ -192,7 +181,7 @@ fn flops_per_token(net: &Gpt) -> f64 {
 
 impl Trainer {
     /// One step on `(x, y)` through `g`: run eagerly for its warm-up, then captured once and
-    /// replayed (the batch copied into the graph's inputs). The loss and the logits.
+    /// replayed (the batch copied into the graph's inputs). The loss and the tokens predicted.
     fn replayed(
         &self,
         g: &mut StepGraph,
@@ -272,16 +261,11 @@ impl Trainer {
                 let lr = lr_at(s, self.lr, self.min_lr, self.warmup, self.decay_steps);
                 m.opt.set_lr(lr);
                 let micro = self.batches(&splits.train, dist.group.rank(), s, block)?;
-                let (loss, logits) = match graph.as_deref_mut() {
+                let (loss, right) = match graph.as_deref_mut() {
                     Some(g) => self.replayed(g, &mut m, &micro[0])?,
                     None => train_step(&mut m, &micro, self.low, self.grad_clip, ddp)?,
                 };
-                let last_y = &micro[micro.len() - 1].1;
-                bar.step_tensors(
-                    tokens,
-                    &loss,
-                    &hits(&logits, last_y)?.mul(self.accumulate as f64)?,
-                )?;
+                bar.step_tensors(tokens, &loss, &right.mul(self.accumulate as f64)?)?;
                 profile.step()?;
             }
             bar.finish()?;

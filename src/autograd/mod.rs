@@ -11,6 +11,7 @@ mod function;
 pub(crate) mod hooks;
 pub(crate) mod join;
 pub(crate) mod pending;
+pub(crate) mod reuse;
 pub(crate) mod saved;
 pub(crate) mod taps;
 
@@ -273,7 +274,8 @@ fn run_node(
                 _ => None,
             })
             .collect();
-        let (in_grads, mut left) = pending::offer(offered, || f(&g, &needs));
+        let (in_grads, mut left) =
+            reuse::running(retain, || pending::offer(offered, || f(&g, &needs)));
         let mut in_grads = in_grads?.into_iter();
         for (i, edge) in edges.iter().enumerate() {
             let ig = in_grads.next().flatten();

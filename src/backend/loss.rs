@@ -31,6 +31,21 @@ pub(crate) trait LossOps: BackendStorage {
         ignore: i64,
         eps: f64,
     ) -> Result<Self>;
+    /// [`LossOps::cross_entropy_backward`] written over the logits `self` (row-major
+    /// `[rows, cols]`, filling the storage), for a backward that holds the only handle to
+    /// them (`autograd::reuse`).
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_backward_in_place(
+        &mut self,
+        cols: usize,
+        target: &Self,
+        lt: &Layout,
+        lse: &Self,
+        g: &Self,
+        lg: &Layout,
+        ignore: i64,
+        eps: f64,
+    ) -> Result<()>;
 }
 
 impl Storage {
@@ -65,6 +80,29 @@ impl Storage {
         on_backend!("cross_entropy backward", [self, target, lse, g], B => {
             let (t, z, g) = (B::part(target), B::part(lse), B::part(g));
             Ok(B::part(self).cross_entropy_backward(l, t, lt, z, g, lg, ignore, eps)?.wrap())
+        })
+    }
+}
+
+impl Storage {
+    /// See [`LossOps::cross_entropy_backward_in_place`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cross_entropy_backward_in_place(
+        &mut self,
+        cols: usize,
+        target: &Storage,
+        lt: &Layout,
+        lse: &Storage,
+        g: &Storage,
+        lg: &Layout,
+        ignore: i64,
+        eps: f64,
+    ) -> Result<()> {
+        let op = "cross_entropy backward";
+        let device = super::common_device(op, &[&*self, target, lse, g])?;
+        super::on_device!(device, B => {
+            let (t, z, g) = (B::part(target), B::part(lse), B::part(g));
+            B::part_mut(self).cross_entropy_backward_in_place(cols, t, lt, z, g, lg, ignore, eps)
         })
     }
 }

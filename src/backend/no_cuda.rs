@@ -181,6 +181,8 @@ impl LossOps for CudaStorage {
             -> Result<(Self, Self)>;
         fn cross_entropy_backward(&self, _l: &Layout, _t: &Self, _lt: &Layout, _z: &Self,
             _g: &Self, _lg: &Layout, _ignore: i64, _eps: f64) -> Result<Self>;
+        fn cross_entropy_backward_in_place(&mut self, _c: usize, _t: &Self, _lt: &Layout,
+            _z: &Self, _g: &Self, _lg: &Layout, _ignore: i64, _eps: f64) -> Result<()>;
     }
 }
 

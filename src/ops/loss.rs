@@ -2,6 +2,7 @@
 //! logits. All reduce in f32 or wider.
 
 use super::{dispatch, expect_float, Op};
+use crate::autograd::reuse::Reusable;
 use crate::{DType, Error, Result, Tensor};
 
 /// How per-element losses are combined.
@@ -192,7 +193,18 @@ impl Tensor {
     /// ```
     pub fn cross_entropy(&self, target: &Tensor, opts: CrossEntropyOptions) -> Result<Tensor> {
         let _prof = crate::profiler::op(Op::CrossEntropy.name());
-        let [x] = dispatch(Op::CrossEntropy, [self])?;
+        // Under autocast, f16/bf16 logits are read as they are: the kernels compute in f32
+        // whatever the storage, so the loss and gradient are those of the logits cast to f32
+        // first (PyTorch's autocast rule for the loss), bit for bit, without that f32 copy
+        // of `[tokens, vocabulary]` and its f32 gradient. The loss is f32, as autocast's.
+        let autocast_low = crate::amp::active_dtype().is_some() && self.dtype().is_half();
+        let [x] = match autocast_low {
+            true => {
+                let _off = crate::amp::autocast_disabled();
+                dispatch(Op::CrossEntropy, [self])?
+            }
+            false => dispatch(Op::CrossEntropy, [self])?,
+        };
         expect_float(Op::CrossEntropy, &x)?;
         let e = opts.label_smoothing;
         if !(0.0..=1.0).contains(&e) {
@@ -204,32 +216,44 @@ impl Tensor {
         let (x, t) = flatten_classes(Op::CrossEntropy, &x, target)?;
         let ignore = opts.ignore_index;
         // One fused op per row (log-sum-exp, the target's logit, the row's sum) in the
-        // arithmetic dtype; its backward writes the logits' gradient in one pass.
+        // arithmetic dtype; its backward writes the logits' gradient in one pass, over the
+        // logits themselves when nothing else holds them any more (`autograd::reuse`).
         let (loss, lse) =
             x.storage()
                 .cross_entropy(x.layout(), &t.storage(), t.layout(), ignore, e)?;
         let rows = x.shape()[0];
         let lse = Tensor::from_storage(lse, &[rows]);
-        let (xs, ts) = (x.detach(), t.clone());
+        let (xs, ts) = (Reusable::new("cross_entropy", &x), t.clone());
         let per = Tensor::from_storage(loss, &[rows]).attach_saving(
             "cross_entropy",
             &[&x],
-            &[&x, &t],
+            &[&t],
             move |g, _| {
-                let s = xs.storage().cross_entropy_backward(
-                    xs.layout(),
-                    &ts.storage(),
-                    ts.layout(),
-                    &lse.storage(),
-                    &g.storage(),
-                    g.layout(),
+                let (tl, gl) = (ts.layout(), g.layout());
+                let (tst, z, gs) = (ts.storage(), lse.storage(), g.storage());
+                let x = xs.get()?;
+                if xs.writable() {
+                    let cols = x.shape()[1];
+                    x.0.storage.write(|st| {
+                        st.cross_entropy_backward_in_place(cols, &tst, tl, &z, &gs, gl, ignore, e)
+                    })?;
+                    return Ok(vec![Some(x.view_with(x.layout().clone()))]);
+                }
+                let s = x.storage().cross_entropy_backward(
+                    x.layout(),
+                    &tst,
+                    tl,
+                    &z,
+                    &gs,
+                    gl,
                     ignore,
                     e,
                 )?;
-                Ok(vec![Some(Tensor::from_storage(s, xs.shape()))])
+                Ok(vec![Some(Tensor::from_storage(s, x.shape()))])
             },
         );
-        // Reduced in the arithmetic dtype, then returned in the logits' dtype.
+        // Reduced in the arithmetic dtype, then returned in the logits' dtype (f32 under
+        // autocast).
         let w = t.ne(ignore as f64)?.to_dtype(per.dtype())?;
         let out = reduce(
             Op::CrossEntropy,
@@ -238,7 +262,10 @@ impl Tensor {
             opts.reduction,
             target.shape(),
         )?;
-        out.to_dtype(x.dtype())
+        match autocast_low {
+            true => out.to_dtype(DType::F32),
+            false => out.to_dtype(x.dtype()),
+        }
     }
 
     /// Mean squared error.

@@ -331,6 +331,20 @@ impl LossOps for CpuStorage {
         let t = host_targets("cross_entropy backward", target, lt)?;
         super::cross_entropy_backward(self, l, &t, lse, g, lg, ignore, eps)
     }
+    fn cross_entropy_backward_in_place(
+        &mut self,
+        cols: usize,
+        target: &Self,
+        lt: &Layout,
+        lse: &Self,
+        g: &Self,
+        lg: &Layout,
+        ignore: i64,
+        eps: f64,
+    ) -> Result<()> {
+        let t = host_targets("cross_entropy backward", target, lt)?;
+        super::cross_entropy_backward_in_place(self, cols, &t, lse, g, lg, ignore, eps)
+    }
 }
 
 impl IndexOps for CpuStorage {

@@ -137,54 +137,83 @@ pub(crate) fn cross_entropy_backward(
     ignore: i64,
     eps: f64,
 ) -> Result<CpuStorage> {
+    let op = "cross_entropy backward";
+    let (lse, g) = row_values(op, target.len(), lse, g, lg)?;
     let c = l.shape()[1];
-    let lse = f64s(
-        "cross_entropy backward",
-        lse,
-        &Layout::contiguous(&[target.len()]),
-    )?;
-    let g = f64s("cross_entropy backward", g, lg)?;
-    fn go<T: CpuElem>(
-        x: &[T],
-        l: &Layout,
-        c: usize,
-        target: &[i64],
-        lse: &[f64],
-        g: &[f64],
-        ignore: i64,
-        eps: f64,
-    ) -> CpuStorage {
-        let _iso = crate::parallel::Isolated::new();
-        let x = contiguous(x, l);
-        let num = |v: f64| <T::Acc as num_traits::NumCast>::from(v).expect("finite or inf");
-        let (eps_a, off) = (num(eps), num(eps / c as f64));
-        let mut out = vec![T::zero(); x.len()];
-        let job = |(r, (o, row)): (usize, (&mut [T], &[T]))| {
-            let t = target[r];
-            if t == ignore {
-                return;
-            }
-            let (z, gr) = (num(lse[r]), num(g[r]));
-            for (j, (o, v)) in o.iter_mut().zip(row).enumerate() {
-                let hot = if j as i64 == t {
-                    T::Acc::one() - eps_a
-                } else {
-                    T::Acc::zero()
-                };
-                *o = T::from_acc(gr * ((v.to_acc() - z).exp() - hot - off));
-            }
-        };
-        if c == 0 {
-            // No classes, no gradient to write.
-        } else if x.len() >= PAR_MIN {
-            out.par_chunks_mut(c)
-                .zip(x.par_chunks(c))
-                .enumerate()
-                .for_each(job);
-        } else {
-            out.chunks_mut(c).zip(x.chunks(c)).enumerate().for_each(job);
-        }
-        T::wrap(out)
+    Ok(map_float!(op, x, v => {
+        let mut out = contiguous(v, l).into_owned();
+        grad_in_place(&mut out, c, target, &lse, &g, ignore, eps);
+        CpuElem::wrap(out)
+    }))
+}
+
+/// [`cross_entropy_backward`] written over the logits `x` themselves (row-major `[rows, C]`,
+/// filling the storage), which the caller no longer needs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cross_entropy_backward_in_place(
+    x: &mut CpuStorage,
+    c: usize,
+    target: &[i64],
+    lse: &CpuStorage,
+    g: &CpuStorage,
+    lg: &Layout,
+    ignore: i64,
+    eps: f64,
+) -> Result<()> {
+    let op = "cross_entropy backward";
+    let (lse, g) = row_values(op, target.len(), lse, g, lg)?;
+    map_float!(op, x, v => grad_in_place(v, c, target, &lse, &g, ignore, eps));
+    Ok(())
+}
+
+/// The forward's log-sum-exps and the rows' incoming gradients as f64.
+fn row_values(
+    op: &'static str,
+    rows: usize,
+    lse: &CpuStorage,
+    g: &CpuStorage,
+    lg: &Layout,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let lse = f64s(op, lse, &Layout::contiguous(&[rows]))?;
+    Ok((lse, f64s(op, g, lg)?))
+}
+
+/// Overwrites each row of logits in `x` (`[rows, c]`, row-major) with its gradient (see
+/// [`cross_entropy_backward`]); ignored rows become 0.
+fn grad_in_place<T: CpuElem>(
+    x: &mut [T],
+    c: usize,
+    target: &[i64],
+    lse: &[f64],
+    g: &[f64],
+    ignore: i64,
+    eps: f64,
+) {
+    if c == 0 {
+        return; // No classes, no gradient to write.
     }
-    Ok(map_float!("cross_entropy backward", x, v => go(v, l, c, target, &lse, &g, ignore, eps)))
+    let _iso = crate::parallel::Isolated::new();
+    let num = |v: f64| <T::Acc as num_traits::NumCast>::from(v).expect("finite or inf");
+    let (eps_a, off) = (num(eps), num(eps / c as f64));
+    let job = |(r, row): (usize, &mut [T])| {
+        let t = target[r];
+        if t == ignore {
+            row.fill(T::zero());
+            return;
+        }
+        let (z, gr) = (num(lse[r]), num(g[r]));
+        for (j, v) in row.iter_mut().enumerate() {
+            let hot = if j as i64 == t {
+                T::Acc::one() - eps_a
+            } else {
+                T::Acc::zero()
+            };
+            *v = T::from_acc(gr * ((v.to_acc() - z).exp() - hot - off));
+        }
+    };
+    if x.len() >= PAR_MIN {
+        x.par_chunks_mut(c).enumerate().for_each(job);
+    } else {
+        x.chunks_mut(c).enumerate().for_each(job);
+    }
 }

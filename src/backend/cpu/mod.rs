@@ -30,7 +30,7 @@ mod softmax;
 mod sort;
 
 pub(crate) use conv::{conv2d, conv2d_backward_input, conv2d_backward_weight};
-pub(crate) use loss::{cross_entropy, cross_entropy_backward};
+pub(crate) use loss::{cross_entropy, cross_entropy_backward, cross_entropy_backward_in_place};
 pub(crate) use pool::{
     adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward, max_pool2d,
     max_pool2d_backward,

@@ -369,6 +369,19 @@ impl LossOps for CudaStorage {
     ) -> Result<Self> {
         loss::cross_entropy_backward(self, l, target, lt, lse, g, lg, ignore, eps)
     }
+    fn cross_entropy_backward_in_place(
+        &mut self,
+        cols: usize,
+        target: &Self,
+        lt: &Layout,
+        lse: &Self,
+        g: &Self,
+        lg: &Layout,
+        ignore: i64,
+        eps: f64,
+    ) -> Result<()> {
+        loss::cross_entropy_backward_in_place(self, cols, target, lt, lse, g, lg, ignore, eps)
+    }
 }
 
 impl IndexOps for CudaStorage {
