@@ -601,29 +601,80 @@ __device__ void ln_forward(const T* __restrict__ x, const T* __restrict__ w,
     }
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, with g = dy w (dy when w is null).
+// The columns one thread keeps the weight's and bias's gradient sums of, in registers, when
+// ln_backward makes them (cols <= LN_K * blockDim.x; the launcher checks).
+#define LN_K 8
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) per row, with g = dy w (dy when w is null),
+// when dx is not null. When part is not null, also the sums over this block's rows of dy xhat
+// and dy per column, written to part[blockIdx.x][0][c] and part[blockIdx.x][1][c] (f32,
+// [gridDim.x, 2, cols]): each thread adds its own columns in a fixed order, so the sums
+// are the same every run; ln_params adds the blocks' sums up.
 template <typename T>
 __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
                             const T* __restrict__ w, const float* __restrict__ stats,
-                            T* __restrict__ dx, i64 rows, i64 cols) {
+                            T* __restrict__ dx, float* __restrict__ part, i64 rows, i64 cols) {
     __shared__ float scratch[32];
+    float acc_w[LN_K], acc_b[LN_K];
+#pragma unroll
+    for (int k = 0; k < LN_K; ++k) acc_w[k] = acc_b[k] = 0.0f;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = x + r * cols;
         const T* dr = dy + r * cols;
         float m = stats[2 * r], rstd = stats[2 * r + 1];
         float s1 = 0.0f, s2 = 0.0f;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            float g = to_f32(dr[c]) * (w ? to_f32(w[c]) : 1.0f);
-            s1 += g;
-            s2 += g * (to_f32(xr[c]) - m) * rstd;
+        if (dx) {
+            for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+                float g = to_f32(dr[c]) * (w ? to_f32(w[c]) : 1.0f);
+                s1 += g;
+                s2 += g * (to_f32(xr[c]) - m) * rstd;
+            }
+            s1 = block_reduce(0, s1, scratch) / (float)cols;
+            s2 = block_reduce(0, s2, scratch) / (float)cols;
         }
-        s1 = block_reduce(0, s1, scratch) / (float)cols;
-        s2 = block_reduce(0, s2, scratch) / (float)cols;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            float g = to_f32(dr[c]) * (w ? to_f32(w[c]) : 1.0f);
-            float xhat = (to_f32(xr[c]) - m) * rstd;
-            dx[r * cols + c] = from_f32<T>(rstd * (g - s1 - xhat * s2));
+        if (part) {
+#pragma unroll
+            for (int k = 0; k < LN_K; ++k) {
+                i64 c = threadIdx.x + (i64)k * blockDim.x;
+                if (c < cols) {
+                    float d = to_f32(dr[c]);
+                    float xhat = (to_f32(xr[c]) - m) * rstd;
+                    acc_w[k] += d * xhat;
+                    acc_b[k] += d;
+                    if (dx) dx[r * cols + c] = from_f32<T>(rstd * (d * (w ? to_f32(w[c]) : 1.0f) - s1 - xhat * s2));
+                }
+            }
+        } else {
+            for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+                float g = to_f32(dr[c]) * (w ? to_f32(w[c]) : 1.0f);
+                float xhat = (to_f32(xr[c]) - m) * rstd;
+                dx[r * cols + c] = from_f32<T>(rstd * (g - s1 - xhat * s2));
+            }
         }
+    }
+    if (part) {
+        float* pw = part + (i64)blockIdx.x * 2 * cols;
+#pragma unroll
+        for (int k = 0; k < LN_K; ++k) {
+            i64 c = threadIdx.x + (i64)k * blockDim.x;
+            if (c < cols) {
+                pw[c] = acc_w[k];
+                pw[cols + c] = acc_b[k];
+            }
+        }
+    }
+}
+
+// The weight's and bias's gradients of layer norm: the sums of ln_backward's blocks
+// (part [blocks, 2, cols]) in block order, rounded once.
+template <typename T>
+__device__ void ln_params(const float* __restrict__ part, T* __restrict__ dw, T* __restrict__ db,
+                          i64 blocks, i64 cols) {
+    FOR_EACH(j, 2 * cols) {
+        float s = 0.0f;
+        for (i64 b = 0; b < blocks; ++b) s += part[b * 2 * cols + j];
+        if (j < cols) dw[j] = from_f32<T>(s);
+        else db[j - cols] = from_f32<T>(s);
     }
 }
 
@@ -648,8 +699,13 @@ __device__ void ln_backward(const T* __restrict__ dy, const T* __restrict__ x,
         ln_forward<T>(x, w, b, y, stats, rows, cols, eps);                                     \
     }                                                                                          \
     extern "C" __global__ void ln_backward_##T(const T* dy, const T* x, const T* w,             \
-                                               const float* stats, T* dx, i64 rows, i64 cols) { \
-        ln_backward<T>(dy, x, w, stats, dx, rows, cols);                                       \
+                                               const float* stats, T* dx, float* part, i64 rows, \
+                                               i64 cols) {                                      \
+        ln_backward<T>(dy, x, w, stats, dx, part, rows, cols);                                 \
+    }                                                                                          \
+    extern "C" __global__ void ln_params_##T(const float* part, T* dw, T* db, i64 blocks,       \
+                                             i64 cols) {                                        \
+        ln_params<T>(part, dw, db, blocks, cols);                                              \
     }
 PART(float, BN(float))
 PART(f16, BN(f16))

@@ -930,6 +930,17 @@ fn composite_ops_match() {
         parity("layer_norm (long rows, no affine)", d, &[long], |x| {
             x[0].layer_norm(&[1000], None, None, 1e-5)
         });
+        // A GPT's width over more rows than the backward's blocks (each sums the weight's
+        // and bias's gradients of several rows, three columns a thread), and rows wider than
+        // those sums take (the parameters' gradients composed).
+        for (rows, cols) in [(1500, 768), (3, 2100)] {
+            let x = input(&[rows, cols], dt, 86);
+            let (w, b) = (input(&[cols], dt, 87), input(&[cols], dt, 88));
+            let what = format!("layer_norm ({rows} x {cols})");
+            parity(&what, d, &[x, w, b], |x| {
+                x[0].layer_norm(&[cols], Some(&x[1]), Some(&x[2]), 1e-5)
+            });
+        }
 
         let logits = input(&[6, 5], dt, 79);
         let target = Tensor::from_vec(vec![4i64, -100, 0, 2, 2, 1], &[6], Device::Cpu).unwrap();

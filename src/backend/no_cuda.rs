@@ -171,7 +171,8 @@ impl NormOps for CudaStorage {
         fn layer_norm(&self, _lx: &Layout, _cols: usize, _w: Option<(&Self, &Layout)>,
             _b: Option<(&Self, &Layout)>, _eps: f64) -> Result<(Self, Self)>;
         fn layer_norm_backward(&self, _ld: &Layout, _x: &Self, _lx: &Layout, _cols: usize,
-            _s: &Self, _w: Option<(&Self, &Layout)>) -> Result<Self>;
+            _s: &Self, _w: Option<(&Self, &Layout)>, _want: crate::backend::norm::LnWant)
+            -> Result<crate::backend::norm::LnGrads<Self>>;
     }
 }
 

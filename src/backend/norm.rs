@@ -80,7 +80,11 @@ pub(crate) trait NormOps: BackendStorage {
         b: Opt<Self>,
         eps: f64,
     ) -> Result<(Self, Self)>;
-    /// The input's gradient of [`NormOps::layer_norm`]; `self` is the output's gradient.
+    /// The gradients of [`NormOps::layer_norm`] from the output's (`self`), as `want` asks:
+    /// the input's, and the weight's and bias's (the sums over the rows of `dy xhat` and
+    /// `dy`, in `x`'s dtype, summed in f32 or wider) in the same pass over `dy` and `x`.
+    /// A backend may leave the parameters' out for some shapes (`params: None`); the caller
+    /// then sums them itself.
     #[allow(clippy::too_many_arguments)]
     fn layer_norm_backward(
         &self,
@@ -90,7 +94,33 @@ pub(crate) trait NormOps: BackendStorage {
         cols: usize,
         stats: &Self,
         w: Opt<Self>,
-    ) -> Result<Self>;
+        want: LnWant,
+    ) -> Result<LnGrads<Self>>;
+}
+
+/// Which gradients [`NormOps::layer_norm_backward`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LnWant {
+    /// The input's.
+    pub dx: bool,
+    /// The weight's and the bias's.
+    pub params: bool,
+}
+
+/// What [`NormOps::layer_norm_backward`] made: the input's gradient, and the weight's and
+/// bias's.
+pub(crate) struct LnGrads<S> {
+    pub dx: Option<S>,
+    pub params: Option<(S, S)>,
+}
+
+impl<S> Default for LnGrads<S> {
+    fn default() -> Self {
+        LnGrads {
+            dx: None,
+            params: None,
+        }
+    }
 }
 
 /// Where batch norm's forward statistics come from.
@@ -483,13 +513,18 @@ impl Storage {
         cols: usize,
         stats: &Storage,
         w: Opt<Storage>,
-    ) -> Result<Storage> {
+        want: LnWant,
+    ) -> Result<LnGrads<Storage>> {
         let mut all = vec![self, x, stats];
         all.extend(w.map(|v| v.0));
         let device = super::common_device("layer_norm backward", &all)?;
         super::on_device!(device, B => {
             let (x, s) = (B::part(x), B::part(stats));
-            Ok(B::part(self).layer_norm_backward(ld, x, lx, cols, s, part(w))?.wrap())
+            let g = B::part(self).layer_norm_backward(ld, x, lx, cols, s, part(w), want)?;
+            Ok(LnGrads {
+                dx: g.dx.map(|d| d.wrap()),
+                params: g.params.map(|(w, b)| (w.wrap(), b.wrap())),
+            })
         })
     }
 }

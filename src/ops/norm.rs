@@ -4,7 +4,7 @@
 use super::norm_call::{BnCall, InPlace};
 use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
-use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu, LnWant};
 use crate::backend::ops::UnaryOp;
 use crate::layout::Layout;
 use crate::tensor::node::{AffineParts, Recipe};
@@ -522,34 +522,32 @@ impl Tensor {
         Ok(
             y.attach_saving("layer_norm", &inputs, &reads, move |dy, needs| {
                 let dy = dy.to_dtype(dt)?.contiguous()?;
-                let dx = if needs[0] {
+                // The input's gradient and the parameters' sums in one pass over dy and x.
+                let want = LnWant {
+                    dx: needs[0],
+                    params: has_w || has_b,
+                };
+                let g = {
                     let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
                     let wst = ws.as_ref().map(|w| w.storage());
                     let wpart = wst.as_deref().zip(ws.as_ref().map(|w| w.layout()));
-                    let dx =
-                        ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart)?;
-                    Some(Tensor::from_storage(dx, xs.shape()))
-                } else {
-                    None
+                    ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart, want)?
                 };
+                let dx = g.dx.map(|s| Tensor::from_storage(s, xs.shape()));
                 let mut grads = vec![dx];
-                if has_w || has_b {
-                    // Sums over the rows, in the statistics' dtype.
-                    let sd = stats.dtype();
-                    let dy2 = dy.reshape(&[rows, cols])?.to_dtype(sd)?;
+                let params = match g.params {
+                    Some((dw, db)) => Some((
+                        Tensor::from_storage(dw, &pshape),
+                        Tensor::from_storage(db, &pshape),
+                    )),
+                    None if want.params => Some(param_grads(&dy, &xs, &stats, (rows, cols))?),
+                    None => None,
+                };
+                if let Some((dw, db)) = params {
                     if has_w {
-                        let mean = stats.narrow(1, 0, 1)?;
-                        let rstd = stats.narrow(1, 1, 1)?;
-                        let xhat = xs
-                            .reshape(&[rows, cols])?
-                            .to_dtype(sd)?
-                            .sub(&mean)?
-                            .mul(&rstd)?;
-                        let dw = dy2.mul(&xhat)?.sum(&[0], false)?;
                         grads.push(Some(dw.to_dtype(dt)?.reshape(&pshape)?));
                     }
                     if has_b {
-                        let db = dy2.sum(&[0], false)?;
                         grads.push(Some(db.to_dtype(dt)?.reshape(&pshape)?));
                     }
                 }
@@ -557,4 +555,24 @@ impl Tensor {
             }),
         )
     }
+}
+
+/// Layer norm's weight and bias gradients by composition, where the backend's pass leaves
+/// them out: the sums over the rows of `dy xhat` and `dy` in the statistics' dtype.
+fn param_grads(
+    dy: &Tensor,
+    x: &Tensor,
+    stats: &Tensor,
+    (rows, cols): (usize, usize),
+) -> Result<(Tensor, Tensor)> {
+    let sd = stats.dtype();
+    let dy2 = dy.reshape(&[rows, cols])?.to_dtype(sd)?;
+    let mean = stats.narrow(1, 0, 1)?;
+    let rstd = stats.narrow(1, 1, 1)?;
+    let xhat = x
+        .reshape(&[rows, cols])?
+        .to_dtype(sd)?
+        .sub(&mean)?
+        .mul(&rstd)?;
+    Ok((dy2.mul(&xhat)?.sum(&[0], false)?, dy2.sum(&[0], false)?))
 }

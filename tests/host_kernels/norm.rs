@@ -3,7 +3,7 @@
 
 use super::{function, library, randn, run_grid, Addr};
 use crate::backend::cuda::norm::{finalize_threads, BnArgs, PartialPlan};
-use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu};
+use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu, LnWant};
 use crate::backend::spec::ChannelSplit;
 use crate::backend::Storage;
 use crate::layout::Layout;
@@ -649,10 +649,20 @@ fn layer_norm_kernels_match_the_cpu_on_emulated_blocks() {
     };
     type Forward =
         unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, *mut f32, i64, i64, f32);
-    type Backward =
-        unsafe extern "C" fn(*const f32, *const f32, *const f32, *const f32, *mut f32, i64, i64);
+    type Backward = unsafe extern "C" fn(
+        *const f32,
+        *const f32,
+        *const f32,
+        *const f32,
+        *mut f32,
+        *mut f32,
+        i64,
+        i64,
+    );
+    type Params = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, i64, i64);
     let fwd: Forward = function(lib, "ln_forward_float");
     let bwd: Backward = function(lib, "ln_backward_float");
+    let params: Params = function(lib, "ln_params_float");
     let (rows, cols) = (5, 77);
     let x = randn(&[rows, cols], 42).mul(2.0).unwrap().add(1.5).unwrap();
     let dy = randn(&[rows, cols], 43);
@@ -671,10 +681,16 @@ fn layer_norm_kernels_match_the_cpu_on_emulated_blocks() {
             false => (None, None),
         };
         let (want_y, want_s) = x.storage().layer_norm(&lx, cols, wp, bp, 1e-5).unwrap();
-        let want_dx = dy
+        let all = LnWant {
+            dx: true,
+            params: true,
+        };
+        let want = dy
             .storage()
-            .layer_norm_backward(&lx, &x.storage(), &lx, cols, &want_s, wp)
+            .layer_norm_backward(&lx, &x.storage(), &lx, cols, &want_s, wp, all)
             .unwrap();
+        let want_dx = want.dx.unwrap();
+        let (want_dw, want_db) = want.params.unwrap();
         let (mut y, mut stats) = (vec![f32::NAN; rows * cols], vec![f32::NAN; 2 * rows]);
         let mut dx = vec![f32::NAN; rows * cols];
         let (wa, ba) = (affine.then(|| Addr::of(&ws)), affine.then(|| Addr::of(&bs)));
@@ -693,9 +709,58 @@ fn layer_norm_kernels_match_the_cpu_on_emulated_blocks() {
             unsafe { fwd(xa.ptr(), pick(wa), pick(ba), ya.ptr(), sa.ptr(), r, c, 1e-5) }
         });
         run_grid(lib, 3, 64, || {
-            // SAFETY: as above; dx holds rows x cols elements.
-            unsafe { bwd(da.ptr(), xa.ptr(), pick(wa), sa.ptr(), dxa.ptr(), r, c) }
+            // SAFETY: as above; dx holds rows x cols elements; no partial sums (null).
+            unsafe {
+                let none = std::ptr::null_mut();
+                bwd(
+                    da.ptr(),
+                    xa.ptr(),
+                    pick(wa),
+                    sa.ptr(),
+                    dxa.ptr(),
+                    none,
+                    r,
+                    c,
+                )
+            }
         });
+        // Again with the parameters' partial sums of each of 3 blocks ([3, 2, cols]), then
+        // their sums; the input's gradient is the same either way.
+        let (blocks, mut dx2) = (3usize, vec![f32::NAN; rows * cols]);
+        let mut part = vec![f32::NAN; blocks * 2 * cols];
+        let (mut dw, mut db) = (vec![f32::NAN; cols], vec![f32::NAN; cols]);
+        let (dx2a, pa) = (Addr::of_mut(&mut dx2), Addr::of_mut(&mut part));
+        run_grid(lib, blocks as u32, 64, || {
+            // SAFETY: as above; part holds 2 cols sums per block; cols <= 8 x 64 threads.
+            unsafe {
+                bwd(
+                    da.ptr(),
+                    xa.ptr(),
+                    pick(wa),
+                    sa.ptr(),
+                    dx2a.ptr(),
+                    pa.ptr(),
+                    r,
+                    c,
+                )
+            }
+        });
+        let (dwa, dba) = (Addr::of_mut(&mut dw), Addr::of_mut(&mut db));
+        run_grid(lib, 2, 32, || {
+            // SAFETY: part holds blocks x 2 x cols sums, dw and db cols elements each.
+            unsafe { params(pa.ptr(), dwa.ptr(), dba.ptr(), blocks as i64, c) }
+        });
+        assert_eq!(dx, dx2, "{what}: the input gradient with the sums");
+        near(
+            &dw,
+            &values(want_dw, cols),
+            &format!("{what}: weight gradient"),
+        );
+        near(
+            &db,
+            &values(want_db, cols),
+            &format!("{what}: bias gradient"),
+        );
         near(&y, &values(want_y, rows * cols), &format!("{what}: output"));
         near(
             &stats,

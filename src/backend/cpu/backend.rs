@@ -288,8 +288,9 @@ impl NormOps for CpuStorage {
         cols: usize,
         stats: &Self,
         w: Option<(&Self, &Layout)>,
-    ) -> Result<Self> {
-        layer_norm::layer_norm_backward(self, ld, x, lx, cols, stats, w)
+        want: crate::backend::norm::LnWant,
+    ) -> Result<crate::backend::norm::LnGrads<Self>> {
+        layer_norm::layer_norm_backward(self, ld, x, lx, cols, stats, w, want)
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::norm::stats_storage;
 use super::{contiguous, map_float, CpuElem, CpuStorage, PAR_MIN};
+use crate::backend::norm::{LnGrads, LnWant};
 use crate::dtype::{Float, WithDType};
 use crate::layout::Layout;
 use crate::Result;
@@ -119,8 +120,15 @@ pub(crate) fn layer_norm(
     Ok((y, stats_storage(stats, x.dtype())))
 }
 
-/// The input's gradient from the output's (`dy`, laid out as `x`), the forward's statistics
-/// and `w`: per row `rstd (g - mean(g) - xhat mean(g xhat))` with `g = dy w`.
+/// Rows per group of the parameters' gradient sums: each group sums its rows in order, then
+/// the groups' sums are added in order, so the result does not depend on the thread count.
+const PARAM_ROWS: usize = 64;
+
+/// The gradients of [`layer_norm`] from the output's (`dy`, laid out as `x`), the forward's
+/// statistics and `w`, as `want` asks: the input's, per row `rstd (g - mean(g) - xhat
+/// mean(g xhat))` with `g = dy w`; the weight's and bias's, the sums over the rows of
+/// `dy xhat` and `dy` in the arithmetic dtype.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward(
     dy: &CpuStorage,
     ld: &Layout,
@@ -129,7 +137,8 @@ pub(crate) fn layer_norm_backward(
     cols: usize,
     stats: &CpuStorage,
     w: Option<(&CpuStorage, &Layout)>,
-) -> Result<CpuStorage> {
+    want: LnWant,
+) -> Result<LnGrads<CpuStorage>> {
     fn go<T: CpuElem>(
         d: &[T],
         ld: &Layout,
@@ -138,28 +147,74 @@ pub(crate) fn layer_norm_backward(
         cols: usize,
         stats: &[f64],
         w: Option<(&CpuStorage, &Layout)>,
-    ) -> CpuStorage {
+        want: LnWant,
+    ) -> LnGrads<CpuStorage> {
         let x = contiguous(T::slice(x).expect("checked dtype"), lx);
         let d = contiguous(d, ld);
-        let w = match w {
-            Some((s, l)) => contiguous(T::slice(s).expect("checked dtype"), l).into_owned(),
-            None => vec![T::from_f64(1.0); cols],
+        let rows = x.len() / cols;
+        let row = |r: usize| {
+            let (m, rstd) = (stats[2 * r], stats[2 * r + 1]);
+            let span = r * cols..(r + 1) * cols;
+            (
+                &x[span.clone()],
+                &d[span],
+                T::Acc::from_f64_(m),
+                T::Acc::from_f64_(rstd),
+            )
         };
-        let mut out = super::overwritten_buffer::<T>(x.len());
-        let mut unused = vec![(); x.len() / cols];
-        let n = T::Acc::from_f64_(cols as f64);
-        each_row(&mut out, &mut unused, cols, 1, |r, o, _| {
-            let (xr, dr) = (&x[r * cols..(r + 1) * cols], &d[r * cols..(r + 1) * cols]);
-            let m = T::Acc::from_f64_(stats[2 * r]);
-            let rstd = T::Acc::from_f64_(stats[2 * r + 1]);
-            let s1 = sum3(dr, &w, xr, |dv, wk, _| dv * wk) / n;
-            let s2 = sum3(dr, &w, xr, |dv, wk, xv| dv * wk * (xv - m) * rstd) / n;
-            for (o, ((&dv, &wk), &xv)) in o.iter_mut().zip(dr.iter().zip(&w).zip(xr)) {
-                let xhat = (xv.to_acc() - m) * rstd;
-                *o = T::from_acc(rstd * (dv.to_acc() * wk.to_acc() - s1 - xhat * s2));
-            }
+        let dx = want.dx.then(|| {
+            let w = match w {
+                Some((s, l)) => contiguous(T::slice(s).expect("checked dtype"), l).into_owned(),
+                None => vec![T::from_f64(1.0); cols],
+            };
+            let mut out = super::overwritten_buffer::<T>(x.len());
+            let mut unused = vec![(); rows];
+            let n = T::Acc::from_f64_(cols as f64);
+            each_row(&mut out, &mut unused, cols, 1, |r, o, _| {
+                let (xr, dr, m, rstd) = row(r);
+                let s1 = sum3(dr, &w, xr, |dv, wk, _| dv * wk) / n;
+                let s2 = sum3(dr, &w, xr, |dv, wk, xv| dv * wk * (xv - m) * rstd) / n;
+                for (o, ((&dv, &wk), &xv)) in o.iter_mut().zip(dr.iter().zip(&w).zip(xr)) {
+                    let xhat = (xv.to_acc() - m) * rstd;
+                    *o = T::from_acc(rstd * (dv.to_acc() * wk.to_acc() - s1 - xhat * s2));
+                }
+            });
+            T::wrap(out)
         });
-        T::wrap(out)
+        let params = want.params.then(|| {
+            // [dw | db] of one group of rows.
+            let group = |g: usize| {
+                let mut acc = vec![T::Acc::zero(); 2 * cols];
+                let (dw, db) = acc.split_at_mut(cols);
+                for r in g * PARAM_ROWS..((g + 1) * PARAM_ROWS).min(rows) {
+                    let (xr, dr, m, rstd) = row(r);
+                    for (((w, b), &dv), &xv) in dw.iter_mut().zip(db.iter_mut()).zip(dr).zip(xr) {
+                        let dv = dv.to_acc();
+                        *w += dv * (xv.to_acc() - m) * rstd;
+                        *b += dv;
+                    }
+                }
+                acc
+            };
+            let _iso = crate::parallel::Isolated::new();
+            let groups: Vec<Vec<T::Acc>> = match x.len() >= PAR_MIN {
+                true => (0..rows.div_ceil(PARAM_ROWS))
+                    .into_par_iter()
+                    .map(group)
+                    .collect(),
+                false => (0..rows.div_ceil(PARAM_ROWS)).map(group).collect(),
+            };
+            let mut sum = vec![T::Acc::zero(); 2 * cols];
+            for g in &groups {
+                for (s, &v) in sum.iter_mut().zip(g) {
+                    *s += v;
+                }
+            }
+            let (dw, db) = sum.split_at(cols);
+            let out = |v: &[T::Acc]| T::wrap(v.iter().map(|&a| T::from_acc(a)).collect());
+            (out(dw), out(db))
+        });
+        LnGrads { dx, params }
     }
     same_dtype("layer_norm backward", dy, x)?;
     if let Some((w, _)) = w {
@@ -168,5 +223,5 @@ pub(crate) fn layer_norm_backward(
     let stats: Vec<f64> = map_float!("layer_norm backward", stats, v => {
         v.iter().map(|s| s.to_f64()).collect()
     });
-    Ok(map_float!("layer_norm backward", dy, v => go(v, ld, x, lx, cols, &stats, w)))
+    Ok(map_float!("layer_norm backward", dy, v => go(v, ld, x, lx, cols, &stats, w, want)))
 }

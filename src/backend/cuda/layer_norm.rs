@@ -4,7 +4,8 @@
 
 use super::kernels::KernelFile;
 use super::profile::elems;
-use super::storage::{float_kname, same_dtype, CudaStorage, Dense};
+use super::storage::{float_kname, grid, same_dtype, CudaStorage, Dense};
+use crate::backend::norm::{LnGrads, LnWant};
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use cudarc::driver::{sys, PushKernelArg};
@@ -58,7 +59,18 @@ pub(crate) fn layer_norm(
     Ok((y, stats))
 }
 
-/// The input's gradient of [`layer_norm`] from the output's, the statistics and `w`.
+/// Most blocks `ln_backward` runs when it sums the weight's and bias's gradients (each writes
+/// `2 * cols` f32 partial sums): a fixed number, so that the sums' order, and their value, is
+/// the same on every device.
+const PARAM_BLOCKS: usize = 1024;
+
+/// Columns past which `ln_backward` does not sum the parameters' gradients (`LN_K` of
+/// cuda/norm.cu per thread of a 256-thread block).
+const PARAM_COLS: usize = 8 * 256;
+
+/// The gradients of [`layer_norm`] from the output's (`dy`), the statistics and `w`: the
+/// input's when `want.dx`, and with `want.params` the weight's and bias's (in `x`'s dtype),
+/// all in one pass over `dy` and `x`; no parameter gradients past [`PARAM_COLS`] columns.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward(
     dy: &CudaStorage,
@@ -68,7 +80,8 @@ pub(crate) fn layer_norm_backward(
     cols: usize,
     stats: &CudaStorage,
     w: Option<(&CudaStorage, &Layout)>,
-) -> Result<CudaStorage> {
+    want: LnWant,
+) -> Result<LnGrads<CudaStorage>> {
     let op = "layer_norm backward";
     let t = float_kname(op, x.dtype())?;
     same_dtype(op, dy, x)?;
@@ -79,21 +92,61 @@ pub(crate) fn layer_norm_backward(
             expected: "f32 statistics",
         });
     }
-    let (dy, x) = (dy.contiguous(ld)?, x.contiguous(lx)?);
     let rows = lx.numel() / cols;
+    // No rows: the caller's sums of nothing.
+    let params = want.params && cols <= PARAM_COLS && rows > 0;
+    if !want.dx && !params {
+        return Ok(LnGrads::default());
+    }
+    let (dy, x) = (dy.contiguous(ld)?, x.contiguous(lx)?);
     let (_w, wp) = vector_ptr(op, &x, w)?;
-    let dx = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
-    let (dp, xp, sp, op_) = (dy.ptr(), x.ptr(), stats.ptr(), dx.ptr());
+    let dx = match want.dx {
+        true => Some(CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?),
+        false => None,
+    };
+    let mut cfg = super::storage::rows_grid(rows);
+    if params {
+        cfg.grid_dim.0 = cfg.grid_dim.0.min(PARAM_BLOCKS as u32);
+    }
+    let blocks = cfg.grid_dim.0 as usize;
+    let part = match params {
+        true => Some(CudaStorage::alloc_on(
+            x.rt(),
+            DType::F32,
+            blocks * 2 * cols,
+        )?),
+        false => None,
+    };
+    let ptr = |s: &Option<CudaStorage>| s.as_ref().map_or(0, |s| s.ptr());
+    let (dp, xp, sp, op_, pp) = (dy.ptr(), x.ptr(), stats.ptr(), ptr(&dx), ptr(&part));
     let (r64, c64) = (rows as i64, cols as i64);
     let name = kname!("ln_backward_", t);
-    let cfg = super::storage::rows_grid(rows);
-    let vectors = u64::from(wp != 0);
-    let bytes = 3 * elems(lx.numel(), x.dtype())
-        + vectors * elems(cols, x.dtype())
-        + elems(2 * rows, DType::F32);
-    launch!(
-        bytes = bytes;
-        x, KernelFile::Norm, name, cfg, &dp, &xp, &wp, &sp, &op_, &r64, &c64
-    );
-    Ok(dx)
+    let n = lx.numel();
+    let bytes = (2 + u64::from(want.dx)) * elems(n, x.dtype())
+        + u64::from(wp != 0) * elems(cols, x.dtype())
+        + elems(2 * rows, DType::F32)
+        + elems(blocks * 2 * cols, DType::F32) * u64::from(params);
+    if n > 0 {
+        launch!(
+            bytes = bytes;
+            x, KernelFile::Norm, name, cfg, &dp, &xp, &wp, &sp, &op_, &pp, &r64, &c64
+        );
+    }
+    let params = match part {
+        Some(part) => {
+            let dw = CudaStorage::alloc_on(x.rt(), x.dtype(), cols)?;
+            let db = CudaStorage::alloc_on(x.rt(), x.dtype(), cols)?;
+            let (pp, wp, bp) = (part.ptr(), dw.ptr(), db.ptr());
+            let b64 = blocks as i64;
+            let bytes = elems(blocks * 2 * cols, DType::F32) + 2 * elems(cols, x.dtype());
+            launch!(
+                bytes = bytes;
+                x, KernelFile::Norm, kname!("ln_params_", t), grid(2 * cols),
+                &pp, &wp, &bp, &b64, &c64
+            );
+            Some((dw, db))
+        }
+        None => None,
+    };
+    Ok(LnGrads { dx, params })
 }
