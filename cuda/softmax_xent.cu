@@ -1,21 +1,50 @@
 // Softmax / log-softmax over the last dim and the fused cross-entropy (src/ops/nn.rs and
 // src/ops/loss.rs): one block per row, max-subtracted, f32 throughout.
 
+// Each row's values are first multiplied by `scale`; with `causal` > 0, row r's columns past
+// r % causal are -inf (a causal attention's scores, `causal` queries per matrix: query i sees
+// keys 0..=i).
 template <typename T>
-__device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 cols, int log) {
+__device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 cols, int log,
+                             float scale, i64 causal) {
     __shared__ float scratch[32];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * cols;
+        // Columns from `last` on are masked.
+        i64 last = causal > 0 ? r % causal + 1 : cols;
+        if (last > cols) last = cols;
         float m = -INFINITY;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, to_f32(row[c]));
+        for (i64 c = threadIdx.x; c < last; c += blockDim.x) m = fmaxf(m, to_f32(row[c]) * scale);
         m = block_reduce(1, m, scratch);
         float s = 0.0f;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) s += expf(to_f32(row[c]) - m);
+        for (i64 c = threadIdx.x; c < last; c += blockDim.x) s += expf(to_f32(row[c]) * scale - m);
         s = block_reduce(0, s, scratch);
         float lse = m + logf(s);
         for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            float v = to_f32(row[c]);
+            float v = c < last ? to_f32(row[c]) * scale : -INFINITY;
             out[r * cols + c] = from_f32<T>(log ? v - lse : expf(v - lse));
+        }
+    }
+}
+
+// The input gradient of softmax_rows from its output y and the output's gradient g (both
+// [rows, cols], contiguous): scale y (g - sum_j g_j y_j) for softmax, scale (g - exp(y)
+// sum_j g_j) for log-softmax; a masked column's y is 0 (-inf for log), so its gradient is 0.
+template <typename T>
+__device__ void softmax_backward(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
+                                 i64 rows, i64 cols, int log, float scale) {
+    __shared__ float scratch[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* yr = y + r * cols;
+        const T* gr = g + r * cols;
+        float s = 0.0f;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x)
+            s += log ? to_f32(gr[c]) : to_f32(gr[c]) * to_f32(yr[c]);
+        s = block_reduce(0, s, scratch);
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+            float yv = to_f32(yr[c]), gv = to_f32(gr[c]);
+            float d = log ? gv - expf(yv) * s : yv * (gv - s);
+            dx[r * cols + c] = from_f32<T>(scale * d);
         }
     }
 }
@@ -81,8 +110,13 @@ __device__ void xent_backward(const T* x, const i64* __restrict__ target,
 }
 
 #define SOFTMAX(T)                                                                              \
-    extern "C" __global__ void softmax_rows_##T(const T* x, T* out, i64 rows, i64 cols, int log) { \
-        softmax_rows<T>(x, out, rows, cols, log);                                               \
+    extern "C" __global__ void softmax_rows_##T(const T* x, T* out, i64 rows, i64 cols, int log, \
+                                                float scale, i64 causal) {                      \
+        softmax_rows<T>(x, out, rows, cols, log, scale, causal);                                \
+    }                                                                                           \
+    extern "C" __global__ void softmax_backward_##T(const T* y, const T* g, T* dx, i64 rows,    \
+                                                    i64 cols, int log, float scale) {           \
+        softmax_backward<T>(y, g, dx, rows, cols, log, scale);                                  \
     }                                                                                           \
     extern "C" __global__ void xent_rows_##T(const T* x, const i64* target, float* loss, float* lse, \
                                              i64 rows, i64 cols, i64 ignore_index, float eps,     \

@@ -930,6 +930,24 @@ fn composite_ops_match() {
         parity("layer_norm (long rows, no affine)", d, &[long], |x| {
             x[0].layer_norm(&[1000], None, None, 1e-5)
         });
+        // Attention's scaled (and causal) softmax in one op, more queries than keys and
+        // fewer, in the product's dtype.
+        for (l, s, causal) in [(5, 7, true), (7, 5, true), (6, 9, false)] {
+            let (q, k, v) = (
+                input(&[2, 3, l, 8], dt, 89),
+                input(&[2, 3, s, 8], dt, 90),
+                input(&[2, 3, s, 4], dt, 91),
+            );
+            let o = AttentionOptions {
+                is_causal: causal,
+                scale: Some(0.3),
+                ..Default::default()
+            };
+            let what = format!("scaled_dot_product_attention ({l} x {s}, causal {causal})");
+            parity(&what, d, &[q, k, v], |x| {
+                x[0].scaled_dot_product_attention(&x[1], &x[2], o)
+            });
+        }
         // A GPT's width over more rows than the backward's blocks (each sums the weight's
         // and bias's gradients of several rows, three columns a thread), and rows wider than
         // those sums take (the parameters' gradients composed).

@@ -61,7 +61,7 @@ pub(crate) use optim::OptimOps;
 pub(crate) use pool::PoolOps;
 pub(crate) use reduce::ReduceOps;
 pub(crate) use rnn::RnnOps;
-pub(crate) use softmax::{AttnDims, SoftmaxOps};
+pub(crate) use softmax::{AttnDims, RowSoftmax, SoftmaxOps};
 
 /// A tensor's data on some device.
 #[derive(Debug)]

@@ -121,6 +121,8 @@ impl ReduceOps for CudaStorage {
 impl SoftmaxOps for CudaStorage {
     uninhabited! {
         fn softmax(&self, _l: &Layout, _dim: usize, _log: bool) -> Result<Self>;
+        fn softmax_rows(&self, _p: crate::backend::RowSoftmax) -> Result<Self>;
+        fn softmax_rows_backward(&self, _g: &Self, _p: crate::backend::RowSoftmax) -> Result<Self>;
         fn attention(&self, _lq: &Layout, _k: (&Self, &Layout), _v: (&Self, &Layout), _d: AttnDims)
             -> Result<(Self, Self)>;
         fn attention_backward(&self, _lq: &Layout, _k: (&Self, &Layout), _v: (&Self, &Layout),

@@ -18,10 +18,29 @@ pub(crate) struct AttnDims {
     pub causal: bool,
 }
 
+/// A softmax over rows of `cols` contiguous values ([`SoftmaxOps::softmax_rows`]): the values
+/// multiplied by `scale` first; with `causal: Some(l)`, row `r`'s columns past `r % l` taken
+/// as -inf (a causal attention's scores, `l` queries per matrix: query `i` sees keys
+/// `0..=i`); log-softmax when `log`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct RowSoftmax {
+    pub cols: usize,
+    pub scale: f64,
+    pub causal: Option<usize>,
+    pub log: bool,
+}
+
 /// Softmax and log-softmax along one dim; attention without a mask or dropout.
 pub(crate) trait SoftmaxOps: BackendStorage {
     /// Softmax (log-softmax when `log`) along `dim`, contiguous in the view's shape.
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self>;
+    /// The softmax `p` describes of each row of this contiguous storage (`[rows, p.cols]`),
+    /// in its dtype, computed in f32 or wider.
+    fn softmax_rows(&self, p: RowSoftmax) -> Result<Self>;
+    /// The input's gradient of [`SoftmaxOps::softmax_rows`] from its output (this storage)
+    /// and the output's gradient `g` (contiguous, same dtype): `scale y (g - sum(g y))`, or
+    /// `scale (g - exp(y) sum(g))` for log-softmax, per row.
+    fn softmax_rows_backward(&self, g: &Self, p: RowSoftmax) -> Result<Self>;
     /// `softmax(q k^T scale) v` with this storage the queries (views `[b, l, e]`, `[b, s, e]`,
     /// `[b, s, ev]` of one float dtype), the scores never stored: the output `[b, l, ev]` in
     /// the inputs' dtype and each query's log-sum-exp of its scores (F32 `[b, l]`).
@@ -51,6 +70,18 @@ impl Storage {
     /// See [`SoftmaxOps::softmax`].
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {
         on_backend!("softmax", [self], B => Ok(B::part(self).softmax(l, dim, log)?.wrap()))
+    }
+
+    /// See [`SoftmaxOps::softmax_rows`].
+    pub(crate) fn softmax_rows(&self, p: RowSoftmax) -> Result<Storage> {
+        on_backend!("softmax", [self], B => Ok(B::part(self).softmax_rows(p)?.wrap()))
+    }
+
+    /// See [`SoftmaxOps::softmax_rows_backward`].
+    pub(crate) fn softmax_rows_backward(&self, g: &Storage, p: RowSoftmax) -> Result<Storage> {
+        on_backend!("softmax backward", [self, g], B => {
+            Ok(B::part(self).softmax_rows_backward(B::part(g), p)?.wrap())
+        })
     }
 
     /// See [`SoftmaxOps::attention`].

@@ -5,7 +5,7 @@
 //! [`set_attention_kernel`] chooses. Under autocast both run their products in the low dtype.
 
 use super::{dispatch, Op};
-use crate::backend::AttnDims;
+use crate::backend::{AttnDims, RowSoftmax};
 use crate::{DType, Error, Result, Tensor};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -149,6 +149,13 @@ pub(crate) fn attention_weights(
     o: AttentionOptions<'_>,
 ) -> Result<Tensor> {
     let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
+    if o.attn_mask.is_none() {
+        let weights = scaled_softmax(&q.matmul(&k.mt()?)?, scale, o.is_causal)?;
+        return match o.dropout_p > 0.0 {
+            true => weights.dropout(o.dropout_p, true),
+            false => Ok(weights),
+        };
+    }
     let mut scores = q.matmul(&k.mt()?)?.mul(scale)?;
     if o.is_causal {
         let rows = Tensor::ramp(l, q.device())?;
@@ -183,6 +190,34 @@ pub(crate) fn attention_weights(
         true => weights.dropout(o.dropout_p, true),
         false => Ok(weights),
     }
+}
+
+/// `softmax(scores scale)` over the last dim, query `i` (of the `L` in `[.., L, S]`) seeing
+/// keys `0..=i` only when `causal`: one op and one backward, each a single pass over the
+/// scores, in their dtype (the product's low dtype under autocast) with f32 arithmetic. That
+/// gives the values autocast's f32 softmax would, rounded once to the dtype the next product
+/// reads, without the scaled, masked and f32 copies of `[.., L, S]` the composition makes;
+/// its backward reads the weights in that dtype.
+fn scaled_softmax(scores: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+    let _prof = crate::profiler::op(Op::Softmax.name());
+    let scores = scores.row_major_whole()?;
+    let r = scores.rank();
+    let p = RowSoftmax {
+        cols: scores.shape()[r - 1],
+        scale,
+        causal: causal.then(|| scores.shape()[r - 2]),
+        log: false,
+    };
+    let y = Tensor::from_storage(scores.storage().softmax_rows(p)?, scores.shape());
+    let saved = y.detach();
+    let read = saved.clone();
+    Ok(
+        y.attach_saving("softmax", &[&scores], &[&read], move |g, _| {
+            let g = g.to_dtype(saved.dtype())?.row_major_whole()?;
+            let dx = saved.storage().softmax_rows_backward(&g.storage(), p)?;
+            Ok(vec![Some(Tensor::from_storage(dx, saved.shape()))])
+        }),
+    )
 }
 
 /// The fused op when it applies (no mask, no dropout, equal batch dims, one float dtype that

@@ -1,6 +1,7 @@
 //! Softmax and log-softmax along one dim.
 
 use super::{dispatch, expect_float, Op};
+use crate::backend::RowSoftmax;
 use crate::layout::normalize_dim;
 use crate::{Result, Tensor};
 
@@ -19,6 +20,18 @@ impl Tensor {
         let read = y.clone();
         Ok(
             out.attach_saving(kind.name(), &[&x], &[&read], move |g, _| {
+                // Along the last dim: one pass per row.
+                if d + 1 == y.rank() && y.numel() > 0 {
+                    let p = RowSoftmax {
+                        cols: y.shape()[d],
+                        scale: 1.0,
+                        causal: None,
+                        log,
+                    };
+                    let g = g.to_dtype(y.dtype())?.row_major_whole()?;
+                    let dx = y.storage().softmax_rows_backward(&g.storage(), p)?;
+                    return Ok(vec![Some(Tensor::from_storage(dx, y.shape()))]);
+                }
                 let gx = if log {
                     g.sub(&y.exp()?.mul(&g.sum(&[di], true)?)?)?
                 } else {

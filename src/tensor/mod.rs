@@ -395,6 +395,15 @@ impl Tensor {
             && self.storage().len() == self.numel()
     }
 
+    /// This tensor when it fills its storage in row-major order, else a row-major copy (a
+    /// `copy` node in the graph): what a kernel that walks a whole storage reads.
+    pub(crate) fn row_major_whole(&self) -> Result<Tensor> {
+        match self.is_contiguous() && self.fills_storage() {
+            true => Ok(self.clone()),
+            false => self.copy(),
+        }
+    }
+
     /// The range of its storage this tensor's elements fill, one each, in `format`'s order
     /// (row-major or channels-last), whatever else the storage holds (a gradient that is a
     /// view of a data-parallel bucket); `None` when they are not laid out so. What the fused

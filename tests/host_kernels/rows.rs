@@ -14,7 +14,7 @@ fn softmax_kernel_matches_the_cpu_on_emulated_blocks() {
     let Some(lib) = library("softmax_xent") else {
         return;
     };
-    type Softmax = unsafe extern "C" fn(*const f32, *mut f32, i64, i64, i32) -> ();
+    type Softmax = unsafe extern "C" fn(*const f32, *mut f32, i64, i64, i32, f32, i64) -> ();
     let f: Softmax = function(lib, "softmax_rows_float");
     let x = randn(&[ROWS, COLS], 30).mul(3.0).unwrap();
     let xs = x.to_vec::<f32>().unwrap();
@@ -29,7 +29,17 @@ fn softmax_kernel_matches_the_cpu_on_emulated_blocks() {
         // Fewer blocks than rows: each block strides over rows, as on the GPU past 65535.
         run_grid(lib, 2, 64, || {
             // SAFETY: x and out hold ROWS x COLS elements; threads write distinct elements.
-            unsafe { f(xa.ptr(), oa.ptr(), ROWS as i64, COLS as i64, log as i32) }
+            unsafe {
+                f(
+                    xa.ptr(),
+                    oa.ptr(),
+                    ROWS as i64,
+                    COLS as i64,
+                    log as i32,
+                    1.0,
+                    0,
+                )
+            }
         });
         close(&out, &want, &format!("softmax log={log}"));
     }

@@ -129,6 +129,12 @@ impl SoftmaxOps for CpuStorage {
             super::softmax(self, l, dim)
         }
     }
+    fn softmax_rows(&self, p: crate::backend::RowSoftmax) -> Result<Self> {
+        super::softmax::softmax_rows(self, p)
+    }
+    fn softmax_rows_backward(&self, g: &Self, p: crate::backend::RowSoftmax) -> Result<Self> {
+        super::softmax::softmax_rows_backward(self, g, p)
+    }
     fn attention(
         &self,
         lq: &Layout,

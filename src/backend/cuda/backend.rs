@@ -145,6 +145,12 @@ impl SoftmaxOps for CudaStorage {
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
         softmax::softmax(self, l, dim, log)
     }
+    fn softmax_rows(&self, p: crate::backend::RowSoftmax) -> Result<Self> {
+        softmax::softmax_rows(self, p)
+    }
+    fn softmax_rows_backward(&self, g: &Self, p: crate::backend::RowSoftmax) -> Result<Self> {
+        softmax::softmax_rows_backward(self, g, p)
+    }
     fn attention(
         &self,
         lq: &Layout,
