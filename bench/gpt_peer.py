@@ -13,6 +13,7 @@ warm-up then cosine decay, clipping, gradient accumulation, autocast with GradSc
 safetensors without numpy, so both engines can start from the same point.
 """
 import argparse, json, math, os, struct, time
+import peer_profile
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -173,6 +174,7 @@ def main():
     p.add_argument("--threads", type=int)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--write-init")
+    peer_profile.add_args(p)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -240,6 +242,7 @@ def main():
         print(f"{tokens / secs:.0f} training tokens/s ({a.steps} steps in {secs:.2f} s)")
         if dev.type == "cuda":
             print(f"torch training: peak allocated {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
+        peer_profile.run(a, lambda: step(micro), dev)
         return
     t0 = time.perf_counter()
     for s in range(a.steps):

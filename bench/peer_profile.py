@@ -51,6 +51,12 @@ def run(a, step, dev):
             continue
     if cuda:
         print(f"torch profiled steps: {peak_memory(dev)}")
+        # Device activities (kernels, copies, fills) per step: what the engine's step table
+        # counts as launches plus library calls (a cuBLAS call can run more than one kernel,
+        # which this counts each).
+        kernels = sum(1 for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"torch device activities per step: {kernels / a.profile:.0f}")
     os.makedirs(a.trace_dir, exist_ok=True)
     trace = os.path.join(a.trace_dir, "trace.json")
     prof.export_chrome_trace(trace)

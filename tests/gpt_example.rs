@@ -218,6 +218,10 @@ fn flags_that_do_not_fit_are_refused_before_training() {
         ),
         (vec!["--temperature", "0"], "temperature"),
         (vec!["--top-p", "1.5"], "top-p"),
+        (
+            vec!["--attention", "flash"],
+            "--attention \"flash\": auto, composed or fused",
+        ),
     ];
     for (args, says) in cases {
         let args: Vec<&str> = ["--device", "cpu", "--out", d]

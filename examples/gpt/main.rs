@@ -125,6 +125,11 @@ struct Args {
     /// The most likely token every time instead of sampling.
     #[arg(long)]
     greedy: bool,
+    /// Attention's implementation: auto (the composition of two products and a softmax
+    /// while its [L, S] weights take less than 2^26 elements, the fused op from there),
+    /// composed, or fused (the scores never stored; PyTorch's `sdpa_kernel` choice).
+    #[arg(long, default_value = "auto")]
+    attention: String,
     #[command(flatten)]
     run: RunFlags,
     #[command(flatten)]
@@ -214,6 +219,16 @@ fn run(mut args: Args) -> Result<()> {
     }
     // Mistakes in the flags are said before any text is read or fetched.
     config(&args, 1)?;
+    set_attention_kernel(match args.attention.as_str() {
+        "auto" => AttentionKernel::Auto,
+        "composed" => AttentionKernel::Composed,
+        "fused" => AttentionKernel::Fused,
+        a => {
+            return Err(invalid(format!(
+                "--attention {a:?}: auto, composed or fused"
+            )))
+        }
+    });
     sample_options(&args, usize::MAX).check(usize::MAX)?;
     let (device, low, _) = args.run.open()?;
     let dist = common::dist::Dist::join(device, "gpt")?;
