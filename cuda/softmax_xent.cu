@@ -29,7 +29,8 @@ __device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 r
 
 // The input gradient of softmax_rows from its output y and the output's gradient g (both
 // [rows, cols], contiguous): scale y (g - sum_j g_j y_j) for softmax, scale (g - exp(y)
-// sum_j g_j) for log-softmax; a masked column's y is 0 (-inf for log), so its gradient is 0.
+// sum_j g_j) for log-softmax. A causally masked column of softmax has y = 0, so it gets 0
+// (causal masks come with softmax only: Storage::softmax_rows refuses them with log).
 template <typename T>
 __device__ void softmax_backward(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
                                  i64 rows, i64 cols, int log, float scale) {

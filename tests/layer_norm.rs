@@ -72,8 +72,15 @@ fn check(shape: &[usize], k: usize, dtype: DType, mean: f64, affine: bool, tol: 
 
 #[test]
 fn fused_layer_norm_matches_its_definition() {
-    // [64, 700] is 44,800 elements: rows in parallel.
-    for (shape, k) in [(&[64, 700][..], 1), (&[3, 7, 8][..], 2), (&[5, 1][..], 1)] {
+    // [64, 700] is 44,800 elements: rows in parallel; [300, 160], the parameters' gradients
+    // summed over five groups of rows.
+    let shapes = [
+        (&[64, 700][..], 1),
+        (&[300, 160][..], 1),
+        (&[3, 7, 8][..], 2),
+        (&[5, 1][..], 1),
+    ];
+    for (shape, k) in shapes {
         for affine in [true, false] {
             check(shape, k, DType::F64, 0.5, affine, 1e-12);
             check(shape, k, DType::F32, 0.5, affine, 1e-5);
@@ -182,4 +189,30 @@ fn layer_norm_module_options() {
             "{m}"
         );
     }
+}
+
+/// With the weight frozen, the input and the bias get the gradients they get when every
+/// operand trains, and the weight none.
+#[test]
+fn a_frozen_weight_leaves_the_other_gradients_as_they_are() {
+    let (shape, p) = (&[40, 24][..], &[24][..]);
+    let run = |train_w: bool| {
+        let x = input(shape, DType::F32, 0.5, 2.0, 1);
+        let w = input(p, DType::F32, 1.0, 0.5, 2)
+            .requires_grad(train_w)
+            .unwrap();
+        let b = input(p, DType::F32, 0.0, 1.0, 3);
+        let g = input(shape, DType::F32, 0.0, 1.0, 4).detach();
+        let y = x.layer_norm(p, Some(&w), Some(&b), 1e-5).unwrap();
+        y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        (
+            x.grad().map(|t| vals(&t)),
+            w.grad(),
+            b.grad().map(|t| vals(&t)),
+        )
+    };
+    let (dx, dw, db) = run(true);
+    let (fx, fw, fb) = run(false);
+    assert!(dw.is_some() && fw.is_none(), "the frozen weight's gradient");
+    assert_eq!((fx, fb), (dx, db), "the input's and the bias's gradients");
 }

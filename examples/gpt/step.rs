@@ -44,7 +44,9 @@ pub struct Model<'a> {
 /// One optimizer step over `micro` batches `(x, y)`: each loss divided by their number and
 /// its (scaled) backward run, the gradients averaged over the ranks by `ddp` on the last
 /// one, unscaled, clipped, and the step taken through the scaler. Returns the mean loss and
-/// the last micro-batch's logits.
+/// how many of the last micro-batch's tokens the model predicted, counted before its
+/// backward: the logits are dropped by then, so the loss's backward writes their gradient
+/// over them instead of allocating another `[tokens, vocabulary]`.
 pub fn train_step(
     m: &mut Model,
     micro: &[(Tensor, Tensor)],

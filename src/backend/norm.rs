@@ -82,7 +82,8 @@ pub(crate) trait NormOps: BackendStorage {
     ) -> Result<(Self, Self)>;
     /// The gradients of [`NormOps::layer_norm`] from the output's (`self`), as `want` asks:
     /// the input's, and the weight's and bias's (the sums over the rows of `dy xhat` and
-    /// `dy`, in `x`'s dtype, summed in f32 or wider) in the same pass over `dy` and `x`.
+    /// `dy`, in `x`'s dtype, summed in f32 or wider), the CUDA backend in one kernel over
+    /// `dy` and `x`, the CPU's in a second pass over their rows.
     /// A backend may leave the parameters' out for some shapes (`params: None`); the caller
     /// then sums them itself.
     #[allow(clippy::too_many_arguments)]

@@ -72,8 +72,15 @@ impl Storage {
         on_backend!("softmax", [self], B => Ok(B::part(self).softmax(l, dim, log)?.wrap()))
     }
 
-    /// See [`SoftmaxOps::softmax_rows`].
+    /// See [`SoftmaxOps::softmax_rows`]. A causal mask with log-softmax is refused: its
+    /// backward would not know the masked columns (softmax's are its zeros).
     pub(crate) fn softmax_rows(&self, p: RowSoftmax) -> Result<Storage> {
+        if p.log && p.causal.is_some() {
+            return Err(crate::Error::invalid(
+                "log_softmax",
+                "a causal mask is applied with softmax only",
+            ));
+        }
         on_backend!("softmax", [self], B => Ok(B::part(self).softmax_rows(p)?.wrap()))
     }
 

@@ -328,7 +328,7 @@ impl MultiheadAttention {
         let (y, w) = match a.need_weights {
             true => {
                 let scale = 1.0 / ((e / h) as f64).sqrt();
-                let w = crate::ops::attention_weights(&q, &k, scale, o)?;
+                let w = crate::ops::attention_weights(&q, &k, scale, o, true)?;
                 (w.matmul(&v)?, Some(w))
             }
             false => (q.scaled_dot_product_attention(&k, &v, o)?, None),

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 const FUSED_MAX_HEAD: usize = 128;
 
 /// With [`AttentionKernel::Auto`], the fused op from this many scores (`[.., L, S]`
-/// elements) up: 2^26, whose scores and softmax (both kept for backward) take 512 MiB in
-/// f32.
+/// elements) up: 2^26, whose attention weights the composition keeps for backward (256 MiB
+/// in f32, 128 MiB in f16/bf16 under autocast).
 const FUSED_FROM: usize = 1 << 26;
 
 /// Which implementation [`Tensor::scaled_dot_product_attention`] uses where both apply (no
@@ -134,22 +134,25 @@ impl Tensor {
         if let Some(y) = fused(q, k, v, scale, o)? {
             return Ok(y);
         }
-        attention_weights(q, k, scale, o)?.matmul(v)
+        attention_weights(q, k, scale, o, false)?.matmul(v)
     }
 }
 
 /// The attention weights `softmax(q k^T scale + mask)` `[.., L, S]` of the composition, after
-/// dropout, a fully masked query's row 0: what `MultiheadAttention` returns with
-/// `need_weights`. The caller has checked the arguments as
+/// dropout, a fully masked query's row 0. With `returned` they are what
+/// `MultiheadAttention` returns with `need_weights`: made by ops as PyTorch makes them (f32
+/// under autocast); otherwise, without a mask, [`scaled_softmax`] makes them in the
+/// product's dtype. The caller has checked the arguments as
 /// [`Tensor::scaled_dot_product_attention`] does.
 pub(crate) fn attention_weights(
     q: &Tensor,
     k: &Tensor,
     scale: f64,
     o: AttentionOptions<'_>,
+    returned: bool,
 ) -> Result<Tensor> {
     let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
-    if o.attn_mask.is_none() {
+    if o.attn_mask.is_none() && !returned {
         let weights = scaled_softmax(&q.matmul(&k.mt()?)?, scale, o.is_causal)?;
         return match o.dropout_p > 0.0 {
             true => weights.dropout(o.dropout_p, true),
@@ -194,10 +197,11 @@ pub(crate) fn attention_weights(
 
 /// `softmax(scores scale)` over the last dim, query `i` (of the `L` in `[.., L, S]`) seeing
 /// keys `0..=i` only when `causal`: one op and one backward, each a single pass over the
-/// scores, in their dtype (the product's low dtype under autocast) with f32 arithmetic. That
-/// gives the values autocast's f32 softmax would, rounded once to the dtype the next product
-/// reads, without the scaled, masked and f32 copies of `[.., L, S]` the composition makes;
-/// its backward reads the weights in that dtype.
+/// scores, in their dtype (the product's low dtype under autocast) with f32 arithmetic, the
+/// scale applied in f32 (autocast's composition rounds the scaled scores to the low dtype
+/// first). The weights are rounded once, to the dtype the next product reads, without the
+/// scaled, masked and f32 copies of `[.., L, S]` a composition of ops makes; the backward
+/// reads them in that dtype.
 fn scaled_softmax(scores: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
     let _prof = crate::profiler::op(Op::Softmax.name());
     let scores = scores.row_major_whole()?;

@@ -522,10 +522,12 @@ impl Tensor {
         Ok(
             y.attach_saving("layer_norm", &inputs, &reads, move |dy, needs| {
                 let dy = dy.to_dtype(dt)?.contiguous()?;
-                // The input's gradient and the parameters' sums in one pass over dy and x.
+                // The input's gradient and the parameters' sums from one kernel on CUDA.
+                let want_w = has_w && needs[1];
+                let want_b = has_b && needs[1 + usize::from(has_w)];
                 let want = LnWant {
                     dx: needs[0],
-                    params: has_w || has_b,
+                    params: want_w || want_b,
                 };
                 let g = {
                     let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
@@ -543,13 +545,14 @@ impl Tensor {
                     None if want.params => Some(param_grads(&dy, &xs, &stats, (rows, cols))?),
                     None => None,
                 };
-                if let Some((dw, db)) = params {
-                    if has_w {
-                        grads.push(Some(dw.to_dtype(dt)?.reshape(&pshape)?));
-                    }
-                    if has_b {
-                        grads.push(Some(db.to_dtype(dt)?.reshape(&pshape)?));
-                    }
+                let (dw, db) = params.unzip();
+                if has_w {
+                    let dw = dw.filter(|_| want_w);
+                    grads.push(dw.map(|g| g.to_dtype(dt)?.reshape(&pshape)).transpose()?);
+                }
+                if has_b {
+                    let db = db.filter(|_| want_b);
+                    grads.push(db.map(|g| g.to_dtype(dt)?.reshape(&pshape)).transpose()?);
                 }
                 Ok(grads)
             }),

@@ -124,6 +124,9 @@ pub(crate) fn layer_norm(
 /// the groups' sums are added in order, so the result does not depend on the thread count.
 const PARAM_ROWS: usize = 64;
 
+/// Groups of [`PARAM_ROWS`] summed in parallel at a time.
+const PARAM_BATCH: usize = 64;
+
 /// The gradients of [`layer_norm`] from the output's (`dy`, laid out as `x`), the forward's
 /// statistics and `w`, as `want` asks: the input's, per row `rstd (g - mean(g) - xhat
 /// mean(g xhat))` with `g = dy w`; the weight's and bias's, the sums over the rows of
@@ -197,17 +200,20 @@ pub(crate) fn layer_norm_backward(
                 acc
             };
             let _iso = crate::parallel::Isolated::new();
-            let groups: Vec<Vec<T::Acc>> = match x.len() >= PAR_MIN {
-                true => (0..rows.div_ceil(PARAM_ROWS))
-                    .into_par_iter()
-                    .map(group)
-                    .collect(),
-                false => (0..rows.div_ceil(PARAM_ROWS)).map(group).collect(),
-            };
             let mut sum = vec![T::Acc::zero(); 2 * cols];
-            for g in &groups {
-                for (s, &v) in sum.iter_mut().zip(g) {
-                    *s += v;
+            // The groups' sums made in parallel a batch at a time (so that what is held at
+            // once does not grow with the rows), each batch's added in order.
+            let groups = rows.div_ceil(PARAM_ROWS);
+            for batch in (0..groups).step_by(PARAM_BATCH) {
+                let ids = batch..(batch + PARAM_BATCH).min(groups);
+                let parts: Vec<Vec<T::Acc>> = match x.len() >= PAR_MIN {
+                    true => ids.into_par_iter().map(group).collect(),
+                    false => ids.map(group).collect(),
+                };
+                for g in &parts {
+                    for (s, &v) in sum.iter_mut().zip(g) {
+                        *s += v;
+                    }
                 }
             }
             let (dw, db) = sum.split_at(cols);

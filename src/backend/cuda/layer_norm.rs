@@ -64,13 +64,13 @@ pub(crate) fn layer_norm(
 /// the same on every device.
 const PARAM_BLOCKS: usize = 1024;
 
-/// Columns past which `ln_backward` does not sum the parameters' gradients (`LN_K` of
-/// cuda/norm.cu per thread of a 256-thread block).
-const PARAM_COLS: usize = 8 * 256;
+/// The columns each thread of `ln_backward` keeps the parameters' sums of (cuda/norm.cu's
+/// `LN_K`): past `LN_K` times the block's threads it does not sum them.
+const LN_K: usize = 8;
 
 /// The gradients of [`layer_norm`] from the output's (`dy`), the statistics and `w`: the
 /// input's when `want.dx`, and with `want.params` the weight's and bias's (in `x`'s dtype),
-/// all in one pass over `dy` and `x`; no parameter gradients past [`PARAM_COLS`] columns.
+/// all in one pass over `dy` and `x`; no parameter gradients past `LN_K` columns a thread.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward(
     dy: &CudaStorage,
@@ -94,7 +94,8 @@ pub(crate) fn layer_norm_backward(
     }
     let rows = lx.numel() / cols;
     // No rows: the caller's sums of nothing.
-    let params = want.params && cols <= PARAM_COLS && rows > 0;
+    let mut cfg = super::storage::rows_grid(rows);
+    let params = want.params && cols <= LN_K * cfg.block_dim.0 as usize && rows > 0;
     if !want.dx && !params {
         return Ok(LnGrads::default());
     }
@@ -104,7 +105,6 @@ pub(crate) fn layer_norm_backward(
         true => Some(CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?),
         false => None,
     };
-    let mut cfg = super::storage::rows_grid(rows);
     if params {
         cfg.grid_dim.0 = cfg.grid_dim.0.min(PARAM_BLOCKS as u32);
     }
