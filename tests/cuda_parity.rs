@@ -951,7 +951,7 @@ fn composite_ops_match() {
         // A GPT's width over more rows than the backward's blocks (each sums the weight's
         // and bias's gradients of several rows, three columns a thread), and rows wider than
         // those sums take (the parameters' gradients composed).
-        for (rows, cols) in [(1500, 768), (3, 2100)] {
+        for (rows, cols) in [(1030, 768), (3, 2100)] {
             let x = input(&[rows, cols], dt, 86);
             let (w, b) = (input(&[cols], dt, 87), input(&[cols], dt, 88));
             let what = format!("layer_norm ({rows} x {cols})");
