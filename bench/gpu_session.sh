@@ -72,7 +72,7 @@ mode=${1:-all}
 # The modules of .gpu/tests/gpu_suite (tests/gpu_suite/main.rs), one per CUDA test file.
 suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
-    data_parallel_buckets fused_classifier fuzz_api gpt gpt_ops hostile_input integer_arithmetic profiler recompute
+    data_parallel_buckets flash_attention fused_classifier fuzz_api gpt gpt_ops hostile_input integer_arithmetic profiler recompute
     torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
 # seconds from this script's start (see acc; MANTISSA_SESSION_DEADLINE sets another, for a
@@ -313,13 +313,13 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         # compiled peer 60 to 150 s (its compilation in the warm-up steps); the Shakespeare
         # runs about half a minute each.
         w5="--model gpt2 --data synthetic --batch-size 16 --steps 20"
-        acc test-gpt 45 .gpu/tests/gpu_suite gpt:: fused_classifier:: --test-threads 1 --nocapture
+        acc test-gpt 45 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: --test-threads 1 --nocapture
         acc w5-bf16 90 .gpu/gpt $w5 --device cuda:0 --precision bf16 --profile 2 --profile-warmup 1
         acc w5-bf16-peer 60 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16 --profile 2 --profile-warmup 1 --trace-dir runs/peer-gpt
         acc w5-bf16-graph 40 .gpu/gpt $w5 --device cuda:0 --precision bf16 --cuda-graph
         # Attention as the composition (two products on tensor cores, the scaled causal
-        # softmax in one pass each way, its bf16 weights kept) instead of the default's fused
-        # kernel at this size: which is faster, and the memory each keeps.
+        # softmax in one pass each way, its bf16 weights kept) instead of the default's
+        # tensor-core flash kernels (cuda/flash.cu): which is faster, and the memory each keeps.
         acc w5-bf16-composed 40 .gpu/gpt $w5 --device cuda:0 --precision bf16 --attention composed
         acc w5-bf16-compile 140 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16 --compile
         # nanoGPT's shakespeare-char for 500 steps on the same text, each engine's validation

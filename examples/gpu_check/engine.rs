@@ -118,23 +118,37 @@ fn median_ms(iteration: impl Fn() -> Result<()>, sync: &Tensor) -> Result<f64> {
     Ok(times[2])
 }
 
-/// Attention forward + backward in f16: the fused op against the composition (chosen with
-/// `set_attention_kernel`), their agreement, and the bytes each forward keeps for backward
-/// (`quick`: on [1, 2, 40, 16]).
+/// Attention forward + backward: the fused op against the composition (chosen with
+/// `set_attention_kernel`), their agreement, and the bytes each forward keeps for backward;
+/// in f16 on [4, 16, 2048, 64], then causal in bf16 on GPT-2's [16, 12, 1024, 64] with the
+/// fused op's rate (`quick`: [1, 2, 40, 16] and [1, 2, 40, 64]). At head size 64 in f16 and
+/// bf16 the fused op is the tensor-core kernels of `cuda/flash.cu`.
 pub fn attention(d: Device, quick: bool) -> Result<String> {
-    let [n, h, l, e] = if quick {
-        [1, 2, 40, 16]
+    let (wide, gpt) = if quick {
+        ([1, 2, 40, 16], [1, 2, 40, 64])
     } else {
-        [4, 16, 2048, 64]
+        ([4, 16, 2048, 64], [16, 12, 1024, 64])
     };
+    Ok(format!(
+        "{}\n{}",
+        attention_case(d, wide, DType::F16, false)?,
+        attention_case(d, gpt, DType::BF16, true)?
+    ))
+}
+
+fn attention_case(d: Device, [n, h, l, e]: [usize; 4], dt: DType, causal: bool) -> Result<String> {
     let mut gen = Generator::new(7);
-    let mut make = || Tensor::randn_with(&[n, h, l, e], 0.0, 1.0, DType::F16, d, &mut gen);
+    let mut make = || Tensor::randn_with(&[n, h, l, e], 0.0, 1.0, dt, d, &mut gen);
     let [q, k, v] = [make()?, make()?, make()?].map(|t| t.requires_grad(true));
     let (q, k, v) = (q?, k?, v?);
     let g = make()?;
+    let opts = AttentionOptions {
+        is_causal: causal,
+        ..Default::default()
+    };
     let run = |kernel: AttentionKernel| -> Result<Tensor> {
         set_attention_kernel(kernel);
-        let y = q.scaled_dot_product_attention(&k, &v, AttentionOptions::default());
+        let y = q.scaled_dot_product_attention(&k, &v, opts);
         set_attention_kernel(AttentionKernel::Auto);
         y
     };
@@ -160,10 +174,15 @@ pub fn attention(d: Device, quick: bool) -> Result<String> {
     let fused = median_ms(|| step(AttentionKernel::Fused), &q)?;
     let composed = median_ms(|| step(AttentionKernel::Composed), &q)?;
     let mib = |b: u64| b as f64 / 1048576.0;
+    // FlashAttention's count: 4 n h l^2 e forward (two products), 2.5 times that backward,
+    // halved when causal.
+    let flops = 3.5 * 4.0 * (n * h * e) as f64 * (l * l) as f64 / if causal { 2.0 } else { 1.0 };
     Ok(format!(
-        "attention [{n}, {h}, {l}, {e}] f16, forward + backward: fused {fused:.3} ms, composition \
-         {composed:.3} ms ({:.2}x); forward keeps {:.1} MiB fused, {:.1} MiB composed; relative \
-         difference {err:.1e}",
+        "attention [{n}, {h}, {l}, {e}] {dt:?}{}, forward + backward: fused {fused:.3} ms \
+         ({:.0} TFLOP/s), composition {composed:.3} ms ({:.2}x); forward keeps {:.1} MiB fused, \
+         {:.1} MiB composed; relative difference {err:.1e}",
+        if causal { " causal" } else { "" },
+        flops / fused / 1e9,
         composed / fused,
         mib(fused_kept),
         mib(composed_kept)

@@ -21,8 +21,9 @@ const FUSED_FROM: usize = 1 << 26;
 /// mask, no dropout, heads up to 128, one float dtype).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernel {
-    /// The composition while its `[.., L, S]` scores stay below 2^26 elements (its products
-    /// are cuBLAS's on a GPU), the fused op from there on (it never stores the scores).
+    /// The fused op on tensor cores (CUDA, f16/bf16, head size 64 or 128); otherwise the
+    /// composition while its `[.., L, S]` scores stay below 2^26 elements (its products are
+    /// cuBLAS's on a GPU), the fused op from there on (it never stores the scores).
     #[default]
     Auto,
     /// Always the fused op.
@@ -34,9 +35,11 @@ pub enum AttentionKernel {
 static KERNEL: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the attention implementation for the whole process (PyTorch's
-/// `torch.backends.cuda.enable_flash_attention` and friends). The fused kernels are plain
-/// tiled ones without tensor cores, not yet timed on a GPU: [`AttentionKernel::Auto`] keeps
-/// the composition until the memory of its scores is the larger cost.
+/// `torch.backends.cuda.enable_flash_attention` and friends). On CUDA in f16 and bf16 with
+/// head size 64 or 128 the fused op runs FlashAttention-2-style kernels on tensor cores,
+/// which [`AttentionKernel::Auto`] takes at every size; elsewhere it is a plain tiled kernel
+/// (one thread a row), which `Auto` takes only once the memory of the composition's scores
+/// is the larger cost.
 ///
 /// ```
 /// use mantissa::{attention_kernel, set_attention_kernel, AttentionKernel};
@@ -82,7 +85,8 @@ impl Tensor {
     /// causal mask into `attn_mask`. Without a mask or dropout, with the same batch dims and heads
     /// (E, Ev) up to 128, it can be one fused op whose graph keeps one float per query (its
     /// log-sum-exp) instead of the `[.., L, S]` scores ([`set_attention_kernel`]: by default
-    /// from 2^26 scores up); otherwise a composition of existing ops.
+    /// on CUDA's tensor cores, elsewhere from 2^26 scores up); otherwise a composition of
+    /// existing ops.
     ///
     /// ```
     /// use mantissa::{AttentionOptions, Tensor, DType, Device};
@@ -224,6 +228,21 @@ fn scaled_softmax(scores: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
     )
 }
 
+/// Whether the fused op runs on tensor cores for these inputs (the CUDA backend's flash
+/// kernels: f16 or bf16 once autocast has cast, one head size of 64 or 128), where it
+/// beats the composition at every size: one launch each way, no `[.., L, S]` scores.
+fn tensor_cores(q: &Tensor, v: &Tensor) -> bool {
+    let dt = match crate::amp::active_dtype() {
+        Some(low) if q.dtype().is_float() && q.dtype() != DType::F64 => low,
+        _ => q.dtype(),
+    };
+    let (e, ev) = (q.shape()[q.rank() - 1], v.shape()[v.rank() - 1]);
+    matches!(q.device(), crate::Device::Cuda(_))
+        && matches!(dt, DType::F16 | DType::BF16)
+        && e == ev
+        && matches!(e, 64 | 128)
+}
+
 /// The fused op when it applies (no mask, no dropout, equal batch dims, one float dtype that
 /// is not f64 once autocast has cast, heads up to [`FUSED_MAX_HEAD`], no empty dim) and
 /// [`attention_kernel`] wants it, else `None` for the composition.
@@ -248,7 +267,7 @@ fn fused(
         * q.shape()[r - 2] as u128
         * k.shape()[r - 2] as u128;
     let wanted = match attention_kernel() {
-        AttentionKernel::Auto => scores >= FUSED_FROM as u128,
+        AttentionKernel::Auto => scores >= FUSED_FROM as u128 || tensor_cores(q, v),
         AttentionKernel::Fused => true,
         AttentionKernel::Composed => false,
     };

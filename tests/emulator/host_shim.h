@@ -222,7 +222,7 @@ extern "C" int host_run_grid(unsigned blocks, unsigned threads, void (*body)(voi
 struct uint2 {
     unsigned x, y;
 };
-struct uint4 {
+struct alignas(16) uint4 { // 16-byte aligned, as CUDA's
     unsigned x, y, z, w;
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
@@ -278,7 +278,46 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
     return r;
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (cuda/flash.cu: d += a b for one warp,
+// its fragments in the PTX ISA's layouts): each thread leaves its A and B registers in
+// memory, and after a block-wide barrier computes its own four accumulators from its warp's
+// 32 lanes (so, as with shuffles, every thread of the block must reach each product).
+// Internal linkage: every kernel library has its own copy, bound to its own threadIdx.
+static void host_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, bool bf);
+
 #else
+
+// Fragment registers of the block's threads: A's four, then B's two.
+static thread_local unsigned host_mma_regs[1024][6];
+// A 16-bit value (low or high half of a register) as f32.
+static float host_half(unsigned reg, int high, bool bf) {
+    unsigned bits = (reg >> (16 * high)) & 0xFFFFu;
+    if (bf) return __uint_as_float(bits << 16);
+    f16 h;
+    h.bits = (u16)bits;
+    return to_f32(h);
+}
+static void host_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, bool bf) {
+    unsigned self = threadIdx.x, warp = self & ~31u, lane = self & 31u;
+    for (int r = 0; r < 4; r++) host_mma_regs[self][r] = a[r];
+    for (int r = 0; r < 2; r++) host_mma_regs[self][4 + r] = b[r];
+    __syncthreads();
+    unsigned g = lane >> 2, t = lane & 3u;
+    for (int i = 0; i < 4; i++) {
+        // Accumulator i is row g (+ 8 for i >= 2), column 2t + i % 2. A's (row, k) lives in
+        // lane (row % 8) * 4 + (k % 8) / 2, register row / 8 + 2 (k / 8), half k % 2; B's
+        // (k, column) in lane column * 4 + (k % 8) / 2, register 4 + k / 8, half k % 2.
+        unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float s = 0.0f;
+        for (unsigned k = 0; k < 16; k++) {
+            unsigned ar = host_mma_regs[warp + (row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];
+            unsigned br = host_mma_regs[warp + col * 4 + (k % 8) / 2][4 + k / 8];
+            s += host_half(ar, k % 2, bf) * host_half(br, k % 2, bf);
+        }
+        d[i] += s;
+    }
+    __syncthreads(); // every lane has read before the registers are written again
+}
 
 // By table: the compiler's conversion is a library call without F16C.
 static float host_f16_values[65536];

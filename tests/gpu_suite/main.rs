@@ -47,6 +47,8 @@ mod data;
 mod data_parallel;
 #[path = "../data_parallel_buckets.rs"]
 mod data_parallel_buckets;
+#[path = "../flash_attention.rs"]
+mod flash_attention;
 #[path = "../fused_classifier.rs"]
 mod fused_classifier;
 #[path = "../fuzz_api.rs"]

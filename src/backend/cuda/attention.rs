@@ -1,7 +1,10 @@
 //! Launchers of `cuda/attention.cu`: fused attention without a mask or dropout, forward (one
 //! launch) and backward (two: dq with each query's `do . o`, then dk and dv). Blocks of 32
-//! threads, one per query (or key) row, the other side's rows through shared memory.
+//! threads, one per query (or key) row, the other side's rows through shared memory. Where
+//! the tensor-core kernels apply (f16/bf16, head size 64 or 128: `flash.rs`), they run
+//! instead.
 
+use super::flash;
 use super::kernels::KernelFile;
 use super::storage::{float_kname, CudaStorage};
 use crate::backend::AttnDims;
@@ -55,6 +58,12 @@ pub(crate) fn attention(
     check(&d)?;
     let t = float_kname("scaled_dot_product_attention", q.dtype())?;
     let (qd, kd, vd) = (q.contiguous(lq)?, k.contiguous(lk)?, v.contiguous(lv)?);
+    if let Some(ft) = flash::applies(q.dtype(), &d) {
+        let ptrs = [qd.ptr(), kd.ptr(), vd.ptr()];
+        if flash::aligned(&ptrs) {
+            return flash::forward(q, ft, ptrs, &d);
+        }
+    }
     let out = CudaStorage::alloc_on(q.rt(), q.dtype(), d.b * d.l * d.ev)?;
     let lse = CudaStorage::alloc_on(q.rt(), DType::F32, d.b * d.l)?;
     let ([b, l, s, e, ev], scale, causal) = sizes(&d);
@@ -100,6 +109,12 @@ pub(crate) fn attention_backward(
         v.contiguous(lv)?,
         g.contiguous(lg)?,
     );
+    if let Some(ft) = flash::applies(dt, &d) {
+        let ptrs = [qd.ptr(), kd.ptr(), vd.ptr(), o.ptr(), lse.ptr(), gd.ptr()];
+        if flash::aligned(&ptrs) {
+            return flash::backward(q, ft, ptrs, &d);
+        }
+    }
     let rt = q.rt();
     let dq = CudaStorage::alloc_on(rt, dt, d.b * d.l * d.e)?;
     let dk = CudaStorage::alloc_on(rt, dt, d.b * d.s * d.e)?;

@@ -9,6 +9,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("attention", include_str!("../../../cuda/attention.cu")),
     ("cast", include_str!("../../../cuda/cast.cu")),
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
+    ("flash", include_str!("../../../cuda/flash.cu")),
     ("index", include_str!("../../../cuda/index.cu")),
     ("norm", include_str!("../../../cuda/norm.cu")),
     ("optim", include_str!("../../../cuda/optim.cu")),
@@ -40,6 +41,7 @@ pub enum KernelFile {
     Attention,
     Cast,
     Elementwise,
+    Flash,
     Index,
     Norm,
     Optim,
@@ -54,11 +56,12 @@ pub enum KernelFile {
 
 impl KernelFile {
     /// Every kernel file.
-    pub const ALL: [KernelFile; 14] = [
+    pub const ALL: [KernelFile; 15] = [
         KernelFile::Amp,
         KernelFile::Attention,
         KernelFile::Cast,
         KernelFile::Elementwise,
+        KernelFile::Flash,
         KernelFile::Index,
         KernelFile::Norm,
         KernelFile::Optim,
@@ -78,6 +81,7 @@ impl KernelFile {
             KernelFile::Attention => "attention",
             KernelFile::Cast => "cast",
             KernelFile::Elementwise => "elementwise",
+            KernelFile::Flash => "flash",
             KernelFile::Index => "index",
             KernelFile::Norm => "norm",
             KernelFile::Optim => "optim",

@@ -87,6 +87,7 @@ mod dnn_graph;
 pub mod dnn_norm;
 pub(crate) mod elementwise;
 mod faults;
+mod flash;
 pub(crate) mod graph;
 pub(crate) mod handles;
 // The kernel files run on the host against the CPU backend: unit tests of the launchers'

@@ -1,0 +1,204 @@
+//! The tensor-core attention kernels (`cuda/flash.cu`, FlashAttention-2's arrangement on
+//! `mma.sync`) against the composition in f32: f16 and bf16, head sizes 64 and 128, causal
+//! and not, with query and key counts that are not multiples of a tile and either larger.
+//! The output and the three gradients are compared with the f32 composition of the same
+//! rounded inputs on the CPU; the profiler shows that the flash kernels ran (not the
+//! one-thread-per-row fallback), and a second backward repeats the first bit for bit (no
+//! atomics). Other head sizes keep the fallback. On the emulated device in CI (its `mma.sync`
+//! exchanges a warp's fragments through memory, tests/emulator/host_shim.h); without a
+//! CUDA device each test prints `skipped: no CUDA device` and passes.
+#![cfg(feature = "cuda-backend")]
+
+mod common;
+use common::parity::{gpu, input};
+use common::{assert_close, vals};
+use mantissa::profiler;
+use mantissa::*;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds the lock with the fused op asked for; puts `Auto` back when dropped.
+struct FusedKernel(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl FusedKernel {
+    fn take() -> FusedKernel {
+        let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        set_attention_kernel(AttentionKernel::Fused);
+        FusedKernel(guard)
+    }
+}
+
+impl Drop for FusedKernel {
+    fn drop(&mut self) {
+        set_attention_kernel(AttentionKernel::Auto);
+    }
+}
+
+/// Norm-wise band against the f32 composition: the output and the gradients are rounded to
+/// `dt` once, and the probabilities and their gradients on the way into the products (the
+/// emulated device's errors peak at about 3.2e-3 in bf16, 5e-4 in f16).
+fn band(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 1.5e-3,
+        _ => 8e-3,
+    }
+}
+
+struct Run {
+    values: Vec<Vec<f64>>,
+    kernels: Vec<String>,
+}
+
+/// Attention of `[2, 2, l, e]` queries and `[2, 2, s, e]` keys and values in `dt` on `d`,
+/// and the gradients of `sum(y * w)`: [y, dq, dk, dv], with the names of the kernels run.
+fn attend(d: Device, dt: DType, (l, s, e): (usize, usize, usize), causal: bool) -> Run {
+    let seed = (l * 7 + s * 3 + e) as u64;
+    let leaf = |shape: &[usize], k: u64| {
+        input(shape, dt, seed + k)
+            .to_device(d)
+            .unwrap()
+            .copy()
+            .unwrap()
+            .requires_grad(true)
+            .unwrap()
+    };
+    let (q, k, v) = (
+        leaf(&[2, 2, l, e], 1),
+        leaf(&[2, 2, s, e], 2),
+        leaf(&[2, 2, s, e], 3),
+    );
+    let w = input(&[2, 2, l, e], dt, seed + 4).to_device(d).unwrap();
+    let opts = AttentionOptions {
+        is_causal: causal,
+        ..Default::default()
+    };
+    let (y, p) = profiler::profile(|_| {
+        let y = q.scaled_dot_product_attention(&k, &v, opts).unwrap();
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        y
+    })
+    .unwrap();
+    let mut values = vec![vals(&y)];
+    values.extend([&q, &k, &v].map(|t| vals(&t.grad().unwrap())));
+    let kernels = p.kernels().iter().map(|k| k.name.clone()).collect();
+    Run { values, kernels }
+}
+
+/// The same attention composed in f32 on the CPU from the inputs rounded to `dt`.
+fn reference(dt: DType, (l, s, e): (usize, usize, usize), causal: bool) -> Vec<Vec<f64>> {
+    let seed = (l * 7 + s * 3 + e) as u64;
+    let leaf = |shape: &[usize], k: u64| {
+        input(shape, dt, seed + k)
+            .to_dtype(DType::F32)
+            .unwrap()
+            .requires_grad(true)
+            .unwrap()
+    };
+    let (q, k, v) = (
+        leaf(&[2, 2, l, e], 1),
+        leaf(&[2, 2, s, e], 2),
+        leaf(&[2, 2, s, e], 3),
+    );
+    let w = input(&[2, 2, l, e], dt, seed + 4)
+        .to_dtype(DType::F32)
+        .unwrap();
+    let opts = AttentionOptions {
+        is_causal: causal,
+        ..Default::default()
+    };
+    set_attention_kernel(AttentionKernel::Composed);
+    let y = q.scaled_dot_product_attention(&k, &v, opts).unwrap();
+    set_attention_kernel(AttentionKernel::Fused);
+    y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let mut values = vec![vals(&y)];
+    values.extend([&q, &k, &v].map(|t| vals(&t.grad().unwrap())));
+    values
+}
+
+fn tname(dt: DType) -> &'static str {
+    if dt == DType::F16 {
+        "f16"
+    } else {
+        "bf16"
+    }
+}
+
+#[test]
+fn flash_attention_matches_the_f32_composition() {
+    let Some(d) = gpu() else {
+        return;
+    };
+    let _k = FusedKernel::take();
+    // More keys than a tile and fewer queries; more queries than keys (causal rows past the
+    // last key see every key); one query.
+    let shapes = [
+        (37, 70, true),
+        (130, 77, false),
+        (77, 45, true),
+        (1, 9, false),
+    ];
+    for dt in [DType::BF16, DType::F16] {
+        for e in [64, 128] {
+            for (l, s, causal) in shapes {
+                let what = format!("{dt:?} head {e}, {l} queries x {s} keys, causal {causal}");
+                let got = attend(d, dt, (l, s, e), causal);
+                let want = reference(dt, (l, s, e), causal);
+                for (i, name) in ["output", "dq", "dk", "dv"].iter().enumerate() {
+                    assert_close(
+                        &got.values[i],
+                        &want[i],
+                        band(dt),
+                        &format!("{what}: {name}"),
+                    );
+                }
+                for kernel in ["flash_forward_", "flash_backward_kv_", "flash_backward_q_"] {
+                    let name = format!("{kernel}{}_{e}", tname(dt));
+                    assert!(
+                        got.kernels.iter().any(|k| k.starts_with(&name)),
+                        "{what}: {name} did not run: {:?}",
+                        got.kernels
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_backward_repeats_bit_for_bit() {
+    let Some(d) = gpu() else {
+        return;
+    };
+    let _k = FusedKernel::take();
+    let a = attend(d, DType::BF16, (100, 130, 64), true);
+    let b = attend(d, DType::BF16, (100, 130, 64), true);
+    for (x, y) in a.values.iter().zip(&b.values) {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(x), bits(y));
+    }
+}
+
+#[test]
+fn other_head_sizes_and_f32_keep_the_one_row_a_thread_kernels() {
+    let Some(d) = gpu() else {
+        return;
+    };
+    let _k = FusedKernel::take();
+    for (dt, e) in [(DType::BF16, 96), (DType::F32, 64)] {
+        let got = attend(d, dt, (20, 30, e), true);
+        let flash = got
+            .kernels
+            .iter()
+            .filter(|k| k.starts_with("flash_"))
+            .count();
+        assert_eq!(flash, 0, "{dt:?} head {e}: {:?}", got.kernels);
+        assert!(
+            got.kernels.iter().any(|k| k.starts_with("attn_forward_")),
+            "{dt:?} head {e}: {:?}",
+            got.kernels
+        );
+        let want = reference(dt, (20, 30, e), true);
+        let tol = if dt == DType::F32 { 1e-5 } else { band(dt) };
+        assert_close(&got.values[0], &want[0], tol, &format!("{dt:?} head {e}"));
+    }
+}
