@@ -11,9 +11,11 @@
 //   C 16x8:            c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
 // so an accumulator tile pair (columns 16k..16k+15) is, packed to 16 bits, the A fragment of
 // the next product: the probabilities never leave registers. Tiles reach shared memory with
-// 16-byte loads, rows padded by FA_PAD halves so that a warp's fragment loads do not collide.
+// 16-byte copies (`cp.async` for keys and values: the next tile is in flight while this one
+// is computed on), rows padded by FA_PAD halves so that the fragments' `ldmatrix` loads
+// (eight 16-byte rows a phase) do not collide in the banks.
 //
-// Forward: a block of FA_WARPS warps takes 64 queries, loops over tiles of FA_BC keys (up to
+// Forward: a block of FA_WARPS warps takes 64 queries, loops over tiles of BC keys (up to
 // the diagonal when causal) with the online softmax in base 2, and writes the output and the
 // natural log-sum-exp. Backward recomputes the probabilities from it in two kernels that need
 // no atomics (every output row is one warp's, so results repeat bit for bit): per block of
@@ -55,33 +57,48 @@ inline void fa_mma(f16, float* d, const u32* a, const u32* b) { host_mma_m16n8k1
 template <typename T> __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
     return (u32)from_f32<T>(lo).bits | ((u32)from_f32<T>(hi).bits << 16);
 }
-// Two adjacent halves of shared memory (p 4-byte aligned: an even column of an even stride).
-__device__ __forceinline__ u32 fa_ld2(const u16* p) { return *(const u32*)p; }
-// p[0] and p[stride]: two rows of one column.
-__device__ __forceinline__ u32 fa_ld2s(const u16* p, int stride) {
-    return (u32)p[0] | ((u32)p[stride] << 16);
+// ldmatrix.sync.aligned.m8n8.x4 (.trans): four 8 x 8 matrices of 16-bit values from shared
+// memory, lanes 8j..8j+7 giving the addresses of matrix j's rows (16-byte aligned). Lane l
+// gets, in register j, matrix j's row l/4 at columns 2(l%4), 2(l%4)+1; with .trans, column
+// l/4 at rows 2(l%4), 2(l%4)+1. The host build exchanges the addresses through memory.
+#ifdef __CUDACC_RTC__
+__device__ __forceinline__ u32 fa_smem(const u16* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
-// The A fragment of the 16 x 16 block at `p` (row stride `stride`).
+__device__ __forceinline__ void fa_ldm(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_smem(p)));
+}
+__device__ __forceinline__ void fa_ldm_t(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_smem(p)));
+}
+#else
+inline void fa_ldm(u32* r, const u16* p) { host_ldmatrix_x4(r, p, false); }
+inline void fa_ldm_t(u32* r, const u16* p) { host_ldmatrix_x4(r, p, true); }
+#endif
+// The A fragment of the 16 x 16 block at `p` (row stride `stride`): matrices (rows 0-7,
+// columns 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
 __device__ __forceinline__ void fa_frag_a(u32* a, const u16* p, int stride) {
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    a[0] = fa_ld2(p + g * stride + 2 * t);
-    a[1] = fa_ld2(p + (g + 8) * stride + 2 * t);
-    a[2] = fa_ld2(p + g * stride + 2 * t + 8);
-    a[3] = fa_ld2(p + (g + 8) * stride + 2 * t + 8);
+    int l = threadIdx.x & 31;
+    fa_ldm(a, p + (l % 8 + 8 * ((l / 8) % 2)) * stride + 8 * (l / 16));
 }
-// The B fragment whose column n is row n of the 8 x 16 block at `p` (k along the row): a
-// product with a row-major matrix's transpose, such as q k^T.
-__device__ __forceinline__ void fa_frag_bt(u32* b, const u16* p, int stride) {
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    b[0] = fa_ld2(p + g * stride + 2 * t);
-    b[1] = fa_ld2(p + g * stride + 2 * t + 8);
+// The B fragments of two column tiles whose columns are rows 0-7 and 8-15 of the 16 x 16
+// block at `p` (k along the rows): a product with a row-major matrix's transpose, such as
+// q k^T. b[0..2] is the first tile's, b[2..4] the second's.
+__device__ __forceinline__ void fa_frag_bt2(u32* b, const u16* p, int stride) {
+    int l = threadIdx.x & 31;
+    fa_ldm(b, p + (l % 8 + 8 * (l / 16)) * stride + 8 * ((l / 8) % 2));
 }
-// The B fragment of the 16 x 8 block at `p` of a row-major matrix (k down the rows), such as
-// the values in P v.
-__device__ __forceinline__ void fa_frag_b(u32* b, const u16* p, int stride) {
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    b[0] = fa_ld2s(p + 2 * t * stride + g, stride);
-    b[1] = fa_ld2s(p + (2 * t + 8) * stride + g, stride);
+// The B fragments of the column tiles 0-7 and 8-15 of the 16 x 16 block at `p` of a
+// row-major matrix (k down the rows), such as the values in P v: transposed loads.
+__device__ __forceinline__ void fa_frag_b2(u32* b, const u16* p, int stride) {
+    int l = threadIdx.x & 31;
+    fa_ldm_t(b, p + (l % 8 + 8 * ((l / 8) % 2)) * stride + 8 * (l / 16));
 }
 // Accumulator tiles n and n + 1 (16 columns) as an A fragment.
 template <typename T> __device__ __forceinline__ void fa_acc_a(u32* a, const float* c0,
@@ -114,6 +131,53 @@ __device__ __forceinline__ void fa_load(u16* dst, const T* src, i64 r0, i64 rows
     }
 }
 
+// 16 bytes from global `src` to shared `dst` without passing through registers
+// (cp.async.cg, Ampere and later), zeros when `live` is false (src is then not read); a
+// group of them is committed, and waited for until at most N groups are in flight. The
+// host build's copies land at the wait (tests/emulator/host_shim.h).
+#ifdef __CUDACC_RTC__
+__device__ __forceinline__ void fa_cp16(u16* dst, const void* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(fa_smem(dst)), "l"(src),
+                 "r"(live ? 16 : 0));
+}
+__device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void fa_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+#else
+inline void fa_cp16(u16* dst, const void* src, bool live) { host_cp_async16(dst, src, live); }
+inline void fa_cp_commit() { host_cp_commit(); }
+template <int N> inline void fa_cp_wait() { host_cp_wait(N); }
+#endif
+
+// fa_load through cp.async: the copies are in flight until a wait.
+template <typename T, int D, int R>
+__device__ __forceinline__ void fa_load_async(u16* dst, const T* src, i64 r0, i64 rows) {
+    constexpr int V = D / 8;
+    for (int c = threadIdx.x; c < R * V; c += blockDim.x) {
+        int r = c / V, e = (c % V) * 8;
+        bool live = r0 + r < rows;
+        fa_cp16(dst + r * (D + FA_PAD) + e, src + (live ? (r0 + r) * D + e : 0), live);
+    }
+}
+
+// Key and value tile j0 of a [rows, D] pair into `stage` (keys, then values at TILE
+// halves), as one committed group.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa_issue_kv(u16* stage, const T* k, const T* v, i64 j0, i64 S) {
+    fa_load_async<T, D, BC>(stage, k, j0, S);
+    fa_load_async<T, D, BC>(stage + BC * (D + FA_PAD), v, j0, S);
+    fa_cp_commit();
+}
+
+// Waits for the tile issued before the one just issued (or, with `more` false, for the last
+// one), then for the whole block: the current stage is readable.
+__device__ __forceinline__ void fa_await(bool more) {
+    if (more) fa_cp_wait<1>();
+    else fa_cp_wait<0>();
+    __syncthreads();
+}
+
 // Whether query i and key j meet: both exist, and with `causal` j is not past i.
 __device__ __forceinline__ bool fa_live(i64 i, i64 j, i64 L, i64 S, int causal) {
     return i < L && j < S && !(causal && j > i);
@@ -126,10 +190,11 @@ template <typename T, int D, int BC>
 __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
                            const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
                            i64 B, i64 L, i64 S, float scale, int causal) {
-    constexpr int BR = 16 * FA_WARPS, P = D + FA_PAD;
-    FA_SHARED(qs, BR * P);
-    FA_SHARED(ks, BC * P);
-    FA_SHARED(vs, BC * P);
+    constexpr int BR = 16 * FA_WARPS, P = D + FA_PAD, TILE = BC * P;
+    static_assert(BR <= 2 * BC, "the queries pass through one stage of keys and values");
+    // Two stages of a key and a value tile, so that the next tile's copies (cp.async) run
+    // while this one's products do; the queries pass through stage 1 first.
+    FA_SHARED(sm, 4 * TILE);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * FA_LOG2E;
     i64 tiles = (L + BR - 1) / BR;
@@ -137,26 +202,31 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
         i64 b = blk / tiles, i0 = (blk % tiles) * BR;
         const T* kb = k + b * S * D;
         const T* vb = v + b * S * D;
-        __syncthreads(); // the previous tile's reads are done
-        fa_load<T, D, BR>(qs, q + b * L * D, i0, L);
+        i64 end = causal && i0 + BR < S ? i0 + BR : S;
+        __syncthreads(); // the previous block's reads are done
+        fa_load<T, D, BR>(sm + 2 * TILE, q + b * L * D, i0, L);
+        fa_issue_kv<T, D, BC>(sm, kb, vb, 0, S);
         __syncthreads();
         u32 qa[D / 16][4];
-        for (int kk = 0; kk < D / 16; kk++) fa_frag_a(qa[kk], qs + warp * 16 * P + kk * 16, P);
+        for (int kk = 0; kk < D / 16; kk++)
+            fa_frag_a(qa[kk], sm + 2 * TILE + warp * 16 * P + kk * 16, P);
         float o[D / 8][4] = {};
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
         const i64 rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
-        i64 end = causal && i0 + BR < S ? i0 + BR : S;
-        for (i64 j0 = 0; j0 < end; j0 += BC) {
-            __syncthreads();
-            fa_load<T, D, BC>(ks, kb, j0, S);
-            fa_load<T, D, BC>(vs, vb, j0, S);
-            __syncthreads();
+        for (i64 j0 = 0, it = 0; j0 < end; j0 += BC, it++) {
+            __syncthreads(); // the stage the next copies go to has been read
+            bool more = j0 + BC < end;
+            if (more) fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, vb, j0 + BC, S);
+            fa_await(more);
+            const u16* ks = sm + (it & 1) * 2 * TILE;
+            const u16* vs = ks + TILE;
             float s[BC / 8][4] = {};
             for (int kk = 0; kk < D / 16; kk++) {
-                for (int n = 0; n < BC / 8; n++) {
-                    u32 bk[2];
-                    fa_frag_bt(bk, ks + n * 8 * P + kk * 16, P);
+                for (int n = 0; n < BC / 8; n += 2) {
+                    u32 bk[4];
+                    fa_frag_bt2(bk, ks + n * 8 * P + kk * 16, P);
                     fa_mma(T{}, s[n], qa[kk], bk);
+                    fa_mma(T{}, s[n + 1], qa[kk], bk + 2);
                 }
             }
             float mx[2] = {m[0], m[1]};
@@ -190,10 +260,11 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
             for (int kk = 0; kk < BC / 16; kk++) {
                 u32 pa[4];
                 fa_acc_a<T>(pa, s[2 * kk], s[2 * kk + 1]);
-                for (int n = 0; n < D / 8; n++) {
-                    u32 bv[2];
-                    fa_frag_b(bv, vs + kk * 16 * P + n * 8, P);
+                for (int n = 0; n < D / 8; n += 2) {
+                    u32 bv[4];
+                    fa_frag_b2(bv, vs + kk * 16 * P + n * 8, P);
                     fa_mma(T{}, o[n], pa, bv);
+                    fa_mma(T{}, o[n + 1], pa, bv + 2);
                 }
             }
         }
@@ -266,12 +337,14 @@ __device__ void fa_backward_kv(const T* __restrict__ q, const T* __restrict__ k,
                 u32 ka[4], va[4];
                 fa_frag_a(ka, ks + warp * 16 * P + kk * 16, P);
                 fa_frag_a(va, vs + warp * 16 * P + kk * 16, P);
-                for (int n = 0; n < BQ / 8; n++) {
-                    u32 bq[2], bd[2];
-                    fa_frag_bt(bq, qs + n * 8 * P + kk * 16, P);
-                    fa_frag_bt(bd, dos + n * 8 * P + kk * 16, P);
+                for (int n = 0; n < BQ / 8; n += 2) {
+                    u32 bq[4], bd[4];
+                    fa_frag_bt2(bq, qs + n * 8 * P + kk * 16, P);
+                    fa_frag_bt2(bd, dos + n * 8 * P + kk * 16, P);
                     fa_mma(T{}, st[n], ka, bq);
+                    fa_mma(T{}, st[n + 1], ka, bq + 2);
                     fa_mma(T{}, dpt[n], va, bd);
+                    fa_mma(T{}, dpt[n + 1], va, bd + 2);
                 }
             }
             for (int n = 0; n < BQ / 8; n++) {
@@ -287,12 +360,14 @@ __device__ void fa_backward_kv(const T* __restrict__ q, const T* __restrict__ k,
                 u32 pa[4], sa[4];
                 fa_acc_a<T>(pa, st[2 * kk], st[2 * kk + 1]);
                 fa_acc_a<T>(sa, dpt[2 * kk], dpt[2 * kk + 1]);
-                for (int n = 0; n < D / 8; n++) {
-                    u32 bd[2], bq[2];
-                    fa_frag_b(bd, dos + kk * 16 * P + n * 8, P);
-                    fa_frag_b(bq, qs + kk * 16 * P + n * 8, P);
+                for (int n = 0; n < D / 8; n += 2) {
+                    u32 bd[4], bq[4];
+                    fa_frag_b2(bd, dos + kk * 16 * P + n * 8, P);
+                    fa_frag_b2(bq, qs + kk * 16 * P + n * 8, P);
                     fa_mma(T{}, gv[n], pa, bd);
+                    fa_mma(T{}, gv[n + 1], pa, bd + 2);
                     fa_mma(T{}, gk[n], sa, bq);
+                    fa_mma(T{}, gk[n + 1], sa, bq + 2);
                 }
             }
         }
@@ -317,46 +392,55 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, const T* __restrict__ dout,
                               const float* __restrict__ lse, const float* __restrict__ dsum,
                               T* __restrict__ dq, i64 B, i64 L, i64 S, float scale, int causal) {
-    constexpr int BR = 16 * FA_WARPS, P = D + FA_PAD;
-    FA_SHARED(qs, BR * P);
-    FA_SHARED(ks, BC * P);
-    FA_SHARED(vs, BC * P);
+    constexpr int BR = 16 * FA_WARPS, P = D + FA_PAD, TILE = BC * P;
+    static_assert(BR <= 2 * BC, "the queries pass through one stage of keys and values");
+    // As fa_forward: two stages of key and value tiles; the queries and the output
+    // gradient pass through stage 1 first.
+    FA_SHARED(sm, 4 * TILE);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * FA_LOG2E;
     i64 tiles = (L + BR - 1) / BR;
     for (i64 blk = blockIdx.x; blk < B * tiles; blk += gridDim.x) {
         i64 b = blk / tiles, i0 = (blk % tiles) * BR;
+        const T* kb = k + b * S * D;
+        const T* vb = v + b * S * D;
         const i64 rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
         float li[2], di[2];
         for (int h = 0; h < 2; h++) {
             li[h] = rows[h] < L ? lse[b * L + rows[h]] * FA_LOG2E : 0.0f;
             di[h] = rows[h] < L ? dsum[b * L + rows[h]] : 0.0f;
         }
-        // The queries' and then the output gradient's fragments, through one buffer.
-        u32 qa[D / 16][4], da[D / 16][4];
-        __syncthreads();
-        fa_load<T, D, BR>(qs, q + b * L * D, i0, L);
-        __syncthreads();
-        for (int kk = 0; kk < D / 16; kk++) fa_frag_a(qa[kk], qs + warp * 16 * P + kk * 16, P);
-        __syncthreads();
-        fa_load<T, D, BR>(qs, dout + b * L * D, i0, L);
-        __syncthreads();
-        for (int kk = 0; kk < D / 16; kk++) fa_frag_a(da[kk], qs + warp * 16 * P + kk * 16, P);
-        float gq[D / 8][4] = {};
         i64 end = causal && i0 + BR < S ? i0 + BR : S;
-        for (i64 j0 = 0; j0 < end; j0 += BC) {
-            __syncthreads();
-            fa_load<T, D, BC>(ks, k + b * S * D, j0, S);
-            fa_load<T, D, BC>(vs, v + b * S * D, j0, S);
-            __syncthreads();
+        u32 qa[D / 16][4], da[D / 16][4];
+        __syncthreads(); // the previous block's reads are done
+        fa_load<T, D, BR>(sm + 2 * TILE, q + b * L * D, i0, L);
+        fa_issue_kv<T, D, BC>(sm, kb, vb, 0, S);
+        __syncthreads();
+        for (int kk = 0; kk < D / 16; kk++)
+            fa_frag_a(qa[kk], sm + 2 * TILE + warp * 16 * P + kk * 16, P);
+        __syncthreads();
+        fa_load<T, D, BR>(sm + 2 * TILE, dout + b * L * D, i0, L);
+        __syncthreads();
+        for (int kk = 0; kk < D / 16; kk++)
+            fa_frag_a(da[kk], sm + 2 * TILE + warp * 16 * P + kk * 16, P);
+        float gq[D / 8][4] = {};
+        for (i64 j0 = 0, it = 0; j0 < end; j0 += BC, it++) {
+            __syncthreads(); // the stage the next copies go to has been read
+            bool more = j0 + BC < end;
+            if (more) fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, vb, j0 + BC, S);
+            fa_await(more);
+            const u16* ks = sm + (it & 1) * 2 * TILE;
+            const u16* vs = ks + TILE;
             float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
             for (int kk = 0; kk < D / 16; kk++) {
-                for (int n = 0; n < BC / 8; n++) {
-                    u32 bk[2], bv[2];
-                    fa_frag_bt(bk, ks + n * 8 * P + kk * 16, P);
-                    fa_frag_bt(bv, vs + n * 8 * P + kk * 16, P);
+                for (int n = 0; n < BC / 8; n += 2) {
+                    u32 bk[4], bv[4];
+                    fa_frag_bt2(bk, ks + n * 8 * P + kk * 16, P);
+                    fa_frag_bt2(bv, vs + n * 8 * P + kk * 16, P);
                     fa_mma(T{}, s[n], qa[kk], bk);
+                    fa_mma(T{}, s[n + 1], qa[kk], bk + 2);
                     fa_mma(T{}, dp[n], da[kk], bv);
+                    fa_mma(T{}, dp[n + 1], da[kk], bv + 2);
                 }
             }
             for (int n = 0; n < BC / 8; n++) {
@@ -370,10 +454,11 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
             for (int kk = 0; kk < BC / 16; kk++) {
                 u32 sa[4];
                 fa_acc_a<T>(sa, dp[2 * kk], dp[2 * kk + 1]);
-                for (int n = 0; n < D / 8; n++) {
-                    u32 bk[2];
-                    fa_frag_b(bk, ks + kk * 16 * P + n * 8, P);
+                for (int n = 0; n < D / 8; n += 2) {
+                    u32 bk[4];
+                    fa_frag_b2(bk, ks + kk * 16 * P + n * 8, P);
                     fa_mma(T{}, gq[n], sa, bk);
+                    fa_mma(T{}, gq[n + 1], sa, bk + 2);
                 }
             }
         }
@@ -388,9 +473,9 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
     }
 }
 
-// Entry points per dtype and head size: forward with FA_BC keys a tile (64 for head 64, 32
-// for head 128, so that a block's tiles fit 48 KiB of static shared memory), dk/dv with W
-// warps and BQ queries a tile.
+// Entry points per dtype and head size: forward and dq with BC keys a tile (64 for head 64,
+// 32 for head 128, so that two stages of key and value tiles fit 48 KiB of static shared
+// memory), dk/dv with W warps and BQ queries a tile.
 #define FLASH(T, D, BC, W, BQ)                                                                 \
     extern "C" __global__ void flash_forward_##T##_##D(const T* q, const T* k, const T* v,      \
                                                        T* out, float* lse, i64 B, i64 L,        \

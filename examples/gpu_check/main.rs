@@ -284,8 +284,10 @@ fn copy_gbs(stream: &Arc<CudaStream>) -> Res<f64> {
 const HELP: &str = "gpu_check: the CUDA device report and quick checks of the CUDA backend
 (kernels against the CPU, GEMM rate, host-to-device copies, a training step, M2 bandwidth).
 
-usage: gpu_check [--quick]
-  --quick   small GEMM and convolution sizes (a dry run; the figures mean nothing)
+usage: gpu_check [--quick] [--attention]
+  --quick       small GEMM and convolution sizes (a dry run; the figures mean nothing)
+  --attention   the device report and the attention timings only (the fused op, on tensor
+                cores where it applies, against the composition)
 
 exit status: 0 every check ran and passed; 1 a check failed; 2 no usable CUDA device, so
 nothing was checked.";
@@ -306,6 +308,17 @@ fn main() {
     };
     println!("{report}");
     let quick = std::env::args().skip(1).any(|a| a == "--quick");
+    if std::env::args().skip(1).any(|a| a == "--attention") {
+        let d = Device::cuda(0).and_then(|d| engine::attention(d, quick));
+        match d {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                eprintln!("gpu_check failed: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let run = || -> Res<()> {
         let ctx = CudaContext::new(0)?;
         let stream = ctx.default_stream();

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #ifndef __global__
 #define __global__
@@ -284,6 +285,63 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
 // 32 lanes (so, as with shuffles, every thread of the block must reach each product).
 // Internal linkage: every kernel library has its own copy, bound to its own threadIdx.
 static void host_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, bool bf);
+
+// cp.async.cg.shared.global of 16 bytes, commit_group and wait_group (cuda/flash.cu): a
+// copy is in flight from its issue to the wait that covers its group. Meanwhile its
+// destination holds 0xFF bytes (NaN as f16 and bf16), so that a read before the wait, or a
+// copy into memory other threads still read, shows in the results; the data (or zeros)
+// arrives at the wait.
+struct HostCopy {
+    void* dst;
+    const void* src; // null: zeros
+    unsigned group;
+};
+static thread_local std::vector<HostCopy> host_copies[1024];
+static thread_local unsigned host_copy_groups[1024]; // committed so far, per thread
+static void host_cp_async16(void* dst, const void* src, bool live) {
+    host_copies[threadIdx.x].push_back({dst, live ? src : nullptr, host_copy_groups[threadIdx.x]});
+    std::memset(dst, 0xFF, 16);
+}
+static void host_cp_commit() { host_copy_groups[threadIdx.x]++; }
+// Completes every committed group but the newest n.
+static void host_cp_wait(unsigned n) {
+    std::vector<HostCopy>& q = host_copies[threadIdx.x];
+    unsigned committed = host_copy_groups[threadIdx.x];
+    std::size_t kept = 0;
+    for (HostCopy& c : q) {
+        if (c.group + n < committed) {
+            if (c.src) std::memcpy(c.dst, c.src, 16);
+            else std::memset(c.dst, 0, 16);
+        } else {
+            q[kept++] = c;
+        }
+    }
+    q.resize(kept);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 (cuda/flash.cu): lanes 8j..8j+7 give the
+// row addresses of matrix j; after a block-wide barrier each lane reads its four registers
+// from its warp's rows (row l/4, columns 2(l%4)..+1; transposed, column l/4 of rows
+// 2(l%4)..+1).
+static thread_local const unsigned short* host_ldm_rows[1024];
+static void host_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
+    unsigned self = threadIdx.x, warp = self & ~31u, l = self & 31u;
+    host_ldm_rows[self] = p;
+    __syncthreads();
+    for (unsigned j = 0; j < 4; j++) {
+        const unsigned short* const* rows = host_ldm_rows + warp + 8 * j;
+        unsigned lo, hi;
+        if (trans) {
+            lo = rows[2 * (l % 4)][l / 4];
+            hi = rows[2 * (l % 4) + 1][l / 4];
+        } else {
+            lo = rows[l / 4][2 * (l % 4)];
+            hi = rows[l / 4][2 * (l % 4) + 1];
+        }
+        r[j] = lo | (hi << 16);
+    }
+    __syncthreads(); // every lane has read before the addresses are written again
+}
 
 #else
 
