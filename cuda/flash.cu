@@ -1,8 +1,10 @@
 // Flash attention on tensor cores for f16 and bf16 with head sizes 64 and 128
-// (src/backend/cuda/attention.rs picks it; other cases take cuda/attention.cu): the same
-// contract as attention.cu (contiguous [B, L, D] queries, [B, S, D] keys and values, `causal`
-// meaning query i sees keys 0..=i, a log-sum-exp per query row for backward), in the
-// FlashAttention-2 arrangement.
+// (src/backend/cuda/flash.rs launches it; other cases take cuda/attention.cu): the same
+// contract as attention.cu (B L queries, B S keys and values of D, `causal` meaning query i
+// sees keys 0..=i, a contiguous log-sum-exp per query row for backward), in the
+// FlashAttention-2 arrangement, except that every tensor's rows are addressed through a
+// FaRows (any [B, H, T, D] view whose rows start 16-byte aligned: the heads of a packed
+// q/k/v product are read where they lie, the output is written [B, T, H, D]).
 //
 // Products run on `mma.sync.aligned.m16n8k16` (16-bit inputs, f32 accumulators): a warp owns
 // 16 rows, a fragment's registers are the PTX ISA's layouts (g = lane / 4, t = lane % 4):
@@ -118,15 +120,15 @@ __device__ __forceinline__ float fa_quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Rows [r0, r0 + R) of a [rows, D] matrix into shared `dst` (row stride D + FA_PAD), zeros
-// past `rows`, by every thread of the block.
+// Rows [r0, r0 + R) of a matrix of `rows` rows of D (`st` apart) into shared `dst` (row
+// stride D + FA_PAD), zeros past `rows`, by every thread of the block.
 template <typename T, int D, int R>
-__device__ __forceinline__ void fa_load(u16* dst, const T* src, i64 r0, i64 rows) {
+__device__ __forceinline__ void fa_load(u16* dst, const T* src, i64 st, i64 r0, i64 rows) {
     constexpr int V = D / 8;
     for (int c = threadIdx.x; c < R * V; c += blockDim.x) {
         int r = c / V, e = (c % V) * 8;
         Vec16<T> x = {};
-        if (r0 + r < rows) x = *(const Vec16<T>*)(src + (r0 + r) * D + e);
+        if (r0 + r < rows) x = *(const Vec16<T>*)(src + (r0 + r) * st + e);
         *(Vec16<T>*)(dst + r * (D + FA_PAD) + e) = x;
     }
 }
@@ -152,21 +154,22 @@ template <int N> inline void fa_cp_wait() { host_cp_wait(N); }
 
 // fa_load through cp.async: the copies are in flight until a wait.
 template <typename T, int D, int R>
-__device__ __forceinline__ void fa_load_async(u16* dst, const T* src, i64 r0, i64 rows) {
+__device__ __forceinline__ void fa_load_async(u16* dst, const T* src, i64 st, i64 r0, i64 rows) {
     constexpr int V = D / 8;
     for (int c = threadIdx.x; c < R * V; c += blockDim.x) {
         int r = c / V, e = (c % V) * 8;
         bool live = r0 + r < rows;
-        fa_cp16(dst + r * (D + FA_PAD) + e, src + (live ? (r0 + r) * D + e : 0), live);
+        fa_cp16(dst + r * (D + FA_PAD) + e, src + (live ? (r0 + r) * st + e : 0), live);
     }
 }
 
-// Key and value tile j0 of a [rows, D] pair into `stage` (keys, then values at TILE
+// Key and value tile j0 (rows `ks` and `vs` apart) into `stage` (keys, then values at TILE
 // halves), as one committed group.
 template <typename T, int D, int BC>
-__device__ __forceinline__ void fa_issue_kv(u16* stage, const T* k, const T* v, i64 j0, i64 S) {
-    fa_load_async<T, D, BC>(stage, k, j0, S);
-    fa_load_async<T, D, BC>(stage + BC * (D + FA_PAD), v, j0, S);
+__device__ __forceinline__ void fa_issue_kv(u16* stage, const T* k, i64 ks, const T* v, i64 vs,
+                                            i64 j0, i64 S) {
+    fa_load_async<T, D, BC>(stage, k, ks, j0, S);
+    fa_load_async<T, D, BC>(stage + BC * (D + FA_PAD), v, vs, j0, S);
     fa_cp_commit();
 }
 
@@ -177,6 +180,22 @@ __device__ __forceinline__ void fa_await(bool more) {
     else fa_cp_wait<0>();
     __syncthreads();
 }
+
+// Where the rows of one (batch, head) pair start, and the distance between rows, in
+// elements: pair bh = b h_count + h starts at b sb + h sh (a [B, H, T, D] view with any
+// strides whose last is 1, such as the heads of a packed q/k/v product; contiguous
+// [B H, T, D] rows are h = 1, sb = T D, st = D). Every offset is a multiple of 8 elements
+// (the launcher checks), so rows start 16-byte aligned.
+struct FaRows {
+    i64 h, sb, sh, st;
+};
+__device__ __forceinline__ i64 fa_base(const FaRows& r, i64 bh) {
+    return idiv(bh, r.h) * r.sb + imod(bh, r.h) * r.sh;
+}
+// The rows of every tensor a kernel reads or writes (the forward's output is `o`).
+struct FaAll {
+    FaRows q, k, v, o, dout, dq, dk, dv;
+};
 
 // Whether query i and key j meet: both exist, and with `causal` j is not past i.
 __device__ __forceinline__ bool fa_live(i64 i, i64 j, i64 L, i64 S, int causal) {
@@ -189,7 +208,7 @@ __device__ __forceinline__ bool fa_live(i64 i, i64 j, i64 L, i64 S, int causal) 
 template <typename T, int D, int BC>
 __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
                            const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
-                           i64 B, i64 L, i64 S, float scale, int causal) {
+                           i64 B, i64 L, i64 S, float scale, int causal, const FaAll& r) {
     constexpr int BR = 16 * FA_WARPS, P = D + FA_PAD, TILE = BC * P;
     static_assert(BR <= 2 * BC, "the queries pass through one stage of keys and values");
     // Two stages of a key and a value tile, so that the next tile's copies (cp.async) run
@@ -200,12 +219,12 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
     i64 tiles = (L + BR - 1) / BR;
     for (i64 blk = blockIdx.x; blk < B * tiles; blk += gridDim.x) {
         i64 b = blk / tiles, i0 = (blk % tiles) * BR;
-        const T* kb = k + b * S * D;
-        const T* vb = v + b * S * D;
+        const T* kb = k + fa_base(r.k, b);
+        const T* vb = v + fa_base(r.v, b);
         i64 end = causal && i0 + BR < S ? i0 + BR : S;
         __syncthreads(); // the previous block's reads are done
-        fa_load<T, D, BR>(sm + 2 * TILE, q + b * L * D, i0, L);
-        fa_issue_kv<T, D, BC>(sm, kb, vb, 0, S);
+        fa_load<T, D, BR>(sm + 2 * TILE, q + fa_base(r.q, b), r.q.st, i0, L);
+        fa_issue_kv<T, D, BC>(sm, kb, r.k.st, vb, r.v.st, 0, S);
         __syncthreads();
         u32 qa[D / 16][4];
         for (int kk = 0; kk < D / 16; kk++)
@@ -216,7 +235,9 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
         for (i64 j0 = 0, it = 0; j0 < end; j0 += BC, it++) {
             __syncthreads(); // the stage the next copies go to has been read
             bool more = j0 + BC < end;
-            if (more) fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, vb, j0 + BC, S);
+            if (more)
+                fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, r.k.st, vb, r.v.st,
+                                      j0 + BC, S);
             fa_await(more);
             const u16* ks = sm + (it & 1) * 2 * TILE;
             const u16* vs = ks + TILE;
@@ -272,7 +293,7 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
             float total = fa_quad_sum(l[h]);
             if (rows[h] >= L) continue;
             float inv = 1.0f / total;
-            T* orow = out + (b * L + rows[h]) * D + 2 * t;
+            T* orow = out + fa_base(r.o, b) + rows[h] * r.o.st + 2 * t;
             for (int n = 0; n < D / 8; n++) {
                 orow[n * 8] = from_f32<T>(o[n][2 * h] * inv);
                 orow[n * 8 + 1] = from_f32<T>(o[n][2 * h + 1] * inv);
@@ -285,15 +306,18 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
 // D_i = do_i . o_i per row (f32), for both backward kernels.
 template <typename T, int D>
 __device__ void fa_prep(const T* __restrict__ o, const T* __restrict__ dout,
-                        float* __restrict__ dsum, i64 rows) {
-    FOR_EACH(r, rows) {
+                        float* __restrict__ dsum, i64 rows, i64 L, const FaAll& r) {
+    FOR_EACH(row, rows) {
+        i64 bh = idiv(row, L), i = imod(row, L);
+        const T* orow = o + fa_base(r.o, bh) + i * r.o.st;
+        const T* grow = dout + fa_base(r.dout, bh) + i * r.dout.st;
         float s = 0.0f;
         for (int e = 0; e < D; e += 8) {
-            Vec16<T> x = *(const Vec16<T>*)(o + r * D + e);
-            Vec16<T> y = *(const Vec16<T>*)(dout + r * D + e);
+            Vec16<T> x = *(const Vec16<T>*)(orow + e);
+            Vec16<T> y = *(const Vec16<T>*)(grow + e);
             for (int u = 0; u < 8; u++) s += to_f32(x.v[u]) * to_f32(y.v[u]);
         }
-        dsum[r] = s;
+        dsum[row] = s;
     }
 }
 
@@ -305,7 +329,7 @@ __device__ void fa_backward_kv(const T* __restrict__ q, const T* __restrict__ k,
                                const T* __restrict__ v, const T* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ dsum,
                                T* __restrict__ dk, T* __restrict__ dv, i64 B, i64 L, i64 S,
-                               float scale, int causal) {
+                               float scale, int causal, const FaAll& r) {
     constexpr int N = 16 * W, P = D + FA_PAD;
     FA_SHARED(ks, N * P);
     FA_SHARED(vs, N * P);
@@ -318,15 +342,15 @@ __device__ void fa_backward_kv(const T* __restrict__ q, const T* __restrict__ k,
     for (i64 blk = blockIdx.x; blk < B * tiles; blk += gridDim.x) {
         i64 b = blk / tiles, j0 = (blk % tiles) * N;
         __syncthreads();
-        fa_load<T, D, N>(ks, k + b * S * D, j0, S);
-        fa_load<T, D, N>(vs, v + b * S * D, j0, S);
+        fa_load<T, D, N>(ks, k + fa_base(r.k, b), r.k.st, j0, S);
+        fa_load<T, D, N>(vs, v + fa_base(r.v, b), r.v.st, j0, S);
         float gk[D / 8][4] = {}, gv[D / 8][4] = {};
         const i64 keys[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
         // Causal: the queries before this block's first key see none of its keys.
         for (i64 i0 = causal ? j0 / BQ * BQ : 0; i0 < L; i0 += BQ) {
             __syncthreads();
-            fa_load<T, D, BQ>(qs, q + b * L * D, i0, L);
-            fa_load<T, D, BQ>(dos, dout + b * L * D, i0, L);
+            fa_load<T, D, BQ>(qs, q + fa_base(r.q, b), r.q.st, i0, L);
+            fa_load<T, D, BQ>(dos, dout + fa_base(r.dout, b), r.dout.st, i0, L);
             for (int c = threadIdx.x; c < BQ; c += blockDim.x) {
                 ls[c] = i0 + c < L ? lse[b * L + i0 + c] * FA_LOG2E : 0.0f;
                 dd[c] = i0 + c < L ? dsum[b * L + i0 + c] : 0.0f;
@@ -373,8 +397,8 @@ __device__ void fa_backward_kv(const T* __restrict__ q, const T* __restrict__ k,
         }
         for (int h = 0; h < 2; h++) {
             if (keys[h] >= S) continue;
-            T* krow = dk + (b * S + keys[h]) * D + 2 * t;
-            T* vrow = dv + (b * S + keys[h]) * D + 2 * t;
+            T* krow = dk + fa_base(r.dk, b) + keys[h] * r.dk.st + 2 * t;
+            T* vrow = dv + fa_base(r.dv, b) + keys[h] * r.dv.st + 2 * t;
             for (int n = 0; n < D / 8; n++) {
                 krow[n * 8] = from_f32<T>(gk[n][2 * h] * scale);
                 krow[n * 8 + 1] = from_f32<T>(gk[n][2 * h + 1] * scale);
@@ -391,7 +415,8 @@ template <typename T, int D, int BC>
 __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, const T* __restrict__ dout,
                               const float* __restrict__ lse, const float* __restrict__ dsum,
-                              T* __restrict__ dq, i64 B, i64 L, i64 S, float scale, int causal) {
+                              T* __restrict__ dq, i64 B, i64 L, i64 S, float scale, int causal,
+                              const FaAll& r) {
     constexpr int BR = 16 * FA_WARPS, P = D + FA_PAD, TILE = BC * P;
     static_assert(BR <= 2 * BC, "the queries pass through one stage of keys and values");
     // As fa_forward: two stages of key and value tiles; the queries and the output
@@ -402,8 +427,8 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
     i64 tiles = (L + BR - 1) / BR;
     for (i64 blk = blockIdx.x; blk < B * tiles; blk += gridDim.x) {
         i64 b = blk / tiles, i0 = (blk % tiles) * BR;
-        const T* kb = k + b * S * D;
-        const T* vb = v + b * S * D;
+        const T* kb = k + fa_base(r.k, b);
+        const T* vb = v + fa_base(r.v, b);
         const i64 rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
         float li[2], di[2];
         for (int h = 0; h < 2; h++) {
@@ -413,13 +438,13 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
         i64 end = causal && i0 + BR < S ? i0 + BR : S;
         u32 qa[D / 16][4], da[D / 16][4];
         __syncthreads(); // the previous block's reads are done
-        fa_load<T, D, BR>(sm + 2 * TILE, q + b * L * D, i0, L);
-        fa_issue_kv<T, D, BC>(sm, kb, vb, 0, S);
+        fa_load<T, D, BR>(sm + 2 * TILE, q + fa_base(r.q, b), r.q.st, i0, L);
+        fa_issue_kv<T, D, BC>(sm, kb, r.k.st, vb, r.v.st, 0, S);
         __syncthreads();
         for (int kk = 0; kk < D / 16; kk++)
             fa_frag_a(qa[kk], sm + 2 * TILE + warp * 16 * P + kk * 16, P);
         __syncthreads();
-        fa_load<T, D, BR>(sm + 2 * TILE, dout + b * L * D, i0, L);
+        fa_load<T, D, BR>(sm + 2 * TILE, dout + fa_base(r.dout, b), r.dout.st, i0, L);
         __syncthreads();
         for (int kk = 0; kk < D / 16; kk++)
             fa_frag_a(da[kk], sm + 2 * TILE + warp * 16 * P + kk * 16, P);
@@ -427,7 +452,9 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
         for (i64 j0 = 0, it = 0; j0 < end; j0 += BC, it++) {
             __syncthreads(); // the stage the next copies go to has been read
             bool more = j0 + BC < end;
-            if (more) fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, vb, j0 + BC, S);
+            if (more)
+                fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, r.k.st, vb, r.v.st,
+                                      j0 + BC, S);
             fa_await(more);
             const u16* ks = sm + (it & 1) * 2 * TILE;
             const u16* vs = ks + TILE;
@@ -464,7 +491,7 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
         }
         for (int h = 0; h < 2; h++) {
             if (rows[h] >= L) continue;
-            T* qrow = dq + (b * L + rows[h]) * D + 2 * t;
+            T* qrow = dq + fa_base(r.dq, b) + rows[h] * r.dq.st + 2 * t;
             for (int n = 0; n < D / 8; n++) {
                 qrow[n * 8] = from_f32<T>(gq[n][2 * h] * scale);
                 qrow[n * 8 + 1] = from_f32<T>(gq[n][2 * h + 1] * scale);
@@ -479,22 +506,25 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
 #define FLASH(T, D, BC, W, BQ)                                                                 \
     extern "C" __global__ void flash_forward_##T##_##D(const T* q, const T* k, const T* v,      \
                                                        T* out, float* lse, i64 B, i64 L,        \
-                                                       i64 S, float scale, int causal) {        \
-        fa_forward<T, D, BC>(q, k, v, out, lse, B, L, S, scale, causal);                        \
+                                                       i64 S, float scale, int causal,          \
+                                                       FaAll r) {                               \
+        fa_forward<T, D, BC>(q, k, v, out, lse, B, L, S, scale, causal, r);                     \
     }                                                                                          \
     extern "C" __global__ void flash_prep_##T##_##D(const T* o, const T* dout, float* dsum,     \
-                                                    i64 rows) {                                \
-        fa_prep<T, D>(o, dout, dsum, rows);                                                     \
+                                                    i64 rows, i64 L, FaAll r) {                \
+        fa_prep<T, D>(o, dout, dsum, rows, L, r);                                               \
     }                                                                                          \
     extern "C" __global__ void flash_backward_kv_##T##_##D(                                    \
         const T* q, const T* k, const T* v, const T* dout, const float* lse,                   \
-        const float* dsum, T* dk, T* dv, i64 B, i64 L, i64 S, float scale, int causal) {        \
-        fa_backward_kv<T, D, W, BQ>(q, k, v, dout, lse, dsum, dk, dv, B, L, S, scale, causal);  \
+        const float* dsum, T* dk, T* dv, i64 B, i64 L, i64 S, float scale, int causal,          \
+        FaAll r) {                                                                             \
+        fa_backward_kv<T, D, W, BQ>(q, k, v, dout, lse, dsum, dk, dv, B, L, S, scale, causal,   \
+                                    r);                                                        \
     }                                                                                          \
     extern "C" __global__ void flash_backward_q_##T##_##D(                                     \
         const T* q, const T* k, const T* v, const T* dout, const float* lse,                   \
-        const float* dsum, T* dq, i64 B, i64 L, i64 S, float scale, int causal) {               \
-        fa_backward_q<T, D, BC>(q, k, v, dout, lse, dsum, dq, B, L, S, scale, causal);          \
+        const float* dsum, T* dq, i64 B, i64 L, i64 S, float scale, int causal, FaAll r) {      \
+        fa_backward_q<T, D, BC>(q, k, v, dout, lse, dsum, dq, B, L, S, scale, causal, r);       \
     }
 
 PART(f16, FLASH(f16, 64, 64, 4, 64))

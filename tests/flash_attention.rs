@@ -202,3 +202,68 @@ fn other_head_sizes_and_f32_keep_the_one_row_a_thread_kernels() {
         assert_close(&got.values[0], &want[0], tol, &format!("{dt:?} head {e}"));
     }
 }
+
+/// The heads of one packed `[B, T, 3 H e]` product, as a GPT splits them: q, k and v are
+/// transposed `[B, H, T, e]` views, which the kernels read where they lie, and the output
+/// comes laid out as `[B, T, H, e]`, so that merging the heads back is a view too: the
+/// forward is the flash kernel alone, no copy. Values and the product's gradient match the
+/// f32 composition.
+#[test]
+fn the_heads_of_a_packed_product_are_read_and_written_in_place() {
+    let Some(d) = gpu() else {
+        return;
+    };
+    let _k = FusedKernel::take();
+    let (b, t, h, e) = (2, 70, 2, 64);
+    for causal in [true, false] {
+        let run = |d: Device, dt: DType| -> (Vec<Vec<f64>>, Vec<String>) {
+            let qkv = input(&[b, t, 3 * h * e], DType::BF16, 31)
+                .to_dtype(dt)
+                .unwrap()
+                .to_device(d)
+                .unwrap()
+                .copy()
+                .unwrap()
+                .requires_grad(true)
+                .unwrap();
+            let w = input(&[b, t, h * e], DType::BF16, 32).to_dtype(dt).unwrap();
+            let w = w.to_device(d).unwrap();
+            let heads = |i: usize| {
+                qkv.narrow(2, i * h * e, h * e)
+                    .and_then(|x| x.reshape(&[b, t, h, e]))
+                    .and_then(|x| x.transpose(1, 2))
+                    .unwrap()
+            };
+            let (q, k, v) = (heads(0), heads(1), heads(2));
+            let opts = AttentionOptions {
+                is_causal: causal,
+                ..Default::default()
+            };
+            if dt == DType::F32 {
+                set_attention_kernel(AttentionKernel::Composed);
+            }
+            let (y, p) = profiler::profile(|_| {
+                q.scaled_dot_product_attention(&k, &v, opts)
+                    .and_then(|y| y.transpose(1, 2))
+                    .and_then(|y| y.reshape(&[b, t, h * e]))
+                    .unwrap()
+            })
+            .unwrap();
+            set_attention_kernel(AttentionKernel::Fused);
+            y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            let kernels = p.kernels().iter().map(|k| k.name.clone()).collect();
+            (vec![vals(&y), vals(&qkv.grad().unwrap())], kernels)
+        };
+        let (got, kernels) = run(d, DType::BF16);
+        assert_eq!(kernels, ["flash_forward_bf16_64"], "causal {causal}");
+        let (want, _) = run(Device::Cpu, DType::F32);
+        assert_close(
+            &got[0],
+            &want[0],
+            band(DType::BF16),
+            &format!("causal {causal}: y"),
+        );
+        let what = format!("causal {causal}: the packed product's gradient");
+        assert_close(&got[1], &want[1], band(DType::BF16), &what);
+    }
+}

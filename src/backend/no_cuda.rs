@@ -124,9 +124,10 @@ impl SoftmaxOps for CudaStorage {
         fn softmax_rows(&self, _p: crate::backend::RowSoftmax) -> Result<Self>;
         fn softmax_rows_backward(&self, _g: &Self, _p: crate::backend::RowSoftmax) -> Result<Self>;
         fn attention(&self, _lq: &Layout, _k: (&Self, &Layout), _v: (&Self, &Layout), _d: AttnDims)
-            -> Result<(Self, Self)>;
+            -> Result<((Self, Layout), Self)>;
         fn attention_backward(&self, _lq: &Layout, _k: (&Self, &Layout), _v: (&Self, &Layout),
-            _o: &Self, _lse: &Self, _g: (&Self, &Layout), _d: AttnDims) -> Result<(Self, Self, Self)>;
+            _o: (&Self, &Layout), _lse: &Self, _g: (&Self, &Layout), _d: AttnDims)
+            -> Result<[(Self, Layout); 3]>;
     }
 }
 

@@ -18,6 +18,17 @@ pub(crate) struct AttnDims {
     pub causal: bool,
 }
 
+impl AttnDims {
+    /// The output's contiguous layout: the queries' shape with the last dim `ev`.
+    pub(crate) fn out_layout(&self, lq: &Layout) -> Layout {
+        let mut shape = lq.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = self.ev;
+        }
+        Layout::contiguous(&shape)
+    }
+}
+
 /// A softmax over rows of `cols` contiguous values ([`SoftmaxOps::softmax_rows`]): the values
 /// multiplied by `scale` first; with `causal: Some(l)`, row `r`'s columns past `r % l` taken
 /// as -inf (a causal attention's scores, `l` queries per matrix: query `i` sees keys
@@ -41,29 +52,32 @@ pub(crate) trait SoftmaxOps: BackendStorage {
     /// and the output's gradient `g` (contiguous, same dtype): `scale y (g - sum(g y))`, or
     /// `scale (g - exp(y) sum(g))` for log-softmax, per row.
     fn softmax_rows_backward(&self, g: &Self, p: RowSoftmax) -> Result<Self>;
-    /// `softmax(q k^T scale) v` with this storage the queries (views `[b, l, e]`, `[b, s, e]`,
-    /// `[b, s, ev]` of one float dtype), the scores never stored: the output `[b, l, ev]` in
-    /// the inputs' dtype and each query's log-sum-exp of its scores (F32 `[b, l]`).
+    /// `softmax(q k^T scale) v` with this storage the queries (views `[.., l, e]`,
+    /// `[.., s, e]`, `[.., s, ev]` of one float dtype whose batch dims flatten to `b`), the
+    /// scores never stored: the output, in the inputs' dtype with the queries' shape (last
+    /// dim `ev`) and a layout of the backend's choosing, and each query's log-sum-exp of
+    /// its scores (F32 `[b, l]`, contiguous).
     fn attention(
         &self,
         lq: &Layout,
         k: (&Self, &Layout),
         v: (&Self, &Layout),
         d: AttnDims,
-    ) -> Result<(Self, Self)>;
-    /// The gradients `(dq, dk, dv)` of [`SoftmaxOps::attention`] for the output gradient `g`
-    /// (`[b, l, ev]`), from its output `o` and log-sum-exp `lse` (contiguous).
+    ) -> Result<((Self, Layout), Self)>;
+    /// The gradients `[dq, dk, dv]` of [`SoftmaxOps::attention`] for the output gradient `g`,
+    /// from its output `o` and log-sum-exp `lse`, each with the shape of its input and a
+    /// layout of the backend's choosing.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
         lq: &Layout,
         k: (&Self, &Layout),
         v: (&Self, &Layout),
-        o: &Self,
+        o: (&Self, &Layout),
         lse: &Self,
         g: (&Self, &Layout),
         d: AttnDims,
-    ) -> Result<(Self, Self, Self)>;
+    ) -> Result<[(Self, Layout); 3]>;
 }
 
 impl Storage {
@@ -98,10 +112,11 @@ impl Storage {
         (k, lk): (&Storage, &Layout),
         (v, lv): (&Storage, &Layout),
         d: AttnDims,
-    ) -> Result<(Storage, Storage)> {
+    ) -> Result<((Storage, Layout), Storage)> {
         on_backend!("scaled_dot_product_attention", [self, k, v], B => {
-            let (o, lse) = B::part(self).attention(lq, (B::part(k), lk), (B::part(v), lv), d)?;
-            Ok((o.wrap(), lse.wrap()))
+            let ((o, lo), lse) =
+                B::part(self).attention(lq, (B::part(k), lk), (B::part(v), lv), d)?;
+            Ok(((o.wrap(), lo), lse.wrap()))
         })
     }
 
@@ -112,22 +127,22 @@ impl Storage {
         lq: &Layout,
         (k, lk): (&Storage, &Layout),
         (v, lv): (&Storage, &Layout),
-        o: &Storage,
+        (o, lo): (&Storage, &Layout),
         lse: &Storage,
         (g, lg): (&Storage, &Layout),
         d: AttnDims,
-    ) -> Result<(Storage, Storage, Storage)> {
+    ) -> Result<[(Storage, Layout); 3]> {
         on_backend!("scaled_dot_product_attention backward", [self, k, v, o, lse, g], B => {
-            let (dq, dk, dv) = B::part(self).attention_backward(
+            let grads = B::part(self).attention_backward(
                 lq,
                 (B::part(k), lk),
                 (B::part(v), lv),
-                B::part(o),
+                (B::part(o), lo),
                 B::part(lse),
                 (B::part(g), lg),
                 d,
             )?;
-            Ok((dq.wrap(), dk.wrap(), dv.wrap()))
+            Ok(grads.map(|(s, l)| (s.wrap(), l)))
         })
     }
 }

@@ -291,24 +291,19 @@ fn fused(
         scale,
         causal: o.is_causal,
     };
-    // Three-dimensional views `[b, rows, width]` (copies only where the batch dims do not
-    // flatten), made without a graph: the op's node is attached to q, k and v themselves.
-    let flat = |t: &Tensor, rows: usize, width: usize| {
-        crate::no_grad(|| t.detach().reshape(&[d.b, rows, width]))
-    };
-    let (q3, k3, v3) = (flat(&q, d.l, e)?, flat(&k, d.s, e)?, flat(&v, d.s, ev)?);
-    let (out, lse) = q3.storage().attention(
+    // The views as they are (the backends read the batch dims flattened; the CUDA flash
+    // kernels read `[B, H, T, e]` views in place), detached: the op's node is attached to
+    // q, k and v themselves.
+    let (q3, k3, v3) = (q.detach(), k.detach(), v.detach());
+    let ((out, lo), lse) = q3.storage().attention(
         q3.layout(),
         (&k3.storage(), k3.layout()),
         (&v3.storage(), v3.layout()),
         d,
     )?;
-    let mut shape = q.shape().to_vec();
-    shape[r - 1] = ev;
-    let out = Tensor::from_storage(out, &shape);
+    let out = Tensor::from_storage_in(out, lo);
     let lse = Tensor::from_storage(lse, &[d.b, d.l]);
-    let (saved_out, shapes) = (out.detach(), [q.shape().to_vec(), k.shape().to_vec()]);
-    let vshape = v.shape().to_vec();
+    let saved_out = out.detach();
     // Backward reads the inputs and the output: writing one in place since is refused.
     let read = [&q, &k, &v, &saved_out.clone()].map(|t| t.clone());
     Ok(Some(out.attach_saving(
@@ -316,22 +311,19 @@ fn fused(
         &[&q, &k, &v],
         &read.iter().collect::<Vec<_>>(),
         move |g, _| {
-            let g3 = crate::no_grad(|| g.reshape(&[d.b, d.l, d.ev]))?;
-            let o3 = crate::no_grad(|| saved_out.reshape(&[d.b, d.l, d.ev])?.contiguous())?;
-            let (dq, dk, dv) = q3.storage().attention_backward(
+            let grads = q3.storage().attention_backward(
                 q3.layout(),
                 (&k3.storage(), k3.layout()),
                 (&v3.storage(), v3.layout()),
-                &o3.storage(),
+                (&saved_out.storage(), saved_out.layout()),
                 &lse.storage(),
-                (&g3.storage(), g3.layout()),
+                (&g.storage(), g.layout()),
                 d,
             )?;
-            Ok(vec![
-                Some(Tensor::from_storage(dq, &shapes[0])),
-                Some(Tensor::from_storage(dk, &shapes[1])),
-                Some(Tensor::from_storage(dv, &vshape)),
-            ])
+            Ok(grads
+                .into_iter()
+                .map(|(s, l)| Some(Tensor::from_storage_in(s, l)))
+                .collect())
         },
     )))
 }

@@ -74,7 +74,7 @@ fn attention_kernels_match_the_cpu_on_emulated_blocks() {
             scale: 0.4,
             causal,
         };
-        let (want_o, want_lse) = st(&q)
+        let ((want_o, _), want_lse) = st(&q)
             .attention(&lay(l, e), (&st(&k), &lay(s, e)), (&st(&v), &lay(s, ev)), d)
             .unwrap();
         let (want_o, want_lse) = (floats(want_o), floats(want_lse));
@@ -107,12 +107,12 @@ fn attention_kernels_match_the_cpu_on_emulated_blocks() {
         close(&o, &want_o, &format!("output causal={causal}"));
         close(&lse, &want_lse, &format!("lse causal={causal}"));
 
-        let (wq, wk, wv) = st(&q)
+        let [(wq, _), (wk, _), (wv, _)] = st(&q)
             .attention_backward(
                 &lay(l, e),
                 (&st(&k), &lay(s, e)),
                 (&st(&v), &lay(s, ev)),
-                &st(&o),
+                (&st(&o), &lay(l, ev)),
                 &st(&lse),
                 (&st(&g), &lay(l, ev)),
                 d,

@@ -63,7 +63,7 @@ pub(crate) fn attention(
     (k, lk): (&CpuStorage, &Layout),
     (v, lv): (&CpuStorage, &Layout),
     d: AttnDims,
-) -> Result<(CpuStorage, CpuStorage)> {
+) -> Result<((CpuStorage, Layout), CpuStorage)> {
     // The output rows with their log-sum-exp (checked against the host's limit first).
     let rows_out = d.b.checked_mul(d.l).and_then(|n| n.checked_mul(d.ev + 1));
     host_can_hold(rows_out.unwrap_or(usize::MAX), DType::F32)?;
@@ -95,7 +95,10 @@ pub(crate) fn attention(
     });
     let lse: Vec<f32> = out.chunks(ev + 1).map(|r| r[ev]).collect();
     let o: Vec<f32> = out.chunks(ev + 1).flat_map(|r| r[..ev].to_vec()).collect();
-    Ok((back_to(o, q.dtype()), CpuStorage::F32(lse)))
+    Ok((
+        (back_to(o, q.dtype()), d.out_layout(lq)),
+        CpuStorage::F32(lse),
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -104,16 +107,16 @@ pub(crate) fn attention_backward(
     lq: &Layout,
     (k, lk): (&CpuStorage, &Layout),
     (v, lv): (&CpuStorage, &Layout),
-    o: &CpuStorage,
+    (o, lo): (&CpuStorage, &Layout),
     lse: &CpuStorage,
     (g, lg): (&CpuStorage, &Layout),
     d: AttnDims,
-) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+) -> Result<[(CpuStorage, Layout); 3]> {
     // dk and dv side by side, the largest buffer (checked against the host's limit first).
     let kv = d.b.checked_mul(d.s).and_then(|n| n.checked_mul(d.e + d.ev));
     host_can_hold(kv.unwrap_or(usize::MAX), DType::F32)?;
     let (qf, kf, vf) = (floats(q, lq)?, floats(k, lk)?, floats(v, lv)?);
-    let of = floats(o, &Layout::contiguous(&[d.b * d.l * d.ev]))?;
+    let of = floats(o, lo)?;
     let gf = floats(g, lg)?;
     let lse = floats(lse, &Layout::contiguous(&[d.b * d.l]))?;
     let (e, ev, scale) = (d.e, d.ev, d.scale as f32);
@@ -164,5 +167,10 @@ pub(crate) fn attention_backward(
     let dk: Vec<f32> = dkv.chunks(e + ev).flat_map(|r| r[..e].to_vec()).collect();
     let dv: Vec<f32> = dkv.chunks(e + ev).flat_map(|r| r[e..].to_vec()).collect();
     let t = q.dtype();
-    Ok((back_to(dq, t), back_to(dk, t), back_to(dv, t)))
+    let laid = |l: &Layout| Layout::contiguous(l.shape());
+    Ok([
+        (back_to(dq, t), laid(lq)),
+        (back_to(dk, t), laid(lk)),
+        (back_to(dv, t), laid(lv)),
+    ])
 }

@@ -141,7 +141,7 @@ impl SoftmaxOps for CpuStorage {
         k: (&Self, &Layout),
         v: (&Self, &Layout),
         d: AttnDims,
-    ) -> Result<(Self, Self)> {
+    ) -> Result<((Self, Layout), Self)> {
         super::attention::attention(self, lq, k, v, d)
     }
     fn attention_backward(
@@ -149,11 +149,11 @@ impl SoftmaxOps for CpuStorage {
         lq: &Layout,
         k: (&Self, &Layout),
         v: (&Self, &Layout),
-        o: &Self,
+        o: (&Self, &Layout),
         lse: &Self,
         g: (&Self, &Layout),
         d: AttnDims,
-    ) -> Result<(Self, Self, Self)> {
+    ) -> Result<[(Self, Layout); 3]> {
         super::attention::attention_backward(self, lq, k, v, o, lse, g, d)
     }
 }

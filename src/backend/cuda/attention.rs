@@ -54,16 +54,13 @@ pub(crate) fn attention(
     (k, lk): (&CudaStorage, &Layout),
     (v, lv): (&CudaStorage, &Layout),
     d: AttnDims,
-) -> Result<(CudaStorage, CudaStorage)> {
+) -> Result<((CudaStorage, Layout), CudaStorage)> {
     check(&d)?;
     let t = float_kname("scaled_dot_product_attention", q.dtype())?;
-    let (qd, kd, vd) = (q.contiguous(lq)?, k.contiguous(lk)?, v.contiguous(lv)?);
     if let Some(ft) = flash::applies(q.dtype(), &d) {
-        let ptrs = [qd.ptr(), kd.ptr(), vd.ptr()];
-        if flash::aligned(&ptrs) {
-            return flash::forward(q, ft, ptrs, &d);
-        }
+        return flash::forward((q, lq), (k, lk), (v, lv), ft, &d);
     }
+    let (qd, kd, vd) = (q.contiguous(lq)?, k.contiguous(lk)?, v.contiguous(lv)?);
     let out = CudaStorage::alloc_on(q.rt(), q.dtype(), d.b * d.l * d.ev)?;
     let lse = CudaStorage::alloc_on(q.rt(), DType::F32, d.b * d.l)?;
     let ([b, l, s, e, ev], scale, causal) = sizes(&d);
@@ -86,7 +83,7 @@ pub(crate) fn attention(
         &scale,
         &causal
     );
-    Ok((out, lse))
+    Ok(((out, d.out_layout(lq)), lse))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -95,33 +92,32 @@ pub(crate) fn attention_backward(
     lq: &Layout,
     (k, lk): (&CudaStorage, &Layout),
     (v, lv): (&CudaStorage, &Layout),
-    o: &CudaStorage,
+    (o, lo): (&CudaStorage, &Layout),
     lse: &CudaStorage,
     (g, lg): (&CudaStorage, &Layout),
     d: AttnDims,
-) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+) -> Result<[(CudaStorage, Layout); 3]> {
     check(&d)?;
     let dt = q.dtype();
     let t = float_kname("scaled_dot_product_attention backward", dt)?;
+    if let Some(ft) = flash::applies(dt, &d) {
+        let views = [(q, lq), (k, lk), (v, lv), (o, lo), (g, lg)];
+        return flash::backward(views, lse, ft, &d);
+    }
+    let od = o.contiguous(lo)?;
     let (qd, kd, vd, gd) = (
         q.contiguous(lq)?,
         k.contiguous(lk)?,
         v.contiguous(lv)?,
         g.contiguous(lg)?,
     );
-    if let Some(ft) = flash::applies(dt, &d) {
-        let ptrs = [qd.ptr(), kd.ptr(), vd.ptr(), o.ptr(), lse.ptr(), gd.ptr()];
-        if flash::aligned(&ptrs) {
-            return flash::backward(q, ft, ptrs, &d);
-        }
-    }
     let rt = q.rt();
     let dq = CudaStorage::alloc_on(rt, dt, d.b * d.l * d.e)?;
     let dk = CudaStorage::alloc_on(rt, dt, d.b * d.s * d.e)?;
     let dv = CudaStorage::alloc_on(rt, dt, d.b * d.s * d.ev)?;
     let dsum = CudaStorage::alloc_on(rt, DType::F32, d.b * d.l)?;
     let ([b, l, s, e, ev], scale, causal) = sizes(&d);
-    let (qp, kp, vp, op, gp, lp) = (qd.ptr(), kd.ptr(), vd.ptr(), o.ptr(), gd.ptr(), lse.ptr());
+    let (qp, kp, vp, op, gp, lp) = (qd.ptr(), kd.ptr(), vd.ptr(), od.ptr(), gd.ptr(), lse.ptr());
     let (dqp, dkp, dvp, dsp) = (dq.ptr(), dk.ptr(), dv.ptr(), dsum.ptr());
     launch!(
         q,
@@ -165,5 +161,6 @@ pub(crate) fn attention_backward(
         &scale,
         &causal
     );
-    Ok((dq, dk, dv))
+    let laid = |l: &Layout| Layout::contiguous(l.shape());
+    Ok([(dq, laid(lq)), (dk, laid(lk)), (dv, laid(lv))])
 }

@@ -157,7 +157,7 @@ impl SoftmaxOps for CudaStorage {
         k: (&Self, &Layout),
         v: (&Self, &Layout),
         d: AttnDims,
-    ) -> Result<(Self, Self)> {
+    ) -> Result<((Self, Layout), Self)> {
         attention::attention(self, lq, k, v, d)
     }
     fn attention_backward(
@@ -165,11 +165,11 @@ impl SoftmaxOps for CudaStorage {
         lq: &Layout,
         k: (&Self, &Layout),
         v: (&Self, &Layout),
-        o: &Self,
+        o: (&Self, &Layout),
         lse: &Self,
         g: (&Self, &Layout),
         d: AttnDims,
-    ) -> Result<(Self, Self, Self)> {
+    ) -> Result<[(Self, Layout); 3]> {
         attention::attention_backward(self, lq, k, v, o, lse, g, d)
     }
 }
