@@ -197,6 +197,21 @@ struct FaAll {
     FaRows q, k, v, o, dout, dq, dk, dv;
 };
 
+// The head of the loop over key tiles (the forward's and dq's): once every thread is done
+// with the stage the next copies go to, issues tile it + 1 (when the loop has one), waits for
+// tile it and returns its stage (keys, then values TILE halves on).
+template <typename T, int D, int BC>
+__device__ __forceinline__ const u16* fa_next_tile(u16* sm, i64 it, i64 j0, i64 end, const T* kb,
+                                                   const T* vb, const FaAll& r, i64 S) {
+    constexpr int TILE = BC * (D + FA_PAD);
+    __syncthreads();
+    bool more = j0 + BC < end;
+    if (more)
+        fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, r.k.st, vb, r.v.st, j0 + BC, S);
+    fa_await(more);
+    return sm + (it & 1) * 2 * TILE;
+}
+
 // Whether query i and key j meet: both exist, and with `causal` j is not past i.
 __device__ __forceinline__ bool fa_live(i64 i, i64 j, i64 L, i64 S, int causal) {
     return i < L && j < S && !(causal && j > i);
@@ -233,13 +248,7 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
         const i64 rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
         for (i64 j0 = 0, it = 0; j0 < end; j0 += BC, it++) {
-            __syncthreads(); // the stage the next copies go to has been read
-            bool more = j0 + BC < end;
-            if (more)
-                fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, r.k.st, vb, r.v.st,
-                                      j0 + BC, S);
-            fa_await(more);
-            const u16* ks = sm + (it & 1) * 2 * TILE;
+            const u16* ks = fa_next_tile<T, D, BC>(sm, it, j0, end, kb, vb, r, S);
             const u16* vs = ks + TILE;
             float s[BC / 8][4] = {};
             for (int kk = 0; kk < D / 16; kk++) {
@@ -450,13 +459,7 @@ __device__ void fa_backward_q(const T* __restrict__ q, const T* __restrict__ k,
             fa_frag_a(da[kk], sm + 2 * TILE + warp * 16 * P + kk * 16, P);
         float gq[D / 8][4] = {};
         for (i64 j0 = 0, it = 0; j0 < end; j0 += BC, it++) {
-            __syncthreads(); // the stage the next copies go to has been read
-            bool more = j0 + BC < end;
-            if (more)
-                fa_issue_kv<T, D, BC>(sm + ((it + 1) & 1) * 2 * TILE, kb, r.k.st, vb, r.v.st,
-                                      j0 + BC, S);
-            fa_await(more);
-            const u16* ks = sm + (it & 1) * 2 * TILE;
+            const u16* ks = fa_next_tile<T, D, BC>(sm, it, j0, end, kb, vb, r, S);
             const u16* vs = ks + TILE;
             float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
             for (int kk = 0; kk < D / 16; kk++) {

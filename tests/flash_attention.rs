@@ -49,25 +49,29 @@ struct Run {
     kernels: Vec<String>,
 }
 
-/// Attention of `[2, 2, l, e]` queries and `[2, 2, s, e]` keys and values in `dt` on `d`,
-/// and the gradients of `sum(y * w)`: [y, dq, dk, dv], with the names of the kernels run.
-fn attend(d: Device, dt: DType, (l, s, e): (usize, usize, usize), causal: bool) -> Run {
+/// Queries `[2, 2, l, e]`, keys and values `[2, 2, s, e]` (leaves that require grad) and the
+/// loss's weights `[2, 2, l, e]`, from the same seeds for the same sizes in `dt`, each passed
+/// through `to` first.
+fn operands(
+    dt: DType,
+    (l, s, e): (usize, usize, usize),
+    to: impl Fn(Tensor) -> Tensor,
+) -> [Tensor; 4] {
     let seed = (l * 7 + s * 3 + e) as u64;
-    let leaf = |shape: &[usize], k: u64| {
-        input(shape, dt, seed + k)
-            .to_device(d)
-            .unwrap()
-            .copy()
-            .unwrap()
-            .requires_grad(true)
-            .unwrap()
-    };
-    let (q, k, v) = (
+    let make = |shape: &[usize], k: u64| to(input(shape, dt, seed + k));
+    let leaf = |shape: &[usize], k: u64| make(shape, k).requires_grad(true).unwrap();
+    [
         leaf(&[2, 2, l, e], 1),
         leaf(&[2, 2, s, e], 2),
         leaf(&[2, 2, s, e], 3),
-    );
-    let w = input(&[2, 2, l, e], dt, seed + 4).to_device(d).unwrap();
+        make(&[2, 2, l, e], 4),
+    ]
+}
+
+/// Attention of `[2, 2, l, e]` queries and `[2, 2, s, e]` keys and values in `dt` on `d`,
+/// and the gradients of `sum(y * w)`: [y, dq, dk, dv], with the names of the kernels run.
+fn attend(d: Device, dt: DType, sizes: (usize, usize, usize), causal: bool) -> Run {
+    let [q, k, v, w] = operands(dt, sizes, |t| t.to_device(d).unwrap().copy().unwrap());
     let opts = AttentionOptions {
         is_causal: causal,
         ..Default::default()
@@ -85,23 +89,8 @@ fn attend(d: Device, dt: DType, (l, s, e): (usize, usize, usize), causal: bool) 
 }
 
 /// The same attention composed in f32 on the CPU from the inputs rounded to `dt`.
-fn reference(dt: DType, (l, s, e): (usize, usize, usize), causal: bool) -> Vec<Vec<f64>> {
-    let seed = (l * 7 + s * 3 + e) as u64;
-    let leaf = |shape: &[usize], k: u64| {
-        input(shape, dt, seed + k)
-            .to_dtype(DType::F32)
-            .unwrap()
-            .requires_grad(true)
-            .unwrap()
-    };
-    let (q, k, v) = (
-        leaf(&[2, 2, l, e], 1),
-        leaf(&[2, 2, s, e], 2),
-        leaf(&[2, 2, s, e], 3),
-    );
-    let w = input(&[2, 2, l, e], dt, seed + 4)
-        .to_dtype(DType::F32)
-        .unwrap();
+fn reference(dt: DType, sizes: (usize, usize, usize), causal: bool) -> Vec<Vec<f64>> {
+    let [q, k, v, w] = operands(dt, sizes, |t| t.to_dtype(DType::F32).unwrap());
     let opts = AttentionOptions {
         is_causal: causal,
         ..Default::default()
