@@ -26,6 +26,10 @@
 // from fa_prep. Arithmetic outside the products is f32; P and dS are rounded to the input
 // type for their products, as FlashAttention does.
 
+// mma.sync m16n8k16 and cp.async need compute capability 8.0: an older device's build of
+// this file is empty (the launcher never picks these kernels there).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+
 #define FA_WARPS 4
 #define FA_PAD 8
 // A 16-byte aligned shared array of n halves (rounded up), as u16 `name`.
@@ -534,3 +538,5 @@ PART(f16, FLASH(f16, 64, 64, 4, 64))
 PART(f16, FLASH(f16, 128, 32, 2, 32))
 PART(bf16, FLASH(bf16, 64, 64, 4, 64))
 PART(bf16, FLASH(bf16, 128, 32, 2, 32))
+
+#endif // __CUDA_ARCH__ >= 800

@@ -229,18 +229,22 @@ fn scaled_softmax(scores: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
 }
 
 /// Whether the fused op runs on tensor cores for these inputs (the CUDA backend's flash
-/// kernels: f16 or bf16 once autocast has cast, one head size of 64 or 128), where it
-/// beats the composition at every size: one launch each way, no `[.., L, S]` scores.
+/// kernels: compute capability 8.0 or later, f16 or bf16 once autocast has cast, one head
+/// size of 64 or 128), where it beats the composition at every size: one launch each way,
+/// no `[.., L, S]` scores.
 fn tensor_cores(q: &Tensor, v: &Tensor) -> bool {
     let dt = match crate::amp::active_dtype() {
         Some(low) if q.dtype().is_float() && q.dtype() != DType::F64 => low,
         _ => q.dtype(),
     };
     let (e, ev) = (q.shape()[q.rank() - 1], v.shape()[v.rank() - 1]);
+    // bf16 arithmetic and the flash kernels' instructions both start at compute capability
+    // 8.0.
     matches!(q.device(), crate::Device::Cuda(_))
         && matches!(dt, DType::F16 | DType::BF16)
         && e == ev
         && matches!(e, 64 | 128)
+        && q.device().supports_bf16().unwrap_or(false)
 }
 
 /// The fused op when it applies (no mask, no dropout, equal batch dims, one float dtype that

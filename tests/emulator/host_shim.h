@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #ifndef __global__
@@ -288,9 +290,17 @@ static void host_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, bo
 
 // cp.async.cg.shared.global of 16 bytes, commit_group and wait_group (cuda/flash.cu): a
 // copy is in flight from its issue to the wait that covers its group. Meanwhile its
-// destination holds 0xFF bytes (NaN as f16 and bf16), so that a read before the wait, or a
-// copy into memory other threads still read, shows in the results; the data (or zeros)
-// arrives at the wait.
+// destination holds 0xFF bytes (NaN as f16 and bf16), so that a thread reading its own copy
+// before its wait shows in the results; the data (or zeros) arrives at the wait. Hazards
+// between threads are not caught: the emulated mma and ldmatrix pass block-wide barriers
+// themselves, so the block runs in lockstep around them. Both addresses must be 16-byte
+// aligned, as on the GPU (which faults otherwise).
+static void host_check_aligned16(const void* p, const char* what) {
+    if (((std::uintptr_t)p & 15u) != 0) {
+        std::fprintf(stderr, "emulated %s: address %p is not 16-byte aligned\n", what, p);
+        std::abort();
+    }
+}
 struct HostCopy {
     void* dst;
     const void* src; // null: zeros
@@ -299,6 +309,8 @@ struct HostCopy {
 static thread_local std::vector<HostCopy> host_copies[1024];
 static thread_local unsigned host_copy_groups[1024]; // committed so far, per thread
 static void host_cp_async16(void* dst, const void* src, bool live) {
+    host_check_aligned16(dst, "cp.async destination");
+    if (live) host_check_aligned16(src, "cp.async source");
     host_copies[threadIdx.x].push_back({dst, live ? src : nullptr, host_copy_groups[threadIdx.x]});
     std::memset(dst, 0xFF, 16);
 }
@@ -326,6 +338,7 @@ static void host_cp_wait(unsigned n) {
 static thread_local const unsigned short* host_ldm_rows[1024];
 static void host_ldmatrix_x4(unsigned* r, const unsigned short* p, bool trans) {
     unsigned self = threadIdx.x, warp = self & ~31u, l = self & 31u;
+    host_check_aligned16(p, "ldmatrix row");
     host_ldm_rows[self] = p;
     __syncthreads();
     for (unsigned j = 0; j < 4; j++) {

@@ -57,7 +57,7 @@ pub(crate) fn attention(
 ) -> Result<((CudaStorage, Layout), CudaStorage)> {
     check(&d)?;
     let t = float_kname("scaled_dot_product_attention", q.dtype())?;
-    if let Some(ft) = flash::applies(q.dtype(), &d) {
+    if let Some(ft) = flash::applies(q, &d) {
         return flash::forward((q, lq), (k, lk), (v, lv), ft, &d);
     }
     let (qd, kd, vd) = (q.contiguous(lq)?, k.contiguous(lk)?, v.contiguous(lv)?);
@@ -100,7 +100,7 @@ pub(crate) fn attention_backward(
     check(&d)?;
     let dt = q.dtype();
     let t = float_kname("scaled_dot_product_attention backward", dt)?;
-    if let Some(ft) = flash::applies(dt, &d) {
+    if let Some(ft) = flash::applies(q, &d) {
         let views = [(q, lq), (k, lk), (v, lv), (o, lo), (g, lg)];
         return flash::backward(views, lse, ft, &d);
     }

@@ -45,10 +45,14 @@ struct FaAll {
 // SAFETY: plain `i64`s in the order and types of cuda/flash.cu's `FaAll`, no pointers.
 unsafe impl DeviceRepr for FaAll {}
 
-/// The kernels' dtype name, when they take these sizes: f16 or bf16, one head size of 64 or
+/// The kernels' dtype name, when they take these sizes on this device: compute capability
+/// 8.0 or later (`mma.sync` m16n8k16 and `cp.async`), f16 or bf16, one head size of 64 or
 /// 128 for queries, keys and values, at least one query and one key.
-pub(super) fn applies(dt: DType, d: &AttnDims) -> Option<&'static str> {
-    let t = match dt {
+pub(super) fn applies(q: &CudaStorage, d: &AttnDims) -> Option<&'static str> {
+    if q.rt().arch() < 80 {
+        return None;
+    }
+    let t = match q.dtype() {
         DType::F16 => "f16",
         DType::BF16 => "bf16",
         _ => return None,
