@@ -230,8 +230,8 @@ fn scaled_softmax(scores: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
 
 /// Whether the fused op runs on tensor cores for these inputs (the CUDA backend's flash
 /// kernels: compute capability 8.0 or later, f16 or bf16 once autocast has cast, one head
-/// size of 64 or 128), where it beats the composition at every size: one launch each way,
-/// no `[.., L, S]` scores.
+/// size of 64 or 128). `Auto` takes it then at every size: one launch forward where the
+/// composition has two products and a softmax, and no `[.., L, S]` scores kept.
 fn tensor_cores(q: &Tensor, v: &Tensor) -> bool {
     let dt = match crate::amp::active_dtype() {
         Some(low) if q.dtype().is_float() && q.dtype() != DType::F64 => low,
