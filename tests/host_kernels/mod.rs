@@ -11,6 +11,7 @@ mod amp;
 mod attention;
 mod cast;
 mod elementwise;
+mod flash;
 mod index;
 mod norm;
 mod optim;

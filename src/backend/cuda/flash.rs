@@ -21,25 +21,25 @@ const QUERY_ROWS: usize = 64;
 /// element `b sb + i sh` and its rows are `st` apart.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct FaRows {
-    h: i64,
-    sb: i64,
-    sh: i64,
-    st: i64,
+pub(super) struct FaRows {
+    pub(super) h: i64,
+    pub(super) sb: i64,
+    pub(super) sh: i64,
+    pub(super) st: i64,
 }
 
 /// `cuda/flash.cu`'s `FaAll`: the rows of every tensor a kernel reads or writes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct FaAll {
-    q: FaRows,
-    k: FaRows,
-    v: FaRows,
-    o: FaRows,
-    dout: FaRows,
-    dq: FaRows,
-    dk: FaRows,
-    dv: FaRows,
+pub(super) struct FaAll {
+    pub(super) q: FaRows,
+    pub(super) k: FaRows,
+    pub(super) v: FaRows,
+    pub(super) o: FaRows,
+    pub(super) dout: FaRows,
+    pub(super) dq: FaRows,
+    pub(super) dk: FaRows,
+    pub(super) dv: FaRows,
 }
 
 // SAFETY: plain `i64`s in the order and types of cuda/flash.cu's `FaAll`, no pointers.
@@ -98,7 +98,7 @@ fn rows_in_place(l: &Layout) -> Option<FaRows> {
 }
 
 /// Contiguous rows of `rows` rows of `e` per pair.
-fn contiguous_rows(rows: usize, e: usize) -> FaRows {
+pub(super) fn contiguous_rows(rows: usize, e: usize) -> FaRows {
     FaRows {
         h: 1,
         sb: (rows * e) as i64,
