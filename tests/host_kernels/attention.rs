@@ -7,7 +7,8 @@ use crate::backend::cpu::CpuStorage;
 use crate::backend::{AttnDims, SoftmaxOps};
 use crate::layout::Layout;
 
-fn floats(s: CpuStorage) -> Vec<f32> {
+/// The values of an f32 storage (the CPU backend's results of f32 inputs).
+pub(super) fn floats(s: CpuStorage) -> Vec<f32> {
     match s {
         CpuStorage::F32(v) => v,
         _ => unreachable!("f32 inputs give f32 results"),

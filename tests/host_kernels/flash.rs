@@ -3,18 +3,12 @@
 //! memory and of the `cp.async` stages from one tile of a block to its next. bf16, head 64,
 //! causal, against the CPU backend's fused attention of the same rounded values.
 
+use super::attention::floats;
 use super::{function, library, randn, run_grid, Addr};
 use crate::backend::cpu::CpuStorage;
 use crate::backend::cuda::flash::{contiguous_rows, FaAll};
 use crate::backend::{AttnDims, SoftmaxOps};
 use crate::layout::Layout;
-
-fn floats(s: CpuStorage) -> Vec<f32> {
-    match s {
-        CpuStorage::F32(v) => v,
-        _ => unreachable!("f32 inputs give f32 results"),
-    }
-}
 
 /// Norm-wise relative error at most `tol`.
 fn near(got: &[f32], want: &[f32], tol: f64, what: &str) {
