@@ -72,7 +72,8 @@ mode=${1:-all}
 # The modules of .gpu/tests/gpu_suite (tests/gpu_suite/main.rs), one per CUDA test file.
 suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
-    data_parallel_buckets flash_attention fused_classifier fuzz_api gpt gpt_ops hostile_input integer_arithmetic profiler recompute
+    data_parallel_buckets flash_attention fused_classifier fuzz_api gemm_epilogues gpt gpt_ops hostile_input
+    integer_arithmetic profiler recompute
     torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
 # seconds from this script's start (see acc; MANTISSA_SESSION_DEADLINE sets another, for a
@@ -308,13 +309,13 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         # Seconds per kernel part, all compiled in parallel from an empty cache.
         acc gpu_check 45 env MANTISSA_CACHE_DIR="$(mktemp -d)" .gpu/gpu_check
     elif [ "$mode" = gpt ]; then
-        # Limits add up to 585 s, past the deadline: the Shakespeare pair, last, is skipped
-        # when the steps before it run to their limits. Expected: ours compiles its kernels on the first run (tens of
+        # Limits add up to 625 s, past the deadline: the steps after the compiled peer are
+        # skipped when the steps before them run to their limits. Expected: ours compiles its kernels on the first run (tens of
         # seconds from an empty cache), then about 20 s a run; PyTorch eager about 30 s, the
         # compiled peer 60 to 150 s (its compilation in the warm-up steps); the Shakespeare
         # runs about half a minute each.
         w5="--model gpt2 --data synthetic --batch-size 16 --steps 20"
-        acc test-gpt 45 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: --test-threads 1 --nocapture
+        acc test-gpt 50 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: gemm_epilogues:: --test-threads 1 --nocapture
         # The tensor-core attention kernels (cuda/flash.cu) at GPT-2's [16, 12, 1024, 64]
         # causal bf16, forward + backward, beside PyTorch's SDPA backends (cuDNN's among them)
         # at the same shape and count of FLOPs.
@@ -328,6 +329,9 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         # tensor-core flash kernels (cuda/flash.cu): which is faster, and the memory each keeps.
         acc w5-bf16-composed 40 .gpu/gpt $w5 --device cuda:0 --precision bf16 --attention composed
         acc w5-bf16-compile 140 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16 --compile
+        # The MLP's bias + GELU, GELU's backward and the bias gradients in cuBLASLt's
+        # epilogues (off by default): whether they beat the separate kernels on this GPU.
+        acc w5-bf16-epilogues 35 .gpu/gpt $w5 --device cuda:0 --precision bf16 --gemm-epilogues
         # nanoGPT's shakespeare-char for 500 steps on the same text, each engine's validation
         # loss at the end (nanoGPT reaches about 1.47 after 5000).
         sk="--model shakespeare-char --batch-size 64 --steps 500 --eval-interval 250 --text .gpu/data/shakespeare.txt"

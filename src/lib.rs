@@ -54,9 +54,9 @@ pub use error::{Error, Result};
 pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 pub use memory_format::MemoryFormat;
 pub use ops::{
-    attention_kernel, set_attention_kernel, AttentionKernel, AttentionOptions, AvgPool2dOptions,
-    Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, MaxPool2dOptions,
-    Operand, Reduction,
+    attention_kernel, gemm_epilogues, set_attention_kernel, set_gemm_epilogues, AttentionKernel,
+    AttentionOptions, AvgPool2dOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions,
+    CrossEntropyOptions, MaxPool2dOptions, Operand, Reduction,
 };
 pub use random::{manual_seed, Generator};
 pub use tensor::{live_storage_bytes, Tensor};

@@ -222,6 +222,10 @@ fn flags_that_do_not_fit_are_refused_before_training() {
             vec!["--attention", "flash"],
             "--attention \"flash\": auto, composed or fused",
         ),
+        (
+            vec!["--gemm-epilogues", "--text", &text],
+            "--gemm-epilogues applies to a CUDA device",
+        ),
     ];
     for (args, says) in cases {
         let args: Vec<&str> = ["--device", "cpu", "--out", d]

@@ -131,6 +131,11 @@ struct Args {
     /// composed, or fused (the scores never stored; PyTorch's `sdpa_kernel` choice).
     #[arg(long, default_value = "auto")]
     attention: String,
+    /// On CUDA, the MLP's bias and GELU, GELU's backward and the Linear layers' bias
+    /// gradients in cuBLASLt's epilogues (off by default: whether they pay depends on the GPU
+    /// and the shape).
+    #[arg(long)]
+    gemm_epilogues: bool,
     #[command(flatten)]
     run: RunFlags,
     #[command(flatten)]
@@ -232,6 +237,12 @@ fn run(mut args: Args) -> Result<()> {
     });
     sample_options(&args, usize::MAX).check(usize::MAX)?;
     let (device, low, _) = args.run.open()?;
+    if args.gemm_epilogues && device == Device::Cpu {
+        return Err(invalid(
+            "--gemm-epilogues applies to a CUDA device (cuBLASLt): leave it out on the CPU".into(),
+        ));
+    }
+    set_gemm_epilogues(args.gemm_epilogues);
     let dist = common::dist::Dist::join(device, "gpt")?;
     dist.check_flags(args.run.cuda_graph, "gpt")?;
     let out = args

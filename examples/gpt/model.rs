@@ -157,8 +157,15 @@ impl Module for CausalSelfAttention {
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let hidden = self.c_fc.forward(x)?.gelu_tanh()?;
-        dropped(&self.drop, &self.c_proj.forward(&hidden)?)
+        // One op for the three (its products do the bias and GELU work in their epilogues
+        // under `set_gemm_epilogues`; the same three ops otherwise).
+        let y = match (&self.c_fc.bias, &self.c_proj.bias) {
+            (Some(b1), Some(b2)) => {
+                x.mlp_gelu_tanh((&self.c_fc.weight, b1), (&self.c_proj.weight, b2))?
+            }
+            _ => self.c_proj.forward(&self.c_fc.forward(x)?.gelu_tanh()?)?,
+        };
+        dropped(&self.drop, &y)
     }
     mantissa::visit_fields!(c_fc, c_proj, drop as "dropout");
 }

@@ -31,6 +31,37 @@ pub(crate) fn in_cudnn_class() -> bool {
     CUDNN_CLASS.with(|c| c.get())
 }
 
+/// Work a fused product `a [m, k] @ b [k, n]` does after the product (cuBLASLt's epilogues
+/// on CUDA), each returning a second result beside the product's.
+pub(crate) enum Fused<'a, S> {
+    /// `gelu_tanh(a @ b + bias)`, and the pre-activation `a @ b + bias` (both `[m, n]`).
+    GeluAuxBias((&'a S, &'a Layout)),
+    /// `(a @ b) * gelu_tanh'(pre)` for `pre [m, n]`, and its sums over the `m` rows (`[n]`,
+    /// the bias gradient of the layer that made `pre`).
+    DGeluBGrad((&'a S, &'a Layout)),
+    /// `a @ b`, and `a`'s sums over `k` (`[m]`: with `a = dy^T`, a Linear's bias gradient
+    /// beside its weight's).
+    SumLhs,
+}
+
+impl<'a> Fused<'a, Storage> {
+    /// The same work on backend `B`'s storage.
+    fn part<B: Backend>(&self) -> Fused<'a, B> {
+        match *self {
+            Fused::GeluAuxBias((s, l)) => Fused::GeluAuxBias((B::part(s), l)),
+            Fused::DGeluBGrad((s, l)) => Fused::DGeluBGrad((B::part(s), l)),
+            Fused::SumLhs => Fused::SumLhs,
+        }
+    }
+
+    fn storages(&self) -> Vec<&'a Storage> {
+        match *self {
+            Fused::GeluAuxBias((s, _)) | Fused::DGeluBGrad((s, _)) => vec![s],
+            Fused::SumLhs => vec![],
+        }
+    }
+}
+
 /// Batched matrix products `[.., m, k] @ [.., k, n]`.
 pub(crate) trait MatmulOps: BackendStorage {
     /// `self @ rhs`, plus `bias` (as many elements as the product has columns) added in the
@@ -52,6 +83,19 @@ pub(crate) trait MatmulOps: BackendStorage {
         _lr: &Layout,
         _bias: (&Self, &Layout),
     ) -> Result<Option<Self>> {
+        Ok(None)
+    }
+
+    /// `self @ rhs` for 2-D operands with `f`'s work done in the same call where the backend
+    /// can (its product and second result); `None` where it cannot (the default), and the
+    /// caller composes the ops.
+    fn matmul_fused(
+        &self,
+        _l: &Layout,
+        _rhs: &Self,
+        _lr: &Layout,
+        _f: Fused<'_, Self>,
+    ) -> Result<Option<(Self, Self)>> {
         Ok(None)
     }
 
@@ -106,6 +150,26 @@ impl Storage {
         on_device!(device, B => {
             let out = B::part(self).linear_relu(l, B::part(rhs), lr, (B::part(bias), lb))?;
             Ok(out.map(B::wrap))
+        })
+    }
+
+    /// `self @ rhs` with `f`'s work in the same call where the device has one (cuBLASLt's
+    /// epilogues on CUDA): the product and `f`'s second result; `None` where it has not, and
+    /// the caller composes the ops.
+    pub(crate) fn matmul_fused(
+        &self,
+        l: &Layout,
+        rhs: &Storage,
+        lr: &Layout,
+        f: Fused<'_, Storage>,
+    ) -> Result<Option<(Storage, Storage)>> {
+        let mut all = vec![self, rhs];
+        all.extend(f.storages());
+        let device = common_device("matmul (fused)", &all)?;
+        product_fits("matmul (fused)", self, l, lr)?;
+        on_device!(device, B => {
+            let out = B::part(self).matmul_fused(l, B::part(rhs), lr, f.part::<B>())?;
+            Ok(out.map(|(p, q)| (B::wrap(p), B::wrap(q))))
         })
     }
 

@@ -55,7 +55,7 @@ pub(crate) use index::IndexOps;
 pub(crate) use loss::LossOps;
 #[cfg(feature = "cuda-backend")]
 pub(crate) use matmul::in_cudnn_class;
-pub(crate) use matmul::{as_cudnn_class, MatmulOps};
+pub(crate) use matmul::{as_cudnn_class, Fused, MatmulOps};
 pub(crate) use norm::NormOps;
 pub(crate) use optim::OptimOps;
 pub(crate) use pool::PoolOps;

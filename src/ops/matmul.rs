@@ -239,6 +239,17 @@ impl Tensor {
         let ws = kept_for(x2.is_requires_grad(), &w);
         let reads = held(&[&xs, &ws]);
         let backward = move |g: &Tensor, needs: &[bool]| {
+            // The weight's and the bias's gradients from one product where the epilogues
+            // are on (`matmul_fused.rs`).
+            if needs[1] && needs.get(2) == Some(&true) {
+                let fused = super::matmul_fused::weight_and_bias_grads(g, kept("linear", &xs)?)?;
+                if let Some((gw, gb)) = fused {
+                    let gx = needs[0]
+                        .then(|| g.matmul(kept("linear", &ws)?))
+                        .transpose()?;
+                    return Ok(vec![gx, Some(gw), Some(gb)]);
+                }
+            }
             // The input's and the weight's gradients are independent products of equal
             // size: side by side on the CPU.
             let (gx, gw) = crate::autograd::join::join_backward(

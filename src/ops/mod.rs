@@ -10,6 +10,7 @@ mod elementwise;
 mod index;
 mod loss;
 mod matmul;
+mod matmul_fused;
 pub(crate) mod norm;
 pub(crate) mod norm_call;
 mod norm_fused;
@@ -29,6 +30,7 @@ pub use attention::{attention_kernel, set_attention_kernel, AttentionKernel, Att
 pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
 pub use loss::{CrossEntropyOptions, Reduction};
+pub use matmul_fused::{gemm_epilogues, set_gemm_epilogues};
 pub use pool::{AvgPool2dOptions, MaxPool2dOptions};
 
 use crate::{DType, Error, Result, Tensor};

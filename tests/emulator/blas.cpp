@@ -1,7 +1,7 @@
 // An emulated cuBLAS / cuBLASLt for the emulated driver (driver.cpp): the few calls the
 // backend makes (cublasGemmStridedBatchedEx, and GemmEx / Sgemm for gpu_check; cuBLASLt's
-// matmul with a bias or bias + ReLU epilogue), computed naively on the host in column-major
-// order with f32 accumulation. It checks what the backend asks for (transposes, leading
+// matmul with the BIAS, RELU_BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues), computed
+// naively on the host in column-major order with f32 accumulation. It checks what the backend asks for (transposes, leading
 // dimensions, batch strides, the bias's side), not cuBLAS itself. The products run when their
 // stream does (queue.h). Built as both libcublas and libcublasLt.
 
@@ -9,7 +9,9 @@
 #include "queue.h"
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 typedef int Status;
 enum { SUCCESS = 0, NOT_INITIALIZED = 1, INVALID_VALUE = 7, NOT_SUPPORTED = 15 };
@@ -111,7 +113,17 @@ struct LtLayout {
 struct LtDesc {
     int ta = 0, tb = 0, epilogue = 1, compute = 0;
     const void* bias = nullptr;
+    void* aux = nullptr;
+    int64_t aux_ld = 0;
 };
+// cublasLtEpilogue_t values the emulation implements.
+enum { EP_DEFAULT = 1, EP_RELU = 2, EP_BIAS = 4, EP_RELU_BIAS = 6, EP_GELU_AUX_BIAS = 164,
+       EP_DGELU_BGRAD = 208, EP_BGRADB = 512 };
+static bool known_epilogue(int e) {
+    return e == EP_DEFAULT || e == EP_RELU || e == EP_BIAS || e == EP_RELU_BIAS || e == EP_GELU_AUX_BIAS ||
+           e == EP_DGELU_BGRAD || e == EP_BGRADB;
+}
+static bool has_aux(int e) { return e == EP_GELU_AUX_BIAS || e == EP_DGELU_BGRAD; }
 API size_t cublasLtGetVersion() { return 130000; }
 static int handle_token;
 API Status cublasLtCreate(void** h) {
@@ -144,6 +156,8 @@ API Status cublasLtMatmulDescSetAttribute(LtDesc* d, int attr, const void* v, si
     case 4: if (size != 4) return INVALID_VALUE; memcpy(&d->tb, v, 4); break;
     case 7: if (size != 4) return INVALID_VALUE; memcpy(&d->epilogue, v, 4); break;
     case 8: if (size != 8) return INVALID_VALUE; memcpy(&d->bias, v, 8); break;
+    case 11: if (size != 8) return INVALID_VALUE; memcpy(&d->aux, v, 8); break;
+    case 12: if (size != 8) return INVALID_VALUE; memcpy(&d->aux_ld, v, 8); break;
     default: break;
     }
     return SUCCESS;
@@ -181,25 +195,92 @@ API Status cublasLtMatmulAlgoGetHeuristic(void*, LtDesc* d, LtLayout* a, LtLayou
         fprintf(stderr, "emulated cublasLtMatmulAlgoGetHeuristic: shapes do not agree\n");
         return INVALID_VALUE;
     }
+    if (!known_epilogue(d->epilogue)) return NOT_SUPPORTED;
+    // cublasLtMatmulDescAttributes_t: the aux matrix's leading dimension is a multiple of 8
+    // and covers D's rows.
+    if (has_aux(d->epilogue) && (d->aux_ld % 8 != 0 || d->aux_ld < (int64_t)dl->rows)) {
+        fprintf(stderr, "emulated cublasLtMatmulAlgoGetHeuristic: aux ld %lld for %llu rows\n",
+                (long long)d->aux_ld, (unsigned long long)dl->rows);
+        return INVALID_VALUE;
+    }
     memset(out, 0, sizeof *out);
     *count = 1;
     return SUCCESS;
 }
+// GELU, tanh form, and its derivative (cuda/elementwise.cu's UNARY_GELU_TANH).
+static float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+static float gelu_tanh_grad(float x) {
+    const float c = 0.7978845608028654f;
+    float t = tanhf(c * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// The epilogues past bias and ReLU, after `gemm` wrote D = alpha op(A) op(B) (beta = 0,
+// checked by the caller) in f32 to `acc` (m x n, ld m): GELU_AUX_BIAS writes acc + bias to
+// aux (rounded) and GELU of its f32 value to D; DGELU_BGRAD writes acc * GELU'(aux) to D and
+// its sums over the n columns to bias (m); BGRADB writes D and op(B)'s sums over k to bias
+// (n), all f32 sums rounded once to D's type.
+static void lt_epilogue(const LtDesc& d, int64_t m, int64_t n, int64_t k, const float* acc, void* out,
+                        int dt, int64_t ldd, const void* b, int bt, int64_t ldb) {
+    if (d.epilogue == EP_BGRADB) {
+        for (int64_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int64_t l = 0; l < k; l++) s += load(b, bt, d.tb ? j + l * ldb : l + j * ldb);
+            store((void*)d.bias, dt, j, s);
+        }
+    }
+    for (int64_t i = 0; i < m; i++) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            float v = acc[i + j * m];
+            if (d.epilogue == EP_GELU_AUX_BIAS) {
+                v += load(d.bias, dt, i);
+                store(d.aux, dt, i + j * d.aux_ld, v);
+                v = gelu_tanh(v);
+            } else if (d.epilogue == EP_DGELU_BGRAD) {
+                v *= gelu_tanh_grad(load(d.aux, dt, i + j * d.aux_ld));
+                s += v;
+            }
+            store(out, dt, i + j * ldd, v);
+        }
+        if (d.epilogue == EP_DGELU_BGRAD) store((void*)d.bias, dt, i, s);
+    }
+}
+
 API Status cublasLtMatmul(void*, LtDesc* d, const void* alpha, const void* a, LtLayout* al, const void* b,
                           LtLayout* bl, const void* beta, const void* c, LtLayout* cl, void* out,
                           LtLayout* dl, const void*, void*, size_t, void* stream) {
-    if (!shapes(d, al, bl, cl, dl)) return INVALID_VALUE;
-    bool bias = d->epilogue == 4 || d->epilogue == 6, relu = d->epilogue == 2 || d->epilogue == 6;
-    if (bias && !d->bias) return INVALID_VALUE;
+    if (!shapes(d, al, bl, cl, dl) || !known_epilogue(d->epilogue)) return INVALID_VALUE;
+    int ep = d->epilogue;
+    bool bias = ep == EP_BIAS || ep == EP_RELU_BIAS, relu = ep == EP_RELU || ep == EP_RELU_BIAS;
+    bool wide = ep == EP_GELU_AUX_BIAS || ep == EP_DGELU_BGRAD || ep == EP_BGRADB;
+    if ((bias || wide) && !d->bias) return INVALID_VALUE;
+    if (has_aux(ep) && !d->aux) return INVALID_VALUE;
     int64_t k = d->ta ? al->rows : al->cols;
     // The descriptors and host scalars as they are now: the caller may change or free them.
     LtDesc dd = *d;
     LtLayout A = *al, B = *bl, C = *cl, D = *dl;
     float alv = *(const float*)alpha, bev = *(const float*)beta;
+    if (wide && bev != 0.0f) {
+        fprintf(stderr, "emulated cublasLtMatmul: epilogue %d with beta != 0\n", ep);
+        return NOT_SUPPORTED;
+    }
     later(stream, [=] {
-        gemm(dd.ta != 0, dd.tb != 0, D.rows, D.cols, k, alv, a, A.type, A.ld, b, B.type, B.ld, bev, c, out,
-             D.type, C.ld, D.ld, bias ? dd.bias : nullptr, relu,
+        if (!wide) {
+            gemm(dd.ta != 0, dd.tb != 0, D.rows, D.cols, k, alv, a, A.type, A.ld, b, B.type, B.ld, bev, c,
+                 out, D.type, C.ld, D.ld, bias ? dd.bias : nullptr, relu,
+                 A.type == R_32F && dd.compute == COMPUTE_32F_FAST_TF32);
+            return;
+        }
+        // The product in f32 first (the epilogue reads the unrounded accumulator).
+        std::vector<float> acc(D.rows * D.cols);
+        gemm(dd.ta != 0, dd.tb != 0, D.rows, D.cols, k, alv, a, A.type, A.ld, b, B.type, B.ld, 0.0f,
+             nullptr, acc.data(), R_32F, D.rows, D.rows, nullptr, false,
              A.type == R_32F && dd.compute == COMPUTE_32F_FAST_TF32);
+        lt_epilogue(dd, D.rows, D.cols, k, acc.data(), out, D.type, D.ld, b, B.type, B.ld);
     });
     return SUCCESS;
 }

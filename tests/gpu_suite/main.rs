@@ -53,6 +53,8 @@ mod flash_attention;
 mod fused_classifier;
 #[path = "../fuzz_api.rs"]
 mod fuzz_api;
+#[path = "../gemm_epilogues.rs"]
+mod gemm_epilogues;
 #[path = "../gpt.rs"]
 mod gpt;
 #[path = "../gpt_ops.rs"]

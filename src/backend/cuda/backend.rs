@@ -193,6 +193,15 @@ impl MatmulOps for CudaStorage {
     ) -> Result<Option<Self>> {
         matmul::linear_relu(self, l, rhs, lr, bias)
     }
+    fn matmul_fused(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        lr: &Layout,
+        f: crate::backend::Fused<'_, Self>,
+    ) -> Result<Option<(Self, Self)>> {
+        super::epilogue::matmul_fused(self, l, rhs, lr, f)
+    }
     fn matmul_acc(
         &mut self,
         ld: &Layout,

@@ -1,10 +1,11 @@
-//! cuBLASLt products with the bias (and a ReLU) in the epilogue: Linear's `x W^T + b` in one
+//! cuBLASLt products with work done in the epilogue ([`Epi`]): Linear's `x W^T + b` in one
 //! call, the bias added to the f32 accumulator before the result is rounded to the output
 //! dtype, instead of a broadcast copy of the bias followed by a GEMM with `beta = 1`; with the
-//! ReLU, `Sequential`'s Linear + ReLU pairs in one call too. The cuBLAS path in `ops.rs`
-//! remains for everything else and whenever cuBLASLt offers no algorithm. Each shape's
-//! descriptors and algorithm are built once and cached; the products run in the workspace
-//! the runtime gives cuBLAS (`libraries.rs`).
+//! ReLU, `Sequential`'s Linear + ReLU pairs in one call too; and a transformer MLP's GELU
+//! (tanh form) with its pre-activation kept, its backward and bias gradients
+//! (`epilogue.rs`). The cuBLAS path in `matmul.rs` remains for everything else and whenever
+//! cuBLASLt offers no algorithm. Each shape's descriptors and algorithm are built once and
+//! cached; the products run in the workspace the runtime gives cuBLAS (`libraries.rs`).
 
 use super::runtime::CudaRuntime;
 use super::tf32::product_tf32;
@@ -58,6 +59,66 @@ fn alignment(ptr: CUdeviceptr) -> u32 {
     }
 }
 
+/// What cuBLASLt does after the product `out [m, n] = a [m, k] b [k, n]` (row-major terms;
+/// `n` is the features of an output row, which cuBLASLt sees as D's rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Epi {
+    /// `+ bias[n]` (`CUBLASLT_EPILOGUE_BIAS`).
+    Bias,
+    /// `relu(. + bias[n])` (`RELU_BIAS`).
+    ReluBias,
+    /// `gelu_tanh(. + bias[n])`, with `. + bias` written to the aux matrix, rows `aux_ld`
+    /// elements apart (`GELU_AUX_BIAS`).
+    GeluAuxBias { aux_ld: i64 },
+    /// `. * gelu_tanh'(aux)`, and that result's sums over the `m` rows written to the bias
+    /// pointer (`DGELU_BGRAD`).
+    DGeluBGrad { aux_ld: i64 },
+    /// The product unchanged, and `a`'s sums over `k` (`m` of them) written to the bias
+    /// pointer (`BGRADB`: cuBLASLt's B is `a`).
+    BGradB,
+}
+
+impl Epi {
+    fn code(self) -> sys::cublasLtEpilogue_t {
+        use sys::cublasLtEpilogue_t as E;
+        match self {
+            Epi::Bias => E::CUBLASLT_EPILOGUE_BIAS,
+            Epi::ReluBias => E::CUBLASLT_EPILOGUE_RELU_BIAS,
+            Epi::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Epi::DGeluBGrad { .. } => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
+            Epi::BGradB => E::CUBLASLT_EPILOGUE_BGRADB,
+        }
+    }
+
+    /// The aux matrix's leading dimension, for the epilogues that have one.
+    fn aux_ld(self) -> Option<i64> {
+        match self {
+            Epi::GeluAuxBias { aux_ld } | Epi::DGeluBGrad { aux_ld } => Some(aux_ld),
+            _ => None,
+        }
+    }
+
+    /// A few words for the profiler and errors.
+    fn name(self) -> &'static str {
+        match self {
+            Epi::Bias => "+bias",
+            Epi::ReluBias => "+bias relu",
+            Epi::GeluAuxBias { .. } => "+bias gelu aux",
+            Epi::DGeluBGrad { .. } => " dgelu bgrad",
+            Epi::BGradB => " bgradb",
+        }
+    }
+}
+
+/// The addresses one epilogue product reads and writes besides its operands: the bias
+/// (read by `Bias`, `ReluBias` and `GeluAuxBias`, written by the gradient epilogues), the aux
+/// matrix (written by `GeluAuxBias`, read by `DGeluBGrad`; 0 otherwise) and the output.
+pub(crate) struct LtPtrs {
+    pub(crate) bias: CUdeviceptr,
+    pub(crate) aux: CUdeviceptr,
+    pub(crate) out: CUdeviceptr,
+}
+
 /// Everything a product's descriptors and algorithm depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -67,14 +128,14 @@ struct Key {
     mnk: (usize, usize, usize),
     /// Each operand's transpose and leading dimension (`a`, then `b`).
     ops: [(bool, i64); 2],
-    relu: bool,
-    /// Of `b`, `a`, the output (cuBLASLt's A, B, C and D).
-    aligns: [u32; 3],
+    epi: Epi,
+    /// Of `b`, `a`, the output (cuBLASLt's A, B, C and D), the bias and the aux matrix.
+    aligns: [u32; 5],
     workspace: usize,
 }
 
-/// A product's layouts, descriptor and chosen algorithm, built once per [`Key`]. The bias
-/// pointer is set on `desc` at each call, under the device's cuBLASLt lock.
+/// A product's layouts, descriptor and chosen algorithm, built once per [`Key`]. The bias and
+/// aux pointers are set on `desc` at each call, under the device's cuBLASLt lock.
 struct Plan {
     la: Layout,
     lb: Layout,
@@ -84,7 +145,7 @@ struct Plan {
 }
 
 // SAFETY: a plan's descriptors are host objects cuBLASLt does not tie to a thread; the one
-// change made after they are built (the bias pointer) and every use happen under the
+// changes made after they are built (the bias and aux pointers) and every use happen under the
 // cuBLASLt handle's lock of the plan's device (`with_blas_lt`), one thread at a time.
 unsafe impl Send for Plan {}
 // SAFETY: as above: shared references only reach the descriptors under that lock.
@@ -152,11 +213,8 @@ fn build(
     let (op_a, op_b) = (tb as i32, ta as i32);
     use sys::cublasLtMatmulDescAttributes_t as D;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
-    let epilogue = match key.relu {
-        true => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
-        false => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-    };
-    let [align_a, align_b, align_d] = key.aligns;
+    let epilogue = key.epi.code();
+    let [align_a, align_b, align_d, ..] = key.aligns;
     let size = key.workspace;
     // SAFETY: each attribute value is a live local of the size passed with it; the
     // descriptors are alive until the end of this function or kept in the plan.
@@ -168,6 +226,11 @@ fn build(
         ] {
             lt::set_matmul_desc_attribute(desc.0, a, p, s)
                 .map_err(|e| fail("a descriptor attribute", e))?;
+        }
+        if let Some(aux_ld) = key.epi.aux_ld() {
+            let (p, s) = attr(&aux_ld);
+            lt::set_matmul_desc_attribute(desc.0, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p, s)
+                .map_err(|e| fail("the aux leading dimension", e))?;
         }
         for (a, (p, s)) in [
             (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, attr(&size)),
@@ -211,19 +274,18 @@ fn attr<T>(v: &T) -> (*const std::ffi::c_void, usize) {
     (v as *const T as *const _, std::mem::size_of::<T>())
 }
 
-/// `out [m, n] (row-major, contiguous) = a [m, k] b [k, n] + bias [n]`, then ReLU with
-/// `relu`, for operands cuBLAS can read in place (`oa`, `ob`, batch 1), in the runtime's
-/// cuBLAS workspace. `Ok(false)` when cuBLASLt has no algorithm for it: the caller then
-/// takes another path. The descriptors and the algorithm are built at the first product of
-/// each shape and reused ([`plans_cached`]).
-pub(crate) fn gemm_bias(
+/// `out [m, n] (row-major, contiguous) = a [m, k] b [k, n]` followed by `epi` (with the
+/// bias and aux addresses of `ptrs`), for operands cuBLAS can read in place (`oa`, `ob`,
+/// batch 1), in the runtime's cuBLAS workspace. `Ok(false)` when cuBLASLt has no algorithm
+/// for it: the caller then takes another path. The descriptors and the algorithm are built at
+/// the first product of each shape and reused ([`plans_cached`]).
+pub(crate) fn gemm_lt(
     rt: &Arc<CudaRuntime>,
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     (oa, ob): (&Operand, &Operand),
-    bias: CUdeviceptr,
-    out: CUdeviceptr,
-    relu: bool,
+    ptrs: &LtPtrs,
+    epi: Epi,
 ) -> Result<bool> {
     let device = rt.device();
     let (ws, workspace) = rt.blas_workspace().unwrap_or((0, 0));
@@ -233,16 +295,17 @@ pub(crate) fn gemm_bias(
         tf32: dtype == DType::F32 && product_tf32(),
         mnk: (m, n, k),
         ops: [(oa.transposed, oa.ld), (ob.transposed, ob.ld)],
-        relu,
-        aligns: [ob.ptr, oa.ptr, out].map(alignment),
+        epi,
+        aligns: [ob.ptr, oa.ptr, ptrs.out, ptrs.bias, ptrs.aux].map(alignment),
         workspace,
     };
-    let fail = |what: &str, e: CublasError| Error::CudaLibraryStatus {
+    let what = epi.name();
+    let fail = |stage: &str, e: CublasError| Error::CudaLibraryStatus {
         lib: "cuBLASLt",
         op: "matmul",
         device,
         status: format!("{:?}", e.0),
-        what: format!("{what} ({m}x{k} @ {k}x{n} + bias, relu {relu}, {dtype:?})"),
+        what: format!("{stage} ({m}x{k} @ {k}x{n} {what}, {dtype:?})"),
     };
     let known = lock(plans()).get(&key).cloned();
     let plan = match known {
@@ -263,23 +326,39 @@ pub(crate) fn gemm_bias(
     let prof = super::profile::library(
         rt,
         || {
-            let relu = if relu { " relu" } else { "" };
             let d = super::profile::short(dtype);
-            format!("cublasLt matmul+bias{relu} {m}x{k}x{n} {d}")
+            format!("cublasLt matmul{what} {m}x{k}x{n} {d}")
         },
         2 * m64 * n64 * k64,
         (m64 * k64 + k64 * n64 + m64 * n64 + n64) * elem,
     );
     rt.with_blas_lt(|h| {
         use sys::cublasLtMatmulDescAttributes_t as D;
-        let (p, s) = attr(&bias);
-        // SAFETY: the bias pointer is a live local of its size; the descriptor is the plan's,
+        // SAFETY: the pointers are live locals of their size; the descriptor is the plan's,
         // changed and used only under this handle's lock (held here). The operands address
-        // matrices of the stated shapes on this device, the bias `n` elements, `out`
-        // `m * n`; the workspace holds `workspace` bytes for the runtime's life.
+        // matrices of the stated shapes on this device, `out` `m * n` elements, the bias `n`
+        // (or `m` for `BGradB`) and the aux matrix `m` rows of its leading dimension, as the
+        // callers in `matmul.rs` and `epilogue.rs` allocate them; the workspace holds
+        // `workspace` bytes for the runtime's life.
         unsafe {
-            lt::set_matmul_desc_attribute(plan.desc.0, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p, s)
-                .map_err(|e| fail("the bias pointer", e))?;
+            for (a, v, name) in [
+                (
+                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &ptrs.bias,
+                    "the bias pointer",
+                ),
+                (
+                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                    &ptrs.aux,
+                    "the aux pointer",
+                ),
+            ] {
+                if *v != 0 {
+                    let (p, s) = attr(v);
+                    lt::set_matmul_desc_attribute(plan.desc.0, a, p, s)
+                        .map_err(|e| fail(name, e))?;
+                }
+            }
             lt::matmul(
                 h,
                 plan.desc.0,
@@ -289,9 +368,9 @@ pub(crate) fn gemm_bias(
                 plan.la.0,
                 oa.ptr as *const _,
                 plan.lb.0,
-                out as *const _,
+                ptrs.out as *const _,
                 plan.ld.0,
-                out as *mut _,
+                ptrs.out as *mut _,
                 plan.ld.0,
                 &plan.algo,
                 ws as *mut _,

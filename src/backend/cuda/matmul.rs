@@ -47,7 +47,7 @@ fn operand(s: &CudaStorage, l: &Layout) -> Option<Operand> {
 }
 
 /// `l` as an operand cuBLAS reads in place, or a contiguous copy of it kept in `keep`.
-fn readable<'a>(
+pub(super) fn readable<'a>(
     s: &'a CudaStorage,
     l: &Layout,
     keep: &'a mut Option<CudaStorage>,
@@ -87,15 +87,16 @@ fn lt_bias(
     // starts a block (aligned as the epilogue may need).
     let bias = s.contiguous(l)?;
     let out = CudaStorage::alloc_on(a.rt(), a.dtype(), m * n)?;
-    let done = super::blaslt::gemm_bias(
-        a.rt(),
-        a.dtype(),
-        (m, n, k),
-        (oa, ob),
-        bias.ptr(),
-        out.ptr(),
-        relu,
-    )?;
+    let ptrs = super::blaslt::LtPtrs {
+        bias: bias.ptr(),
+        aux: 0,
+        out: out.ptr(),
+    };
+    let epi = match relu {
+        true => super::blaslt::Epi::ReluBias,
+        false => super::blaslt::Epi::Bias,
+    };
+    let done = super::blaslt::gemm_lt(a.rt(), a.dtype(), (m, n, k), (oa, ob), &ptrs, epi)?;
     Ok(done.then_some(out))
 }
 

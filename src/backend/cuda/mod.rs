@@ -86,6 +86,7 @@ pub(crate) mod copy_list;
 mod dnn_graph;
 pub mod dnn_norm;
 pub(crate) mod elementwise;
+mod epilogue;
 mod faults;
 mod flash;
 pub(crate) mod graph;
