@@ -73,8 +73,7 @@ mode=${1:-all}
 suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
     data_parallel_buckets flash_attention fused_classifier fuzz_api gemm_epilogues gpt gpt_ops hostile_input
-    integer_arithmetic profiler recompute
-    torch_reference"
+    integer_arithmetic profiler recompute residual_layer_norm torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
 # seconds from this script's start (see acc; MANTISSA_SESSION_DEADLINE sets another, for a
 # dry run of the script's logic).
@@ -315,7 +314,7 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         # compiled peer 60 to 150 s (its compilation in the warm-up steps); the Shakespeare
         # runs about half a minute each.
         w5="--model gpt2 --data synthetic --batch-size 16 --steps 20"
-        acc test-gpt 50 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: gemm_epilogues:: --test-threads 1 --nocapture
+        acc test-gpt 50 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: gemm_epilogues:: residual_layer_norm:: --test-threads 1 --nocapture
         # The tensor-core attention kernels (cuda/flash.cu) at GPT-2's [16, 12, 1024, 64]
         # causal bf16, forward + backward, beside PyTorch's SDPA backends (cuDNN's among them)
         # at the same shape and count of FLOPs.

@@ -572,6 +572,33 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
 
 // Layer normalisation (src/backend/cpu/layer_norm.rs): one block per row of `cols` contiguous
 // elements; stats[2 r] = mean, stats[2 r + 1] = 1 / sqrt(var + eps). w and b may be null.
+
+// Row r of layer norm from its elements xr and this thread's share s of their sum: the mean,
+// the variance as the mean of squared deviations (a second read of the row, not E[x^2] -
+// mean^2), the output row and the statistics.
+template <typename T>
+__device__ void ln_row(const T* __restrict__ xr, float s, const T* __restrict__ w,
+                       const T* __restrict__ b, T* __restrict__ yr, float* __restrict__ st,
+                       i64 cols, float eps, float* scratch) {
+    float m = block_reduce(0, s, scratch) / (float)cols;
+    float q = 0.0f;
+    for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+        float d = to_f32(xr[c]) - m;
+        q += d * d;
+    }
+    float rstd = 1.0f / sqrtf(block_reduce(0, q, scratch) / (float)cols + eps);
+    for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = (to_f32(xr[c]) - m) * rstd;
+        if (w) v *= to_f32(w[c]);
+        if (b) v += to_f32(b[c]);
+        yr[c] = from_f32<T>(v);
+    }
+    if (threadIdx.x == 0) {
+        st[0] = m;
+        st[1] = rstd;
+    }
+}
+
 template <typename T>
 __device__ void ln_forward(const T* __restrict__ x, const T* __restrict__ w,
                            const T* __restrict__ b, T* __restrict__ y, float* __restrict__ stats,
@@ -581,23 +608,39 @@ __device__ void ln_forward(const T* __restrict__ x, const T* __restrict__ w,
         const T* xr = x + r * cols;
         float s = 0.0f;
         for (i64 c = threadIdx.x; c < cols; c += blockDim.x) s += to_f32(xr[c]);
-        float m = block_reduce(0, s, scratch) / (float)cols;
-        float q = 0.0f;
+        ln_row<T>(xr, s, w, b, y + r * cols, stats + 2 * r, cols, eps, scratch);
+    }
+}
+
+// A residual branch's element i: of dtype T (rk 0), f16 (rk 1) or bf16 (rk 2).
+template <typename T>
+__device__ __forceinline__ float branch_at(const void* __restrict__ br, int rk, i64 i) {
+    switch (rk) {
+    case 1: return to_f32(((const f16*)br)[i]);
+    case 2: return to_f32(((const bf16*)br)[i]);
+    default: return to_f32(((const T*)br)[i]);
+    }
+}
+
+// The residual add and the layer norm after it in one kernel (llm.c's fused residual
+// forward): sum = x + br, written in T, then ln_forward's normalisation of sum's rounded rows
+// into y, each thread reading back only the elements it wrote. br is T or, added to an f32
+// residual stream, f16/bf16 (rk as branch_at), promoted as the composed add promotes it.
+template <typename T>
+__device__ void ln_residual_forward(const T* __restrict__ x, const void* __restrict__ br, int rk,
+                                    const T* __restrict__ w, const T* __restrict__ b,
+                                    T* __restrict__ sum, T* __restrict__ y,
+                                    float* __restrict__ stats, i64 rows, i64 cols, float eps) {
+    __shared__ float scratch[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        T* sr = sum + r * cols;
+        float s = 0.0f;
         for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            float d = to_f32(xr[c]) - m;
-            q += d * d;
+            T v = from_f32<T>(to_f32(x[r * cols + c]) + branch_at<T>(br, rk, r * cols + c));
+            sr[c] = v;
+            s += to_f32(v);
         }
-        float rstd = 1.0f / sqrtf(block_reduce(0, q, scratch) / (float)cols + eps);
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-            float v = (to_f32(xr[c]) - m) * rstd;
-            if (w) v *= to_f32(w[c]);
-            if (b) v += to_f32(b[c]);
-            y[r * cols + c] = from_f32<T>(v);
-        }
-        if (threadIdx.x == 0) {
-            stats[2 * r] = m;
-            stats[2 * r + 1] = rstd;
-        }
+        ln_row<T>(sr, s, w, b, y + r * cols, stats + 2 * r, cols, eps, scratch);
     }
 }
 
@@ -697,6 +740,12 @@ __device__ void ln_params(const float* __restrict__ part, T* __restrict__ dw, T*
     extern "C" __global__ void ln_forward_##T(const T* x, const T* w, const T* b, T* y,         \
                                               float* stats, i64 rows, i64 cols, float eps) {    \
         ln_forward<T>(x, w, b, y, stats, rows, cols, eps);                                     \
+    }                                                                                          \
+    extern "C" __global__ void ln_residual_forward_##T(const T* x, const void* br, int rk,       \
+                                                       const T* w, const T* b, T* sum, T* y,   \
+                                                       float* stats, i64 rows, i64 cols,       \
+                                                       float eps) {                            \
+        ln_residual_forward<T>(x, br, rk, w, b, sum, y, stats, rows, cols, eps);               \
     }                                                                                          \
     extern "C" __global__ void ln_backward_##T(const T* dy, const T* x, const T* w,             \
                                                const float* stats, T* dx, float* part, i64 rows, \

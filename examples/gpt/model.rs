@@ -177,10 +177,37 @@ impl Module for Block {
     mantissa::visit_fields!(ln_1, attn, ln_2, mlp);
 }
 
+/// `(x + branch, ln(x + branch))` as one op (`add_layer_norm`: one kernel on CUDA).
+fn add_ln(x: &Tensor, branch: &Tensor, ln: &LayerNorm) -> Result<(Tensor, Tensor)> {
+    x.add_layer_norm(
+        branch,
+        &ln.shape,
+        ln.weight.as_ref(),
+        ln.bias.as_ref(),
+        ln.eps,
+    )
+}
+
 impl Block {
     fn forward_cached(&self, x: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward_cached(&self.ln_1.forward(x)?, cache)?)?;
-        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+        let a = self.attn.forward_cached(&self.ln_1.forward(x)?, cache)?;
+        let (x, h) = add_ln(x, &a, &self.ln_2)?;
+        x.add(&self.mlp.forward(&h)?)
+    }
+
+    /// The block on `x`, given `normed = ln_1(x)`: `(y, next(y))` for its output `y`, where
+    /// `next` is the layer norm that reads `y` (the next block's `ln_1`, or the final one),
+    /// each residual add and the layer norm after it as one op.
+    fn forward_chained(
+        &self,
+        x: &Tensor,
+        normed: &Tensor,
+        next: &LayerNorm,
+        cache: Option<&mut KvCache>,
+    ) -> Result<(Tensor, Tensor)> {
+        let a = self.attn.forward_cached(normed, cache)?;
+        let (x, h) = add_ln(x, &a, &self.ln_2)?;
+        add_ln(&x, &self.mlp.forward(&h)?, next)
     }
 }
 
@@ -287,19 +314,15 @@ impl Gpt {
         // uploaded (so the step can be captured as a CUDA graph).
         let pos = self.wpe.weight.narrow(0, past, t)?;
         let mut x = dropped(&self.drop, &self.wte.forward(idx)?.add(&pos)?)?;
-        match caches {
-            Some(caches) => {
-                for (block, cache) in self.h.iter().zip(caches.iter_mut()) {
-                    x = block.forward_cached(&x, Some(cache))?;
-                }
-            }
-            None => {
-                for block in &self.h {
-                    x = block.forward_cached(&x, None)?;
-                }
-            }
+        // Each block's last residual add computes the next layer norm's output with it.
+        let mut normed = self.h[0].ln_1.forward(&x)?;
+        let mut caches = caches.map(|c| c.iter_mut());
+        for (i, block) in self.h.iter().enumerate() {
+            let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
+            let cache = caches.as_mut().and_then(|c| c.next());
+            (x, normed) = block.forward_chained(&x, &normed, next, cache)?;
         }
-        self.ln_f.forward(&x)?.linear(&self.lm_head, None)
+        normed.linear(&self.lm_head, None)
     }
 
     /// Empty key/value caches, one per layer.

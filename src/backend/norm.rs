@@ -80,6 +80,21 @@ pub(crate) trait NormOps: BackendStorage {
         b: Opt<Self>,
         eps: f64,
     ) -> Result<(Self, Self)>;
+    /// `self + r` (same shapes; `r` in `self`'s dtype or, with an f32 `self`, f16/bf16) and
+    /// [`NormOps::layer_norm`] of that sum in one pass where the backend has one: `(sum, y,
+    /// stats)`; `None` where it has not (the default), and the caller composes the ops.
+    #[allow(clippy::too_many_arguments)]
+    fn add_layer_norm(
+        &self,
+        _lx: &Layout,
+        _r: (&Self, &Layout),
+        _cols: usize,
+        _w: Opt<Self>,
+        _b: Opt<Self>,
+        _eps: f64,
+    ) -> Result<Option<(Self, Self, Self)>> {
+        Ok(None)
+    }
     /// The gradients of [`NormOps::layer_norm`] from the output's (`self`), as `want` asks:
     /// the input's, and the weight's and bias's (the sums over the rows of `dy xhat` and
     /// `dy`, in `x`'s dtype, summed in f32 or wider), the CUDA backend in one kernel over
@@ -501,6 +516,34 @@ impl Storage {
         super::on_device!(device, B => {
             let (y, s) = B::part(self).layer_norm(lx, cols, part(w), part(b), eps)?;
             Ok((y.wrap(), s.wrap()))
+        })
+    }
+
+    /// See [`NormOps::add_layer_norm`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_layer_norm(
+        &self,
+        lx: &Layout,
+        (r, lr): (&Storage, &Layout),
+        cols: usize,
+        w: Opt<Storage>,
+        b: Opt<Storage>,
+        eps: f64,
+    ) -> Result<Option<(Storage, Storage, Storage)>> {
+        let mut all = vec![self, r];
+        all.extend(w.map(|v| v.0));
+        all.extend(b.map(|v| v.0));
+        let device = super::common_device("layer_norm (residual)", &all)?;
+        super::on_device!(device, B => {
+            let out = B::part(self).add_layer_norm(
+                lx,
+                (B::part(r), lr),
+                cols,
+                part(w),
+                part(b),
+                eps,
+            )?;
+            Ok(out.map(|(s, y, st)| (s.wrap(), y.wrap(), st.wrap())))
         })
     }
 

@@ -6,9 +6,10 @@ use super::{dispatch, expect_float, Op};
 use crate::backend::cpu::norm::stat_dtype;
 use crate::backend::norm::{Addend, BnForward, BnGrad, BnSource, FusedRelu, LnWant};
 use crate::backend::ops::UnaryOp;
+use crate::backend::Storage;
 use crate::layout::Layout;
 use crate::tensor::node::{AffineParts, Recipe};
-use crate::{no_grad, Error, MemoryFormat, Result, Tensor};
+use crate::{no_grad, DType, Error, MemoryFormat, Result, Tensor};
 
 /// `running = (1 - momentum) running + momentum batch`, with the unbiased batch variance.
 fn update_running(
@@ -498,7 +499,6 @@ impl Tensor {
         let cast = |v: Option<&Tensor>| v.map(|v| v.to_dtype(dt)?.contiguous()).transpose();
         let (w, b) = (cast(weight)?, cast(bias)?);
         let cols: usize = normalized_shape.iter().product();
-        let rows = x.numel() / cols;
         let (y, stats) = {
             let (xs, ws, bs) = (
                 x.storage(),
@@ -509,55 +509,75 @@ impl Tensor {
             let bp = bs.as_deref().zip(b.as_ref().map(|t| t.layout()));
             xs.layer_norm(x.layout(), cols, wp, bp, eps)?
         };
-        let y = Tensor::from_storage(y, x.shape());
-        let stats = Tensor::from_storage(stats, &[rows, 2]);
-        let mut inputs = vec![&x];
-        inputs.extend(w.as_ref());
-        inputs.extend(b.as_ref());
-        let (xs, ws) = (x.detach(), w.as_ref().map(|w| w.detach()));
-        let (has_w, has_b) = (w.is_some(), b.is_some());
-        let pshape = normalized_shape.to_vec();
-        let mut reads = vec![&x];
-        reads.extend(w.as_ref());
-        Ok(
-            y.attach_saving("layer_norm", &inputs, &reads, move |dy, needs| {
-                let dy = dy.to_dtype(dt)?.contiguous()?;
-                // The input's gradient and the parameters' sums from one kernel on CUDA.
-                let want_w = has_w && needs[1];
-                let want_b = has_b && needs[1 + usize::from(has_w)];
-                let want = LnWant {
-                    dx: needs[0],
-                    params: want_w || want_b,
-                };
-                let g = {
-                    let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
-                    let wst = ws.as_ref().map(|w| w.storage());
-                    let wpart = wst.as_deref().zip(ws.as_ref().map(|w| w.layout()));
-                    ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart, want)?
-                };
-                let dx = g.dx.map(|s| Tensor::from_storage(s, xs.shape()));
-                let mut grads = vec![dx];
-                let params = match g.params {
-                    Some((dw, db)) => Some((
-                        Tensor::from_storage(dw, &pshape),
-                        Tensor::from_storage(db, &pshape),
-                    )),
-                    None if want.params => Some(param_grads(&dy, &xs, &stats, (rows, cols))?),
-                    None => None,
-                };
-                let (dw, db) = params.unzip();
-                if has_w {
-                    let dw = dw.filter(|_| want_w);
-                    grads.push(dw.map(|g| g.to_dtype(dt)?.reshape(&pshape)).transpose()?);
-                }
-                if has_b {
-                    let db = db.filter(|_| want_b);
-                    grads.push(db.map(|g| g.to_dtype(dt)?.reshape(&pshape)).transpose()?);
-                }
-                Ok(grads)
-            }),
-        )
+        Ok(layer_norm_node(
+            &x,
+            (w, b),
+            (y, stats),
+            normalized_shape,
+            dt,
+        ))
     }
+}
+
+/// Layer norm's node in the graph: its output `y` and statistics from `x` (contiguous, in
+/// `dt`, as are the affine parameters `w` and `b`), with the backward of the ops in
+/// `normalized_shape`'s trailing dims. [`Tensor::layer_norm`] and the residual form
+/// (`norm_residual.rs`) make it.
+pub(super) fn layer_norm_node(
+    x: &Tensor,
+    (w, b): (Option<Tensor>, Option<Tensor>),
+    (y, stats): (Storage, Storage),
+    normalized_shape: &[usize],
+    dt: DType,
+) -> Tensor {
+    let cols: usize = normalized_shape.iter().product();
+    let rows = x.numel() / cols;
+    let y = Tensor::from_storage(y, x.shape());
+    let stats = Tensor::from_storage(stats, &[rows, 2]);
+    let mut inputs = vec![x];
+    inputs.extend(w.as_ref());
+    inputs.extend(b.as_ref());
+    let (xs, ws) = (x.detach(), w.as_ref().map(|w| w.detach()));
+    let (has_w, has_b) = (w.is_some(), b.is_some());
+    let pshape = normalized_shape.to_vec();
+    let mut reads = vec![x];
+    reads.extend(w.as_ref());
+    y.attach_saving("layer_norm", &inputs, &reads, move |dy, needs| {
+        let dy = dy.to_dtype(dt)?.contiguous()?;
+        // The input's gradient and the parameters' sums from one kernel on CUDA.
+        let want_w = has_w && needs[1];
+        let want_b = has_b && needs[1 + usize::from(has_w)];
+        let want = LnWant {
+            dx: needs[0],
+            params: want_w || want_b,
+        };
+        let g = {
+            let (ds, xst, ss) = (dy.storage(), xs.storage(), stats.storage());
+            let wst = ws.as_ref().map(|w| w.storage());
+            let wpart = wst.as_deref().zip(ws.as_ref().map(|w| w.layout()));
+            ds.layer_norm_backward(dy.layout(), &xst, xs.layout(), cols, &ss, wpart, want)?
+        };
+        let dx = g.dx.map(|s| Tensor::from_storage(s, xs.shape()));
+        let mut grads = vec![dx];
+        let params = match g.params {
+            Some((dw, db)) => Some((
+                Tensor::from_storage(dw, &pshape),
+                Tensor::from_storage(db, &pshape),
+            )),
+            None if want.params => Some(param_grads(&dy, &xs, &stats, (rows, cols))?),
+            None => None,
+        };
+        let (dw, db) = params.unzip();
+        if has_w {
+            let dw = dw.filter(|_| want_w);
+            grads.push(dw.map(|g| g.to_dtype(dt)?.reshape(&pshape)).transpose()?);
+        }
+        if has_b {
+            let db = db.filter(|_| want_b);
+            grads.push(db.map(|g| g.to_dtype(dt)?.reshape(&pshape)).transpose()?);
+        }
+        Ok(grads)
+    })
 }
 
 /// Layer norm's weight and bias gradients by composition, where the backend's pass leaves

@@ -67,6 +67,8 @@ mod integer_arithmetic;
 mod profiler;
 #[path = "../recompute.rs"]
 mod recompute;
+#[path = "../residual_layer_norm.rs"]
+mod residual_layer_norm;
 #[path = "../rnn_variants.rs"]
 mod rnn_variants;
 #[path = "../torch_reference.rs"]

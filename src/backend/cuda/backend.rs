@@ -337,6 +337,17 @@ impl NormOps for CudaStorage {
     ) -> Result<crate::backend::norm::FusedBnGrads<Self>> {
         super::dnn_norm::batch_norm_fused_backward(self, ld, b)
     }
+    fn add_layer_norm(
+        &self,
+        lx: &Layout,
+        r: (&Self, &Layout),
+        cols: usize,
+        w: Option<(&Self, &Layout)>,
+        b: Option<(&Self, &Layout)>,
+        eps: f64,
+    ) -> Result<Option<(Self, Self, Self)>> {
+        super::layer_norm::add_layer_norm(self, lx, r, cols, w, b, eps)
+    }
     fn layer_norm(
         &self,
         lx: &Layout,

@@ -1,6 +1,6 @@
 //! Launchers for `cuda/norm.cu`'s layer normalisation: one block per row of `cols`
-//! contiguous elements, forward (output and per-row statistics) and backward (the input's
-//! gradient).
+//! contiguous elements, forward (output and per-row statistics; also after a residual add, in
+//! the same kernel) and backward (the input's gradient, and the parameters').
 
 use super::kernels::KernelFile;
 use super::profile::elems;
@@ -57,6 +57,55 @@ pub(crate) fn layer_norm(
         x, KernelFile::Norm, name, cfg, &xp, &wp, &bp, &yp, &sp, &r64, &c64, &e32
     );
     Ok((y, stats))
+}
+
+/// The residual add `x + r` and the layer norm of the sum in one kernel: `(sum, y, stats)`.
+/// `r` has `x`'s dtype or, with an f32 `x`, f16 or bf16 (added as the composed add promotes
+/// it); `None` for another pair of dtypes (the caller composes the ops).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_layer_norm(
+    x: &CudaStorage,
+    lx: &Layout,
+    (r, lr): (&CudaStorage, &Layout),
+    cols: usize,
+    w: Option<(&CudaStorage, &Layout)>,
+    b: Option<(&CudaStorage, &Layout)>,
+    eps: f64,
+) -> Result<Option<(CudaStorage, CudaStorage, CudaStorage)>> {
+    let op = "layer_norm (residual)";
+    let t = float_kname(op, x.dtype())?;
+    let rk: i32 = match (x.dtype(), r.dtype()) {
+        (a, b) if a == b => 0,
+        (DType::F32, DType::F16) => 1,
+        (DType::F32, DType::BF16) => 2,
+        _ => return Ok(None),
+    };
+    if lx.shape() != lr.shape() {
+        return Ok(None);
+    }
+    let (x, r) = (x.contiguous(lx)?, r.contiguous(lr)?);
+    let rows = lx.numel() / cols;
+    let (_w, wp) = vector_ptr(op, &x, w)?;
+    let (_b, bp) = vector_ptr(op, &x, b)?;
+    let sum = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
+    let y = CudaStorage::alloc_on(x.rt(), x.dtype(), lx.numel())?;
+    let stats = CudaStorage::alloc_on(x.rt(), DType::F32, 2 * rows)?;
+    let (xp, rp, sp, yp, tp) = (x.ptr(), r.ptr(), sum.ptr(), y.ptr(), stats.ptr());
+    let (r64, c64, e32) = (rows as i64, cols as i64, eps as f32);
+    let cfg = super::storage::rows_grid(rows);
+    let vectors = [wp, bp].iter().filter(|&&p| p != 0).count() as u64;
+    let bytes = 3 * elems(lx.numel(), x.dtype())
+        + elems(lx.numel(), r.dtype())
+        + vectors * elems(cols, x.dtype())
+        + elems(2 * rows, DType::F32);
+    if rows > 0 {
+        launch!(
+            bytes = bytes;
+            x, KernelFile::Norm, kname!("ln_residual_forward_", t), cfg,
+            &xp, &rp, &rk, &wp, &bp, &sp, &yp, &tp, &r64, &c64, &e32
+        );
+    }
+    Ok(Some((sum, y, stats)))
 }
 
 /// Most blocks `ln_backward` runs when it sums the weight's and bias's gradients (each writes
