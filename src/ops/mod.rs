@@ -15,6 +15,7 @@ pub(crate) mod norm;
 pub(crate) mod norm_call;
 mod norm_fused;
 mod norm_group;
+mod norm_layer;
 mod norm_residual;
 mod operators;
 mod pool;

@@ -5,7 +5,7 @@
 //! the composed add makes first. The graph is the composed ops' (an add, then a layer norm),
 //! so the gradients are theirs.
 
-use super::norm::layer_norm_node;
+use super::norm_layer::layer_norm_node;
 use crate::{DType, Device, Result, Tensor};
 
 impl Tensor {
