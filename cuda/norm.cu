@@ -573,11 +573,12 @@ __device__ void bn_affine(const T* __restrict__ x, const T* __restrict__ add,
 // Layer normalisation (src/backend/cpu/layer_norm.rs): one block per row of `cols` contiguous
 // elements; stats[2 r] = mean, stats[2 r + 1] = 1 / sqrt(var + eps). w and b may be null.
 
-// Row r of layer norm from its elements xr and this thread's share s of their sum: the mean,
-// the variance as the mean of squared deviations (a second read of the row, not E[x^2] -
-// mean^2), the output row and the statistics.
+// Row r of layer norm from its elements xr (not restrict: ln_residual_forward passes the row
+// it has just written) and this thread's share s of their sum: the mean, the variance as the
+// mean of squared deviations (a second read of the row, not E[x^2] - mean^2), the output row
+// and the statistics.
 template <typename T>
-__device__ void ln_row(const T* __restrict__ xr, float s, const T* __restrict__ w,
+__device__ void ln_row(const T* xr, float s, const T* __restrict__ w,
                        const T* __restrict__ b, T* __restrict__ yr, float* __restrict__ st,
                        i64 cols, float eps, float* scratch) {
     float m = block_reduce(0, s, scratch) / (float)cols;

@@ -123,6 +123,30 @@ fn mlp_with_epilogues_matches_the_f32_composition_in_six_products() {
 }
 
 #[test]
+fn mlp_on_an_input_that_does_not_require_grad_trains_its_parameters() {
+    let Some(d) = gpu() else {
+        return;
+    };
+    // The reference first: it takes the switch's lock itself.
+    let want = reference(DType::F32, 32);
+    let _e = Epilogues::set(true);
+    let ops = operands(DType::F32, 24, 32, |t| {
+        t.to_device(d).unwrap().copy().unwrap()
+    });
+    let [x, w1, b1, w2, b2, g] = &ops;
+    let x = x.detach();
+    let y = x.mlp_gelu_tanh((w1, b1), (w2, b2)).unwrap();
+    y.backward_with(g).unwrap();
+    assert!(x.grad().is_none());
+    for (t, (w, name)) in [w1, b1, w2, b2]
+        .iter()
+        .zip(want[2..].iter().zip(&NAMES[2..]))
+    {
+        assert_close(&vals(&t.grad().unwrap()), w, band(DType::F32), name);
+    }
+}
+
+#[test]
 fn without_the_switch_or_with_a_hidden_width_cublaslt_refuses_the_ops_are_composed() {
     let Some(d) = gpu() else {
         return;
@@ -210,6 +234,27 @@ fn linear_bias_gradient_comes_from_the_weight_gradient_product() {
                 band(dt),
                 "autocast db",
             );
+        }
+        // A broadcast output gradient (from a sum): laid out first, so that cuBLASLt reads
+        // it transposed, which its bias-gradient epilogue needs.
+        {
+            let _e = Epilogues::set(true);
+            let own = |t: &Tensor| t.to_device(d).unwrap().copy().unwrap();
+            let (wd, bd) = (
+                own(&w).requires_grad(true).unwrap(),
+                own(&b).requires_grad(true).unwrap(),
+            );
+            let xd = own(&x);
+            let (_, p) = profiler::profile(|_| {
+                let y = xd.linear(&wd, Some(&bd)).unwrap();
+                y.sum_all().unwrap().backward().unwrap();
+            })
+            .unwrap();
+            let kernels = kernel_names(&p);
+            assert_eq!(count(&kernels, "bgradb"), 1, "{dt:?} summed: {kernels:?}");
+            let rows = (3 * 7) as f64;
+            let got = vals(&bd.grad().unwrap());
+            assert!(got.iter().all(|&v| v == rows), "{dt:?}: {got:?}");
         }
         // Without the switch: no epilogue, the bias gradient from a sum.
         let (off, kernels) = grads(d, false, false);

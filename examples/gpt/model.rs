@@ -314,8 +314,15 @@ impl Gpt {
         // uploaded (so the step can be captured as a CUDA graph).
         let pos = self.wpe.weight.narrow(0, past, t)?;
         let mut x = dropped(&self.drop, &self.wte.forward(idx)?.add(&pos)?)?;
+        if let Some(c) = caches.as_ref().filter(|c| c.len() != self.h.len()) {
+            return Err(Error::Invalid {
+                op: "gpt",
+                msg: format!("{} key/value caches for {} layers", c.len(), self.h.len()),
+            });
+        }
         // Each block's last residual add computes the next layer norm's output with it.
-        let mut normed = self.h[0].ln_1.forward(&x)?;
+        let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
+        let mut normed = first.forward(&x)?;
         let mut caches = caches.map(|c| c.iter_mut());
         for (i, block) in self.h.iter().enumerate() {
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);

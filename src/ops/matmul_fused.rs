@@ -47,7 +47,9 @@ pub(crate) fn weight_and_bias_grads(g: &Tensor, x: &Tensor) -> Result<Option<(Te
     if g.dtype() != x.dtype() {
         return Ok(None);
     }
-    let gt = g.t()?;
+    // cuBLASLt sums the bias gradient only from a transposed operand (BGRADB with
+    // TRANSB = T): `g`'s rows laid out as they are, which a broadcast gradient is not.
+    let gt = g.contiguous()?.t()?;
     let fused = gt
         .storage()
         .matmul_fused(gt.layout(), &x.storage(), x.layout(), Fused::SumLhs)?;

@@ -196,6 +196,9 @@ API Status cublasLtMatmulAlgoGetHeuristic(void*, LtDesc* d, LtLayout* a, LtLayou
         return INVALID_VALUE;
     }
     if (!known_epilogue(d->epilogue)) return NOT_SUPPORTED;
+    // BGRADB reduces B only when it is read transposed (hardware answers NOT_SUPPORTED for
+    // op(B) = N).
+    if (d->epilogue == EP_BGRADB && d->tb == 0) return NOT_SUPPORTED;
     // cublasLtMatmulDescAttributes_t: the aux matrix's leading dimension is a multiple of 8
     // and covers D's rows.
     if (has_aux(d->epilogue) && (d->aux_ld % 8 != 0 || d->aux_ld < (int64_t)dl->rows)) {
@@ -265,7 +268,9 @@ API Status cublasLtMatmul(void*, LtDesc* d, const void* alpha, const void* a, Lt
     LtLayout A = *al, B = *bl, C = *cl, D = *dl;
     float alv = *(const float*)alpha, bev = *(const float*)beta;
     if (wide && bev != 0.0f) {
-        fprintf(stderr, "emulated cublasLtMatmul: epilogue %d with beta != 0\n", ep);
+        // cuBLASLt allows it; this emulation implements these epilogues for beta = 0 only,
+        // as the engine calls them.
+        fprintf(stderr, "emulated cublasLtMatmul: epilogue %d with beta != 0 is not emulated\n", ep);
         return NOT_SUPPORTED;
     }
     later(stream, [=] {

@@ -179,6 +179,7 @@ fn types(dtype: DType, tf32: bool) -> (sys::cudaDataType_t, sys::cublasComputeTy
 fn build(
     h: sys::cublasLtHandle_t,
     key: &Key,
+    ptrs: &LtPtrs,
     fail: &dyn Fn(&str, CublasError) -> Error,
 ) -> Result<Option<Plan>> {
     let (ty, compute) = types(key.dtype, key.tf32);
@@ -232,6 +233,9 @@ fn build(
             lt::set_matmul_desc_attribute(desc.0, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p, s)
                 .map_err(|e| fail("the aux leading dimension", e))?;
         }
+        // The heuristic reads the bias and aux pointers' values for their alignment: this
+        // call's, whose alignment classes are in the key.
+        set_pointers(desc.0, ptrs, fail)?;
         for (a, (p, s)) in [
             (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, attr(&size)),
             (
@@ -267,6 +271,38 @@ fn build(
         Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
         Err(e) => Err(fail("choosing an algorithm", e)),
     }
+}
+
+/// Sets `ptrs`' bias and aux addresses (those not 0) on `desc`.
+///
+/// # Safety
+/// `desc` is a live descriptor that no other thread uses meanwhile.
+unsafe fn set_pointers(
+    desc: sys::cublasLtMatmulDesc_t,
+    ptrs: &LtPtrs,
+    fail: &dyn Fn(&str, CublasError) -> Error,
+) -> Result<()> {
+    use sys::cublasLtMatmulDescAttributes_t as D;
+    for (a, v, name) in [
+        (
+            D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            &ptrs.bias,
+            "the bias pointer",
+        ),
+        (
+            D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+            &ptrs.aux,
+            "the aux pointer",
+        ),
+    ] {
+        if *v != 0 {
+            let (p, s) = attr(v);
+            // SAFETY: the value is a live local of its size; `desc` is live and unshared
+            // (this function's contract).
+            unsafe { lt::set_matmul_desc_attribute(desc, a, p, s) }.map_err(|e| fail(name, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// An attribute value's address and size.
@@ -311,7 +347,9 @@ pub(crate) fn gemm_lt(
     let plan = match known {
         Some(plan) => plan,
         None => {
-            let built = rt.with_blas_lt(|h| build(h, &key, &fail))??.map(Arc::new);
+            let built = rt
+                .with_blas_lt(|h| build(h, &key, ptrs, &fail))??
+                .map(Arc::new);
             lock(plans()).insert(key, built.clone());
             built
         }
@@ -333,7 +371,6 @@ pub(crate) fn gemm_lt(
         (m64 * k64 + k64 * n64 + m64 * n64 + n64) * elem,
     );
     rt.with_blas_lt(|h| {
-        use sys::cublasLtMatmulDescAttributes_t as D;
         // SAFETY: the pointers are live locals of their size; the descriptor is the plan's,
         // changed and used only under this handle's lock (held here). The operands address
         // matrices of the stated shapes on this device, `out` `m * n` elements, the bias `n`
@@ -341,24 +378,7 @@ pub(crate) fn gemm_lt(
         // callers in `matmul.rs` and `epilogue.rs` allocate them; the workspace holds
         // `workspace` bytes for the runtime's life.
         unsafe {
-            for (a, v, name) in [
-                (
-                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &ptrs.bias,
-                    "the bias pointer",
-                ),
-                (
-                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                    &ptrs.aux,
-                    "the aux pointer",
-                ),
-            ] {
-                if *v != 0 {
-                    let (p, s) = attr(v);
-                    lt::set_matmul_desc_attribute(plan.desc.0, a, p, s)
-                        .map_err(|e| fail(name, e))?;
-                }
-            }
+            set_pointers(plan.desc.0, ptrs, &fail)?;
             lt::matmul(
                 h,
                 plan.desc.0,

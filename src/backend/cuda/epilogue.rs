@@ -75,6 +75,10 @@ pub(crate) fn matmul_fused(
     let (mut ca, mut cb) = (None, None);
     let oa = readable(a, la, &mut ca)?;
     let ob = readable(b, lb, &mut cb)?;
+    if epi == Epi::BGradB && !oa.transposed {
+        // cuBLASLt reduces its B (our `a`) only when it reads it transposed.
+        return Ok(None);
+    }
     let done = gemm_lt(rt, dtype, (m, n, k), (&oa, &ob), &ptrs, epi)?;
     Ok(done.then_some((out, extra)))
 }
