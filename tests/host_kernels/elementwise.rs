@@ -1,7 +1,7 @@
 //! Elementwise kernels (vectorised and scalar paths) and the fused LSTM cell, against the CPU
 //! backend.
 
-use super::{close, function, library, randn};
+use super::{close, function, library, near, randn};
 use crate::backend::ops::{BinaryOp, UnaryOp};
 use crate::layout::Layout;
 use crate::{bf16, Device, Tensor};
@@ -29,14 +29,6 @@ type UnaryGradContiguous<T> = unsafe extern "C" fn(i32, f32, *const T, *const T,
 fn start<T>(v: &[T], skew: usize) -> usize {
     let size = std::mem::size_of::<T>();
     (16 - v.as_ptr() as usize % 16) % 16 / size + skew
-}
-
-/// Asserts `got` is within norm-wise relative error `tol` of `want`.
-fn near<T: crate::dtype::WithDType>(got: &[T], want: &[f64], tol: f64, what: &str) {
-    let got: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    assert!((num / den).sqrt() <= tol, "{what}: {got:?} vs {want:?}");
 }
 
 /// Runs the contiguous unary and binary kernels of dtype `T` (kernel suffix `t`) over every

@@ -4,20 +4,11 @@
 //! causal, against the CPU backend's fused attention of the same rounded values.
 
 use super::attention::floats;
-use super::{function, library, randn, run_grid, Addr};
+use super::{function, library, near, randn, run_grid, Addr};
 use crate::backend::cpu::CpuStorage;
 use crate::backend::cuda::flash::{contiguous_rows, FaAll};
 use crate::backend::{AttnDims, SoftmaxOps};
 use crate::layout::Layout;
-
-/// Norm-wise relative error at most `tol`.
-fn near(got: &[f32], want: &[f32], tol: f64, what: &str) {
-    let (num, den) = got.iter().zip(want).fold((0.0, 0.0), |(n, d), (x, y)| {
-        (n + ((x - y) as f64).powi(2), d + (*y as f64).powi(2))
-    });
-    let err = (num / den).sqrt();
-    assert!(err <= tol, "{what}: relative error {err:.2e}");
-}
 
 #[test]
 fn flash_kernels_loop_over_tiles_past_the_grid() {

@@ -113,6 +113,21 @@ pub(super) fn close(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
+/// Asserts `got` is within norm-wise relative error `tol` of `want`.
+pub(super) fn near<T: crate::dtype::WithDType, U: crate::dtype::WithDType>(
+    got: &[T],
+    want: &[U],
+    tol: f64,
+    what: &str,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let diff = got.iter().zip(want).map(|(a, b)| a.to_f64() - b.to_f64());
+    let num: f64 = diff.map(|d| d * d).sum();
+    let den: f64 = want.iter().map(|b| b.to_f64() * b.to_f64()).sum();
+    let err = (num / den).sqrt();
+    assert!(err <= tol, "{what}: relative error {err:.2e}");
+}
+
 /// A buffer's address, which a kernel call may carry across the emulated threads of
 /// [`run_grid`]: [`Addr::of_mut`] for a buffer the kernel writes.
 #[derive(Clone, Copy)]
