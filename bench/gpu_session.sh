@@ -71,6 +71,7 @@ run() { # name, limit in seconds, command...
 mode=${1:-all}
 # The modules of .gpu/tests/gpu_suite (tests/gpu_suite/main.rs), one per CUDA test file.
 suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fusions cuda_graph cuda_kernels
+    cudnn_attention
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
     data_parallel_buckets flash_attention fused_classifier fuzz_api gemm_epilogues gpt gpt_ops hostile_input
     integer_arithmetic profiler recompute residual_layer_norm torch_reference"
@@ -308,25 +309,30 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         # Seconds per kernel part, all compiled in parallel from an empty cache.
         acc gpu_check 45 env MANTISSA_CACHE_DIR="$(mktemp -d)" .gpu/gpu_check
     elif [ "$mode" = gpt ]; then
-        # Limits add up to 625 s, past the deadline: the steps after the compiled peer are
+        # Limits add up to 670 s, past the deadline: the steps after the compiled peer are
         # skipped when the steps before them run to their limits. Expected: ours compiles its kernels on the first run (tens of
         # seconds from an empty cache), then about 20 s a run; PyTorch eager about 30 s, the
         # compiled peer 60 to 150 s (its compilation in the warm-up steps); the Shakespeare
         # runs about half a minute each.
         w5="--model gpt2 --data synthetic --batch-size 16 --steps 20"
-        acc test-gpt 50 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: gemm_epilogues:: residual_layer_norm:: --test-threads 1 --nocapture
-        # The tensor-core attention kernels (cuda/flash.cu) at GPT-2's [16, 12, 1024, 64]
-        # causal bf16, forward + backward, beside PyTorch's SDPA backends (cuDNN's among them)
-        # at the same shape and count of FLOPs.
+        acc test-gpt 60 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: cudnn_attention:: gemm_epilogues:: residual_layer_norm:: --test-threads 1 --nocapture
+        # Attention at GPT-2's [16, 12, 1024, 64] causal bf16, forward + backward: through
+        # cuDNN's fused attention graphs (src/backend/cuda/dnn_sdpa.rs; the line says whether
+        # cuDNN ran both directions) and on the engine's tensor-core kernels (cuda/flash.cu),
+        # beside PyTorch's SDPA backends (cuDNN's among them) at the same shape and count of
+        # FLOPs.
         acc attention 30 .gpu/gpu_check --attention
         acc attention-peer 40 $PY bench/attention_peer.py
         acc w5-bf16 90 .gpu/gpt $w5 --device cuda:0 --precision bf16 --profile 2 --profile-warmup 1
         acc w5-bf16-peer 60 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16 --profile 2 --profile-warmup 1 --trace-dir runs/peer-gpt
         acc w5-bf16-graph 40 .gpu/gpt $w5 --device cuda:0 --precision bf16 --cuda-graph
         # Attention as the composition (two products on tensor cores, the scaled causal
-        # softmax in one pass each way, its bf16 weights kept) instead of the default's
-        # tensor-core flash kernels (cuda/flash.cu): which is faster, and the memory each keeps.
+        # softmax in one pass each way, its bf16 weights kept) instead of the default's fused
+        # attention (cuDNN's, or the tensor-core kernels of cuda/flash.cu where cuDNN
+        # declines): which is faster, and the memory each keeps.
         acc w5-bf16-composed 40 .gpu/gpt $w5 --device cuda:0 --precision bf16 --attention composed
+        # The engine's own tensor-core attention kernels instead of cuDNN's.
+        acc w5-bf16-own 35 .gpu/gpt $w5 --device cuda:0 --precision bf16 --attention own
         acc w5-bf16-compile 140 $PY bench/gpt_peer.py $w5 --device cuda --amp bf16 --compile
         # The MLP's bias + GELU, GELU's backward and the bias gradients in cuBLASLt's
         # epilogues (off by default): whether they beat the separate kernels on this GPU.

@@ -54,9 +54,10 @@ pub use error::{Error, Result};
 pub use grad_mode::{is_grad_enabled, no_grad, NoGradGuard};
 pub use memory_format::MemoryFormat;
 pub use ops::{
-    attention_kernel, gemm_epilogues, set_attention_kernel, set_gemm_epilogues, AttentionKernel,
-    AttentionOptions, AvgPool2dOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions,
-    CrossEntropyOptions, MaxPool2dOptions, Operand, Reduction,
+    attention_kernel, cudnn_attention, gemm_epilogues, set_attention_kernel, set_cudnn_attention,
+    set_gemm_epilogues, AttentionKernel, AttentionOptions, AvgPool2dOptions, Conv1dOptions,
+    Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions, MaxPool2dOptions, Operand,
+    Reduction,
 };
 pub use random::{manual_seed, Generator};
 pub use tensor::{live_storage_bytes, Tensor};

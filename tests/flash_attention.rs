@@ -4,117 +4,21 @@
 //! The output and the three gradients are compared with the f32 composition of the same
 //! rounded inputs on the CPU; the profiler shows that the flash kernels ran (not the
 //! one-thread-per-row fallback), and a second backward repeats the first bit for bit (no
-//! atomics). Other head sizes keep the fallback. On the emulated device in CI (its `mma.sync`
+//! atomics). Other head sizes keep the fallback. cuDNN's fused attention, which would take
+//! these problems first, is switched off here (its tests: cudnn_attention.rs). On the
+//! emulated device in CI (its `mma.sync`
 //! exchanges a warp's fragments through memory, tests/emulator/host_shim.h); without a
 //! CUDA device each test prints `skipped: no CUDA device` and passes.
 #![cfg(feature = "cuda-backend")]
 
 mod common;
+use common::attention::{
+    attend, band, check_against_reference, elementwise, reference, FusedKernel,
+};
 use common::parity::{gpu, input};
 use common::{assert_close, vals};
 use mantissa::profiler;
 use mantissa::*;
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Holds the lock with the fused op asked for; puts `Auto` back when dropped.
-struct FusedKernel(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
-
-impl FusedKernel {
-    fn take() -> FusedKernel {
-        let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        set_attention_kernel(AttentionKernel::Fused);
-        FusedKernel(guard)
-    }
-}
-
-impl Drop for FusedKernel {
-    fn drop(&mut self) {
-        set_attention_kernel(AttentionKernel::Auto);
-    }
-}
-
-/// Norm-wise band against the f32 composition: the output and the gradients are rounded to
-/// `dt` once, and the probabilities and their gradients on the way into the products (the
-/// emulated device's errors peak at about 3.2e-3 in bf16, 5e-4 in f16).
-fn band(dt: DType) -> f64 {
-    match dt {
-        DType::F16 => 1.5e-3,
-        _ => 8e-3,
-    }
-}
-
-struct Run {
-    values: Vec<Vec<f64>>,
-    kernels: Vec<String>,
-}
-
-/// Queries `[2, 2, l, e]`, keys and values `[2, 2, s, e]` (leaves that require grad) and the
-/// loss's weights `[2, 2, l, e]`, from the same seeds for the same sizes in `dt`, each passed
-/// through `to` first.
-fn operands(
-    dt: DType,
-    (l, s, e): (usize, usize, usize),
-    to: impl Fn(Tensor) -> Tensor,
-) -> [Tensor; 4] {
-    let seed = (l * 7 + s * 3 + e) as u64;
-    let make = |shape: &[usize], k: u64| to(input(shape, dt, seed + k));
-    let leaf = |shape: &[usize], k: u64| make(shape, k).requires_grad(true).unwrap();
-    [
-        leaf(&[2, 2, l, e], 1),
-        leaf(&[2, 2, s, e], 2),
-        leaf(&[2, 2, s, e], 3),
-        make(&[2, 2, l, e], 4),
-    ]
-}
-
-/// Attention of `[2, 2, l, e]` queries and `[2, 2, s, e]` keys and values in `dt` on `d`,
-/// and the gradients of `sum(y * w)`: [y, dq, dk, dv], with the names of the kernels run.
-fn attend(d: Device, dt: DType, sizes: (usize, usize, usize), causal: bool) -> Run {
-    let [q, k, v, w] = operands(dt, sizes, |t| t.to_device(d).unwrap().copy().unwrap());
-    let opts = AttentionOptions {
-        is_causal: causal,
-        ..Default::default()
-    };
-    let (y, p) = profiler::profile(|_| {
-        let y = q.scaled_dot_product_attention(&k, &v, opts).unwrap();
-        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-        y
-    })
-    .unwrap();
-    let mut values = vec![vals(&y)];
-    values.extend([&q, &k, &v].map(|t| vals(&t.grad().unwrap())));
-    let kernels = p.kernels().iter().map(|k| k.name.clone()).collect();
-    Run { values, kernels }
-}
-
-/// The same attention composed in f32 on the CPU from the inputs rounded to `dt`.
-fn reference(dt: DType, sizes: (usize, usize, usize), causal: bool) -> Vec<Vec<f64>> {
-    let [q, k, v, w] = operands(dt, sizes, |t| t.to_dtype(DType::F32).unwrap());
-    let opts = AttentionOptions {
-        is_causal: causal,
-        ..Default::default()
-    };
-    set_attention_kernel(AttentionKernel::Composed);
-    let y = q.scaled_dot_product_attention(&k, &v, opts).unwrap();
-    set_attention_kernel(AttentionKernel::Fused);
-    y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-    let mut values = vec![vals(&y)];
-    values.extend([&q, &k, &v].map(|t| vals(&t.grad().unwrap())));
-    values
-}
-
-/// Every element finite and within `8 band` of the largest reference magnitude: an error
-/// confined to a few elements hides in a norm-wise comparison.
-fn elementwise(got: &[f64], want: &[f64], band: f64, what: &str) {
-    let top = want.iter().fold(0f64, |m, x| m.max(x.abs()));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            g.is_finite() && (g - w).abs() <= 8.0 * band * top,
-            "{what}: element {i} is {g}, the composition's {w} (largest {top})"
-        );
-    }
-}
 
 fn tname(dt: DType) -> &'static str {
     if dt == DType::F16 {
@@ -129,7 +33,7 @@ fn flash_attention_matches_the_f32_composition() {
     let Some(d) = gpu() else {
         return;
     };
-    let _k = FusedKernel::take();
+    let _k = FusedKernel::take(false);
     // More keys than a tile and fewer queries; more queries than keys (causal rows past the
     // last key see every key); one query; at head 64 (64 keys a tile) also three and four
     // key tiles, so that the forward's and dq's two stages are each filled again.
@@ -145,19 +49,12 @@ fn flash_attention_matches_the_f32_composition() {
             let more = if e == 64 { &wide[..] } else { &[] };
             for &(l, s, causal) in shapes.iter().chain(more) {
                 let what = format!("{dt:?} head {e}, {l} queries x {s} keys, causal {causal}");
-                let got = attend(d, dt, (l, s, e), causal);
-                let want = reference(dt, (l, s, e), causal);
-                for (i, name) in ["output", "dq", "dk", "dv"].iter().enumerate() {
-                    let what = format!("{what}: {name}");
-                    assert_close(&got.values[i], &want[i], band(dt), &what);
-                    elementwise(&got.values[i], &want[i], band(dt), &what);
-                }
+                let kernels = check_against_reference(d, dt, (l, s, e), causal);
                 for kernel in ["flash_forward_", "flash_backward_kv_", "flash_backward_q_"] {
                     let name = format!("{kernel}{}_{e}", tname(dt));
                     assert!(
-                        got.kernels.iter().any(|k| k.starts_with(&name)),
-                        "{what}: {name} did not run: {:?}",
-                        got.kernels
+                        kernels.iter().any(|k| k.starts_with(&name)),
+                        "{what}: {name} did not run: {kernels:?}"
                     );
                 }
             }
@@ -170,7 +67,7 @@ fn flash_backward_repeats_bit_for_bit() {
     let Some(d) = gpu() else {
         return;
     };
-    let _k = FusedKernel::take();
+    let _k = FusedKernel::take(false);
     let a = attend(d, DType::BF16, (100, 130, 64), true);
     let b = attend(d, DType::BF16, (100, 130, 64), true);
     for (x, y) in a.values.iter().zip(&b.values) {
@@ -184,7 +81,7 @@ fn other_head_sizes_and_f32_keep_the_one_row_a_thread_kernels() {
     let Some(d) = gpu() else {
         return;
     };
-    let _k = FusedKernel::take();
+    let _k = FusedKernel::take(false);
     for (dt, e) in [(DType::BF16, 96), (DType::F32, 64)] {
         let got = attend(d, dt, (20, 30, e), true);
         let flash = got
@@ -214,7 +111,7 @@ fn the_heads_of_a_packed_product_are_read_and_written_in_place() {
     let Some(d) = gpu() else {
         return;
     };
-    let _k = FusedKernel::take();
+    let _k = FusedKernel::take(false);
     let (b, t, h, e) = (2, 70, 2, 64);
     for causal in [true, false] {
         let run = |d: Device, dt: DType| -> (Vec<Vec<f64>>, Vec<String>) {
@@ -277,7 +174,7 @@ fn unaligned_and_three_dimensional_inputs() {
     let Some(d) = gpu() else {
         return;
     };
-    let _k = FusedKernel::take();
+    let _k = FusedKernel::take(false);
     let (b, l, s) = (3, 40, 50);
     let run = |d: Device, dt: DType| -> (Vec<Vec<f64>>, Vec<String>) {
         let make = |rows: usize, seed: u64| {

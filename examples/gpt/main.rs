@@ -125,10 +125,12 @@ struct Args {
     /// The most likely token every time instead of sampling.
     #[arg(long)]
     greedy: bool,
-    /// Attention's implementation: auto (the fused op on CUDA's tensor cores in f16/bf16
-    /// with head size 64 or 128; elsewhere the composition of two products and a softmax
+    /// Attention's implementation: auto (on CUDA in f16/bf16 the fused op, through cuDNN's
+    /// fused attention where it takes the problem, else on the engine's tensor-core kernels
+    /// at head size 64 or 128; elsewhere the composition of two products and a softmax
     /// while its [L, S] weights take less than 2^26 elements, the fused op from there),
-    /// composed, or fused (the scores never stored; PyTorch's `sdpa_kernel` choice).
+    /// composed, fused (the scores never stored; PyTorch's `sdpa_kernel` choice), or own
+    /// (auto without cuDNN's attention: the engine's own kernels).
     #[arg(long, default_value = "auto")]
     attention: String,
     /// On CUDA, the MLP's bias and GELU, GELU's backward and the Linear layers' bias
@@ -226,15 +228,16 @@ fn run(mut args: Args) -> Result<()> {
     // Mistakes in the flags are said before any text is read or fetched.
     config(&args, 1)?;
     set_attention_kernel(match args.attention.as_str() {
-        "auto" => AttentionKernel::Auto,
+        "auto" | "own" => AttentionKernel::Auto,
         "composed" => AttentionKernel::Composed,
         "fused" => AttentionKernel::Fused,
         a => {
             return Err(invalid(format!(
-                "--attention {a:?}: auto, composed or fused"
+                "--attention {a:?}: auto, composed, fused or own"
             )))
         }
     });
+    set_cudnn_attention(args.attention != "own");
     sample_options(&args, usize::MAX).check(usize::MAX)?;
     let (device, low, _) = args.run.open()?;
     if args.gemm_epilogues && device == Device::Cpu {

@@ -118,14 +118,15 @@ fn median_ms(iteration: impl Fn() -> Result<()>, sync: &Tensor) -> Result<f64> {
     Ok(times[2])
 }
 
-/// Attention forward + backward: the fused op against the composition (chosen with
-/// `set_attention_kernel`), their agreement, and the bytes each forward keeps for backward;
-/// in f16 on [4, 16, 2048, 64], then causal in bf16 on GPT-2's [16, 12, 1024, 64] with the
-/// fused op's rate (`quick`: [1, 2, 40, 16] and [1, 2, 40, 64]). At head size 64 in f16 and
-/// bf16 the fused op is the tensor-core kernels of `cuda/flash.cu`.
+/// Attention forward + backward: the fused op through cuDNN's fused attention, the fused op
+/// on the engine's own kernels (cuDNN switched off: `set_cudnn_attention`), and the
+/// composition (`set_attention_kernel`), their agreement, and the bytes each forward keeps
+/// for backward; in f16 on [4, 16, 2048, 64], then causal in bf16 on GPT-2's [16, 12, 1024,
+/// 64] with each one's rate (`quick`: [1, 2, 40, 16] and [1, 2, 128, 64]). At head size 64
+/// in f16 and bf16 the engine's own fused op is the tensor-core kernels of `cuda/flash.cu`.
 pub fn attention(d: Device, quick: bool) -> Result<String> {
     let (wide, gpt) = if quick {
-        ([1, 2, 40, 16], [1, 2, 40, 64])
+        ([1, 2, 40, 16], [1, 2, 128, 64])
     } else {
         ([4, 16, 2048, 64], [16, 12, 1024, 64])
     };
@@ -134,6 +135,30 @@ pub fn attention(d: Device, quick: bool) -> Result<String> {
         attention_case(d, wide, DType::F16, false)?,
         attention_case(d, gpt, DType::BF16, true)?
     ))
+}
+
+/// How [`attention_case`] runs the attention.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Cudnn,
+    Own,
+    Composed,
+}
+
+impl Path {
+    /// Sets the switches for this path; `Auto` and cuDNN back after `f`.
+    fn run<R>(self, f: impl FnOnce() -> R) -> R {
+        set_cudnn_attention(self == Path::Cudnn);
+        set_attention_kernel(if self == Path::Composed {
+            AttentionKernel::Composed
+        } else {
+            AttentionKernel::Fused
+        });
+        let r = f();
+        set_attention_kernel(AttentionKernel::Auto);
+        set_cudnn_attention(true);
+        r
+    }
 }
 
 fn attention_case(d: Device, [n, h, l, e]: [usize; 4], dt: DType, causal: bool) -> Result<String> {
@@ -146,46 +171,66 @@ fn attention_case(d: Device, [n, h, l, e]: [usize; 4], dt: DType, causal: bool) 
         is_causal: causal,
         ..Default::default()
     };
-    let run = |kernel: AttentionKernel| -> Result<Tensor> {
-        set_attention_kernel(kernel);
-        let y = q.scaled_dot_product_attention(&k, &v, opts);
-        set_attention_kernel(AttentionKernel::Auto);
-        y
+    let run = |path: Path| -> Result<Tensor> {
+        path.run(|| q.scaled_dot_product_attention(&k, &v, opts))
     };
-    let kept = |kernel: AttentionKernel| -> Result<u64> {
+    let kept = |path: Path| -> Result<u64> {
         let before = live_storage_bytes();
-        let y = run(kernel)?;
+        let y = run(path)?;
         let bytes = live_storage_bytes().saturating_sub(before);
         drop(y);
         Ok(bytes)
     };
-    let (fused_kept, composed_kept) = (
-        kept(AttentionKernel::Fused)?,
-        kept(AttentionKernel::Composed)?,
-    );
-    let a = run(AttentionKernel::Fused)?.to_dtype(DType::F32)?;
-    let b = run(AttentionKernel::Composed)?.to_dtype(DType::F32)?;
-    let err = a.sub(&b)?.sqr()?.sum_all()?.sqrt()?.item()? / b.sqr()?.sum_all()?.sqrt()?.item()?;
-    let step = |kernel: AttentionKernel| -> Result<()> {
-        run(kernel)?.backward_with(&g)?;
+    let (fused_kept, composed_kept) = (kept(Path::Own)?, kept(Path::Composed)?);
+    let c = run(Path::Composed)?.to_dtype(DType::F32)?;
+    let rel = |path: Path| -> Result<f64> {
+        let a = run(path)?.to_dtype(DType::F32)?;
+        Ok(a.sub(&c)?.sqr()?.sum_all()?.sqrt()?.item()? / c.sqr()?.sum_all()?.sqrt()?.item()?)
+    };
+    let step = |path: Path| -> Result<()> {
+        path.run(|| {
+            q.scaled_dot_product_attention(&k, &v, opts)?
+                .backward_with(&g)
+        })?;
         [&q, &k, &v].iter().for_each(|t| t.zero_grad());
         Ok(())
     };
-    let fused = median_ms(|| step(AttentionKernel::Fused), &q)?;
-    let composed = median_ms(|| step(AttentionKernel::Composed), &q)?;
+    // Whether cuDNN ran both directions (it declines what it does not take).
+    let (_, p) = profiler::profile(|_| step(Path::Cudnn))?;
+    let calls = |dir: &str| {
+        p.kernels()
+            .iter()
+            .filter(|k| k.name.starts_with(dir))
+            .count()
+    };
+    let by_cudnn = match (calls("cudnn sdpa fwd"), calls("cudnn sdpa bwd")) {
+        (1, 1) => "forward and backward",
+        (1, _) => "forward only",
+        _ => "neither (declined)",
+    };
+    let cudnn = median_ms(|| step(Path::Cudnn), &q)?;
+    let own = median_ms(|| step(Path::Own), &q)?;
+    let composed = median_ms(|| step(Path::Composed), &q)?;
     let mib = |b: u64| b as f64 / 1048576.0;
     // FlashAttention's count: 4 n h l^2 e forward (two products), 2.5 times that backward,
     // halved when causal.
     let flops = 3.5 * 4.0 * (n * h * e) as f64 * (l * l) as f64 / if causal { 2.0 } else { 1.0 };
+    let rate = |ms: f64| flops / ms / 1e9;
     Ok(format!(
-        "attention [{n}, {h}, {l}, {e}] {dt:?}{}, forward + backward: fused {fused:.3} ms \
-         ({:.0} TFLOP/s), composition {composed:.3} ms ({:.2}x); forward keeps {:.1} MiB fused, \
-         {:.1} MiB composed; relative difference {err:.1e}",
+        "attention [{n}, {h}, {l}, {e}] {dt:?}{}, forward + backward: cuDNN {cudnn:.3} ms \
+         ({:.0} TFLOP/s; cuDNN ran {by_cudnn}), own kernels {own:.3} ms ({:.0} TFLOP/s, {:.2}x \
+         cuDNN's rate), composition {composed:.3} ms ({:.2}x the own kernels' time); forward \
+         keeps {:.1} MiB fused, {:.1} MiB composed; relative difference to the composition: \
+         cuDNN {:.1e}, own {:.1e}",
         if causal { " causal" } else { "" },
-        flops / fused / 1e9,
-        composed / fused,
+        rate(cudnn),
+        rate(own),
+        cudnn / own,
+        composed / own,
         mib(fused_kept),
-        mib(composed_kept)
+        mib(composed_kept),
+        rel(Path::Cudnn)?,
+        rel(Path::Own)?,
     ))
 }
 

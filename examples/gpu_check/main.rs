@@ -286,8 +286,9 @@ const HELP: &str = "gpu_check: the CUDA device report and quick checks of the CU
 
 usage: gpu_check [--quick] [--attention]
   --quick       small GEMM and convolution sizes (a dry run; the figures mean nothing)
-  --attention   the device report and the attention timings only (the fused op, on tensor
-                cores where it applies, against the composition)
+  --attention   the device report and the attention timings only (the fused op through
+                cuDNN's fused attention and on the engine's own kernels, against the
+                composition)
 
 exit status: 0 every check ran and passed; 1 a check failed; 2 no usable CUDA device, so
 nothing was checked.";

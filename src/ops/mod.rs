@@ -28,7 +28,10 @@ mod sort;
 mod triangle;
 
 pub(crate) use attention::attention_weights;
-pub use attention::{attention_kernel, set_attention_kernel, AttentionKernel, AttentionOptions};
+pub use attention::{
+    attention_kernel, cudnn_attention, set_attention_kernel, set_cudnn_attention, AttentionKernel,
+    AttentionOptions,
+};
 pub use conv::{Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions};
 pub use elementwise::Operand;
 pub use loss::{CrossEntropyOptions, Reduction};

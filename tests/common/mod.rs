@@ -1,6 +1,7 @@
 //! Shared test helpers: seeded inputs, norm-wise comparison, finite-difference gradcheck.
 #![allow(dead_code)]
 
+pub mod attention;
 pub mod examples;
 pub mod parity;
 

@@ -1,4 +1,5 @@
-// The emulated cuDNN's graph (backend) API, for the two graphs the engine builds: a forward
+// The emulated cuDNN's graph (backend) API, for the convolution graphs the engine builds (its
+// attention graphs are dnn_sdpa.cpp's; the descriptors are dnn_graph.h's): a forward
 // convolution whose output's per-channel sums and sums of squares come with it
 // (ConvolutionFwd -> GenStats, the pattern of cuDNN's ConvBNfprop engine), and a weight
 // gradient whose input is x * scale + bias, clamped at 0 or not (Mul -> Add [-> ReLU] ->
@@ -19,141 +20,10 @@
 // convolution's f16 operand, then the weight's gradient. With MANTISSA_EMU_GRAPH_EXECUTE=
 // not-supported every execution is refused (NOT_SUPPORTED), for the backend's fallback.
 
-#include "dnn.h"
-#include <map>
+#include "dnn_graph.h"
 
+namespace dg {
 namespace {
-enum Kind {
-    POINTWISE = 0,
-    CONVOLUTION = 1,
-    ENGINE = 2,
-    ENGINECFG = 3,
-    ENGINEHEUR = 4,
-    EXECUTION_PLAN = 5,
-    OP_CONV_FWD = 10,
-    OP_CONV_BWD_FILTER = 11,
-    OP_POINTWISE = 13,
-    OP_GEN_STATS = 14,
-    OPERATIONGRAPH = 15,
-    VARIANT_PACK = 16,
-    TENSOR = 17,
-};
-enum Type {
-    T_HANDLE = 0,
-    T_DATA_TYPE = 1,
-    T_BOOLEAN = 2,
-    T_INT64 = 3,
-    T_FLOAT = 4,
-    T_DOUBLE = 5,
-    T_VOID_PTR = 6,
-    T_CONVOLUTION_MODE = 7,
-    T_HEUR_MODE = 8,
-    T_NUMERICAL_NOTE = 11,
-    T_POINTWISE_MODE = 14,
-    T_BACKEND_DESCRIPTOR = 15,
-    T_GENSTATS_MODE = 16,
-};
-enum Attr {
-    PW_MODE = 0,
-    PW_PREC = 1,
-    CONV_COMP_TYPE = 100,
-    CONV_MODE = 101,
-    CONV_DILATIONS = 102,
-    CONV_FILTER_STRIDES = 103,
-    CONV_POST_PADDINGS = 104,
-    CONV_PRE_PADDINGS = 105,
-    CONV_SPATIAL_DIMS = 106,
-    HEUR_MODE = 200,
-    HEUR_GRAPH = 201,
-    HEUR_RESULTS = 202,
-    ENGINECFG_ENGINE = 300,
-    PLAN_HANDLE = 400,
-    PLAN_ENGINE_CONFIG = 401,
-    PLAN_WORKSPACE_SIZE = 402,
-    FWD_ALPHA = 700,
-    FWD_BETA = 701,
-    FWD_CONV = 702,
-    FWD_W = 703,
-    FWD_X = 704,
-    FWD_Y = 705,
-    WGRAD_ALPHA = 712,
-    WGRAD_BETA = 713,
-    WGRAD_CONV = 714,
-    WGRAD_DW = 715,
-    WGRAD_X = 716,
-    WGRAD_DY = 717,
-    OP_PW = 750,
-    OP_PW_X = 751,
-    OP_PW_B = 752,
-    OP_PW_Y = 753,
-    STATS_MODE = 770,
-    STATS_PREC = 771,
-    STATS_X = 772,
-    STATS_SUM = 773,
-    STATS_SQSUM = 774,
-    GRAPH_HANDLE = 800,
-    GRAPH_OPS = 801,
-    TENSOR_ALIGNMENT = 900,
-    TENSOR_DTYPE = 901,
-    TENSOR_DIMS = 902,
-    TENSOR_STRIDES = 903,
-    TENSOR_UID = 906,
-    TENSOR_VIRTUAL = 907,
-    PACK_UIDS = 1000,
-    PACK_POINTERS = 1001,
-    PACK_WORKSPACE = 1003,
-    ENGINE_NUMERICAL_NOTE = 1303,
-};
-enum { CROSS_CORRELATION = 1, GENSTATS_SUM_SQSUM = 0 };
-enum { PW_ADD = 0, PW_MUL = 1, PW_RELU_FWD = 100 };
-enum { NOTE_TENSOR_CORE = 0, NOTE_NONDETERMINISTIC = 4 };
-constexpr int64_t WORKSPACE = 64 << 10;
-
-// Bytes of one element of an attribute type: pointers and 64-bit values 8, bool 1, enums 4.
-size_t type_size(int t) {
-    switch (t) {
-    case T_HANDLE:
-    case T_INT64:
-    case T_DOUBLE:
-    case T_VOID_PTR:
-    case T_BACKEND_DESCRIPTOR: return 8;
-    case T_BOOLEAN: return 1;
-    default: return 4;
-    }
-}
-
-struct Desc {
-    int kind;
-    bool final = false;
-    std::map<int, std::pair<int, std::vector<char>>> attrs; // name -> (type, values)
-    // What finalizing found: a tensor's descriptor, uid and element strides; a convolution's
-    // geometry; an engine configuration's graph (set by the heuristics).
-    Tensor t;
-    int64_t uid = 0;
-    bool virt = false;
-    Conv conv;
-    int pw_mode = -1; // a pointwise descriptor's mode
-    const Desc* graph = nullptr;
-    int engines = 0; // an operation graph: how many engine configurations the heuristics offer
-    int engine = 0;  // an engine, its configuration or a plan: which of the graph's engines
-
-    // Attribute `name` as `n` values of type T (n < 0: any count), if set with type `type`.
-    template <typename T> bool get(int name, int type, std::vector<T>& out, int n = -1) const {
-        auto it = attrs.find(name);
-        if (it == attrs.end() || it->second.first != type) return false;
-        const std::vector<char>& b = it->second.second;
-        out.resize(b.size() / sizeof(T));
-        if (!b.empty()) memcpy(out.data(), b.data(), b.size());
-        return n < 0 || (int)out.size() == n;
-    }
-    // A finalized descriptor of `kind` in attribute `name`, or null.
-    const Desc* desc(int name, int kind) const {
-        std::vector<Desc*> v;
-        if (!get(name, T_BACKEND_DESCRIPTOR, v, 1) || !v[0] || v[0]->kind != kind || !v[0]->final) return nullptr;
-        return v[0];
-    }
-};
-
 // A tensor descriptor: 4 dims and strides, a data type, an id; NHWC when the strides are the
 // packed channels-last ones, NCHW when packed row-major, else no format (-1).
 Status finalize_tensor(Desc& d) {
@@ -175,9 +45,15 @@ Status finalize_tensor(Desc& d) {
     else if (strides == std::vector<int64_t>{c * h * w, h * w, w, 1}) format = NCHW;
     d.t = Tensor{format, dt[0], (int)dims[0], (int)c, (int)h, (int)w};
     d.uid = uid[0];
-    auto it = d.attrs.find(TENSOR_VIRTUAL);
-    d.virt = it != d.attrs.end() && it->second.first == T_BOOLEAN && !it->second.second.empty() &&
-             it->second.second[0] != 0;
+    d.dims = dims, d.strides = strides;
+    auto flag = [&](int name) {
+        auto it = d.attrs.find(name);
+        return it != d.attrs.end() && it->second.first == T_BOOLEAN && !it->second.second.empty() &&
+               it->second.second[0] != 0;
+    };
+    d.virt = flag(TENSOR_VIRTUAL), d.by_value = flag(TENSOR_BY_VALUE);
+    // A by-value tensor is a scalar in host memory: one element, never virtual.
+    if (d.by_value && (d.virt || n != 1)) return BAD_PARAM;
     return SUCCESS;
 }
 
@@ -241,20 +117,53 @@ Status finalize_stats(const Desc& d) {
 Status finalize_pointwise(Desc& d) {
     std::vector<int> mode, prec;
     if (!d.get(PW_MODE, T_POINTWISE_MODE, mode, 1) || !d.get(PW_PREC, T_DATA_TYPE, prec, 1)) return BAD_PARAM;
-    if (mode[0] != PW_ADD && mode[0] != PW_MUL && mode[0] != PW_RELU_FWD) return NOT_SUPPORTED;
+    switch (mode[0]) {
+    case PW_ADD:
+    case PW_MUL:
+    case PW_DIV:
+    case PW_SUB:
+    case PW_EXP:
+    case PW_LOG:
+    case PW_IDENTITY:
+    case PW_RELU_FWD:
+    case PW_CMP_GE:
+    case PW_BINARY_SELECT: break;
+    case PW_GEN_INDEX: {
+        std::vector<int64_t> axis;
+        if (!d.get(PW_AXIS, T_INT64, axis, 1) || axis[0] < 0 || axis[0] > 3) return BAD_PARAM;
+        d.axis = axis[0];
+        break;
+    }
+    default: return NOT_SUPPORTED;
+    }
     d.pw_mode = mode[0];
     return SUCCESS;
 }
 
-// A pointwise operation: y as x; ADD and MUL with b, a [1, c, 1, 1] operand (never first).
+// Whether operand dims `b` broadcast to `y` (each equal, or 1).
+bool broadcasts(const std::vector<int64_t>& b, const std::vector<int64_t>& y) {
+    if (b.size() != y.size()) return false;
+    for (size_t i = 0; i < y.size(); i++)
+        if (b[i] != y[i] && b[i] != 1) return false;
+    return true;
+}
+
+// A pointwise operation: y has x's dims; the modes of two operands take b (three:
+// BINARY_SELECT, with its condition t), which broadcasts to y; the others take neither.
 Status finalize_op_pointwise(const Desc& d) {
     const Desc *pw = d.desc(OP_PW, POINTWISE), *x = d.desc(OP_PW_X, TENSOR), *y = d.desc(OP_PW_Y, TENSOR);
-    const Desc* b = d.desc(OP_PW_B, TENSOR);
-    if (!pw || !x || !y) return BAD_PARAM;
-    const Tensor &xt = x->t, &yt = y->t;
-    if (xt.n != yt.n || xt.c != yt.c || xt.h != yt.h || xt.w != yt.w) return BAD_PARAM;
-    if (pw->pw_mode == PW_RELU_FWD) return b ? BAD_PARAM : SUCCESS;
-    return b && b->t.n == 1 && b->t.c == xt.c && b->t.h == 1 && b->t.w == 1 ? SUCCESS : BAD_PARAM;
+    const Desc *b = d.desc(OP_PW_B, TENSOR), *t = d.desc(OP_PW_T, TENSOR);
+    if (!pw || !x || !y || x->dims != y->dims) return BAD_PARAM;
+    switch (pw->pw_mode) {
+    case PW_RELU_FWD:
+    case PW_EXP:
+    case PW_LOG:
+    case PW_IDENTITY:
+    case PW_GEN_INDEX: return b || t ? BAD_PARAM : SUCCESS;
+    case PW_BINARY_SELECT:
+        return b && t && broadcasts(b->dims, y->dims) && broadcasts(t->dims, y->dims) ? SUCCESS : BAD_PARAM;
+    default: return b && !t && broadcasts(b->dims, y->dims) ? SUCCESS : BAD_PARAM;
+    }
 }
 
 // The graphs an engine runs (see the top of the file), their operations.
@@ -325,7 +234,7 @@ Status finalize(Desc& d) {
         for (Desc* o : ops)
             if (!o || !o->final) return BAD_PARAM;
         Match m = match_graph(d);
-        d.engines = m.kind == Match::WGRAD ? 2 : m.kind == Match::FWD_STATS ? 1 : 0;
+        d.engines = m.kind == Match::WGRAD ? 2 : m.kind == Match::FWD_STATS ? 1 : sdpa_engines(d);
         return SUCCESS;
     }
     case ENGINEHEUR: {
@@ -348,7 +257,7 @@ Status finalize(Desc& d) {
                   d.get(PACK_WORKSPACE, T_VOID_PTR, ws, 1);
         return ok ? SUCCESS : BAD_PARAM;
     }
-    default: return NOT_SUPPORTED;
+    default: return finalize_sdpa_kind(d);
     }
 }
 
@@ -356,7 +265,8 @@ Status finalize(Desc& d) {
 // weight gradient's first (see the top of the file).
 bool nondeterministic(const Desc& d) { return d.engine == 0 && match_graph(*d.graph).kind == Match::WGRAD; }
 
-// The address the pack gives tensor t: 16-byte aligned, or null (said on stderr).
+} // namespace
+
 void* address(const Desc* pack, const Desc* t) {
     std::vector<int64_t> uids;
     std::vector<void*> ptrs;
@@ -368,6 +278,7 @@ void* address(const Desc* pack, const Desc* t) {
     return nullptr;
 }
 
+namespace {
 // The addresses of the five tensors ts in the pack, all found and aligned (else false).
 bool addresses(const Desc* pack, const Desc* const (&ts)[5], void* (&at)[5]) {
     for (int i = 0; i < 5; i++)
@@ -433,6 +344,8 @@ Status run_wgrad(Handle* h, const Match& m, const Desc* pack, bool vary) {
     return SUCCESS;
 }
 } // namespace
+} // namespace dg
+using namespace dg;
 
 API Status cudnnBackendCreateDescriptor(int kind, Desc** d) {
     switch (kind) {
@@ -448,7 +361,12 @@ API Status cudnnBackendCreateDescriptor(int kind, Desc** d) {
     case OP_GEN_STATS:
     case OPERATIONGRAPH:
     case VARIANT_PACK:
-    case TENSOR: *d = new Desc{kind}; return SUCCESS;
+    case TENSOR:
+    case MATMUL:
+    case OP_MATMUL:
+    case REDUCTION:
+    case OP_REDUCTION:
+    case OP_RESHAPE: *d = new Desc{kind}; return SUCCESS;
     default: return NOT_SUPPORTED;
     }
 }
@@ -520,6 +438,6 @@ API Status cudnnBackendExecute(Handle* h, const Desc* plan, const Desc* pack) {
     switch (m.kind) {
     case Match::FWD_STATS: return run_fwd_stats(h, m, pack);
     case Match::WGRAD: return run_wgrad(h, m, pack, nondeterministic(*plan));
-    default: return BAD_PARAM;
+    default: return plan->graph->engines > 0 ? run_sdpa(h, *plan->graph, pack) : BAD_PARAM;
     }
 }

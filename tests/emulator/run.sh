@@ -2,8 +2,9 @@
 # Runs tests against the emulated CUDA driver and NVRTC (driver.cpp, nvrtc.cpp): the CUDA
 # backend's host side and our kernels, on the CPU, without a GPU; cuBLAS(Lt) is emulated by a
 # naive GEMM (blas.cpp), cuDNN's convolutions by naive loops (dnn.cpp), its batch norm
-# (dnn_norm.cpp) and the graph API's convolution with channel sums (dnn_graph.cpp); NCCL by
-# threads that meet in each collective (nccl.cpp).
+# (dnn_norm.cpp), the graph API's convolution with channel sums (dnn_graph.cpp) and its
+# scaled dot-product attention (dnn_sdpa.cpp); NCCL by threads that meet in each collective
+# (nccl.cpp).
 #   bash tests/emulator/run.sh [cargo test arguments]   (default: --test cuda_parity)
 #   bash tests/emulator/run.sh run [cargo run arguments]
 set -euo pipefail
@@ -27,7 +28,7 @@ for lib in libcublas libcublasLt; do
 done
 "$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
     "$root/tests/emulator/dnn_norm.cpp" "$root/tests/emulator/dnn_graph.cpp" \
-    -o "$out/libcudnn.so.9"
+    "$root/tests/emulator/dnn_sdpa.cpp" -o "$out/libcudnn.so.9"
 "$cxx" -std=c++20 -O2 -shared -fPIC -Wl,-soname,libnccl.so.2 "$root/tests/emulator/nccl.cpp" \
     -o "$out/libnccl.so.2"
 work=$(mktemp -d)

@@ -41,6 +41,8 @@ mod cuda_semantics;
 mod cuda_tf32;
 #[path = "../cuda_transfer.rs"]
 mod cuda_transfer;
+#[path = "../cudnn_attention.rs"]
+mod cudnn_attention;
 #[path = "../data.rs"]
 mod data;
 #[path = "../data_parallel.rs"]

@@ -1,12 +1,13 @@
 //! Launchers of `cuda/attention.cu`: fused attention without a mask or dropout, forward (one
 //! launch) and backward (two: dq with each query's `do . o`, then dk and dv). Blocks of 32
 //! threads, one per query (or key) row, the other side's rows through shared memory. Where
-//! the tensor-core kernels apply (f16/bf16, head size 64 or 128: `flash.rs`), they run
-//! instead.
+//! cuDNN's fused attention takes the problem (`dnn_sdpa.rs`: f16/bf16, head sizes a multiple
+//! of 8 up to 128), it runs instead; where it does not and the tensor-core kernels apply
+//! (f16/bf16, head size 64 or 128: `flash.rs`), they do.
 
-use super::flash;
 use super::kernels::KernelFile;
 use super::storage::{float_kname, CudaStorage};
+use super::{dnn_sdpa, flash};
 use crate::backend::AttnDims;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
@@ -57,6 +58,9 @@ pub(crate) fn attention(
 ) -> Result<((CudaStorage, Layout), CudaStorage)> {
     check(&d)?;
     let t = float_kname("scaled_dot_product_attention", q.dtype())?;
+    if let Some(done) = dnn_sdpa::forward((q, lq), (k, lk), (v, lv), &d)? {
+        return Ok(done);
+    }
     if let Some(ft) = flash::applies(q, &d) {
         return flash::forward((q, lq), (k, lk), (v, lv), ft, &d);
     }
@@ -100,8 +104,11 @@ pub(crate) fn attention_backward(
     check(&d)?;
     let dt = q.dtype();
     let t = float_kname("scaled_dot_product_attention backward", dt)?;
+    let views = [(q, lq), (k, lk), (v, lv), (o, lo), (g, lg)];
+    if let Some(done) = dnn_sdpa::backward(views, lse, &d)? {
+        return Ok(done);
+    }
     if let Some(ft) = flash::applies(q, &d) {
-        let views = [(q, lq), (k, lk), (v, lv), (o, lo), (g, lg)];
         return flash::backward(views, lse, ft, &d);
     }
     let od = o.contiguous(lo)?;

@@ -168,18 +168,46 @@ pub(super) fn tensor(
     uid: i64,
     virt: bool,
 ) -> Result<Desc> {
-    let strides = nhwc_strides(dims);
+    let role = if virt { Role::Virtual } else { Role::Memory };
+    strided(dtype, &dims, &nhwc_strides(dims), uid, role)
+}
+
+/// Where a tensor's values live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// In device memory: the variant pack gives its address.
+    Memory,
+    /// An intermediate that never reaches memory (no address in the variant pack).
+    Virtual,
+    /// A scalar the variant pack gives by a host address, read at every execution (cuDNN's
+    /// by-value tensors: an attention's scale).
+    ByValue,
+}
+
+/// A tensor descriptor of any rank: `dims` with their element `strides`, the data type, the
+/// id the variant pack names it by, 16-byte alignment (what the tensor-core engines ask for;
+/// the caller checks the addresses), and where its values live.
+pub(super) fn strided(
+    dtype: sys::cudnnDataType_t,
+    dims: &[i64],
+    strides: &[i64],
+    uid: i64,
+    role: Role,
+) -> Result<Desc> {
     let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     t.enumerated(
         Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
         Ty::CUDNN_TYPE_DATA_TYPE,
         dtype,
     )?;
-    t.ints(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
-    t.ints(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
+    t.ints(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, dims)?;
+    t.ints(Attr::CUDNN_ATTR_TENSOR_STRIDES, strides)?;
     t.ints(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     t.ints(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
-    t.boolean(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL, virt)?;
+    t.boolean(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL, role == Role::Virtual)?;
+    if role == Role::ByValue {
+        t.boolean(Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE, true)?;
+    }
     t.finalize().map_err(|s| Error::CudaLibrary {
         lib: "cuDNN",
         msg: format!("a tensor descriptor {dims:?} strides {strides:?}: {s:?}"),
@@ -273,9 +301,9 @@ impl ConvKey {
 /// refused these operands when it came to run them (`CUDNN_STATUS_NOT_SUPPORTED`), and the
 /// graph is now remembered as declined, so the caller runs the unfused operations; `Err` with
 /// cuDNN's status otherwise.
-pub(super) fn ran(
-    plans: &Plans,
-    key: &ConvKey,
+pub(super) fn ran<K: PlanKey>(
+    plans: &Plans<K>,
+    key: &K,
     what: &str,
     run: std::result::Result<(), String>,
 ) -> std::result::Result<bool, String> {
@@ -293,11 +321,15 @@ pub(super) fn ran(
     }
 }
 
+/// What a plan cache is keyed by: the problem and everything else the plan depends on.
+pub(super) trait PlanKey: std::hash::Hash + Eq + Clone + std::fmt::Debug {}
+impl<K: std::hash::Hash + Eq + Clone + std::fmt::Debug> PlanKey for K {}
+
 /// One graph's plans by problem; `None`: cuDNN declined the problem (not asked again).
-pub(super) type Plans = Mutex<HashMap<ConvKey, Option<Arc<Plan>>>>;
+pub(super) type Plans<K = ConvKey> = Mutex<HashMap<K, Option<Arc<Plan>>>>;
 
 /// What the cache holds for `key`: `Some(None)` where cuDNN declined it.
-pub(super) fn cached(plans: &Plans, key: &ConvKey) -> Option<Option<Arc<Plan>>> {
+pub(super) fn cached<K: PlanKey>(plans: &Plans<K>, key: &K) -> Option<Option<Arc<Plan>>> {
     plans
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -308,9 +340,9 @@ pub(super) fn cached(plans: &Plans, key: &ConvKey) -> Option<Option<Arc<Plan>>> 
 /// The plan for `key`: the cached one, or the one `build` makes (on the handle the caller
 /// holds), remembered either way; `None` where cuDNN declined the graph (`what` names it in
 /// what `MANTISSA_DEBUG_FUSION` prints).
-pub(super) fn plan_for(
-    plans: &Plans,
-    key: &ConvKey,
+pub(super) fn plan_for<K: PlanKey>(
+    plans: &Plans<K>,
+    key: &K,
     what: &str,
     build: impl FnOnce() -> Result<Built>,
 ) -> Result<Option<Arc<Plan>>> {

@@ -109,7 +109,7 @@ pub(super) fn contiguous_rows(rows: usize, e: usize) -> FaRows {
 
 /// View `l` of `s` as the kernels read it: its device address and rows, copied first where
 /// they cannot read it in place (`rows` rows of `e` per pair).
-fn readable<'a>(
+pub(super) fn readable<'a>(
     s: &'a CudaStorage,
     l: &Layout,
     rows: usize,
@@ -128,7 +128,7 @@ fn readable<'a>(
 /// What the kernels write for a view shaped as `l` (`[.., rows, e]`): a `[B, H, rows, e]`
 /// shape laid out as `[B, rows, H, e]` (the heads of a row side by side), other ranks
 /// contiguous; with the rows the kernels write it through.
-fn written(l: &Layout, e: usize) -> (Layout, FaRows) {
+pub(super) fn written(l: &Layout, e: usize) -> (Layout, FaRows) {
     let mut shape = l.shape().to_vec();
     let r = shape.len();
     shape[r - 1] = e;

@@ -85,6 +85,7 @@ mod conv_wgrad;
 pub(crate) mod copy_list;
 mod dnn_graph;
 pub mod dnn_norm;
+mod dnn_sdpa;
 pub(crate) mod elementwise;
 mod epilogue;
 mod faults;

@@ -1,0 +1,738 @@
+//! Attention through cuDNN's fused (flash) attention engines: the operation graphs
+//! cudnn-frontend's composite SDPA node lowers to for a cuDNN 9.0-9.20 runtime, built on the
+//! graph API by hand (`dnn_graph.rs`), with plans cached per problem.
+//!
+//! - Forward: `S = Q K^T`, times the by-value scale, the top-left causal mask (GEN_INDEX on
+//!   rows and columns, CMP_GE, BINARY_SELECT with the fill value), the softmax as MAX and ADD
+//!   reductions around SUB, EXP, LOG, ADD (Stats, the natural log-sum-exp of the scaled
+//!   scores, written) and DIV into P of the I/O type, then `O = P V`.
+//! - Backward: `rowsum(dO O)` into an f32 buffer of ours, the scores again, `P = exp(S -
+//!   Stats)` (masked after the subtraction), `dV = P^T dO` (P^T a RESHAPE), `dP = dO V^T`,
+//!   `dS = P (dP - rowsum) scale`, `dK = dS^T Q`, `dQ = dS K` straight into dQ: the graph of
+//!   cudnn-frontend's deterministic backward (no f32 dQ accumulator, no atomics), as llm.c
+//!   builds it.
+//!
+//! K^T and V^T are K's and V's descriptors with their last two dims and strides swapped (no
+//! copy). Q, K, V, O and their gradients are `[B, H, T, e]` views with any strides whose last
+//! is 1, so the heads of a packed q/k/v product are read where they lie; what this writes is
+//! laid out as the tensor-core kernels write it (`flash::written`). Stats is the engine's
+//! log-sum-exp `[B H, L]`, so a forward here and a backward by `flash.rs` (or the reverse)
+//! agree.
+//!
+//! Where cuDNN is missing, too old, or declines the graph (no engine, or one that refuses the
+//! operands when run), the caller's kernels run instead, and a declined problem is not asked
+//! again.
+
+use super::dnn_graph::{
+    cached, plan_for, ran, strided, Attr, Built, Desc, Kind, Plan, Plans, Role, Ty,
+};
+use super::flash::{readable, written, FaRows};
+use super::libs::{self, Lib};
+use super::storage::CudaStorage;
+use crate::backend::AttnDims;
+use crate::layout::Layout;
+use crate::{DType, Device, Error, Result};
+use cudarc::cudnn::sys;
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use sys::cudnnDataType_t as Dt;
+use sys::cudnnPointwiseMode_t as Pw;
+
+/// The variant pack's ids of the tensors in memory and the by-value scalars.
+mod uid {
+    pub(super) const Q: i64 = 1;
+    pub(super) const K: i64 = 2;
+    pub(super) const V: i64 = 3;
+    pub(super) const O: i64 = 4;
+    pub(super) const STATS: i64 = 5;
+    pub(super) const SCALE: i64 = 6;
+    pub(super) const DO: i64 = 7;
+    pub(super) const DQ: i64 = 8;
+    pub(super) const DK: i64 = 9;
+    pub(super) const DV: i64 = 10;
+    pub(super) const ROW_SUM: i64 = 11;
+    pub(super) const ONE: i64 = 12;
+    pub(super) const FILL: i64 = 13;
+    /// Virtual tensors count up from here.
+    pub(super) const VIRTUAL: i64 = 100;
+}
+
+/// The runtime's version (`cudnnGetVersion`, 91002 for 9.10.2), once cuDNN is loaded.
+fn version() -> usize {
+    static V: OnceLock<usize> = OnceLock::new();
+    // SAFETY: called only after `libs::load(Lib::Cudnn)` succeeded (`applies`); the call has
+    // no arguments and reads no state.
+    *V.get_or_init(|| unsafe { sys::cudnnGetVersion() })
+}
+
+/// Everything a plan depends on: the device, the I/O type, the direction, the mask, `[B, H,
+/// L, S, e]` and the `[B, H, T]` strides of each tensor in memory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SdpaKey {
+    device: Device,
+    dtype: DType,
+    backward: bool,
+    causal: bool,
+    dims: [i64; 5],
+    strides: Vec<[i64; 3]>,
+}
+
+fn plans() -> &'static Plans<SdpaKey> {
+    static PLANS: OnceLock<Plans<SdpaKey>> = OnceLock::new();
+    PLANS.get_or_init(Default::default)
+}
+
+/// The I/O type's cuDNN code where cuDNN's fused attention takes this problem on this
+/// device (before its graph is built): the switch is on, compute capability 8.0 or later,
+/// f16 or bf16, one head size that is a multiple of 8 up to 128 for queries, keys and values
+/// (the limit of every architecture's backward), at least one query and two keys (PyTorch's
+/// gate), a cuDNN from 9.0 that loads, and not 9.10.0 or 9.10.1 (which cudnn-frontend
+/// refuses for known bugs).
+fn applies(q: &CudaStorage, d: &AttnDims) -> Option<Dt> {
+    if !crate::ops::cudnn_attention() || q.rt().arch() < 80 {
+        return None;
+    }
+    let dt = match q.dtype() {
+        DType::F16 => Dt::CUDNN_DATA_HALF,
+        DType::BF16 => Dt::CUDNN_DATA_BFLOAT16,
+        _ => return None,
+    };
+    let sizes = d.e == d.ev && d.e % 8 == 0 && d.e <= 128 && d.l >= 1 && d.s >= 2;
+    if !sizes || libs::load(Lib::Cudnn).is_err() {
+        return None;
+    }
+    let v = version();
+    (v >= 90000 && !(91000..91002).contains(&v)).then_some(dt)
+}
+
+/// The `[B, H, T, e]` dims and strides of a view the kernels read as `r` with `rows` rows of
+/// `e` (`b` batch entries of `r.h` heads); a dim of one element gets the stride a dense
+/// layout would give it, as cuDNN wants a real one there.
+fn bhte(r: &FaRows, b: usize, rows: usize, e: usize) -> ([i64; 4], [i64; 4]) {
+    let dims = [b as i64, r.h, rows as i64, e as i64];
+    let mut strides = [r.sb, r.sh, r.st, 1];
+    for i in (0..3).rev() {
+        if dims[i] == 1 {
+            strides[i] = strides[i + 1] * dims[i + 1];
+        }
+    }
+    (dims, strides)
+}
+
+/// The same with the last two dims swapped: K^T and V^T over K's and V's memory.
+fn transposed((mut dims, mut strides): ([i64; 4], [i64; 4])) -> ([i64; 4], [i64; 4]) {
+    dims.swap(2, 3);
+    strides.swap(2, 3);
+    (dims, strides)
+}
+
+/// Dense strides of `dims`.
+fn dense(dims: [i64; 4]) -> [i64; 4] {
+    [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1]
+}
+
+/// An operation graph as it is built: its tensors and other descriptors, then its
+/// operations in order (what [`Plan::build`] takes).
+struct Graph {
+    keep: Vec<Desc>,
+    ops: Vec<Desc>,
+    next: i64,
+}
+
+/// A tensor of the graph being built (its index in `keep`).
+#[derive(Clone, Copy)]
+struct T(usize);
+
+impl Graph {
+    fn new() -> Graph {
+        Graph {
+            keep: Vec::new(),
+            ops: Vec::new(),
+            next: uid::VIRTUAL,
+        }
+    }
+
+    fn tensor(
+        &mut self,
+        dt: Dt,
+        (dims, strides): ([i64; 4], [i64; 4]),
+        id: i64,
+        role: Role,
+    ) -> Result<T> {
+        self.keep.push(strided(dt, &dims, &strides, id, role)?);
+        Ok(T(self.keep.len() - 1))
+    }
+
+    /// A virtual tensor, densely laid out.
+    fn virt(&mut self, dt: Dt, dims: [i64; 4]) -> Result<T> {
+        self.virt_laid(dt, (dims, dense(dims)))
+    }
+
+    /// A virtual tensor with these dims and strides.
+    fn virt_laid(&mut self, dt: Dt, laid: ([i64; 4], [i64; 4])) -> Result<T> {
+        self.next += 1;
+        let id = self.next;
+        self.tensor(dt, laid, id, Role::Virtual)
+    }
+
+    /// A by-value f32 scalar.
+    fn scalar(&mut self, id: i64) -> Result<T> {
+        self.tensor(Dt::CUDNN_DATA_FLOAT, ([1; 4], [1; 4]), id, Role::ByValue)
+    }
+
+    /// Finalizes operation `op` (`what` names it in a refusal) and appends it.
+    fn op(&mut self, op: Desc, what: &str) -> Result<()> {
+        op.finalize().map_err(|s| Error::CudaLibrary {
+            lib: "cuDNN",
+            msg: format!("attention graph: {what}: {s:?}"),
+        })?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// A pointwise operation `y = mode(x, b, t)`, computed in `prec`; `axis` for GEN_INDEX.
+    fn pointwise(
+        &mut self,
+        mode: Pw,
+        [x, b, t]: [Option<T>; 3],
+        y: T,
+        prec: Dt,
+        axis: Option<i64>,
+    ) -> Result<()> {
+        let pw = Desc::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
+        pw.enumerated(
+            Attr::CUDNN_ATTR_POINTWISE_MODE,
+            Ty::CUDNN_TYPE_POINTWISE_MODE,
+            mode,
+        )?;
+        pw.enumerated(
+            Attr::CUDNN_ATTR_POINTWISE_MATH_PREC,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            prec,
+        )?;
+        if let Some(axis) = axis {
+            pw.ints(Attr::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
+        }
+        pw.finalize().map_err(|s| Error::CudaLibrary {
+            lib: "cuDNN",
+            msg: format!("attention graph: pointwise {mode:?}: {s:?}"),
+        })?;
+        let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
+        let slots = [
+            (x, Attr::CUDNN_ATTR_OPERATION_POINTWISE_XDESC),
+            (b, Attr::CUDNN_ATTR_OPERATION_POINTWISE_BDESC),
+            (t, Attr::CUDNN_ATTR_OPERATION_POINTWISE_TDESC),
+            (Some(y), Attr::CUDNN_ATTR_OPERATION_POINTWISE_YDESC),
+        ];
+        for (tensor, name) in slots {
+            if let Some(T(i)) = tensor {
+                op.descs(name, &[&self.keep[i]])?;
+            }
+        }
+        op.float(Attr::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, 1.0)?;
+        op.float(Attr::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, 1.0)?;
+        self.keep.push(pw);
+        self.op(op, &format!("pointwise {mode:?}"))
+    }
+
+    /// `y = mode(x, b)` in f32.
+    fn binary(&mut self, mode: Pw, x: T, b: T, y: T) -> Result<()> {
+        self.pointwise(
+            mode,
+            [Some(x), Some(b), None],
+            y,
+            Dt::CUDNN_DATA_FLOAT,
+            None,
+        )
+    }
+
+    /// `y = mode(x)` in f32.
+    fn unary(&mut self, mode: Pw, x: T, y: T) -> Result<()> {
+        self.pointwise(mode, [Some(x), None, None], y, Dt::CUDNN_DATA_FLOAT, None)
+    }
+
+    /// `c = a b` over the last two dims, f32 accumulation.
+    fn matmul(&mut self, a: T, b: T, c: T) -> Result<()> {
+        let mm = Desc::new(Kind::CUDNN_BACKEND_MATMUL_DESCRIPTOR)?;
+        mm.enumerated(
+            Attr::CUDNN_ATTR_MATMUL_COMP_TYPE,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            Dt::CUDNN_DATA_FLOAT,
+        )?;
+        mm.finalize().map_err(|s| Error::CudaLibrary {
+            lib: "cuDNN",
+            msg: format!("attention graph: the matmul descriptor: {s:?}"),
+        })?;
+        let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR)?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_ADESC, &[&self.keep[a.0]])?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_BDESC, &[&self.keep[b.0]])?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_CDESC, &[&self.keep[c.0]])?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_DESC, &[&mm])?;
+        self.keep.push(mm);
+        self.op(op, "matmul")
+    }
+
+    /// `y = x` reduced (sum or max) over the dims where `y` has one element.
+    fn reduce(&mut self, max: bool, x: T, y: T) -> Result<()> {
+        let red = Desc::new(Kind::CUDNN_BACKEND_REDUCTION_DESCRIPTOR)?;
+        let op_ty = if max {
+            sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_MAX
+        } else {
+            sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD
+        };
+        red.enumerated(
+            Attr::CUDNN_ATTR_REDUCTION_OPERATOR,
+            Ty::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE,
+            op_ty,
+        )?;
+        red.enumerated(
+            Attr::CUDNN_ATTR_REDUCTION_COMP_TYPE,
+            Ty::CUDNN_TYPE_DATA_TYPE,
+            Dt::CUDNN_DATA_FLOAT,
+        )?;
+        red.finalize().map_err(|s| Error::CudaLibrary {
+            lib: "cuDNN",
+            msg: format!("attention graph: the reduction descriptor: {s:?}"),
+        })?;
+        let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)?;
+        op.descs(
+            Attr::CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
+            &[&self.keep[x.0]],
+        )?;
+        op.descs(
+            Attr::CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
+            &[&self.keep[y.0]],
+        )?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_REDUCTION_DESC, &[&red])?;
+        self.keep.push(red);
+        self.op(op, "reduction")
+    }
+
+    /// `y`, x's memory through y's dims and strides (a transpose, a change of type).
+    fn reshape(&mut self, x: T, y: T) -> Result<()> {
+        let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[&self.keep[x.0]])?;
+        op.descs(Attr::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[&self.keep[y.0]])?;
+        self.op(op, "reshape")
+    }
+
+    /// The top-left causal mask of scores `s` (`[B, H, L, S]`): query i keeps keys 0..=i,
+    /// the others take the by-value fill.
+    fn causal(&mut self, s: T, dims: [i64; 4]) -> Result<T> {
+        let (row, col) = (
+            self.virt(Dt::CUDNN_DATA_INT32, dims)?,
+            self.virt(Dt::CUDNN_DATA_INT32, dims)?,
+        );
+        let f32 = Dt::CUDNN_DATA_FLOAT;
+        self.pointwise(
+            Pw::CUDNN_POINTWISE_GEN_INDEX,
+            [Some(s), None, None],
+            row,
+            f32,
+            Some(2),
+        )?;
+        self.pointwise(
+            Pw::CUDNN_POINTWISE_GEN_INDEX,
+            [Some(s), None, None],
+            col,
+            f32,
+            Some(3),
+        )?;
+        let keep = self.virt(Dt::CUDNN_DATA_BOOLEAN, dims)?;
+        let boolean = Dt::CUDNN_DATA_BOOLEAN;
+        self.pointwise(
+            Pw::CUDNN_POINTWISE_CMP_GE,
+            [Some(row), Some(col), None],
+            keep,
+            boolean,
+            None,
+        )?;
+        let fill = self.scalar(uid::FILL)?;
+        let masked = self.virt(f32, dims)?;
+        let ops = [Some(s), Some(fill), Some(keep)];
+        self.pointwise(Pw::CUDNN_POINTWISE_BINARY_SELECT, ops, masked, f32, None)?;
+        Ok(masked)
+    }
+
+    /// The plan of the graph on handle `h`; declined where cuDNN refused any part of it.
+    fn plan(self, h: sys::cudnnHandle_t) -> Result<Built> {
+        let ops = self.ops.len();
+        let mut descs = self.keep;
+        descs.extend(self.ops);
+        Plan::build(h, descs, ops, super::conv::cudnn_deterministic())
+    }
+}
+
+/// Problem sizes as the graphs use them: B, H, L, S, e.
+fn sizes(q: &FaRows, d: &AttnDims) -> Option<[usize; 5]> {
+    let h = q.h.max(1) as usize;
+    (d.b % h == 0).then_some([d.b / h, h, d.l, d.s, d.e])
+}
+
+/// The forward graph for the views `q`, `k`, `v` and the output `o`.
+fn forward_graph(
+    dt: Dt,
+    [b, h, l, s, e]: [usize; 5],
+    [q, k, v, o]: [&FaRows; 4],
+    causal: bool,
+) -> Result<Graph> {
+    let mut g = Graph::new();
+    let f32 = Dt::CUDNN_DATA_FLOAT;
+    let (qt, kt) = (
+        g.tensor(dt, bhte(q, b, l, e), uid::Q, Role::Memory)?,
+        g.tensor(dt, transposed(bhte(k, b, s, e)), uid::K, Role::Memory)?,
+    );
+    let scores = [b, h, l, s].map(|x| x as i64);
+    let rows = [b as i64, h as i64, l as i64, 1];
+    let raw = g.virt(f32, scores)?;
+    g.matmul(qt, kt, raw)?;
+    let scale = g.scalar(uid::SCALE)?;
+    let mut sc = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_MUL, raw, scale, sc)?;
+    if causal {
+        sc = g.causal(sc, scores)?;
+    }
+    let max = g.virt(f32, rows)?;
+    g.reduce(true, sc, max)?;
+    let shifted = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_SUB, sc, max, shifted)?;
+    let ex = g.virt(f32, scores)?;
+    g.unary(Pw::CUDNN_POINTWISE_EXP, shifted, ex)?;
+    let sum = g.virt(f32, rows)?;
+    g.reduce(false, ex, sum)?;
+    let log = g.virt(f32, rows)?;
+    g.unary(Pw::CUDNN_POINTWISE_LOG, sum, log)?;
+    let stats = g.tensor(f32, (rows, dense(rows)), uid::STATS, Role::Memory)?;
+    g.binary(Pw::CUDNN_POINTWISE_ADD, max, log, stats)?;
+    let p = g.virt(dt, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_DIV, ex, sum, p)?;
+    let vt = g.tensor(dt, bhte(v, b, s, e), uid::V, Role::Memory)?;
+    let ot = g.tensor(dt, bhte(o, b, l, e), uid::O, Role::Memory)?;
+    g.matmul(p, vt, ot)?;
+    Ok(g)
+}
+
+/// The backward graph for the views `q`, `k`, `v`, `o`, `dout` and the gradients written.
+fn backward_graph(
+    dt: Dt,
+    [b, h, l, s, e]: [usize; 5],
+    views: [&FaRows; 8],
+    causal: bool,
+) -> Result<Graph> {
+    let [q, k, v, o, dout, dq, dk, dv] = views;
+    let mut g = Graph::new();
+    let f32 = Dt::CUDNN_DATA_FLOAT;
+    let qt = g.tensor(dt, bhte(q, b, l, e), uid::Q, Role::Memory)?;
+    let kt = g.tensor(dt, transposed(bhte(k, b, s, e)), uid::K, Role::Memory)?;
+    let vt = g.tensor(dt, transposed(bhte(v, b, s, e)), uid::V, Role::Memory)?;
+    let ot = g.tensor(dt, bhte(o, b, l, e), uid::O, Role::Memory)?;
+    let gt = g.tensor(dt, bhte(dout, b, l, e), uid::DO, Role::Memory)?;
+    let rows = [b as i64, h as i64, l as i64, 1];
+    let stats = g.tensor(f32, (rows, dense(rows)), uid::STATS, Role::Memory)?;
+    let (scale, one) = (g.scalar(uid::SCALE)?, g.scalar(uid::ONE)?);
+    // rowsum(dO O), into memory of ours.
+    let prod = g.virt(f32, [b, h, l, e].map(|x| x as i64))?;
+    g.binary(Pw::CUDNN_POINTWISE_MUL, gt, ot, prod)?;
+    let summed = g.virt(f32, rows)?;
+    g.reduce(false, prod, summed)?;
+    let row_sum = g.tensor(f32, (rows, dense(rows)), uid::ROW_SUM, Role::Memory)?;
+    g.binary(Pw::CUDNN_POINTWISE_MUL, summed, one, row_sum)?;
+    // P = exp(S scale - Stats), masked.
+    let scores = [b, h, l, s].map(|x| x as i64);
+    let raw = g.virt(f32, scores)?;
+    g.matmul(qt, kt, raw)?;
+    let sc = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_MUL, raw, scale, sc)?;
+    let mut shifted = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_SUB, sc, stats, shifted)?;
+    if causal {
+        shifted = g.causal(shifted, scores)?;
+    }
+    let p = g.virt(f32, scores)?;
+    g.unary(Pw::CUDNN_POINTWISE_EXP, shifted, p)?;
+    // P^T and dS^T: [B, H, S, L] over the scores' memory, in the I/O type.
+    let t_dims = [b, h, s, l].map(|x| x as i64);
+    let t_strides = [(h * l * s) as i64, (l * s) as i64, 1, s as i64];
+    let pt = g.virt_laid(dt, (t_dims, t_strides))?;
+    g.reshape(p, pt)?;
+    let dvt = g.tensor(dt, bhte(dv, b, s, e), uid::DV, Role::Memory)?;
+    g.matmul(pt, gt, dvt)?;
+    let dp = g.virt(f32, scores)?;
+    g.matmul(gt, vt, dp)?;
+    let centred = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_SUB, dp, row_sum, centred)?;
+    let weighted = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_MUL, centred, p, weighted)?;
+    let ds = g.virt(f32, scores)?;
+    g.binary(Pw::CUDNN_POINTWISE_MUL, weighted, scale, ds)?;
+    let dst = g.virt_laid(dt, (t_dims, t_strides))?;
+    g.reshape(ds, dst)?;
+    let dkt = g.tensor(dt, bhte(dk, b, s, e), uid::DK, Role::Memory)?;
+    g.matmul(dst, qt, dkt)?;
+    // K again from K^T (f32, K's strides), for dQ = dS K.
+    let k_again = g.virt_laid(f32, bhte(k, b, s, e))?;
+    g.reshape(kt, k_again)?;
+    let dqt = g.tensor(dt, bhte(dq, b, l, e), uid::DQ, Role::Memory)?;
+    g.matmul(ds, k_again, dqt)?;
+    Ok(g)
+}
+
+/// The plan `graph` builds on handle `h`; a part cuDNN refuses (a descriptor, an attribute
+/// this runtime does not know, an operation) declines the problem instead of failing it.
+fn build(h: sys::cudnnHandle_t, graph: impl FnOnce() -> Result<Graph>) -> Result<Built> {
+    match graph().and_then(|g| g.plan(h)) {
+        Err(Error::CudaLibrary { msg, .. }) => Ok(Built::Declined(msg)),
+        Err(Error::CudaLibraryStatus { status, what, .. }) => {
+            Ok(Built::Declined(format!("{what}: {status}")))
+        }
+        other => other,
+    }
+}
+
+/// The mask's fill value: the lowest float before 9.10, -inf from there (cudnn-frontend's
+/// choice for each runtime).
+fn fill() -> f32 {
+    if version() < 91000 {
+        f32::MIN
+    } else {
+        f32::NEG_INFINITY
+    }
+}
+
+/// One run of an attention plan: its problem, its label in the profiler and the work it
+/// counts there.
+struct Run {
+    label: String,
+    flops: u64,
+    bytes: u64,
+}
+
+impl Run {
+    /// Runs `plan` on handle `h` over the device (or, for by-value scalars, host) addresses
+    /// `ptrs` of the tensors `uids`, with a workspace of the plan's size, as one profiled
+    /// library call; `Ok(false)` where cuDNN refused to run it (then `key` is remembered as
+    /// declined).
+    ///
+    /// # Safety
+    /// As [`Plan::execute`]: each address holds the tensor its uid names, on `rt`'s device
+    /// (a by-value scalar's, an f32 in host memory for the call), alive until the stream has
+    /// run the plan; `h` is `rt`'s handle, on `rt`'s stream.
+    unsafe fn go(
+        self,
+        key: &SdpaKey,
+        rt: &std::sync::Arc<super::runtime::CudaRuntime>,
+        h: sys::cudnnHandle_t,
+        plan: &Plan,
+        uids: &[i64],
+        ptrs: &[*mut c_void],
+    ) -> Result<bool> {
+        let ws = CudaStorage::alloc_on(rt, DType::U8, plan.workspace.max(1))?;
+        let prof = super::profile::library(rt, || self.label.clone(), self.flops, self.bytes);
+        // SAFETY: the addresses are the caller's (this function's contract); the workspace
+        // holds the plan's size and lives until the stream has run it (the caching allocator
+        // reuses a block only in stream order).
+        let run = unsafe { plan.execute(h, uids, ptrs, ws.ptr() as *mut c_void) };
+        let done =
+            ran(plans(), key, "attention", run).map_err(|status| Error::CudaLibraryStatus {
+                lib: "cuDNN",
+                op: "scaled_dot_product_attention",
+                device: rt.device(),
+                status,
+                what: self.label.clone(),
+            })?;
+        if let (Some(p), true) = (prof, done) {
+            p.end();
+        }
+        Ok(done)
+    }
+}
+
+/// The key, label and work of a problem; `None` where the views' heads disagree.
+fn problem(
+    q: &CudaStorage,
+    views: &[&FaRows],
+    d: &AttnDims,
+    backward: bool,
+) -> Option<([usize; 5], SdpaKey, Run)> {
+    let dims = sizes(views[0], d)?;
+    if views.iter().any(|r| r.h != views[0].h) {
+        return None;
+    }
+    let [b, h, l, s, e] = dims;
+    let key = SdpaKey {
+        device: q.rt().device(),
+        dtype: q.dtype(),
+        backward,
+        causal: d.causal,
+        dims: dims.map(|x| x as i64),
+        strides: views.iter().map(|r| [r.sb, r.sh, r.st]).collect(),
+    };
+    let products: u64 = if backward { 5 } else { 2 };
+    let full = 2 * (b * h * l * s * e) as u64 * products;
+    let flops = if d.causal { full / 2 } else { full };
+    let bytes = (views.len() * b * h * l.max(s) * e * q.dtype().size_in_bytes()) as u64;
+    let dir = if backward { "bwd" } else { "fwd" };
+    let mask = if d.causal { " causal" } else { "" };
+    let label = format!(
+        "cudnn sdpa {dir} b{b} h{h} l{l} s{s} e{e} {:?}{mask}",
+        q.dtype()
+    );
+    let run = Run {
+        label,
+        flops,
+        bytes,
+    };
+    Some((dims, key, run))
+}
+
+/// The output (laid out as [`written`] says) and the log-sum-exp `[B H, L]` (f32) by cuDNN's
+/// fused attention; `None` where it does not take the problem (see the module).
+pub(super) fn forward(
+    (q, lq): (&CudaStorage, &Layout),
+    (k, lk): (&CudaStorage, &Layout),
+    (v, lv): (&CudaStorage, &Layout),
+    d: &AttnDims,
+) -> Result<Option<((CudaStorage, Layout), CudaStorage)>> {
+    let Some(dt) = applies(q, d) else {
+        return Ok(None);
+    };
+    let (_qh, qp, qr) = readable(q, lq, d.l, d.e)?;
+    let (_kh, kp, kr) = readable(k, lk, d.s, d.e)?;
+    let (_vh, vp, vr) = readable(v, lv, d.s, d.e)?;
+    let (lo, or) = written(lq, d.e);
+    let Some((dims, key, run)) = problem(q, &[&qr, &kr, &vr, &or], d, false) else {
+        return Ok(None);
+    };
+    if matches!(cached(plans(), &key), Some(None)) {
+        return Ok(None);
+    }
+    let rt = q.rt().clone();
+    let out = CudaStorage::alloc_on(&rt, q.dtype(), d.b * d.l * d.e)?;
+    let lse = CudaStorage::alloc_on(&rt, DType::F32, d.b * d.l)?;
+    let (scale, fill) = (d.scale as f32, fill());
+    let ran = rt.with_cudnn(|h| -> Result<bool> {
+        let graph = || forward_graph(dt, dims, [&qr, &kr, &vr, &or], d.causal);
+        let Some(plan) = plan_for(plans(), &key, "attention", || build(h, graph))? else {
+            return Ok(false);
+        };
+        let mut uids = vec![uid::Q, uid::K, uid::V, uid::O, uid::STATS, uid::SCALE];
+        let mut ptrs = [qp, kp, vp, out.ptr(), lse.ptr()]
+            .map(|p| p as *mut c_void)
+            .to_vec();
+        ptrs.push(&scale as *const f32 as *mut c_void);
+        if d.causal {
+            uids.push(uid::FILL);
+            ptrs.push(&fill as *const f32 as *mut c_void);
+        }
+        // SAFETY: q, k and v are read where `readable` says (their `[B, H, T, e]` rows as the
+        // graph's strides give them, alive in `_qh`.. until the end of this function, and
+        // the stream orders their reuse); the output (B H L e elements) and the log-sum-exp
+        // (B H L) were allocated above for the strides `written` gave; the scale and the fill
+        // are f32 locals alive for the call, which reads them.
+        unsafe { run.go(&key, &rt, h, &plan, &uids, &ptrs) }
+    })??;
+    Ok(ran.then_some(((out, lo), lse)))
+}
+
+/// The output gradient `g` copied into the layout of the output `lo` (whose rows the kernels
+/// read as `or`), what a runtime before 9.5.1 needs (as PyTorch copies it); `None` where the
+/// output is not laid out as this module writes it.
+fn laid_like_output(
+    (g, lg): (&CudaStorage, &Layout),
+    lo: &Layout,
+    or: &FaRows,
+    d: &AttnDims,
+) -> Result<Option<(CudaStorage, u64, FaRows)>> {
+    let (laid, rows) = written(lo, d.e);
+    if rows != *or || lo.offset() != 0 || lg.shape() != laid.shape() {
+        return Ok(None);
+    }
+    let mut copy = CudaStorage::alloc_on(g.rt(), g.dtype(), d.b * d.l * d.e)?;
+    copy.copy_into(&laid, g, lg)?;
+    let ptr = copy.ptr();
+    Ok(Some((copy, ptr, rows)))
+}
+
+/// `[dq, dk, dv]` (each laid out as [`written`] says for its input's view) by cuDNN's fused
+/// attention backward from q, k, v, the output, the log-sum-exp and the output gradient;
+/// `None` where it does not take the problem. A runtime up to 9.15 is not asked for a key
+/// count that is not a multiple of 128 (cudnn-frontend pads those with a mask the graph
+/// does not carry); for one before 9.5.1 the output gradient is first laid out as the
+/// output, which those need.
+pub(super) fn backward(
+    [(q, lq), (k, lk), (v, lv), (o, lo), (g, lg)]: [(&CudaStorage, &Layout); 5],
+    lse: &CudaStorage,
+    d: &AttnDims,
+) -> Result<Option<[(CudaStorage, Layout); 3]>> {
+    let Some(dt) = applies(q, d) else {
+        return Ok(None);
+    };
+    if version() <= 91500 && d.s % 128 != 0 {
+        return Ok(None);
+    }
+    let (_qh, qp, qr) = readable(q, lq, d.l, d.e)?;
+    let (_kh, kp, kr) = readable(k, lk, d.s, d.e)?;
+    let (_vh, vp, vr) = readable(v, lv, d.s, d.e)?;
+    let (_oh, op, or) = readable(o, lo, d.l, d.e)?;
+    let (_gh, mut gp, mut gr) = readable(g, lg, d.l, d.e)?;
+    let mut _g_laid = None;
+    if version() < 90501 && gr != or {
+        let Some((laid, p, r)) = laid_like_output((g, lg), lo, &or, d)? else {
+            return Ok(None);
+        };
+        (gp, gr, _g_laid) = (p, r, Some(laid));
+    }
+    let ((ldq, dqr), (ldk, dkr), (ldv, dvr)) =
+        (written(lq, d.e), written(lk, d.e), written(lv, d.e));
+    let views = [&qr, &kr, &vr, &or, &gr, &dqr, &dkr, &dvr];
+    let Some((dims, key, run)) = problem(q, &views, d, true) else {
+        return Ok(None);
+    };
+    if matches!(cached(plans(), &key), Some(None)) {
+        return Ok(None);
+    }
+    let (rt, t) = (q.rt().clone(), q.dtype());
+    let dq = CudaStorage::alloc_on(&rt, t, d.b * d.l * d.e)?;
+    let dk = CudaStorage::alloc_on(&rt, t, d.b * d.s * d.e)?;
+    let dv = CudaStorage::alloc_on(&rt, t, d.b * d.s * d.e)?;
+    let row_sum = CudaStorage::alloc_on(&rt, DType::F32, d.b * d.l)?;
+    let (scale, one, fill) = (d.scale as f32, 1.0f32, fill());
+    let ran = rt.with_cudnn(|h| -> Result<bool> {
+        let graph = || backward_graph(dt, dims, views, d.causal);
+        let Some(plan) = plan_for(plans(), &key, "attention backward", || build(h, graph))? else {
+            return Ok(false);
+        };
+        let mut uids = vec![
+            uid::Q,
+            uid::K,
+            uid::V,
+            uid::O,
+            uid::DO,
+            uid::STATS,
+            uid::ROW_SUM,
+            uid::DQ,
+            uid::DK,
+            uid::DV,
+            uid::SCALE,
+            uid::ONE,
+        ];
+        let dev = [qp, kp, vp, op, gp, lse.ptr(), row_sum.ptr()];
+        let dev = dev.into_iter().chain([dq.ptr(), dk.ptr(), dv.ptr()]);
+        let mut ptrs: Vec<*mut c_void> = dev.map(|p| p as *mut c_void).collect();
+        ptrs.push(&scale as *const f32 as *mut c_void);
+        ptrs.push(&one as *const f32 as *mut c_void);
+        if d.causal {
+            uids.push(uid::FILL);
+            ptrs.push(&fill as *const f32 as *mut c_void);
+        }
+        // SAFETY: q, k, v, o and the output gradient are read where `readable` says (alive
+        // in `_qh`.. until the end of this function; the stream orders their reuse); the
+        // log-sum-exp is the forward's `[B H, L]` f32; the row sums (B H L f32) and the
+        // gradients (B H L e, B H S e twice) were allocated above for the strides `written`
+        // gave; the scalars are f32 locals alive for the call, which reads them.
+        unsafe { run.go(&key, &rt, h, &plan, &uids, &ptrs) }
+    })??;
+    Ok(ran.then_some([(dq, ldq), (dk, ldk), (dv, ldv)]))
+}
