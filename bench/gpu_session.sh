@@ -74,7 +74,7 @@ suite_modules="attention_masks batch_size cuda_capture cuda_determinism cuda_fus
     cudnn_attention
     cuda_limits cuda_parity cuda_semantics cuda_tf32 cuda_transfer data data_parallel
     data_parallel_buckets flash_attention fused_classifier fuzz_api gemm_epilogues gpt gpt_ops hostile_input
-    integer_arithmetic profiler recompute residual_layer_norm torch_reference"
+    integer_arithmetic packed_attention profiler recompute residual_layer_norm torch_reference"
 # A device call runs 600 s at most, its start included: the acc steps stop at this many
 # seconds from this script's start (see acc; MANTISSA_SESSION_DEADLINE sets another, for a
 # dry run of the script's logic).
@@ -315,7 +315,7 @@ if [ "$mode" = all ] || [ "$mode" = accept ] || [ "$mode" = verify ] || [ "$mode
         # compiled peer 60 to 150 s (its compilation in the warm-up steps); the Shakespeare
         # runs about half a minute each.
         w5="--model gpt2 --data synthetic --batch-size 16 --steps 20"
-        acc test-gpt 60 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: cudnn_attention:: gemm_epilogues:: residual_layer_norm:: --test-threads 1 --nocapture
+        acc test-gpt 60 .gpu/tests/gpu_suite gpt:: fused_classifier:: flash_attention:: cudnn_attention:: packed_attention:: gemm_epilogues:: residual_layer_norm:: --test-threads 1 --nocapture
         # Attention at GPT-2's [16, 12, 1024, 64] causal bf16, forward + backward: through
         # cuDNN's fused attention graphs (src/backend/cuda/dnn_sdpa.rs; the line says whether
         # cuDNN ran both directions) and on the engine's tensor-core kernels (cuda/flash.cu),

@@ -42,12 +42,12 @@ fn cudnn_attention_matches_the_f32_composition() {
     };
     let _k = FusedKernel::take(true);
     // Key counts that are multiples of 128 (the backward's rule up to 9.15); fewer queries
-    // than keys, more, and one.
+    // than keys, more, and two.
     let shapes = [
         (128, 128, true),
         (37, 256, false),
         (200, 128, true),
-        (1, 128, false),
+        (2, 128, false),
     ];
     for dt in [DType::BF16, DType::F16] {
         for e in [64, 128, 40] {
@@ -61,8 +61,8 @@ fn cudnn_attention_matches_the_f32_composition() {
 }
 
 /// A backward cuDNN is not asked for (77 keys on the emulated 9.1 runtime) runs on the flash
-/// kernels from cuDNN's output and log-sum-exp; a head size of 36 (not a multiple of 8) and
-/// f32 never reach cuDNN.
+/// kernels from cuDNN's output and log-sum-exp; one query (a decoding step, whose key count
+/// changes at every call), a head size of 36 (not a multiple of 8) and f32 never reach cuDNN.
 #[test]
 fn problems_cudnn_does_not_take_run_on_the_kernels() {
     let Some(d) = gpu() else {
@@ -77,6 +77,9 @@ fn problems_cudnn_does_not_take_run_on_the_kernels() {
         1,
         "{kernels:?}"
     );
+    let kernels = check_against_reference(d, DType::BF16, (1, 128, 64), false);
+    assert_eq!(count(&kernels, "cudnn sdpa"), 0, "one query: {kernels:?}");
+    assert_eq!(count(&kernels, "flash_forward_bf16_64"), 1, "{kernels:?}");
     let kernels = check_against_reference(d, DType::F16, (20, 128, 36), false);
     assert_eq!(count(&kernels, "cudnn sdpa"), 0, "head 36: {kernels:?}");
     assert_eq!(

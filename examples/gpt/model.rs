@@ -90,18 +90,28 @@ impl CausalSelfAttention {
     pub fn forward_cached(&self, x: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let h = self.n_head;
+        let dropout_p = if self.training { self.dropout } else { 0.0 };
+        let Some(cache) = cache else {
+            // Training and full reruns: the heads as views of the packed product, whose
+            // gradient the fused op's backward writes in one piece.
+            let opts = AttentionOptions {
+                is_causal: t > 1,
+                dropout_p,
+                ..Default::default()
+            };
+            let y = self.c_attn.forward(x)?.packed_attention(h, opts)?;
+            return dropped(&self.resid_drop, &self.c_proj.forward(&y)?);
+        };
         let heads = |u: &Tensor| u.reshape(&[b, t, h, c / h])?.transpose(1, 2);
         let qkv = self.c_attn.forward(x)?.split(c, 2)?;
         let (q, mut k, mut v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let mut past = 0;
-        if let Some(cache) = cache {
-            if let Some((pk, pv)) = cache.as_ref() {
-                past = pk.shape()[2];
-                k = Tensor::cat(&[pk, &k], 2)?;
-                v = Tensor::cat(&[pv, &v], 2)?;
-            }
-            *cache = Some((k.clone(), v.clone()));
+        if let Some((pk, pv)) = cache.as_ref() {
+            past = pk.shape()[2];
+            k = Tensor::cat(&[pk, &k], 2)?;
+            v = Tensor::cat(&[pv, &v], 2)?;
         }
+        *cache = Some((k.clone(), v.clone()));
         // One new position attends to every cached one: no mask. Several new positions
         // after a cache would need the causal mask shifted by `past`.
         if past > 0 && t > 1 {
@@ -115,7 +125,7 @@ impl CausalSelfAttention {
             &v,
             AttentionOptions {
                 is_causal: past == 0 && t > 1,
-                dropout_p: if self.training { self.dropout } else { 0.0 },
+                dropout_p,
                 ..Default::default()
             },
         )?;

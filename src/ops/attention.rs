@@ -21,9 +21,11 @@ const FUSED_FROM: usize = 1 << 26;
 /// mask, no dropout, heads up to 128, one float dtype).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernel {
-    /// The fused op on tensor cores (CUDA, f16/bf16, head size 64 or 128); otherwise the
-    /// composition while its `[.., L, S]` scores stay below 2^26 elements (its products are
-    /// cuBLAS's on a GPU), the fused op from there on (it never stores the scores).
+    /// The fused op on CUDA in f16/bf16 at head size 64 or 128 (through cuDNN's fused
+    /// attention where it takes the problem, [`set_cudnn_attention`], else the tensor-core
+    /// kernels); otherwise the composition while its `[.., L, S]` scores stay below 2^26 elements (its
+    /// products are cuBLAS's on a GPU), the fused op from there on (it never stores the
+    /// scores).
     #[default]
     Auto,
     /// Always the fused op.
@@ -35,11 +37,13 @@ pub enum AttentionKernel {
 static KERNEL: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the attention implementation for the whole process (PyTorch's
-/// `torch.backends.cuda.enable_flash_attention` and friends). On CUDA in f16 and bf16 with
-/// head size 64 or 128 the fused op runs FlashAttention-2-style kernels on tensor cores,
-/// which [`AttentionKernel::Auto`] takes at every size; elsewhere it is a plain tiled kernel
-/// (one thread a row), which `Auto` takes only once the memory of the composition's scores
-/// is the larger cost.
+/// `torch.backends.cuda.enable_flash_attention` and friends). On CUDA in f16 and bf16 the
+/// fused op runs through cuDNN's fused attention where cuDNN takes the problem (head sizes a
+/// multiple of 8 up to 128; [`set_cudnn_attention`]), else, with head size 64 or 128, on
+/// FlashAttention-2-style kernels on tensor cores; at head size 64 or 128
+/// [`AttentionKernel::Auto`] takes the fused op at every size. Elsewhere it is a plain tiled
+/// kernel (one thread a row), which `Auto` takes only once the memory of the composition's
+/// scores is the larger cost.
 ///
 /// ```
 /// use mantissa::{attention_kernel, set_attention_kernel, AttentionKernel};
@@ -279,77 +283,121 @@ fn fused(
     scale: f64,
     o: AttentionOptions<'_>,
 ) -> Result<Option<Tensor>> {
-    let r = q.rank();
-    let batch = &q.shape()[..r - 2];
-    let plain = o.attn_mask.is_none() && o.dropout_p == 0.0;
-    let same_batch = k.rank() == r
-        && v.rank() == r
-        && &k.shape()[..r - 2] == batch
-        && &v.shape()[..r - 2] == batch;
-    if !plain || !same_batch || [q, k, v].iter().any(|t| t.numel() == 0) {
+    let Some((out, run)) = FusedRun::start(q, k, v, scale, o)? else {
         return Ok(None);
-    }
-    let scores = batch.iter().product::<usize>() as u128
-        * q.shape()[r - 2] as u128
-        * k.shape()[r - 2] as u128;
-    let wanted = match attention_kernel() {
-        AttentionKernel::Auto => scores >= FUSED_FROM as u128 || tensor_cores(q, v),
-        AttentionKernel::Fused => true,
-        AttentionKernel::Composed => false,
     };
-    if !wanted {
-        return Ok(None);
-    }
-    let _prof = crate::profiler::op(Op::Attention.name());
-    let [q, k, v] = dispatch(Op::Attention, [q, k, v])?;
-    let dt = q.dtype();
-    let floats = matches!(dt, DType::F32 | DType::F16 | DType::BF16);
-    let (e, ev) = (q.shape()[r - 1], v.shape()[r - 1]);
-    if !floats || k.dtype() != dt || v.dtype() != dt || e > FUSED_MAX_HEAD || ev > FUSED_MAX_HEAD {
-        return Ok(None);
-    }
-    let d = AttnDims {
-        b: batch.iter().product(),
-        l: q.shape()[r - 2],
-        s: k.shape()[r - 2],
-        e,
-        ev,
-        scale,
-        causal: o.is_causal,
-    };
-    // The views as they are (the backends read the batch dims flattened; the CUDA flash
-    // kernels read `[B, H, T, e]` views in place), detached: the op's node is attached to
-    // q, k and v themselves.
-    let (q3, k3, v3) = (q.detach(), k.detach(), v.detach());
-    let ((out, lo), lse) = q3.storage().attention(
-        q3.layout(),
-        (&k3.storage(), k3.layout()),
-        (&v3.storage(), v3.layout()),
-        d,
-    )?;
-    let out = Tensor::from_storage_in(out, lo);
-    let lse = Tensor::from_storage(lse, &[d.b, d.l]);
-    let saved_out = out.detach();
     // Backward reads the inputs and the output: writing one in place since is refused.
-    let read = [&q, &k, &v, &saved_out.clone()].map(|t| t.clone());
+    let inputs = run.inputs.clone();
+    let read = [&inputs[0], &inputs[1], &inputs[2], &out.detach()].map(|t| t.clone());
     Ok(Some(out.attach_saving(
         "scaled_dot_product_attention",
-        &[&q, &k, &v],
+        &[&inputs[0], &inputs[1], &inputs[2]],
         &read.iter().collect::<Vec<_>>(),
-        move |g, _| {
-            let grads = q3.storage().attention_backward(
-                q3.layout(),
-                (&k3.storage(), k3.layout()),
-                (&v3.storage(), v3.layout()),
-                (&saved_out.storage(), saved_out.layout()),
-                &lse.storage(),
-                (&g.storage(), g.layout()),
-                d,
-            )?;
-            Ok(grads
-                .into_iter()
-                .map(|(s, l)| Some(Tensor::from_storage_in(s, l)))
-                .collect())
-        },
+        move |g, _| Ok(run.grads(g)?.into_iter().map(Some).collect()),
     )))
+}
+
+/// What the backward of one run of the fused op reads.
+pub(super) struct FusedRun {
+    /// q, k and v as the op read them (after autocast's casts): what the gradients are for.
+    pub(super) inputs: [Tensor; 3],
+    views: [Tensor; 3],
+    saved_out: Tensor,
+    lse: Tensor,
+    d: AttnDims,
+}
+
+impl FusedRun {
+    /// The fused op's forward when it applies and [`attention_kernel`] wants it (see
+    /// [`fused`]): its output, not yet attached to a graph, and what its backward reads;
+    /// else `None`.
+    pub(super) fn start(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f64,
+        o: AttentionOptions<'_>,
+    ) -> Result<Option<(Tensor, FusedRun)>> {
+        let r = q.rank();
+        let batch = &q.shape()[..r - 2];
+        let plain = o.attn_mask.is_none() && o.dropout_p == 0.0;
+        let same_batch = k.rank() == r
+            && v.rank() == r
+            && &k.shape()[..r - 2] == batch
+            && &v.shape()[..r - 2] == batch;
+        if !plain || !same_batch || [q, k, v].iter().any(|t| t.numel() == 0) {
+            return Ok(None);
+        }
+        let scores = batch.iter().product::<usize>() as u128
+            * q.shape()[r - 2] as u128
+            * k.shape()[r - 2] as u128;
+        let wanted = match attention_kernel() {
+            AttentionKernel::Auto => scores >= FUSED_FROM as u128 || tensor_cores(q, v),
+            AttentionKernel::Fused => true,
+            AttentionKernel::Composed => false,
+        };
+        if !wanted {
+            return Ok(None);
+        }
+        let _prof = crate::profiler::op(Op::Attention.name());
+        let [q, k, v] = dispatch(Op::Attention, [q, k, v])?;
+        let dt = q.dtype();
+        let floats = matches!(dt, DType::F32 | DType::F16 | DType::BF16);
+        let (e, ev) = (q.shape()[r - 1], v.shape()[r - 1]);
+        if !floats
+            || k.dtype() != dt
+            || v.dtype() != dt
+            || e > FUSED_MAX_HEAD
+            || ev > FUSED_MAX_HEAD
+        {
+            return Ok(None);
+        }
+        let d = AttnDims {
+            b: batch.iter().product(),
+            l: q.shape()[r - 2],
+            s: k.shape()[r - 2],
+            e,
+            ev,
+            scale,
+            causal: o.is_causal,
+        };
+        // The views as they are (the backends read the batch dims flattened; the CUDA
+        // kernels read `[B, H, T, e]` views in place), detached: the op's node is attached
+        // by the caller.
+        let views = [q.detach(), k.detach(), v.detach()];
+        let ((out, lo), lse) = views[0].storage().attention(
+            views[0].layout(),
+            (&views[1].storage(), views[1].layout()),
+            (&views[2].storage(), views[2].layout()),
+            d,
+        )?;
+        let out = Tensor::from_storage_in(out, lo);
+        let lse = Tensor::from_storage(lse, &[d.b, d.l]);
+        let run = FusedRun {
+            inputs: [q, k, v],
+            saved_out: out.detach(),
+            views,
+            lse,
+            d,
+        };
+        Ok(Some((out, run)))
+    }
+
+    /// The gradients of q, k and v from the output's gradient `g`.
+    pub(super) fn grads(&self, g: &Tensor) -> Result<Vec<Tensor>> {
+        let [q, k, v] = &self.views;
+        let grads = q.storage().attention_backward(
+            q.layout(),
+            (&k.storage(), k.layout()),
+            (&v.storage(), v.layout()),
+            (&self.saved_out.storage(), self.saved_out.layout()),
+            &self.lse.storage(),
+            (&g.storage(), g.layout()),
+            self.d,
+        )?;
+        Ok(grads
+            .into_iter()
+            .map(|(s, l)| Tensor::from_storage_in(s, l))
+            .collect())
+    }
 }

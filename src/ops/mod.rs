@@ -4,6 +4,7 @@
 //! to [`Op::cast_policy`], and brought to a common dtype.
 
 mod attention;
+mod attention_packed;
 mod conv;
 mod dropout;
 mod elementwise;

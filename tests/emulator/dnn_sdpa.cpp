@@ -14,10 +14,10 @@
 // device (compute capability 9.0; this library reports version 9.1.0): Q, K, V and O of one
 // type, f16 or bf16, each with its last stride 1; head sizes a multiple of 8 up to 256;
 // Stats and the intermediates f32, except P (the second product's operand), which must have
-// the I/O type; before 9.5.1, a backward's output gradient with the output's strides. One
-// more is this emulator's assumption: a backward whose key count is not a multiple of 128 is
-// refused, as a runtime up to 9.15 needs cudnn-frontend's padding-mask workaround there,
-// which the graph does not carry.
+// the I/O type; no causal forward of one query (up to 9.9); before 9.5.1, a backward's
+// output gradient with the output's strides. One more is this emulator's assumption: a
+// backward whose key count is not a multiple of 128 is refused, as a runtime up to 9.15
+// needs cudnn-frontend's padding-mask workaround there, which the graph does not carry.
 //
 // Executing checks each tensor in memory has a 16-byte aligned address (a by-value one, a
 // host address), reads the by-value scalars then, and queues an interpreter of the graph on
@@ -124,8 +124,9 @@ char code(const Desc* o) {
 // The orders of operations an attention engine takes: forward, then backward with dQ
 // straight from its product, then with the f32 accumulator; the causal mask ("ggcb") sits
 // after the scale in the forward and after the subtraction of Stats in the backward.
+const std::string mask = "ggcb";
+
 bool sdpa_signature(const std::string& s, bool& backward) {
-    const std::string mask = "ggcb";
     const std::string fwd[] = {"Mm" + std::string("xse+ladM"), "Mm" + mask + "xse+ladM"};
     const std::string bwd_head = "m+mMms", bwd_tail = "eRMMsmmRMRM";
     for (const std::string& f : fwd)
@@ -180,6 +181,8 @@ int sdpa_engines(const Desc& g) {
         }
     }
     if (!backward) {
+        if (q->dims[2] == 1 && sig.find(mask) != std::string::npos)
+            return refuse("a causal forward of one query on a runtime up to 9.9");
         const Desc* p = ops.back()->desc(OP_MATMUL_A, TENSOR);
         if (!p->virt || p->t.type != io) return refuse("the second product's P does not have the I/O type");
         const Desc* v = ops.back()->desc(OP_MATMUL_B, TENSOR);

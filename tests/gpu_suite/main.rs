@@ -65,6 +65,8 @@ mod gpt_ops;
 mod hostile_input;
 #[path = "../integer_arithmetic.rs"]
 mod integer_arithmetic;
+#[path = "../packed_attention.rs"]
+mod packed_attention;
 #[path = "../profiler.rs"]
 mod profiler;
 #[path = "../recompute.rs"]

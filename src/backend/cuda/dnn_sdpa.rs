@@ -76,6 +76,8 @@ struct SdpaKey {
     causal: bool,
     dims: [i64; 5],
     strides: Vec<[i64; 3]>,
+    /// Built under `set_cudnn_deterministic` (no engine with the NONDETERMINISTIC note).
+    deterministic: bool,
 }
 
 fn plans() -> &'static Plans<SdpaKey> {
@@ -86,9 +88,10 @@ fn plans() -> &'static Plans<SdpaKey> {
 /// The I/O type's cuDNN code where cuDNN's fused attention takes this problem on this
 /// device (before its graph is built): the switch is on, compute capability 8.0 or later,
 /// f16 or bf16, one head size that is a multiple of 8 up to 128 for queries, keys and values
-/// (the limit of every architecture's backward), at least one query and two keys (PyTorch's
-/// gate), a cuDNN from 9.0 that loads, and not 9.10.0 or 9.10.1 (which cudnn-frontend
-/// refuses for known bugs).
+/// (the limit of every architecture's backward), at least two queries (a decoding step's
+/// one query would build a plan per key count, and cudnn-frontend refuses a causal one up
+/// to 9.9) and two keys (PyTorch's gate), a cuDNN from 9.0 that loads, and not 9.10.0 or
+/// 9.10.1 (which cudnn-frontend refuses for known bugs).
 fn applies(q: &CudaStorage, d: &AttnDims) -> Option<Dt> {
     if !crate::ops::cudnn_attention() || q.rt().arch() < 80 {
         return None;
@@ -98,13 +101,18 @@ fn applies(q: &CudaStorage, d: &AttnDims) -> Option<Dt> {
         DType::BF16 => Dt::CUDNN_DATA_BFLOAT16,
         _ => return None,
     };
-    let sizes = d.e == d.ev && d.e % 8 == 0 && d.e <= 128 && d.l >= 1 && d.s >= 2;
+    let sizes = d.e == d.ev && d.e % 8 == 0 && d.e <= 128 && d.l >= 2 && d.s >= 2;
     if !sizes || libs::load(Lib::Cudnn).is_err() {
         return None;
     }
     let v = version();
     (v >= 90000 && !(91000..91002).contains(&v)).then_some(dt)
 }
+
+/// The most attention problems given a plan in one process: past that, new ones run on the
+/// engine's kernels (a workload whose shapes keep changing would build a plan, slowly, at
+/// each call).
+const MAX_PLANS: usize = 64;
 
 /// The `[B, H, T, e]` dims and strides of a view the kernels read as `r` with `rows` rows of
 /// `e` (`b` batch entries of `r.h` heads); a dim of one element gets the stride a dense
@@ -357,11 +365,11 @@ impl Graph {
     }
 
     /// The plan of the graph on handle `h`; declined where cuDNN refused any part of it.
-    fn plan(self, h: sys::cudnnHandle_t) -> Result<Built> {
+    fn plan(self, h: sys::cudnnHandle_t, deterministic: bool) -> Result<Built> {
         let ops = self.ops.len();
         let mut descs = self.keep;
         descs.extend(self.ops);
-        Plan::build(h, descs, ops, super::conv::cudnn_deterministic())
+        Plan::build(h, descs, ops, deterministic)
     }
 }
 
@@ -481,8 +489,18 @@ fn backward_graph(
 
 /// The plan `graph` builds on handle `h`; a part cuDNN refuses (a descriptor, an attribute
 /// this runtime does not know, an operation) declines the problem instead of failing it.
-fn build(h: sys::cudnnHandle_t, graph: impl FnOnce() -> Result<Graph>) -> Result<Built> {
-    match graph().and_then(|g| g.plan(h)) {
+fn build(
+    h: sys::cudnnHandle_t,
+    key: &SdpaKey,
+    graph: impl FnOnce() -> Result<Graph>,
+) -> Result<Built> {
+    let planned = plans().lock().map(|m| m.len()).unwrap_or(0);
+    if planned >= MAX_PLANS {
+        return Ok(Built::Declined(format!(
+            "{MAX_PLANS} attention problems planned already"
+        )));
+    }
+    match graph().and_then(|g| g.plan(h, key.deterministic)) {
         Err(Error::CudaLibrary { msg, .. }) => Ok(Built::Declined(msg)),
         Err(Error::CudaLibraryStatus { status, what, .. }) => {
             Ok(Built::Declined(format!("{what}: {status}")))
@@ -557,10 +575,13 @@ fn problem(
     backward: bool,
 ) -> Option<([usize; 5], SdpaKey, Run)> {
     let dims = sizes(views[0], d)?;
-    if views.iter().any(|r| r.h != views[0].h) {
+    let [b, h, l, s, e] = dims;
+    // One head count; batch entries and heads up to 65,535 (PyTorch's gate); no dim of more
+    // than one element read at stride 0 (a broadcast, which cuDNN is not documented to take).
+    let broadcast = |r: &FaRows| (b > 1 && r.sb == 0) || (h > 1 && r.sh == 0);
+    if views.iter().any(|r| r.h != views[0].h || broadcast(r)) || b > 65_535 || h > 65_535 {
         return None;
     }
-    let [b, h, l, s, e] = dims;
     let key = SdpaKey {
         device: q.rt().device(),
         dtype: q.dtype(),
@@ -568,6 +589,7 @@ fn problem(
         causal: d.causal,
         dims: dims.map(|x| x as i64),
         strides: views.iter().map(|r| [r.sb, r.sh, r.st]).collect(),
+        deterministic: super::conv::cudnn_deterministic(),
     };
     let products: u64 = if backward { 5 } else { 2 };
     let full = 2 * (b * h * l * s * e) as u64 * products;
@@ -614,7 +636,7 @@ pub(super) fn forward(
     let (scale, fill) = (d.scale as f32, fill());
     let ran = rt.with_cudnn(|h| -> Result<bool> {
         let graph = || forward_graph(dt, dims, [&qr, &kr, &vr, &or], d.causal);
-        let Some(plan) = plan_for(plans(), &key, "attention", || build(h, graph))? else {
+        let Some(plan) = plan_for(plans(), &key, "attention", || build(h, &key, graph))? else {
             return Ok(false);
         };
         let mut uids = vec![uid::Q, uid::K, uid::V, uid::O, uid::STATS, uid::SCALE];
@@ -636,6 +658,12 @@ pub(super) fn forward(
     Ok(ran.then_some(((out, lo), lse)))
 }
 
+/// Whether the query-side views `a` and `c` (rows of `d.l` queries, the head count `q`'s)
+/// lie with the same strides, a dim of one element's aside.
+fn same_rows(a: &FaRows, c: &FaRows, q: &FaRows, d: &AttnDims) -> bool {
+    sizes(q, d).is_some_and(|[b, _, l, _, e]| bhte(a, b, l, e) == bhte(c, b, l, e))
+}
+
 /// The output gradient `g` copied into the layout of the output `lo` (whose rows the kernels
 /// read as `or`), what a runtime before 9.5.1 needs (as PyTorch copies it); `None` where the
 /// output is not laid out as this module writes it.
@@ -646,7 +674,7 @@ fn laid_like_output(
     d: &AttnDims,
 ) -> Result<Option<(CudaStorage, u64, FaRows)>> {
     let (laid, rows) = written(lo, d.e);
-    if rows != *or || lo.offset() != 0 || lg.shape() != laid.shape() {
+    if !same_rows(&rows, or, or, d) || lo.offset() != 0 || lg.shape() != laid.shape() {
         return Ok(None);
     }
     let mut copy = CudaStorage::alloc_on(g.rt(), g.dtype(), d.b * d.l * d.e)?;
@@ -669,7 +697,9 @@ pub(super) fn backward(
     let Some(dt) = applies(q, d) else {
         return Ok(None);
     };
-    if version() <= 91500 && d.s % 128 != 0 {
+    // cudnn-frontend runs the deterministic backward on compute capability 10.x only from
+    // 9.18, on an engine it picks itself: not asked there.
+    if (version() <= 91500 && d.s % 128 != 0) || (100..110).contains(&q.rt().arch()) {
         return Ok(None);
     }
     let (_qh, qp, qr) = readable(q, lq, d.l, d.e)?;
@@ -678,7 +708,7 @@ pub(super) fn backward(
     let (_oh, op, or) = readable(o, lo, d.l, d.e)?;
     let (_gh, mut gp, mut gr) = readable(g, lg, d.l, d.e)?;
     let mut _g_laid = None;
-    if version() < 90501 && gr != or {
+    if version() < 90501 && !same_rows(&gr, &or, &qr, d) {
         let Some((laid, p, r)) = laid_like_output((g, lg), lo, &or, d)? else {
             return Ok(None);
         };
@@ -701,7 +731,10 @@ pub(super) fn backward(
     let (scale, one, fill) = (d.scale as f32, 1.0f32, fill());
     let ran = rt.with_cudnn(|h| -> Result<bool> {
         let graph = || backward_graph(dt, dims, views, d.causal);
-        let Some(plan) = plan_for(plans(), &key, "attention backward", || build(h, graph))? else {
+        let Some(plan) = plan_for(plans(), &key, "attention backward", || {
+            build(h, &key, graph)
+        })?
+        else {
             return Ok(false);
         };
         let mut uids = vec![
