@@ -4,6 +4,30 @@
 use super::{on_backend, Backend, BackendStorage, Storage};
 use crate::layout::Layout;
 use crate::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether the fused attention may run through cuDNN ([`set_cudnn_attention`]).
+static CUDNN_ATTENTION: AtomicBool = AtomicBool::new(true);
+
+/// Lets the fused op on CUDA run through cuDNN's fused attention where cuDNN (9.0 or later)
+/// takes the problem (PyTorch's `torch.backends.cuda.enable_cudnn_sdp`; on by default): f16
+/// or bf16 on compute capability 8.0 or later, one head size that is a multiple of 8 up to
+/// 128. Off, or where cuDNN is missing or declines, the engine's own kernels run.
+///
+/// ```
+/// use mantissa::{cudnn_attention, set_cudnn_attention};
+/// set_cudnn_attention(false);
+/// assert!(!cudnn_attention());
+/// set_cudnn_attention(true);
+/// ```
+pub fn set_cudnn_attention(on: bool) {
+    CUDNN_ATTENTION.store(on, Ordering::Relaxed);
+}
+
+/// Whether [`set_cudnn_attention`] lets cuDNN run the fused op.
+pub fn cudnn_attention() -> bool {
+    CUDNN_ATTENTION.load(Ordering::Relaxed)
+}
 
 /// The sizes of a fused attention: `b` batch entries of queries `[l, e]`, keys `[s, e]` and
 /// values `[s, ev]`; the scores' factor, and whether query `i` sees keys `0..=i` only.

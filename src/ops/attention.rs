@@ -5,9 +5,10 @@
 //! [`set_attention_kernel`] chooses. Under autocast both run their products in the low dtype.
 
 use super::{dispatch, Op};
+pub use crate::backend::softmax::{cudnn_attention, set_cudnn_attention};
 use crate::backend::{AttnDims, RowSoftmax};
 use crate::{DType, Error, Result, Tensor};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The largest head size (E and Ev) of the fused op (the CUDA kernel's `ATT_MAX_E`).
 const FUSED_MAX_HEAD: usize = 128;
@@ -62,28 +63,6 @@ pub fn attention_kernel() -> AttentionKernel {
         2 => AttentionKernel::Composed,
         _ => AttentionKernel::Auto,
     }
-}
-
-static CUDNN: AtomicBool = AtomicBool::new(true);
-
-/// Lets the fused op on CUDA run through cuDNN's fused attention where cuDNN (9.0 or later)
-/// takes the problem (PyTorch's `torch.backends.cuda.enable_cudnn_sdp`; on by default): f16
-/// or bf16 on compute capability 8.0 or later, one head size that is a multiple of 8 up to
-/// 128. Off, or where cuDNN is missing or declines, the engine's own kernels run.
-///
-/// ```
-/// use mantissa::{cudnn_attention, set_cudnn_attention};
-/// set_cudnn_attention(false);
-/// assert!(!cudnn_attention());
-/// set_cudnn_attention(true);
-/// ```
-pub fn set_cudnn_attention(on: bool) {
-    CUDNN.store(on, Ordering::Relaxed);
-}
-
-/// Whether [`set_cudnn_attention`] lets cuDNN run the fused op.
-pub fn cudnn_attention() -> bool {
-    CUDNN.load(Ordering::Relaxed)
 }
 
 /// Options of [`Tensor::scaled_dot_product_attention`] (PyTorch's defaults: no mask, no

@@ -25,7 +25,8 @@ impl Tensor {
     /// ```
     pub fn packed_attention(&self, heads: usize, o: AttentionOptions<'_>) -> Result<Tensor> {
         let s = self.shape();
-        let fits = s.len() == 3 && s[2] % 3 == 0 && heads > 0 && (s[2] / 3) % heads == 0;
+        let fits =
+            s.len() == 3 && s[2].is_multiple_of(3) && heads > 0 && (s[2] / 3).is_multiple_of(heads);
         if !fits || s[2] == 0 {
             return Err(Error::invalid(
                 "packed_attention",

@@ -86,6 +86,7 @@ pub(crate) mod copy_list;
 mod dnn_graph;
 pub mod dnn_norm;
 mod dnn_sdpa;
+mod dnn_sdpa_graph;
 pub(crate) mod elementwise;
 mod epilogue;
 mod faults;
