@@ -11,10 +11,9 @@
 #![cfg(feature = "cuda-backend")]
 
 mod common;
-use common::attention::{band, check_against_reference, FusedKernel};
-use common::parity::{emulated, gpu, input};
-use common::{assert_close, vals};
-use mantissa::profiler;
+use common::assert_close;
+use common::attention::{band, check_against_reference, packed_heads, FusedKernel};
+use common::parity::{emulated, gpu};
 use mantissa::*;
 
 /// How many of `kernels` start with `prefix`.
@@ -145,55 +144,14 @@ fn the_heads_of_a_packed_product_reach_cudnn_in_place() {
     let _k = FusedKernel::take(true);
     let (b, t, h, e) = (2, 128, 2, 64);
     for causal in [true, false] {
-        let run = |d: Device, dt: DType| -> (Vec<Vec<f64>>, Vec<String>, Vec<String>) {
-            let qkv = input(&[b, t, 3 * h * e], DType::BF16, 51)
-                .to_dtype(dt)
-                .unwrap()
-                .to_device(d)
-                .unwrap()
-                .copy()
-                .unwrap()
-                .requires_grad(true)
-                .unwrap();
-            let w = input(&[b, t, h * e], DType::BF16, 52).to_dtype(dt).unwrap();
-            let w = w.to_device(d).unwrap();
-            let heads = |i: usize| {
-                qkv.narrow(2, i * h * e, h * e)
-                    .and_then(|x| x.reshape(&[b, t, h, e]))
-                    .and_then(|x| x.transpose(1, 2))
-                    .unwrap()
-            };
-            let (q, k, v) = (heads(0), heads(1), heads(2));
-            let opts = AttentionOptions {
-                is_causal: causal,
-                ..Default::default()
-            };
-            if dt == DType::F32 {
-                set_attention_kernel(AttentionKernel::Composed);
-            }
-            let (y, forward) = profiler::profile(|_| {
-                q.scaled_dot_product_attention(&k, &v, opts)
-                    .and_then(|y| y.transpose(1, 2))
-                    .and_then(|y| y.reshape(&[b, t, h * e]))
-                    .unwrap()
-            })
-            .unwrap();
-            let ((), backward) = profiler::profile(|_| {
-                y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-            })
-            .unwrap();
-            set_attention_kernel(AttentionKernel::Fused);
-            let names =
-                |p: &profiler::Profile| p.kernels().iter().map(|k| k.name.clone()).collect();
-            let values = vec![vals(&y), vals(&qkv.grad().unwrap())];
-            (values, names(&forward), names(&backward))
-        };
-        let (got, forward, backward) = run(d, DType::BF16);
+        let got = packed_heads(d, DType::BF16, (b, t, h, e), causal, 51);
+        let (forward, backward) = (got.forward, got.backward);
+        let got = got.values;
         let mask = if causal { " causal" } else { "" };
         let call = format!("cudnn sdpa fwd b{b} h{h} l{t} s{t} e{e} BF16{mask}");
         assert_eq!(forward, [call], "causal {causal}");
         assert_eq!(count(&backward, "cudnn sdpa bwd"), 1, "{backward:?}");
-        let (want, _, _) = run(Device::Cpu, DType::F32);
+        let want = packed_heads(Device::Cpu, DType::F32, (b, t, h, e), causal, 51).values;
         let what = format!("causal {causal}");
         assert_close(&got[0], &want[0], band(DType::BF16), &format!("{what}: y"));
         let what = format!("{what}: the packed product's gradient");

@@ -13,7 +13,7 @@
 
 mod common;
 use common::attention::{
-    attend, band, check_against_reference, elementwise, reference, FusedKernel,
+    attend, band, check_against_reference, elementwise, packed_heads, reference, FusedKernel,
 };
 use common::parity::{gpu, input};
 use common::{assert_close, vals};
@@ -114,47 +114,12 @@ fn the_heads_of_a_packed_product_are_read_and_written_in_place() {
     let _k = FusedKernel::take(false);
     let (b, t, h, e) = (2, 70, 2, 64);
     for causal in [true, false] {
-        let run = |d: Device, dt: DType| -> (Vec<Vec<f64>>, Vec<String>) {
-            let qkv = input(&[b, t, 3 * h * e], DType::BF16, 31)
-                .to_dtype(dt)
-                .unwrap()
-                .to_device(d)
-                .unwrap()
-                .copy()
-                .unwrap()
-                .requires_grad(true)
-                .unwrap();
-            let w = input(&[b, t, h * e], DType::BF16, 32).to_dtype(dt).unwrap();
-            let w = w.to_device(d).unwrap();
-            let heads = |i: usize| {
-                qkv.narrow(2, i * h * e, h * e)
-                    .and_then(|x| x.reshape(&[b, t, h, e]))
-                    .and_then(|x| x.transpose(1, 2))
-                    .unwrap()
-            };
-            let (q, k, v) = (heads(0), heads(1), heads(2));
-            let opts = AttentionOptions {
-                is_causal: causal,
-                ..Default::default()
-            };
-            if dt == DType::F32 {
-                set_attention_kernel(AttentionKernel::Composed);
-            }
-            let (y, p) = profiler::profile(|_| {
-                q.scaled_dot_product_attention(&k, &v, opts)
-                    .and_then(|y| y.transpose(1, 2))
-                    .and_then(|y| y.reshape(&[b, t, h * e]))
-                    .unwrap()
-            })
-            .unwrap();
-            set_attention_kernel(AttentionKernel::Fused);
-            y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
-            let kernels = p.kernels().iter().map(|k| k.name.clone()).collect();
-            (vec![vals(&y), vals(&qkv.grad().unwrap())], kernels)
-        };
-        let (got, kernels) = run(d, DType::BF16);
-        assert_eq!(kernels, ["flash_forward_bf16_64"], "causal {causal}");
-        let (want, _) = run(Device::Cpu, DType::F32);
+        let got = packed_heads(d, DType::BF16, (b, t, h, e), causal, 31);
+        assert_eq!(got.forward, ["flash_forward_bf16_64"], "causal {causal}");
+        let (got, want) = (
+            got.values,
+            packed_heads(Device::Cpu, DType::F32, (b, t, h, e), causal, 31).values,
+        );
         assert_close(
             &got[0],
             &want[0],

@@ -131,3 +131,66 @@ pub fn check_against_reference(
     }
     got.kernels
 }
+
+/// What [`packed_heads`] gives: `y` and the packed product's gradient, and the names of the
+/// kernels and library calls of the forward and of the backward.
+pub struct PackedRun {
+    pub values: Vec<Vec<f64>>,
+    pub forward: Vec<String>,
+    pub backward: Vec<String>,
+}
+
+/// The heads of one packed `[b, t, 3 h e]` product in `dt` on `d` (seed `seed`), as a GPT
+/// splits them: q, k and v transposed `[b, h, t, e]` views, attended (the composition in
+/// f32, the fused op otherwise), heads merged back to `[b, t, h e]`, and `sum(y * w)`'s
+/// gradient.
+pub fn packed_heads(
+    d: Device,
+    dt: DType,
+    (b, t, h, e): (usize, usize, usize, usize),
+    causal: bool,
+    seed: u64,
+) -> PackedRun {
+    let qkv = input(&[b, t, 3 * h * e], DType::BF16, seed)
+        .to_dtype(dt)
+        .and_then(|x| x.to_device(d))
+        .and_then(|x| x.copy())
+        .and_then(|x| x.requires_grad(true))
+        .unwrap();
+    let w = input(&[b, t, h * e], DType::BF16, seed + 1)
+        .to_dtype(dt)
+        .unwrap();
+    let w = w.to_device(d).unwrap();
+    let heads = |i: usize| {
+        qkv.narrow(2, i * h * e, h * e)
+            .and_then(|x| x.reshape(&[b, t, h, e]))
+            .and_then(|x| x.transpose(1, 2))
+            .unwrap()
+    };
+    let (q, k, v) = (heads(0), heads(1), heads(2));
+    let opts = AttentionOptions {
+        is_causal: causal,
+        ..Default::default()
+    };
+    if dt == DType::F32 {
+        set_attention_kernel(AttentionKernel::Composed);
+    }
+    let (y, forward) = profiler::profile(|_| {
+        q.scaled_dot_product_attention(&k, &v, opts)
+            .and_then(|y| y.transpose(1, 2))
+            .and_then(|y| y.reshape(&[b, t, h * e]))
+            .unwrap()
+    })
+    .unwrap();
+    let ((), backward) = profiler::profile(|_| {
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    })
+    .unwrap();
+    set_attention_kernel(AttentionKernel::Fused);
+    let names = |p: &profiler::Profile| p.kernels().iter().map(|k| k.name.clone()).collect();
+    PackedRun {
+        values: vec![vals(&y), vals(&qkv.grad().unwrap())],
+        forward: names(&forward),
+        backward: names(&backward),
+    }
+}

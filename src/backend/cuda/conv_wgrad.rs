@@ -19,8 +19,8 @@ use super::conv::operands;
 use super::conv_desc::Pass;
 use super::conv_stats::{conv_bn_fusion, eligible, Fused};
 use super::dnn_graph::{
-    cached, conv_dims, convolution, op_ready, plan_for, tensor, Attr, Built, ConvKey, Desc, Kind,
-    Plan, Plans, Ty,
+    cached, conv_dims, convolution, op_ready, plan_for, pointwise_desc, tensor, Attr, Built,
+    ConvKey, Desc, Kind, Plan, Plans,
 };
 use super::kernels::KernelFile;
 use super::profile::elems;
@@ -51,21 +51,7 @@ fn pointwise(
     b: Option<&Desc>,
     y: &Desc,
 ) -> Result<(Desc, Desc)> {
-    let pw = Desc::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
-    pw.enumerated(
-        Attr::CUDNN_ATTR_POINTWISE_MODE,
-        Ty::CUDNN_TYPE_POINTWISE_MODE,
-        mode,
-    )?;
-    pw.enumerated(
-        Attr::CUDNN_ATTR_POINTWISE_MATH_PREC,
-        Ty::CUDNN_TYPE_DATA_TYPE,
-        sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
-    )?;
-    pw.finalize().map_err(|s| Error::CudaLibrary {
-        lib: "cuDNN",
-        msg: format!("a pointwise descriptor {mode:?}: {s:?}"),
-    })?;
+    let pw = pointwise_desc(mode, sys::cudnnDataType_t::CUDNN_DATA_FLOAT, None)?;
     let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
     op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
     op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &[x])?;

@@ -158,10 +158,8 @@ impl Desc {
     }
 }
 
-/// A tensor descriptor: `dims` in NCHW order (`[1, c, 1, 1]` for a per-channel operand) with
-/// their dense channels-last strides, the data type, the id the variant pack names it by,
-/// 16-byte alignment (what the tensor-core engines ask for; the caller checks the addresses);
-/// `virt`: an intermediate that never reaches memory (no address in the variant pack).
+/// A tensor descriptor ([`strided`]): `dims` in NCHW order (`[1, c, 1, 1]` for a per-channel
+/// operand) with their dense channels-last strides; `virt`: an intermediate never in memory.
 pub(super) fn tensor(
     dtype: sys::cudnnDataType_t,
     dims: [i64; 4],
@@ -179,8 +177,7 @@ pub(super) enum Role {
     Memory,
     /// An intermediate that never reaches memory (no address in the variant pack).
     Virtual,
-    /// A scalar the variant pack gives by a host address, read at every execution (cuDNN's
-    /// by-value tensors: an attention's scale).
+    /// A scalar the variant pack gives by a host address, read at every execution.
     ByValue,
 }
 
@@ -213,6 +210,33 @@ pub(super) fn strided(
         msg: format!("a tensor descriptor {dims:?} strides {strides:?}: {s:?}"),
     })?;
     Ok(t)
+}
+
+/// A finalized pointwise descriptor: `mode` computed in `prec`, with `axis` for GEN_INDEX.
+pub(super) fn pointwise_desc(
+    mode: sys::cudnnPointwiseMode_t,
+    prec: sys::cudnnDataType_t,
+    axis: Option<i64>,
+) -> Result<Desc> {
+    let pw = Desc::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
+    pw.enumerated(
+        Attr::CUDNN_ATTR_POINTWISE_MODE,
+        Ty::CUDNN_TYPE_POINTWISE_MODE,
+        mode,
+    )?;
+    pw.enumerated(
+        Attr::CUDNN_ATTR_POINTWISE_MATH_PREC,
+        Ty::CUDNN_TYPE_DATA_TYPE,
+        prec,
+    )?;
+    if let Some(axis) = axis {
+        pw.ints(Attr::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
+    }
+    pw.finalize().map_err(|s| Error::CudaLibrary {
+        lib: "cuDNN",
+        msg: format!("a pointwise descriptor {mode:?}: {s:?}"),
+    })?;
+    Ok(pw)
 }
 
 /// The dense channels-last strides of `[n, c, h, w]`, in NCHW order of the dims.

@@ -2,7 +2,7 @@
 //! descriptor as cudnn-frontend's composite SDPA node lowers them for a cuDNN 9.0-9.20
 //! runtime: the tensors of `[B, H, T, e]` views, the forward and the deterministic backward.
 
-use super::dnn_graph::{strided, Attr, Built, Desc, Kind, Plan, Role, Ty};
+use super::dnn_graph::{pointwise_desc, strided, Attr, Built, Desc, Kind, Plan, Role, Ty};
 use super::flash::FaRows;
 use crate::{Error, Result};
 use cudarc::cudnn::sys;
@@ -123,24 +123,7 @@ impl Graph {
         prec: Dt,
         axis: Option<i64>,
     ) -> Result<()> {
-        let pw = Desc::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
-        pw.enumerated(
-            Attr::CUDNN_ATTR_POINTWISE_MODE,
-            Ty::CUDNN_TYPE_POINTWISE_MODE,
-            mode,
-        )?;
-        pw.enumerated(
-            Attr::CUDNN_ATTR_POINTWISE_MATH_PREC,
-            Ty::CUDNN_TYPE_DATA_TYPE,
-            prec,
-        )?;
-        if let Some(axis) = axis {
-            pw.ints(Attr::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
-        }
-        pw.finalize().map_err(|s| Error::CudaLibrary {
-            lib: "cuDNN",
-            msg: format!("attention graph: pointwise {mode:?}: {s:?}"),
-        })?;
+        let pw = pointwise_desc(mode, prec, axis)?;
         let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
         op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
         let slots = [
