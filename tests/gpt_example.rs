@@ -220,7 +220,7 @@ fn flags_that_do_not_fit_are_refused_before_training() {
         (vec!["--top-p", "1.5"], "top-p"),
         (
             vec!["--attention", "flash"],
-            "--attention \"flash\": auto, composed or fused",
+            "--attention \"flash\": auto, composed, fused or own",
         ),
         (
             vec!["--gemm-epilogues", "--text", &text],
