@@ -122,11 +122,11 @@ fn median_ms(iteration: impl Fn() -> Result<()>, sync: &Tensor) -> Result<f64> {
 /// on the engine's own kernels (cuDNN switched off: `set_cudnn_attention`), and the
 /// composition (`set_attention_kernel`), their agreement, and the bytes each forward keeps
 /// for backward; in f16 on [4, 16, 2048, 64], then causal in bf16 on GPT-2's [16, 12, 1024,
-/// 64] with each one's rate (`quick`: [1, 2, 40, 16] and [1, 2, 128, 64]). At head size 64
+/// 64] with each one's rate (`quick`: [1, 2, 40, 16] and [1, 2, 40, 64]). At head size 64
 /// in f16 and bf16 the engine's own fused op is the tensor-core kernels of `cuda/flash.cu`.
 pub fn attention(d: Device, quick: bool) -> Result<String> {
     let (wide, gpt) = if quick {
-        ([1, 2, 40, 16], [1, 2, 128, 64])
+        ([1, 2, 40, 16], [1, 2, 40, 64])
     } else {
         ([4, 16, 2048, 64], [16, 12, 1024, 64])
     };

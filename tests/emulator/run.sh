@@ -12,25 +12,31 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/target/emulator
 mkdir -p "$out"
 cxx=${CXX:-c++}
-"$cxx" -std=c++20 -O1 -shared -fPIC -Wl,-soname,libcuda.so.1 "$root/tests/emulator/driver.cpp" \
-    -o "$out/libcuda.so.1"
-ln -sf libcuda.so.1 "$out/libcuda.so"
-"$cxx" -std=c++20 -O1 -shared -fPIC -Wl,-soname,libnvrtc.so.13 "$root/tests/emulator/nvrtc.cpp" \
-    -o "$out/libnvrtc.so.13"
-"$cxx" -std=c++20 -O1 -shared -fPIC -DEMU_CUDA12 -Wl,-soname,libnvrtc.so.12 \
-    "$root/tests/emulator/nvrtc.cpp" -o "$out/libnvrtc.so.12"
-ln -sf libnvrtc.so.13 "$out/libnvrtc.so"
-for lib in libcublas libcublasLt; do
-    for major in 12 13; do
-        "$cxx" -std=c++20 -O2 -shared -fPIC -Wl,-soname,$lib.so.$major \
-            "$root/tests/emulator/blas.cpp" -o "$out/$lib.so.$major"
+# The libraries are rebuilt when a file of tests/emulator (or this script) is newer than
+# the one built last (each run of this script would otherwise compile them all again).
+stamp=$out/.built
+if [ ! -e "$stamp" ] || [ -n "$(find "$root/tests/emulator" -newer "$stamp" -print -quit)" ]; then
+    "$cxx" -std=c++20 -O1 -shared -fPIC -Wl,-soname,libcuda.so.1 "$root/tests/emulator/driver.cpp" \
+        -o "$out/libcuda.so.1"
+    ln -sf libcuda.so.1 "$out/libcuda.so"
+    "$cxx" -std=c++20 -O1 -shared -fPIC -Wl,-soname,libnvrtc.so.13 "$root/tests/emulator/nvrtc.cpp" \
+        -o "$out/libnvrtc.so.13"
+    "$cxx" -std=c++20 -O1 -shared -fPIC -DEMU_CUDA12 -Wl,-soname,libnvrtc.so.12 \
+        "$root/tests/emulator/nvrtc.cpp" -o "$out/libnvrtc.so.12"
+    ln -sf libnvrtc.so.13 "$out/libnvrtc.so"
+    for lib in libcublas libcublasLt; do
+        for major in 12 13; do
+            "$cxx" -std=c++20 -O2 -shared -fPIC -Wl,-soname,$lib.so.$major \
+                "$root/tests/emulator/blas.cpp" -o "$out/$lib.so.$major"
+        done
     done
-done
-"$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
-    "$root/tests/emulator/dnn_norm.cpp" "$root/tests/emulator/dnn_graph.cpp" \
-    "$root/tests/emulator/dnn_sdpa.cpp" -o "$out/libcudnn.so.9"
-"$cxx" -std=c++20 -O2 -shared -fPIC -Wl,-soname,libnccl.so.2 "$root/tests/emulator/nccl.cpp" \
-    -o "$out/libnccl.so.2"
+    "$cxx" -std=c++20 -O3 -shared -fPIC -Wl,-soname,libcudnn.so.9 "$root/tests/emulator/dnn.cpp" \
+        "$root/tests/emulator/dnn_norm.cpp" "$root/tests/emulator/dnn_graph.cpp" \
+        "$root/tests/emulator/dnn_sdpa.cpp" -o "$out/libcudnn.so.9"
+    "$cxx" -std=c++20 -O2 -shared -fPIC -Wl,-soname,libnccl.so.2 "$root/tests/emulator/nccl.cpp" \
+        -o "$out/libnccl.so.2"
+    touch "$stamp"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/cache"
